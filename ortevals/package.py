@@ -1,0 +1,341 @@
+"""The model package: `genai_config.json` → a validated, typed description.
+
+``ModelPackage.load(path)`` owns everything ortevals knows about a package
+folder before any runtime is touched:
+
+* parse and validate ``genai_config.json`` (every error names the field);
+* resolve the decoder and the embedding model (never vision, speech or any
+  other model) and their external data, refusing paths that escape the folder;
+* read per-layer KV specs (name, dtype, KV heads, head size, window) from the
+  decoder graph's own inputs, because layers may differ (Gemma 4: head size
+  32/256 on sliding layers, 64/512 on full ones);
+* cross-check the config against the graph and name both on a mismatch.
+
+It imports ``onnx`` (protobuf only, no weights) and no runtime.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ortevals.errors import PackageError
+from ortevals.graph import external_data_files, read_signature
+
+log = logging.getLogger(__name__)
+
+CONFIG_NAME = "genai_config.json"
+Dim = int | str | None
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One graph input or output: name, numpy dtype name, shape (ints or symbols)."""
+
+    name: str
+    dtype: str
+    shape: tuple[Dim, ...]
+
+
+@dataclass(frozen=True)
+class KVSpec:
+    """The past KV inputs of one decoder layer, as the graph declares them.
+
+    Buffers are ``[batch, kv_heads, past_len, head_size]``. ``window`` is set
+    when the graph fixes ``past_len`` (a windowed sliding-layer cache).
+    """
+
+    layer: int
+    key_name: str
+    value_name: str
+    present_key_name: str
+    present_value_name: str
+    dtype: str
+    kv_heads: int
+    head_size: int
+    window: int | None = None
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    """An ONNX model of the package that ortevals may open."""
+
+    role: str  # "decoder" or "embedding"
+    path: Path
+    inputs: dict[str, str]  # genai_config logical name -> graph input name
+    outputs: dict[str, str]
+    session_options: dict[str, Any]
+    graph_inputs: tuple[TensorInfo, ...]
+    graph_outputs: tuple[TensorInfo, ...]
+
+    def input(self, name: str) -> TensorInfo | None:
+        return next((t for t in self.graph_inputs if t.name == name), None)
+
+    def output(self, name: str) -> TensorInfo | None:
+        return next((t for t in self.graph_outputs if t.name == name), None)
+
+
+@dataclass(frozen=True)
+class ModelPackage:
+    """A validated GenAI package. Build it with :meth:`load`; it holds no sessions."""
+
+    root: Path
+    model_type: str
+    decoder: ModelFile
+    embedding: ModelFile | None
+    kv: tuple[KVSpec, ...]
+    vocab_size: int
+    context_length: int
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    pad_token_id: int | None
+    skipped_models: tuple[str, ...] = ()
+    config: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> ModelPackage:
+        """Read and validate the package at ``path`` (a folder or its genai_config.json)."""
+        return _read_package(Path(path))
+
+    @property
+    def logits_name(self) -> str:
+        return self.decoder.outputs.get("logits", "logits")
+
+    @property
+    def uses_embedding_model(self) -> bool:
+        return self.embedding is not None
+
+    @property
+    def has_position_ids(self) -> bool:
+        name = self.decoder.inputs.get("position_ids", "position_ids")
+        return self.decoder.input(name) is not None
+
+    @property
+    def logits_width(self) -> Dim:
+        out = self.decoder.output(self.logits_name)
+        return out.shape[-1] if out is not None and out.shape else None
+
+    @property
+    def logits_positions(self) -> Dim:
+        """The graph's declared sequence dim of logits: a symbol, or 1 for pruned heads."""
+        out = self.decoder.output(self.logits_name)
+        return out.shape[1] if out is not None and len(out.shape) == 3 else None
+
+    def model_files(self) -> list[Path]:
+        """Every file whose bytes define the scores: config, ONNX models, external data."""
+        files = [self.root / CONFIG_NAME]
+        for m in (self.embedding, self.decoder):
+            if m is not None:
+                files.append(m.path)
+                files.extend(sorted(external_data_files(m.path)))
+        return files
+
+    def fingerprint(self) -> str:
+        """A short hash of config + model files (size, mtime and head/tail bytes)."""
+        h = hashlib.sha256()
+        for f in self.model_files():
+            st = f.stat()
+            h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+            with f.open("rb") as fh:
+                h.update(fh.read(1 << 16))
+                if st.st_size > 1 << 16:
+                    fh.seek(-(1 << 16), os.SEEK_END)
+                    h.update(fh.read())
+        return h.hexdigest()[:16]
+
+
+def resolve_inside(root: Path, name: object, field_name: str) -> Path:
+    """Resolve ``name`` (a config string) under ``root``; refuse anything outside it."""
+    if not isinstance(name, str) or not name.strip():
+        raise PackageError(f"{root / CONFIG_NAME}: field {field_name} must be a non-empty file name, got {name!r}")
+    candidate = Path(name)
+    if candidate.is_absolute():
+        raise PackageError(
+            f"{root / CONFIG_NAME}: field {field_name}={name!r} is an absolute path; "
+            "expected a file name inside the package folder"
+        )
+    resolved = (root / candidate).resolve()
+    if not resolved.is_relative_to(root.resolve()):
+        raise PackageError(
+            f"{root / CONFIG_NAME}: field {field_name}={name!r} escapes the package folder {root}; "
+            "expected a file inside it"
+        )
+    return resolved
+
+
+def load_json_config(root: Path) -> dict[str, Any]:
+    """Read genai_config.json with a one-line error for every way it can be wrong."""
+    cfg_path = root / CONFIG_NAME
+    if not root.exists():
+        raise PackageError(f"{root}: package folder not found; expected a folder holding {CONFIG_NAME}")
+    if not cfg_path.is_file():
+        raise PackageError(
+            f"{cfg_path}: not found; expected an ONNX Runtime GenAI package folder "
+            f"({CONFIG_NAME} + decoder .onnx), as written by Olive or the onnxruntime-genai model builder"
+        )
+    text = cfg_path.read_text(encoding="utf-8", errors="replace")
+    if not text.strip():
+        raise PackageError(f"{cfg_path}: file is empty; expected a JSON object with a 'model' section")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise PackageError(f"{cfg_path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+        raise PackageError(f"{cfg_path}: expected a JSON object with a 'model' object, got {type(data).__name__}")
+    return data
+
+
+def _read_package(path: Path) -> ModelPackage:
+    root = path.parent if path.name == CONFIG_NAME else path
+    cfg = load_json_config(root)
+    model = cfg["model"]
+    where = root / CONFIG_NAME
+    model_type = _field(model, "type", str, where, "model.type")
+    decoder = _model_file(root, model, "decoder", required=True)
+    embedding = _model_file(root, model, "embedding", required=False)
+    if embedding is None and decoder.input(decoder.inputs.get("inputs_embeds", "inputs_embeds")) is not None \
+            and decoder.input(decoder.inputs.get("input_ids", "input_ids")) is None:
+        raise PackageError(
+            f"{where}: the decoder takes inputs_embeds but field model.embedding is missing; "
+            "expected an embedding model that turns input_ids into inputs_embeds"
+        )
+    skipped = tuple(k for k, v in model.items() if isinstance(v, dict) and k not in ("decoder", "embedding")
+                    and isinstance(v.get("filename"), str) and v.get("filename"))
+    vocab = _field(model, "vocab_size", int, where, "model.vocab_size")
+    pkg = ModelPackage(
+        root=root,
+        model_type=model_type,
+        decoder=decoder,
+        embedding=embedding,
+        kv=_kv_specs(decoder, model["decoder"], where),
+        vocab_size=vocab,
+        context_length=_optional_int(model, "context_length", where) or 0,
+        bos_token_id=_optional_int(model, "bos_token_id", where),
+        eos_token_ids=_token_ids(model.get("eos_token_id"), where),
+        pad_token_id=_optional_int(model, "pad_token_id", where),
+        skipped_models=skipped,
+        config=cfg,
+    )
+    _check_logits(pkg, where)
+    log.info("loaded %s: type %s, %d layers, skipped %s", root, model_type, len(pkg.kv), list(skipped) or "none")
+    return pkg
+
+
+def _field(section: dict, key: str, kind: type, where: Path, name: str):
+    if key not in section:
+        raise PackageError(f"{where}: field {name} is missing; expected {kind.__name__}")
+    value = section[key]
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise PackageError(f"{where}: field {name} must be {kind.__name__}, got {value!r}")
+    return value
+
+
+def _optional_int(section: dict, key: str, where: Path) -> int | None:
+    if section.get(key) is None:
+        return None
+    return _field(section, key, int, where, f"model.{key}")
+
+
+def _token_ids(value: Any, where: Path) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    values = value if isinstance(value, list) else [value]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise PackageError(f"{where}: field model.eos_token_id must be an int or a list of ints, got {value!r}")
+    return tuple(values)
+
+
+def _model_file(root: Path, model: dict, role: str, *, required: bool) -> ModelFile | None:
+    where = root / CONFIG_NAME
+    section = model.get(role)
+    if section is None and not required:
+        return None
+    if not isinstance(section, dict):
+        raise PackageError(f"{where}: field model.{role} must be an object with a 'filename', got {section!r}")
+    path = resolve_inside(root, section.get("filename"), f"model.{role}.filename")
+    if not path.is_file():
+        raise PackageError(f"{where}: model.{role}.filename={section['filename']!r} not found in {root}")
+    for key in ("inputs", "outputs", "session_options"):
+        if not isinstance(section.get(key, {}), dict):
+            raise PackageError(f"{where}: field model.{role}.{key} must be an object, got {section[key]!r}")
+    inputs, outputs, _ = read_signature(path)
+    return ModelFile(
+        role=role,
+        path=path,
+        inputs=dict(section.get("inputs", {})),
+        outputs=dict(section.get("outputs", {})),
+        session_options=dict(section.get("session_options", {})),
+        graph_inputs=tuple(TensorInfo(*i) for i in inputs),
+        graph_outputs=tuple(TensorInfo(*o) for o in outputs),
+    )
+
+
+def _kv_specs(decoder: ModelFile, section: dict, where: Path) -> tuple[KVSpec, ...]:
+    """Per-layer KV specs from the graph; config values only fill symbolic dims."""
+    key_fmt = decoder.inputs.get("past_key_names", "past_key_values.%d.key")
+    value_fmt = decoder.inputs.get("past_value_names", "past_key_values.%d.value")
+    pkey_fmt = decoder.outputs.get("present_key_names", "present.%d.key")
+    pvalue_fmt = decoder.outputs.get("present_value_names", "present.%d.value")
+    specs = []
+    while (k := decoder.input(_fmt(key_fmt, len(specs), where))) is not None:
+        i = len(specs)
+        v = decoder.input(_fmt(value_fmt, i, where))
+        if v is None:
+            raise PackageError(f"{decoder.path}: graph has input {k.name!r} but no {_fmt(value_fmt, i, where)!r}")
+        if len(k.shape) != 4:
+            raise PackageError(f"{decoder.path}: input {k.name!r} has shape {k.shape}; expected 4 dims "
+                               "[batch, kv_heads, past, head_size]")
+        heads = _concrete(k.shape[1], section, "num_key_value_heads", k.name, decoder.path, where)
+        size = _concrete(k.shape[3], section, "head_size", k.name, decoder.path, where)
+        window = k.shape[2] if isinstance(k.shape[2], int) and k.shape[2] > 0 else None
+        specs.append(KVSpec(i, k.name, v.name, _fmt(pkey_fmt, i, where), _fmt(pvalue_fmt, i, where),
+                            k.dtype, heads, size, window))
+    _check_layers(specs, section, decoder, where)
+    return tuple(specs)
+
+
+def _fmt(pattern: str, i: int, where: Path) -> str:
+    try:
+        return pattern % i
+    except (TypeError, ValueError):
+        raise PackageError(f"{where}: KV name pattern {pattern!r} must contain one %d") from None
+
+
+def _concrete(dim: Dim, section: dict, key: str, name: str, model: Path, where: Path) -> int:
+    if isinstance(dim, int) and dim > 0:
+        return dim
+    value = section.get(key)
+    if not isinstance(value, int) or value <= 0:
+        raise PackageError(f"{model}: input {name!r} has symbolic dim {dim!r} and {where} has no "
+                           f"positive model.decoder.{key} to fill it")
+    return value
+
+
+def _check_layers(specs: list[KVSpec], section: dict, decoder: ModelFile, where: Path) -> None:
+    layers = section.get("num_hidden_layers")
+    if isinstance(layers, int) and layers != len(specs):
+        raise PackageError(f"{where}: model.decoder.num_hidden_layers={layers} but {decoder.path.name} "
+                           f"has {len(specs)} layers of past KV inputs; config and graph must agree")
+    heads = section.get("num_key_value_heads")
+    if isinstance(heads, int) and specs and all(s.kv_heads != heads for s in specs):
+        raise PackageError(f"{where}: model.decoder.num_key_value_heads={heads} but {decoder.path.name} "
+                           f"declares {sorted({s.kv_heads for s in specs})} KV heads; config and graph must agree")
+    size = section.get("head_size")
+    if isinstance(size, int) and specs and all(s.head_size != size for s in specs):
+        raise PackageError(f"{where}: model.decoder.head_size={size} but {decoder.path.name} declares "
+                           f"head sizes {sorted({s.head_size for s in specs})}; config and graph must agree")
+
+
+def _check_logits(pkg: ModelPackage, where: Path) -> None:
+    if pkg.decoder.output(pkg.logits_name) is None:
+        raise PackageError(f"{pkg.decoder.path}: graph has no output {pkg.logits_name!r} "
+                           f"(model.decoder.outputs.logits in {where.name})")
+    width = pkg.logits_width
+    if isinstance(width, int) and width != pkg.vocab_size:
+        raise PackageError(f"{where}: model.vocab_size={pkg.vocab_size} but {pkg.decoder.path.name} "
+                           f"returns logits of width {width}; config and graph must agree")

@@ -1,0 +1,119 @@
+"""Run results: summary records, the final table, and files on disk.
+
+Owns turning lm-eval's results dict into a :class:`RunSummary` (metrics per
+task, accuracy per category when the documents carry one, questions,
+requests, wall time, requests/s), formatting the table the CLI prints, and
+writing lm-eval's results JSON plus per-sample JSONL atomically (a crash never
+leaves a half-written file).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+CATEGORY_KEYS = ("category", "subject")
+
+
+@dataclass(frozen=True)
+class CategoryScore:
+    task: str
+    category: str
+    questions: int
+    accuracy: float
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    metrics: dict[str, dict[str, float]]  # task -> metric -> value
+    categories: tuple[CategoryScore, ...]
+    questions: int
+    requests: int
+    seconds: float  # wall time of the whole run (data loading included)
+    model_seconds: float  # time inside the scoring engine
+
+    @property
+    def requests_per_s(self) -> float:
+        """Requests per second of scoring time, the figure the benchmarks compare."""
+        return self.requests / self.model_seconds if self.model_seconds > 0 else 0.0
+
+
+def summarize(results: dict[str, Any], requests: int, seconds: float, model_seconds: float) -> RunSummary:
+    """Build the summary from ``lm_eval.simple_evaluate``'s return value."""
+    metrics = {}
+    for task, values in results.get("results", {}).items():
+        metrics[task] = {k: float(v) for k, v in values.items()
+                         if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "sample_len"}
+    categories: list[CategoryScore] = []
+    questions = 0
+    for task, samples in results.get("samples", {}).items():
+        questions += len(samples)
+        categories.extend(_per_category(task, samples))
+    return RunSummary(metrics, tuple(categories), questions, requests, seconds, model_seconds)
+
+
+def _per_category(task: str, samples: list[dict[str, Any]]) -> list[CategoryScore]:
+    groups: dict[str, list[float]] = defaultdict(list)
+    for s in samples:
+        doc = s.get("doc", {})
+        key = next((doc[k] for k in CATEGORY_KEYS if isinstance(doc.get(k), str)), None)
+        if key is not None and isinstance(s.get("acc"), (int, float)):
+            groups[key].append(float(s["acc"]))
+    return [CategoryScore(task, k, len(v), sum(v) / len(v)) for k, v in sorted(groups.items())]
+
+
+def format_table(summary: RunSummary) -> str:
+    """A plain-text table: per-category accuracy, per-task metrics, then throughput."""
+    lines = []
+    if summary.categories:
+        width = max(len(c.category) for c in summary.categories) + 2
+        lines.append(f"{'category':<{width}}{'questions':>10}{'accuracy':>10}")
+        for c in summary.categories:
+            lines.append(f"{c.category:<{width}}{c.questions:>10}{c.accuracy:>10.4f}")
+        lines.append("")
+    for task, values in summary.metrics.items():
+        shown = ", ".join(f"{k.split(',')[0]}={v:.4f}" for k, v in values.items() if "stderr" not in k)
+        err = next((v for k, v in values.items() if "stderr" in k), None)
+        lines.append(f"{task}: {shown}" + (f" (± {err:.4f})" if err is not None else ""))
+    lines.append(
+        f"questions {summary.questions}  requests {summary.requests}  wall {summary.seconds:.1f} s  "
+        f"scoring {summary.model_seconds:.1f} s  {summary.requests_per_s:.2f} req/s"
+    )
+    return "\n".join(lines)
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write via a temp file in the same folder and rename over ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_outputs(out_dir: Path, results: dict[str, Any], summary: RunSummary) -> list[Path]:
+    """``results.json`` (lm-eval's dict without samples, plus ortevals' summary) and samples JSONL."""
+    written = []
+    body = {k: v for k, v in results.items() if k != "samples"}
+    body["ortevals"] = {"questions": summary.questions, "requests": summary.requests,
+                        "seconds": summary.seconds, "model_seconds": summary.model_seconds, "requests_per_s": summary.requests_per_s,
+                        "categories": [c.__dict__ for c in summary.categories]}
+    path = out_dir / "results.json"
+    atomic_write(path, json.dumps(body, indent=2, default=str, ensure_ascii=False))
+    written.append(path)
+    for task, samples in results.get("samples", {}).items():
+        path = out_dir / f"samples_{task}.jsonl"
+        atomic_write(path, "".join(json.dumps(s, default=str, ensure_ascii=False) + "\n" for s in samples))
+        written.append(path)
+    return written

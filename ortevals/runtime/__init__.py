@@ -1,0 +1,83 @@
+"""The only place that imports onnxruntime and onnxruntime_genai.
+
+Both are imported lazily, through :func:`import_ort` and :func:`import_og`,
+which first check that the installed wheels are consistent (the CPU and GPU
+wheels own the same module and must never be installed together) and turn a
+missing runtime into a one-line error with the pip command that fixes it.
+"""
+
+from __future__ import annotations
+
+import functools
+from importlib import metadata
+
+from ortevals.errors import RuntimeMissingError
+
+ORT_WHEELS = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-directml", "onnxruntime-openvino", "onnxruntime-qnn")
+OG_WHEELS = {"onnxruntime-genai": "onnxruntime", "onnxruntime-genai-cuda": "onnxruntime-gpu",
+             "onnxruntime-genai-directml": "onnxruntime-directml"}
+FIX_CPU = "pip uninstall -y onnxruntime-gpu onnxruntime-genai-cuda && pip install 'ortevals[cpu]'"
+FIX_CUDA = "pip uninstall -y onnxruntime onnxruntime-genai && pip install --force-reinstall 'ortevals[cuda]'"
+
+
+def installed(names) -> list[str]:
+    found = []
+    for name in names:
+        try:
+            metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+        found.append(name)
+    return found
+
+
+def check_install() -> None:
+    """Refuse a mixed CPU/GPU install before importing anything from it."""
+    ort = installed(ORT_WHEELS)
+    if len(ort) > 1:
+        raise RuntimeMissingError(
+            f"mixed onnxruntime install: {' and '.join(ort)} are both installed and overwrite each other's "
+            f"module; keep one. CPU: {FIX_CPU}   CUDA: {FIX_CUDA}"
+        )
+    og = installed(OG_WHEELS)
+    if len(og) > 1:
+        raise RuntimeMissingError(f"mixed onnxruntime-genai install: {' and '.join(og)}; keep one. "
+                                  f"CPU: {FIX_CPU}   CUDA: {FIX_CUDA}")
+    if og and ort and OG_WHEELS[og[0]] != ort[0]:
+        raise RuntimeMissingError(
+            f"mixed install: {og[0]} needs {OG_WHEELS[og[0]]} but {ort[0]} is installed. "
+            f"CPU: {FIX_CPU}   CUDA: {FIX_CUDA}"
+        )
+
+
+@functools.cache
+def import_ort():
+    """Return the ``onnxruntime`` module, or raise a one-line install hint."""
+    check_install()
+    try:
+        import onnxruntime
+    except ImportError as e:
+        raise RuntimeMissingError(
+            f"onnxruntime is not installed ({e}); install it with: pip install 'ortevals[cpu]' "
+            "(or 'ortevals[cuda]' for NVIDIA GPUs)"
+        ) from None
+    return onnxruntime
+
+
+@functools.cache
+def import_og():
+    """Return the ``onnxruntime_genai`` module, or raise a one-line install hint."""
+    check_install()
+    try:
+        import onnxruntime_genai
+    except ImportError as e:
+        raise RuntimeMissingError(
+            f"onnxruntime-genai is not installed ({e}); install it with: pip install 'ortevals[cpu]' "
+            "(or 'ortevals[cuda]' for NVIDIA GPUs)"
+        ) from None
+    return onnxruntime_genai
+
+
+def available_providers() -> list[str]:
+    """onnxruntime's available execution providers, in its priority order."""
+    return list(import_ort().get_available_providers())

@@ -1,0 +1,211 @@
+"""Raw onnxruntime sessions for the full-logit prefill path.
+
+Owns opening the decoder (and embedding, when the package has one) as
+``onnxruntime.InferenceSession`` objects on the chosen execution provider, and
+one forward pass: ``input_ids [B,S]`` + right-padded ``attention_mask`` (+
+optional past KV) → ``logits [B,S,V]`` (+ present KV). Vision, speech and any
+other model of the package are never opened.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from ortevals.errors import PackageError, ProviderError
+from ortevals.package import KVSpec, ModelFile, ModelPackage
+from ortevals.providers import ProviderConfig
+from ortevals.runtime import import_ort
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class KVCache:
+    """Present KV of a forward pass: one (key, value) pair per layer, ``[B, heads, T, head]``."""
+
+    layers: tuple[tuple[np.ndarray, np.ndarray], ...]
+
+    @property
+    def length(self) -> int:
+        return int(self.layers[0][0].shape[2]) if self.layers else 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(k.nbytes + v.nbytes for k, v in self.layers)
+
+    def repeat(self, batch: int) -> KVCache:
+        """Broadcast a batch-1 cache to ``batch`` rows (shared prefix for every row)."""
+        return KVCache(tuple((np.repeat(k, batch, 0), np.repeat(v, batch, 0)) for k, v in self.layers))
+
+
+def session_options(provider: ProviderConfig, model: ModelFile):
+    """ORT SessionOptions from the provider config (threads, log level, config entries)."""
+    ort = import_ort()
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.log_severity_level = 3
+    if provider.intra_op_threads:
+        so.intra_op_num_threads = provider.intra_op_threads
+    so.inter_op_num_threads = 1
+    for key, value in provider.session_config.items():
+        so.add_session_config_entry(key, value)
+    if model.session_options.get("custom_ops_library"):
+        raise PackageError(
+            f"{model.path.parent / 'genai_config.json'}: model.{model.role}.session_options.custom_ops_library "
+            "is set; ortevals does not load native libraries named by a package"
+        )
+    return so
+
+
+def open_session(model: ModelFile, provider: ProviderConfig):
+    """One InferenceSession on ``provider``; availability is checked first."""
+    ort = import_ort()
+    available = ort.get_available_providers()
+    if provider.ort_name not in available:
+        raise ProviderError(
+            f"execution provider {provider.name!r} ({provider.ort_name}) is not available in this onnxruntime "
+            f"install; available: {', '.join(available)}"
+        )
+    providers = [(provider.ort_name, provider.options)]
+    if provider.name != "cpu":
+        providers.append(("CPUExecutionProvider", {}))
+    try:
+        return ort.InferenceSession(str(model.path), session_options(provider, model), providers=providers)
+    except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph/... types
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise PackageError(f"{model.path}: onnxruntime could not load the model: {first}") from None
+
+
+class DecoderRunner:
+    """Forward passes through embedding → decoder. Build with :meth:`open`."""
+
+    def __init__(self, package: ModelPackage, decoder, embedding=None) -> None:
+        self.package = package
+        self.decoder = decoder
+        self.embedding = embedding
+        self._dec_inputs = {i.name for i in decoder.get_inputs()}
+        self._emb_passthrough = self._embedding_outputs() if embedding is not None else ()
+
+    @classmethod
+    def open(cls, package: ModelPackage, provider: ProviderConfig) -> DecoderRunner:
+        emb = open_session(package.embedding, provider) if package.embedding is not None else None
+        dec = open_session(package.decoder, provider)
+        log.info("opened %s on %s%s", package.decoder.path.name, provider.ort_name,
+                 f" with {package.embedding.path.name}" if emb is not None else "")
+        runner = cls(package, dec, emb)
+        runner.probe()
+        return runner
+
+    def probe(self) -> None:
+        """One 2-token pass: symbolic dims are only checkable against real outputs."""
+        cfg = self.package.root / "genai_config.json"
+        logits, present = self.forward(np.zeros((1, 2), np.int64), np.ones((1, 2), np.int64), want_present=True)
+        if logits.shape[-1] != self.package.vocab_size:
+            raise PackageError(f"{cfg}: model.vocab_size={self.package.vocab_size} but the decoder returned "
+                               f"logits of width {logits.shape[-1]}; config and graph must agree")
+        for spec, (key, _) in zip(self.package.kv, present.layers):
+            got = (int(key.shape[1]), int(key.shape[3]))
+            if got != (spec.kv_heads, spec.head_size):
+                raise PackageError(
+                    f"{cfg}: layer {spec.layer} KV is [heads={spec.kv_heads}, head_size={spec.head_size}] by "
+                    f"model.decoder.num_key_value_heads/head_size but the decoder returned {key.shape} for "
+                    f"{spec.present_key_name}; config and graph must agree")
+
+    def _embedding_outputs(self) -> tuple[str, ...]:
+        """Embedding outputs that the decoder also takes (inputs_embeds, per-layer inputs …)."""
+        outs = tuple(o.name for o in self.embedding.get_outputs() if o.name in self._dec_inputs)
+        if not outs:
+            raise PackageError(f"{self.package.embedding.path}: no output of the embedding model is an "
+                               f"input of {self.package.decoder.path.name}")
+        return outs
+
+    def forward(
+        self,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray,
+        past: KVCache | None = None,
+        want_present: bool = False,
+    ) -> tuple[np.ndarray, KVCache | None]:
+        """Run one pass.
+
+        input_ids: ``[B,S]`` int64, right-padded. attention_mask: ``[B, P+S]``
+        int64 where P is the past length (0 without ``past``).
+        Returns logits ``[B,S,V]`` (the graph's dtype) and, if asked, present KV.
+        """
+        feeds = self._token_feeds(input_ids)
+        feeds.update(self._mask_feeds(input_ids.shape, attention_mask, past))
+        feeds.update(self._past_feeds(input_ids.shape[0], past))
+        names = [self.package.logits_name]
+        if want_present:
+            names += [n for s in self.package.kv for n in (s.present_key_name, s.present_value_name)]
+        try:
+            outs = self.decoder.run(names, feeds)
+        except Exception as e:  # onnxruntime's own error types; name the model and the likely cause
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise PackageError(f"{self.package.decoder.path}: onnxruntime failed to run the decoder: {first} "
+                               "(does genai_config.json match the graph?)") from None
+        present = None
+        if want_present:
+            it = iter(outs[1:])
+            present = KVCache(tuple(zip(it, it)))
+        return outs[0], present
+
+    def _token_feeds(self, input_ids: np.ndarray) -> dict[str, np.ndarray]:
+        ids_name = self.package.decoder.inputs.get("input_ids", "input_ids")
+        if self.embedding is None:
+            return {ids_name: input_ids}
+        emb_cfg = self.package.embedding
+        feeds = {}
+        for inp in self.embedding.get_inputs():
+            if inp.name == emb_cfg.inputs.get("input_ids", "input_ids"):
+                feeds[inp.name] = input_ids
+            else:  # image/audio features: none for text benchmarks
+                feeds[inp.name] = _empty_like_input(inp, emb_cfg)
+        outs = self.embedding.run(list(self._emb_passthrough), feeds)
+        return dict(zip(self._emb_passthrough, outs))
+
+    def _mask_feeds(self, shape, attention_mask: np.ndarray, past: KVCache | None) -> dict[str, np.ndarray]:
+        batch, seq = shape
+        past_len = past.length if past is not None else 0
+        feeds = {self.package.decoder.inputs.get("attention_mask", "attention_mask"): attention_mask}
+        if self.package.has_position_ids:
+            # right padding: real tokens sit at past_len + 0..n-1; pad positions are never read
+            pos = np.arange(past_len, past_len + seq, dtype=np.int64)
+            feeds[self.package.decoder.inputs.get("position_ids", "position_ids")] = np.broadcast_to(pos, (batch, seq))
+        return feeds
+
+    def _past_feeds(self, batch: int, past: KVCache | None) -> dict[str, np.ndarray]:
+        feeds = {}
+        for spec in self.package.kv:
+            if past is not None:
+                k, v = past.layers[spec.layer]
+            else:
+                k = v = empty_past(spec, batch)
+            feeds[spec.key_name] = k
+            feeds[spec.value_name] = v
+        return feeds
+
+
+def empty_past(spec: KVSpec, batch: int) -> np.ndarray:
+    """Past buffer for a first pass: zero length; the window size for windowed layers."""
+    return np.zeros((batch, spec.kv_heads, spec.window or 0, spec.head_size), dtype=spec.dtype)
+
+
+def _empty_like_input(inp, cfg: ModelFile) -> np.ndarray:
+    """A zero-size tensor for an optional multimodal input (no images in text tasks)."""
+    dims = [d if isinstance(d, int) and d > 0 else 0 for d in inp.shape]
+    if not dims:
+        raise PackageError(f"{cfg.path}: embedding input {inp.name!r} is a scalar; ortevals cannot leave it empty")
+    dtype = _ORT_TO_NP.get(inp.type)
+    if dtype is None:
+        raise PackageError(f"{cfg.path}: embedding input {inp.name!r} has unsupported type {inp.type}")
+    return np.zeros(dims, dtype=dtype)
+
+
+_ORT_TO_NP = {
+    "tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32, "tensor(bool)": np.bool_, "tensor(uint8)": np.uint8,
+}

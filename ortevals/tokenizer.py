@@ -1,0 +1,122 @@
+"""The package's tokenizer, read the way lm-eval's ``hf`` backend reads it.
+
+Owns loading ``tokenizer.json`` (Hugging Face ``tokenizers``, the same Rust
+code transformers' fast tokenizers run) plus ``tokenizer_config.json`` for the
+special-token strings and the chat template, and encoding with lm-eval's BOS
+rules: special tokens are added as the tokenizer's post-processor says unless
+the caller decides, and never twice when the text already starts with BOS.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ortevals.errors import PackageError
+from ortevals.package import ModelPackage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    bos_id: int | None
+    eos_id: int | None
+    bos_text: str | None
+
+
+class Tokenizer:
+    """Encode/decode with a ``tokenizers.Tokenizer``. Build with :meth:`load`."""
+
+    def __init__(self, backend, special: SpecialTokens, chat_template: str | None = None,
+                 add_bos_token: bool | None = None) -> None:
+        self.backend = backend
+        self.special = special
+        self.chat_template = chat_template
+        self.add_bos_token = add_bos_token
+
+    @classmethod
+    def load(cls, package: ModelPackage, add_bos_token: bool | None = None) -> Tokenizer:
+        try:
+            from tokenizers import Tokenizer as HFTokenizer
+        except ImportError:
+            raise PackageError("the 'tokenizers' package is required: pip install tokenizers") from None
+        path = package.root / "tokenizer.json"
+        if not path.is_file():
+            raise PackageError(f"{path}: not found; ortevals needs the package's tokenizer.json")
+        try:
+            backend = HFTokenizer.from_file(str(path))
+        except Exception as e:
+            raise PackageError(f"{path}: not a valid tokenizers file ({e})") from None
+        cfg = _read_json(package.root / "tokenizer_config.json")
+        special = _special_tokens(backend, cfg, package)
+        template = cfg.get("chat_template") if isinstance(cfg.get("chat_template"), str) else None
+        template_file = package.root / "chat_template.jinja"
+        if template is None and template_file.is_file():
+            template = template_file.read_text(encoding="utf-8")
+        _check_vocab(backend, package, path)
+        return cls(backend, special, template, add_bos_token)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool | None = None) -> list[int]:
+        """lm-eval ``hf`` rules: None means the tokenizer's default unless text starts with BOS."""
+        if add_special_tokens is None:
+            add_special_tokens = True if self.add_bos_token is None else self.add_bos_token
+            if self.special.bos_text and text.startswith(self.special.bos_text):
+                add_special_tokens = False
+        ids = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        if add_special_tokens and self.add_bos_token and self.special.bos_id is not None \
+                and (not ids or ids[0] != self.special.bos_id):
+            ids = [self.special.bos_id, *ids]
+        return ids
+
+    def encode_batch(self, texts: list[str], add_special_tokens: bool) -> list[list[int]]:
+        return [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=add_special_tokens)]
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise PackageError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    return data if isinstance(data, dict) else {}
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):  # {"content": "<s>", ...} in older configs
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _special_tokens(backend, cfg: dict[str, Any], package: ModelPackage) -> SpecialTokens:
+    bos_text = _token_text(cfg.get("bos_token"))
+    eos_text = _token_text(cfg.get("eos_token"))
+    bos_id = backend.token_to_id(bos_text) if bos_text else None
+    eos_id = backend.token_to_id(eos_text) if eos_text else None
+    if bos_id is None and package.bos_token_id is not None and bos_text is None:
+        bos_id = package.bos_token_id
+        bos_text = backend.id_to_token(bos_id)
+    if eos_id is None and package.eos_token_ids:
+        eos_id = package.eos_token_ids[0]
+    return SpecialTokens(bos_id, eos_id, bos_text)
+
+
+def _check_vocab(backend, package: ModelPackage, path: Path) -> None:
+    """A tokenizer with ids beyond the model's logits would score garbage."""
+    size = backend.get_vocab_size(with_added_tokens=True)
+    if size > package.vocab_size:
+        raise PackageError(
+            f"{path}: tokenizer has {size} tokens but the model's vocab_size is {package.vocab_size}; "
+            "the tokenizer does not belong to this model"
+        )

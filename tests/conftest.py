@@ -1,0 +1,68 @@
+"""Session fixtures: packages built from code once per run and cached on disk.
+
+The cache folder is ``$ORTEVALS_TEST_CACHE`` or ``.fixture-cache/`` in the
+repo (git-ignored); a second run reuses what the first built. The real
+SmolLM2-135M package goes to ortevals' own cache (``ortevals example``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+CACHE = Path(os.environ.get("ORTEVALS_TEST_CACHE") or Path(__file__).resolve().parent.parent / ".fixture-cache")
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def fixture_cache() -> Path:
+    CACHE.mkdir(parents=True, exist_ok=True)
+    return CACHE
+
+
+@pytest.fixture(scope="session")
+def tiny(fixture_cache) -> tuple[Path, Path]:
+    """(hf_dir, package_dir) of the tiny random Llama."""
+    from tests.fixtures.tiny import build_tiny
+
+    return build_tiny(fixture_cache)
+
+
+@pytest.fixture(scope="session")
+def tiny_pkg(tiny) -> Path:
+    return tiny[1]
+
+
+@pytest.fixture(scope="session")
+def gemma4(fixture_cache) -> tuple[Path, Path]:
+    """(hf_dir, package_dir) of the tiny Gemma-4-layout package (per-layer head sizes)."""
+    from tests.fixtures.gemma4 import build_gemma4
+
+    return build_gemma4(fixture_cache / "gemma4")
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> tuple[Path, Path]:
+    """(hf_dir, package_dir) of the real SmolLM2-135M-Instruct, fp32."""
+    from ortevals.examples import smollm2_hf_dir, smollm2_package
+
+    return smollm2_hf_dir(), smollm2_package("fp32")
+
+
+@pytest.fixture()
+def copy_pkg(tmp_path):
+    """Copy a package folder into tmp_path so a test can break it."""
+    import shutil
+
+    def _copy(src: Path) -> Path:
+        dst = tmp_path / src.name
+        shutil.copytree(src, dst)
+        return dst
+
+    return _copy

@@ -1,0 +1,96 @@
+"""The command line: end to end on real MMLU-Pro data, and one clear line for every bad input."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ortevals.cli import cli
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run(*args):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def assert_one_line_error(result, *needles):
+    assert result.exit_code == 2, result.output
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.output
+    assert "Traceback" not in result.output
+    for n in needles:
+        assert n in lines[0]
+
+
+def test_info_describes_layers_and_providers(tiny_pkg):
+    result = run("info", "--pkg", str(tiny_pkg))
+    assert result.exit_code == 0, result.output
+    assert "layers 0-1" in result.output and "[B, 2, past, 16]" in result.output
+    assert "CPUExecutionProvider" in result.output
+
+
+def test_help_has_examples():
+    result = run("mmlu-pro", "--help")
+    assert result.exit_code == 0 and "Examples:" in result.output and "--example" in result.output
+
+
+@pytest.mark.parametrize("breaker,needles", [
+    (lambda p: (p / "genai_config.json").unlink(), ["genai_config.json: not found"]),
+    (lambda p: (p / "genai_config.json").write_text("{"), ["genai_config.json: invalid JSON"]),
+    (lambda p: (p / "model.onnx").unlink(), ["model.decoder.filename='model.onnx' not found"]),
+    (lambda p: (p / "genai_config.json").write_text(
+        (p / "genai_config.json").read_text().replace('"model.onnx"', '"../../model.onnx"')), ["escapes"]),
+])
+def test_bad_package_exits_2_with_one_line(tiny_pkg, copy_pkg, breaker, needles):
+    pkg = copy_pkg(tiny_pkg)
+    breaker(pkg)
+    for command in ("info", "mmlu-pro"):
+        args = [command, "--pkg", str(pkg)] + (["--data", "bundled"] if command == "mmlu-pro" else [])
+        assert_one_line_error(run(*args), *needles)
+
+
+def test_unknown_and_missing_providers(tiny_pkg):
+    assert_one_line_error(run("mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--ep", "tpu"),
+                          "unknown execution provider 'tpu'")
+    assert_one_line_error(run("mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--ep", "cuda"),
+                          "'cuda'", "not available")
+
+
+def test_bad_data_folder(tiny_pkg, tmp_path):
+    assert_one_line_error(run("mmlu-pro", "--pkg", str(tiny_pkg), "--data", str(tmp_path / "x")),
+                          "data folder not found")
+    (tmp_path / "data").mkdir()
+    assert_one_line_error(run("mmlu-pro", "--pkg", str(tiny_pkg), "--data", str(tmp_path)), "no test split")
+
+
+def test_offline_hub_without_data_says_what_to_do(tiny_pkg):
+    result = run("mmlu-pro", "--pkg", str(tiny_pkg), "--limit", "1")
+    assert_one_line_error(result, "--data")
+
+
+def test_no_package_given():
+    assert_one_line_error(run("mmlu-pro", "--data", "bundled"), "--pkg")
+
+
+def test_real_process_prints_no_traceback(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "ortevals.cli", "info", "--pkg", str(tmp_path)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
+    assert "genai_config.json" in proc.stderr
+
+
+def test_mmlu_pro_on_tiny_package_writes_outputs(tiny_pkg, tmp_path):
+    out = tmp_path / "run"
+    result = run("mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--limit", "3", "--output", str(out))
+    assert result.exit_code == 0, result.output
+    assert "req/s" in result.output and "business" in result.output
+    body = json.loads((out / "results.json").read_text())
+    samples = [json.loads(ln) for ln in (out / "samples_leaderboard_mmlu_pro.jsonl").read_text().splitlines()]
+    assert len(samples) == 3 and all(len(s["resps"]) == len(s["doc"]["options"]) for s in samples)
+    assert body["ortevals"]["questions"] == 3
+    assert body["ortevals"]["requests"] == sum(len(s["resps"]) for s in samples)

@@ -1,0 +1,103 @@
+"""The ortevals lm-eval model against lm-eval's own hf backend on the same weights."""
+
+import numpy as np
+import pytest
+from lm_eval.api.instance import Instance
+
+from ortevals.lm import ModelArgs, OrtLM
+
+PAIRS = [
+    ("The capital of France is", " paris"),
+    ("The capital of France is", " berlin"),
+    ("The capital of France is", " rome."),
+    ("Question: one two three. Answer:", " B"),
+    ("Question: one two three. Answer:", " C"),
+    ("", "The river of the city"),  # empty context: the prefix token conditions
+    ("Nine ten ", "eleven twelve"),  # trailing space moves into the continuation
+]
+DOCS = ["The mountain of the city is a number. " * 3, "Paris france berlin germany rome italy " * 40]
+
+
+def instances(kind, args_list):
+    return [Instance(request_type=kind, doc={}, arguments=a, idx=i) for i, a in enumerate(args_list)]
+
+
+@pytest.fixture(scope="module")
+def hflm(tiny):
+    from lm_eval.models.huggingface import HFLM
+
+    return HFLM(pretrained=str(tiny[0]), device="cpu", batch_size=1, dtype="float32", max_length=128)
+
+
+@pytest.fixture(scope="module")
+def ortlm(tiny):
+    return OrtLM.from_package(ModelArgs(pkg=str(tiny[1]), max_length=128, batch_size=1))
+
+
+def test_tokenization_matches_hf(hflm, ortlm):
+    for ctx, cont in PAIRS:
+        assert ortlm.tok_encode(ctx + cont) == hflm.tok_encode(ctx + cont)
+    assert ortlm.prefix_token_id == hflm.prefix_token_id
+    assert ortlm.eot_token_id == hflm.eot_token_id
+
+
+def test_loglikelihood_equals_hf_backend(hflm, ortlm):
+    ours = ortlm.loglikelihood(instances("loglikelihood", PAIRS))
+    ref = hflm.loglikelihood(instances("loglikelihood", PAIRS))
+    for (lp, greedy), (rlp, rgreedy) in zip(ours, ref):
+        assert abs(lp - rlp) <= 1e-4
+        assert greedy == rgreedy
+    assert len({round(lp, 3) for lp, _ in ours}) == len(PAIRS)  # the model is not uniform
+
+
+def test_rolling_loglikelihood_equals_hf_backend(hflm, ortlm):
+    ours = ortlm.loglikelihood_rolling(instances("loglikelihood_rolling", [(d,) for d in DOCS]))
+    ref = hflm.loglikelihood_rolling(instances("loglikelihood_rolling", [(d,) for d in DOCS]))
+    # the second document is longer than max_length=128: several rolling windows
+    assert len(ortlm.tok_encode(DOCS[1])) > 128
+    np.testing.assert_allclose(ours, ref, atol=1e-4 * len(ortlm.tok_encode(DOCS[1])) ** 0.5)
+
+
+@pytest.mark.parametrize("batch_size", [None, 3])
+def test_batched_and_grouped_equal_unbatched(tiny, ortlm, batch_size):
+    batched = OrtLM.from_package(ModelArgs(pkg=str(tiny[1]), max_length=128, batch_size=batch_size))
+    reqs = instances("loglikelihood", PAIRS)
+    one = ortlm.loglikelihood(reqs)
+    many = batched.loglikelihood(reqs)
+    for (a, ga), (b, gb) in zip(one, many):
+        assert abs(a - b) <= 1e-5 and ga == gb
+
+
+def test_ungrouped_equals_grouped(tiny, ortlm):
+    from dataclasses import replace
+
+    lm = OrtLM.from_package(ModelArgs(pkg=str(tiny[1]), max_length=128, batch_size=1))
+    lm.engine.settings = replace(lm.engine.settings, group_by_context=False)
+    reqs = instances("loglikelihood", PAIRS)
+    passes_before = ortlm.engine.forward_passes
+    grouped = ortlm.loglikelihood(reqs)
+    # paris/berlin share the context; " B"/" C" are [space, letter] so their inputs
+    # (context + space) are identical too: 7 requests, 5 distinct inputs
+    assert ortlm.engine.forward_passes - passes_before == 5
+    for (a, _), (b, _) in zip(grouped, lm.loglikelihood(reqs)):
+        assert abs(a - b) <= 1e-5
+
+
+def test_cache_hook_receives_every_answer(ortlm):
+    class Hook:
+        def __init__(self):
+            self.calls = []
+
+        def add_partial(self, attr, req, res):
+            self.calls.append((attr, req, res))
+
+    hook = Hook()
+    ortlm.set_cache_hook(hook)
+    try:
+        res = ortlm.loglikelihood(instances("loglikelihood", PAIRS[:3]))
+    finally:
+        from lm_eval.api.model import CacheHook
+
+        ortlm.set_cache_hook(CacheHook(None))
+    assert [c[0] for c in hook.calls] == ["loglikelihood"] * 3
+    assert sorted(c[2] for c in hook.calls) == sorted(res)

@@ -1,0 +1,158 @@
+"""The loader: what it reads from a package, and every bad package it refuses."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ortevals.errors import PackageError, ProviderError
+from ortevals.package import ModelPackage
+from ortevals.providers import from_package, normalize, parse_options
+
+
+def edit_config(pkg: Path, fn) -> None:
+    path = pkg / "genai_config.json"
+    cfg = json.loads(path.read_text())
+    fn(cfg)
+    path.write_text(json.dumps(cfg))
+
+
+def test_reads_text_package(tiny_pkg):
+    pkg = ModelPackage.load(tiny_pkg)
+    assert pkg.model_type == "llama"
+    assert [(s.kv_heads, s.head_size, s.window) for s in pkg.kv] == [(2, 16, None)] * 2
+    assert pkg.embedding is None and pkg.vocab_size == 512 and pkg.logits_width == 512
+    assert pkg.kv[1].key_name == "past_key_values.1.key" and pkg.kv[1].present_value_name == "present.1.value"
+    assert ModelPackage.load(tiny_pkg / "genai_config.json").root == tiny_pkg
+
+
+def test_fingerprint_changes_with_the_model(tiny_pkg, copy_pkg):
+    pkg = copy_pkg(tiny_pkg)
+    before = ModelPackage.load(pkg).fingerprint()
+    assert ModelPackage.load(pkg).fingerprint() == before
+    edit_config(pkg, lambda c: c["search"].update(top_k=3))
+    assert ModelPackage.load(pkg).fingerprint() != before
+
+
+BAD_CONFIGS = [
+    ("empty", lambda p: (p / "genai_config.json").write_text(""), "is empty"),
+    ("invalid json", lambda p: (p / "genai_config.json").write_text("{\"model\": "), "invalid JSON at line 1"),
+    ("not an object", lambda p: (p / "genai_config.json").write_text("[1]"), "'model' object"),
+    ("no decoder", lambda p: edit_config(p, lambda c: c["model"].pop("decoder")), "model.decoder"),
+    ("no filename", lambda p: edit_config(p, lambda c: c["model"]["decoder"].pop("filename")),
+     "model.decoder.filename"),
+    ("missing decoder file", lambda p: (p / "model.onnx").unlink(), "model.decoder.filename='model.onnx' not found"),
+    ("path escape", lambda p: edit_config(p, lambda c: c["model"]["decoder"].update(filename="../x/model.onnx")),
+     "escapes the package folder"),
+    ("absolute path", lambda p: edit_config(p, lambda c: c["model"]["decoder"].update(filename="/etc/passwd")),
+     "absolute path"),
+    ("layers", lambda p: edit_config(p, lambda c: c["model"]["decoder"].update(num_hidden_layers=3)),
+     "num_hidden_layers=3 but model.onnx has 2"),
+    ("vocab", lambda p: edit_config(p, lambda c: c["model"].update(vocab_size=1000)),
+     "vocab_size=1000 but model.onnx returns logits of width 512"),
+    ("vocab type", lambda p: edit_config(p, lambda c: c["model"].update(vocab_size="512")),
+     "model.vocab_size must be int"),
+    ("no type", lambda p: edit_config(p, lambda c: c["model"].pop("type")), "model.type is missing"),
+    ("truncated data", lambda p: (p / "model.onnx.data").write_bytes(b"\0" * 100), "external data is truncated"),
+    ("missing data", lambda p: (p / "model.onnx.data").unlink(), "external data file 'model.onnx.data' is missing"),
+    ("corrupt onnx", lambda p: (p / "model.onnx").write_bytes(b"not a protobuf" * 10), "not a readable ONNX model"),
+]
+
+
+@pytest.mark.parametrize("name,breaker,message", BAD_CONFIGS, ids=[b[0] for b in BAD_CONFIGS])
+def test_bad_package_is_one_clear_error(tiny_pkg, copy_pkg, name, breaker, message):
+    pkg = copy_pkg(tiny_pkg)
+    breaker(pkg)
+    with pytest.raises(PackageError, match=message) as err:
+        ModelPackage.load(pkg)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("key,value", [("head_size", 32), ("num_key_value_heads", 4)])
+def test_config_graph_mismatch_on_symbolic_dims_is_caught_at_open(tiny_pkg, copy_pkg, key, value):
+    """The tiny decoder declares its head size as the symbol 'kv_cache_dim': only a real pass shows it."""
+    from ortevals.runtime.sessions import DecoderRunner
+
+    pkg = copy_pkg(tiny_pkg)
+    edit_config(pkg, lambda c: c["model"]["decoder"].update({key: value}))
+    with pytest.raises(PackageError, match="config and graph must agree|does genai_config.json match") as err:
+        DecoderRunner.open(ModelPackage.load(pkg), from_package({}, "cpu"))
+    assert "genai_config.json" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_missing_folder_and_config(tmp_path):
+    with pytest.raises(PackageError, match="package folder not found"):
+        ModelPackage.load(tmp_path / "nope")
+    with pytest.raises(PackageError, match="genai_config.json: not found"):
+        ModelPackage.load(tmp_path)
+
+
+def test_other_models_are_never_opened(tiny_pkg, copy_pkg):
+    pkg = copy_pkg(tiny_pkg)
+    (pkg / "vision.onnx").write_bytes(b"garbage that onnx cannot parse")
+    edit_config(pkg, lambda c: c["model"].update(vision={"filename": "vision.onnx"},
+                                                 speech={"filename": "missing-speech.onnx"}))
+    loaded = ModelPackage.load(pkg)
+    assert loaded.skipped_models == ("vision", "speech")
+    assert all("vision" not in str(f) for f in loaded.model_files())
+
+
+def test_symbolic_kv_dims_fall_back_to_config(tiny_pkg, copy_pkg):
+    import onnx
+
+    pkg = copy_pkg(tiny_pkg)
+    model = onnx.load(str(pkg / "model.onnx"), load_external_data=False)
+    for inp in model.graph.input:
+        if inp.name.startswith("past_key_values"):
+            inp.type.tensor_type.shape.dim[3].dim_param = "head_size_sym"
+    onnx.save(model, str(pkg / "model.onnx"))
+    assert {s.head_size for s in ModelPackage.load(pkg).kv} == {16}
+    edit_config(pkg, lambda c: c["model"]["decoder"].pop("head_size"))
+    with pytest.raises(PackageError, match="symbolic dim 'head_size_sym'"):
+        ModelPackage.load(pkg)
+
+
+def test_providers_resolve_and_merge_options():
+    so = {"provider_options": [{"cuda": {"enable_cuda_graph": "1", "device_id": "0"}}]}
+    cfg = from_package(so, None, parse_options(["device_id=1"]))
+    assert (cfg.name, cfg.ort_name, cfg.options) == ("cuda", "CUDAExecutionProvider",
+                                                      {"enable_cuda_graph": "1", "device_id": "1"})
+    assert from_package(so, "cpu").options == {}
+    assert normalize("CUDAExecutionProvider") == "cuda" and normalize("DirectML") == "dml"
+    with pytest.raises(ProviderError, match="unknown execution provider 'tpu'"):
+        normalize("tpu")
+    with pytest.raises(ProviderError, match="key=value"):
+        parse_options(["oops"])
+
+
+def test_unavailable_provider_is_refused(tiny_pkg):
+    from ortevals.runtime.sessions import open_session
+
+    pkg = ModelPackage.load(tiny_pkg)
+    with pytest.raises(ProviderError, match="'cuda' .* is not available"):
+        open_session(pkg.decoder, from_package({}, "cuda"))
+
+
+def test_custom_ops_library_is_not_loaded(tiny_pkg, copy_pkg):
+    from ortevals.runtime.sessions import open_session
+
+    pkg = copy_pkg(tiny_pkg)
+    edit_config(pkg, lambda c: c["model"]["decoder"]["session_options"].update(custom_ops_library="libevil.so"))
+    loaded = ModelPackage.load(pkg)
+    with pytest.raises(PackageError, match="custom_ops_library"):
+        open_session(loaded.decoder, from_package({}, "cpu"))
+
+
+def test_mixed_install_is_detected(monkeypatch):
+    from ortevals import runtime
+    from ortevals.errors import RuntimeMissingError
+
+    monkeypatch.setattr(runtime, "installed", lambda names: [n for n in names if n in ("onnxruntime",
+                                                                                        "onnxruntime-gpu")])
+    with pytest.raises(RuntimeMissingError, match="onnxruntime and onnxruntime-gpu are both installed"):
+        runtime.check_install()
+    monkeypatch.setattr(runtime, "installed", lambda names: [n for n in names if n in ("onnxruntime-gpu",
+                                                                                        "onnxruntime-genai")])
+    with pytest.raises(RuntimeMissingError, match="onnxruntime-genai needs onnxruntime but onnxruntime-gpu"):
+        runtime.check_install()
