@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from ortevals.errors import OrtEvalsError
+from ortevals.files import cache_root
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +37,6 @@ if hasattr(model.config, "quantization_config"):
 model.save_pretrained(out)
 tok.save_pretrained(out)
 """
-
-
-def cache_root() -> Path:
-    """``$ORTEVALS_CACHE``, else ``~/.cache/ortevals``."""
-    return Path(os.environ.get("ORTEVALS_CACHE") or Path.home() / ".cache" / "ortevals")
 
 
 def gguf_path() -> Path:

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from lm_eval.api.model import TemplateLM
 from tqdm import tqdm
 
@@ -27,6 +28,7 @@ from ortevals.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_LENGTH = 2048
+CPU_TOKEN_BUDGET = 1024  # auto batch on CPU: more tokens per pass only add memory traffic
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,9 @@ class ModelArgs:
     provider_options: tuple[str, ...] = ()
     add_bos_token: bool | None = None
     memory_budget_mb: int = 2048
+    prefix_cache: bool = True
+    prefix_budget_mb: int = 1024
+    scoring_graph: bool = True  # derived decoder: LM head only at scored positions
 
     @classmethod
     def parse(cls, args: dict[str, Any]) -> ModelArgs:
@@ -57,13 +62,14 @@ class ModelArgs:
         if unknown:
             raise OrtEvalsError(f"unknown ortevals model_args {unknown}; expected some of {sorted(known)}")
         args["batch_size"] = parse_batch_size(args.get("batch_size"))
-        for key in ("max_length", "threads", "memory_budget_mb"):
+        for key in ("max_length", "threads", "memory_budget_mb", "prefix_budget_mb"):
             if key in args:
                 args[key] = _positive_int(args[key], key, allow_zero=key == "threads")
         if isinstance(args.get("provider_options"), str):
             args["provider_options"] = tuple(p for p in args["provider_options"].split(";") if p)
-        if isinstance(args.get("add_bos_token"), str):
-            args["add_bos_token"] = args["add_bos_token"].lower() in ("1", "true", "yes")
+        for key in ("add_bos_token", "prefix_cache", "scoring_graph"):
+            if isinstance(args.get(key), str):
+                args[key] = args[key].lower() in ("1", "true", "yes", "on")
         return cls(**args)
 
 
@@ -101,6 +107,7 @@ class OrtLM(TemplateLM):
     @classmethod
     def from_package(cls, args: ModelArgs) -> OrtLM:
         """Load the package, open its sessions and build the engine."""
+        from ortevals.files import cache_root
         from ortevals.providers import from_package, parse_options
         from ortevals.runtime.sessions import DecoderRunner
 
@@ -108,14 +115,20 @@ class OrtLM(TemplateLM):
         tokenizer = Tokenizer.load(package, add_bos_token=args.add_bos_token)
         provider = from_package(package.decoder.session_options, args.ep,
                                 parse_options(args.provider_options), args.threads)
-        runner = DecoderRunner.open(package, provider)
+        runner = DecoderRunner.open(package, provider, cache_root() if args.scoring_graph else None)
         settings = EngineSettings(
             max_length=args.max_length or package.context_length or DEFAULT_MAX_LENGTH,
             vocab_size=package.vocab_size,
             batch_size=args.batch_size,
             pad_token_id=package.pad_token_id or 0,
             memory_budget_mb=args.memory_budget_mb,
+            token_budget=0 if provider.on_device else CPU_TOKEN_BUDGET,
+            prefix_cache=args.prefix_cache and not package.windowed,
+            prefix_budget_mb=args.prefix_budget_mb,
+            kv_bytes_per_token=sum(2 * s.kv_heads * s.head_size * np.dtype(s.dtype).itemsize for s in package.kv),
         )
+        if args.prefix_cache and package.windowed:
+            log.info("prefix cache off: %s keeps a windowed sliding KV cache", package.root)
         return cls(package, tokenizer, PrefillEngine(runner, settings), args)
 
     @classmethod

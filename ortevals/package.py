@@ -111,6 +111,11 @@ class ModelPackage:
         return self.embedding is not None
 
     @property
+    def windowed(self) -> bool:
+        """Some layers keep a fixed-size sliding KV buffer: past KV cannot be reused or rewound."""
+        return any(s.window for s in self.kv)
+
+    @property
     def has_position_ids(self) -> bool:
         name = self.decoder.inputs.get("position_ids", "position_ids")
         return self.decoder.input(name) is not None
@@ -292,11 +297,22 @@ def _kv_specs(decoder: ModelFile, section: dict, where: Path) -> tuple[KVSpec, .
                                "[batch, kv_heads, past, head_size]")
         heads = _concrete(k.shape[1], section, "num_key_value_heads", k.name, decoder.path, where)
         size = _concrete(k.shape[3], section, "head_size", k.name, decoder.path, where)
-        window = k.shape[2] if isinstance(k.shape[2], int) and k.shape[2] > 0 else None
+        window = k.shape[2] if isinstance(k.shape[2], int) and k.shape[2] > 0 else _window(section, i, where)
         specs.append(KVSpec(i, k.name, v.name, _fmt(pkey_fmt, i, where), _fmt(pvalue_fmt, i, where),
                             k.dtype, heads, size, window))
     _check_layers(specs, section, decoder, where)
     return tuple(specs)
+
+
+def _window(section: dict, layer: int, where: Path) -> int | None:
+    """The builder's windowed sliding-layer cache: declared in config, a symbolic dim in the graph."""
+    sw = section.get("sliding_window")
+    if not isinstance(sw, dict) or layer not in (sw.get("layers") or []):
+        return None
+    size = sw.get("window_size")
+    if not isinstance(size, int) or size <= 0:
+        raise PackageError(f"{where}: model.decoder.sliding_window.window_size must be a positive int, got {size!r}")
+    return size
 
 
 def _fmt(pattern: str, i: int, where: Path) -> str:

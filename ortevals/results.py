@@ -10,12 +10,12 @@ leaves a half-written file).
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ortevals.files import atomic_write
 
 CATEGORY_KEYS = ("category", "subject")
 
@@ -85,21 +85,6 @@ def format_table(summary: RunSummary) -> str:
         f"scoring {summary.model_seconds:.1f} s  {summary.requests_per_s:.2f} req/s"
     )
     return "\n".join(lines)
-
-
-def atomic_write(path: Path, text: str) -> None:
-    """Write via a temp file in the same folder and rename over ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write_outputs(out_dir: Path, results: dict[str, Any], summary: RunSummary) -> list[Path]:

@@ -2,7 +2,8 @@
 
 The cache folder is ``$ORTEVALS_TEST_CACHE`` or ``.fixture-cache/`` in the
 repo (git-ignored); a second run reuses what the first built. The real
-SmolLM2-135M package goes to ortevals' own cache (``ortevals example``).
+SmolLM2-135M package goes to ortevals' own cache (``$ORTEVALS_CACHE``, set to
+``.fixture-cache/ortevals`` unless already set).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 CACHE = Path(os.environ.get("ORTEVALS_TEST_CACHE") or Path(__file__).resolve().parent.parent / ".fixture-cache")
 REPO = Path(__file__).resolve().parent.parent
+# derived graphs and the SmolLM2 example go to ortevals' cache: keep the user's apart unless asked
+os.environ.setdefault("ORTEVALS_CACHE", str(CACHE / "ortevals"))
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -18,19 +19,20 @@ from ortevals.errors import PackageError, ProviderError
 from ortevals.package import KVSpec, ModelFile, ModelPackage
 from ortevals.providers import ProviderConfig
 from ortevals.runtime import import_ort
+from ortevals.runtime.derive import POSITIONS, derived_decoder
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class KVCache:
-    """Present KV of a forward pass: one (key, value) pair per layer, ``[B, heads, T, head]``."""
+    """Present KV of a forward pass: one (key, value) pair per layer, ``[B, heads, T, head]``.
+
+    ``length`` is the number of tokens it holds; windowed layers hold fewer.
+    """
 
     layers: tuple[tuple[np.ndarray, np.ndarray], ...]
-
-    @property
-    def length(self) -> int:
-        return int(self.layers[0][0].shape[2]) if self.layers else 0
+    length: int
 
     @property
     def nbytes(self) -> int:
@@ -38,7 +40,7 @@ class KVCache:
 
     def repeat(self, batch: int) -> KVCache:
         """Broadcast a batch-1 cache to ``batch`` rows (shared prefix for every row)."""
-        return KVCache(tuple((np.repeat(k, batch, 0), np.repeat(v, batch, 0)) for k, v in self.layers))
+        return KVCache(tuple((np.repeat(k, batch, 0), np.repeat(v, batch, 0)) for k, v in self.layers), self.length)
 
 
 def session_options(provider: ProviderConfig, model: ModelFile):
@@ -46,7 +48,7 @@ def session_options(provider: ProviderConfig, model: ModelFile):
     ort = import_ort()
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.log_severity_level = 3
+    so.log_severity_level = 4  # failures surface as PackageError, not ORT log lines
     if provider.intra_op_threads:
         so.intra_op_num_threads = provider.intra_op_threads
     so.inter_op_num_threads = 1
@@ -60,8 +62,11 @@ def session_options(provider: ProviderConfig, model: ModelFile):
     return so
 
 
-def open_session(model: ModelFile, provider: ProviderConfig):
-    """One InferenceSession on ``provider``; availability is checked first."""
+def open_session(model: ModelFile, provider: ProviderConfig, derived: Path | None = None):
+    """One InferenceSession on ``provider``; availability is checked first.
+
+    ``derived``: a rewritten copy of ``model``'s graph whose weights stay in the package folder.
+    """
     ort = import_ort()
     available = ort.get_available_providers()
     if provider.ort_name not in available:
@@ -72,8 +77,11 @@ def open_session(model: ModelFile, provider: ProviderConfig):
     providers = [(provider.ort_name, provider.options)]
     if provider.name != "cpu":
         providers.append(("CPUExecutionProvider", {}))
+    so = session_options(provider, model)
+    if derived is not None:
+        so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(model.path.parent))
     try:
-        return ort.InferenceSession(str(model.path), session_options(provider, model), providers=providers)
+        return ort.InferenceSession(str(derived or model.path), so, providers=providers)
     except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph/... types
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise PackageError(f"{model.path}: onnxruntime could not load the model: {first}") from None
@@ -87,12 +95,16 @@ class DecoderRunner:
         self.decoder = decoder
         self.embedding = embedding
         self._dec_inputs = {i.name for i in decoder.get_inputs()}
+        # a derived graph takes the positions whose logits are wanted
+        self.gathers_positions = POSITIONS in self._dec_inputs
         self._emb_passthrough = self._embedding_outputs() if embedding is not None else ()
 
     @classmethod
-    def open(cls, package: ModelPackage, provider: ProviderConfig) -> DecoderRunner:
+    def open(cls, package: ModelPackage, provider: ProviderConfig, cache: Path | None = None) -> DecoderRunner:
+        """Open the sessions; with ``cache``, use (and build once) the derived scoring graph there."""
         emb = open_session(package.embedding, provider) if package.embedding is not None else None
-        dec = open_session(package.decoder, provider)
+        derived = derived_decoder(package, cache) if cache is not None else None
+        dec = open_session(package.decoder, provider, derived)
         log.info("opened %s on %s%s", package.decoder.path.name, provider.ort_name,
                  f" with {package.embedding.path.name}" if emb is not None else "")
         runner = cls(package, dec, emb)
@@ -128,14 +140,24 @@ class DecoderRunner:
         attention_mask: np.ndarray,
         past: KVCache | None = None,
         want_present: bool = False,
+        positions: np.ndarray | None = None,
     ) -> tuple[np.ndarray, KVCache | None]:
         """Run one pass.
 
         input_ids: ``[B,S]`` int64, right-padded. attention_mask: ``[B, P+S]``
-        int64 where P is the past length (0 without ``past``).
-        Returns logits ``[B,S,V]`` (the graph's dtype) and, if asked, present KV.
+        int64 where P is the past length (0 without ``past``). positions:
+        ``[B,K]`` int64 indices into S whose logits are wanted (every position
+        when None); only a derived graph can honour it.
+        Returns logits ``[B,S,V]`` or ``[B,K,V]`` (the graph's dtype) and, if
+        asked, present KV.
         """
         feeds = self._token_feeds(input_ids)
+        if self.gathers_positions:
+            if positions is None:
+                positions = np.broadcast_to(np.arange(input_ids.shape[1], dtype=np.int64), input_ids.shape)
+            feeds[POSITIONS] = np.ascontiguousarray(positions, dtype=np.int64)[:, :, None]
+        elif positions is not None:
+            raise ValueError("positions need the derived scoring graph")
         feeds.update(self._mask_feeds(input_ids.shape, attention_mask, past))
         feeds.update(self._past_feeds(input_ids.shape[0], past))
         names = [self.package.logits_name]
@@ -150,7 +172,7 @@ class DecoderRunner:
         present = None
         if want_present:
             it = iter(outs[1:])
-            present = KVCache(tuple(zip(it, it)))
+            present = KVCache(tuple(zip(it, it)), feeds_len(attention_mask))
         return outs[0], present
 
     def _token_feeds(self, input_ids: np.ndarray) -> dict[str, np.ndarray]:
@@ -170,6 +192,10 @@ class DecoderRunner:
     def _mask_feeds(self, shape, attention_mask: np.ndarray, past: KVCache | None) -> dict[str, np.ndarray]:
         batch, seq = shape
         past_len = past.length if past is not None else 0
+        if past is None and self.package.windowed:
+            # windowed GQA rejects a padded first-pass mask; all ones is exact for right
+            # padding, because causal attention never lets a real token see a later pad
+            attention_mask = np.ones_like(attention_mask)
         feeds = {self.package.decoder.inputs.get("attention_mask", "attention_mask"): attention_mask}
         if self.package.has_position_ids:
             # right padding: real tokens sit at past_len + 0..n-1; pad positions are never read
@@ -189,8 +215,14 @@ class DecoderRunner:
         return feeds
 
 
+def feeds_len(attention_mask: np.ndarray) -> int:
+    """Tokens covered by a pass: the mask spans past + new tokens."""
+    return int(attention_mask.shape[1])
+
+
 def empty_past(spec: KVSpec, batch: int) -> np.ndarray:
-    """Past buffer for a first pass: zero length; the window size for windowed layers."""
+    """Past buffer for a first pass: zero length; for windowed layers a zero buffer of
+    window capacity (its contents are ignored, but GQA refuses a smaller one)."""
     return np.zeros((batch, spec.kv_heads, spec.window or 0, spec.head_size), dtype=spec.dtype)
 
 
