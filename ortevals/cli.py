@@ -8,7 +8,6 @@ Ctrl-C exits 130 with a short message.
 
 from __future__ import annotations
 
-import functools
 import logging
 import sys
 from pathlib import Path
@@ -22,6 +21,15 @@ Examples:
   ortevals mmlu-pro --example --limit 20          # SmolLM2-135M, bundled questions, offline
   ortevals mmlu-pro --pkg ./phi4-int4 --ep cuda --output runs/phi4
   ortevals mmlu-pro --pkg ./model --data ~/data/mmlu_pro --limit 100 --batch-size 4
+  ortevals mmlu-pro --example --cot --limit 14 --max-gen-toks 256   # chain-of-thought generation
+"""
+
+
+EPILOG_RUN = """\b
+Examples:
+  ortevals run --pkg ./model --tasks arc_easy,hellaswag --limit 200
+  ortevals run --pkg ./model --tasks wikitext --data ~/data/wikitext --batch-size 1
+  ortevals run --pkg ./model --tasks gsm8k --apply-chat-template --gen-kwargs max_gen_toks=256
 """
 
 
@@ -35,8 +43,17 @@ class Cli(click.Group):
             click.echo(f"Error: {e}", err=True)
             sys.exit(2)
         except KeyboardInterrupt:
-            click.echo("Interrupted; nothing was written for the unfinished run.", err=True)
+            click.echo("Interrupted. Finished requests are kept in the result store: run the same command "
+                       "again to resume (--no-resume starts over).", err=True)
             sys.exit(130)
+        except (click.exceptions.Exit, click.ClickException, SystemExit):
+            raise
+        except Exception as e:  # a bug, not a user error: one line, the traceback with -vv
+            logging.getLogger("ortevals").debug("internal error", exc_info=True)
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            click.echo(f"Error: internal error {type(e).__name__}: {first} (rerun with -vv for the traceback)",
+                       err=True)
+            sys.exit(1)
 
 
 def model_options(fn):
@@ -68,7 +85,10 @@ def run_options(fn):
         click.option("--output", type=click.Path(path_type=Path), default=None,
                      help="Folder for results.json and samples_*.jsonl."),
         click.option("--use-cache", type=click.Path(path_type=Path), default=None,
-                     help="lm-eval SQLite request cache; reruns reuse finished requests."),
+                     help="lm-eval SQLite request cache (keyed by request only)."),
+        click.option("--resume/--no-resume", default=True, show_default=True,
+                     help="Reuse requests finished by an earlier run of the same package and settings "
+                          "(result store in the ortevals cache)."),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
@@ -94,11 +114,14 @@ def _package_path(pkg: Path | None, example: bool) -> str:
 
 
 def _load_lm(kw: dict):
+    from ortevals.files import store_path
     from ortevals.lm import ModelArgs, OrtLM, parse_batch_size
 
-    args = ModelArgs(pkg=_package_path(kw["pkg"], kw["example"]), ep=kw["ep"],
-                     batch_size=parse_batch_size(kw["batch_size"]), max_length=kw["max_length"],
-                     threads=kw["threads"], provider_options=tuple(kw["provider_options"]))
+    pkg = _package_path(kw["pkg"], kw["example"])
+    args = ModelArgs(pkg=pkg, ep=kw["ep"], batch_size=parse_batch_size(kw["batch_size"]),
+                     max_length=kw["max_length"], threads=kw["threads"],
+                     provider_options=tuple(kw["provider_options"]),
+                     store=str(store_path(pkg)) if kw.get("resume", True) else None)
     return OrtLM.from_package(args)
 
 
@@ -108,25 +131,58 @@ def cli() -> None:
     """Fast, exact lm-eval benchmarks for ONNX Runtime GenAI model packages."""
 
 
-@cli.command("mmlu-pro", epilog=EPILOG_MMLU)
-@model_options
-@run_options
-def mmlu_pro(**kw) -> None:
-    """MMLU-Pro, 5-shot log-likelihood (lm-eval's leaderboard_mmlu_pro)."""
-    from ortevals.evaluate import RunSpec, evaluate
-    from ortevals.presets import PRESETS, resolve_data, task_specs
+def _evaluate(kw: dict, tasks: tuple[str, ...], data: Path | None, **spec_kw) -> None:
+    """Shared body of mmlu-pro and run: load the model, evaluate, print the table, list the files."""
+    from ortevals.evaluate import RunSpec, evaluate, task_manager
+    from ortevals.presets import task_specs
     from ortevals.results import format_table
 
-    _setup_logging(kw["verbose"])
-    preset = PRESETS["mmlu-pro"]
-    data = resolve_data(preset, kw["data"] or ("bundled" if kw["example"] else None))
+    tm = task_manager(spec_kw.get("include_path"))
     lm = _load_lm(kw)
-    spec = RunSpec(tasks=tuple(task_specs(preset, data)), limit=kw["limit"], output=kw["output"],
-                   use_cache=kw["use_cache"])
+    spec = RunSpec(tasks=tuple(task_specs(tasks, data, tm)), limit=kw["limit"], output=kw["output"],
+                   use_cache=kw["use_cache"], **spec_kw)
     outcome = evaluate(lm, spec)
     click.echo(format_table(outcome.summary))
     for path in outcome.files:
         click.echo(f"wrote {path}")
+
+
+@cli.command("mmlu-pro", epilog=EPILOG_MMLU)
+@model_options
+@run_options
+@click.option("--cot", is_flag=True, help="Chain-of-thought generation (lm-eval's mmlu_pro group, 14 subjects).")
+@click.option("--max-gen-toks", type=click.IntRange(min=1), default=None,
+              help="With --cot: cap generated tokens (the task's default is 2048).")
+def mmlu_pro(cot: bool, max_gen_toks: int | None, **kw) -> None:
+    """MMLU-Pro: 5-shot log-likelihood (leaderboard_mmlu_pro), or --cot generation (mmlu_pro)."""
+    from ortevals.presets import PRESETS, resolve_data
+
+    _setup_logging(kw["verbose"])
+    preset = PRESETS["mmlu-pro-cot" if cot else "mmlu-pro"]
+    data = resolve_data(preset, kw["data"] or ("bundled" if kw["example"] else None))
+    gen = {"max_gen_toks": max_gen_toks} if max_gen_toks else None
+    _evaluate(kw, preset.tasks, data, gen_kwargs=gen)
+
+
+@cli.command("run", epilog=EPILOG_RUN)
+@model_options
+@run_options
+@click.option("--tasks", required=True, help="Comma-separated lm-eval tasks or groups (arc_easy,hellaswag,…).")
+@click.option("--num-fewshot", type=click.IntRange(min=0), default=None)
+@click.option("--include-path", default=None, help="Folder of extra lm-eval task YAMLs.")
+@click.option("--apply-chat-template", is_flag=True, help="Wrap prompts in the package's chat template.")
+@click.option("--gen-kwargs", default=None, metavar="K=V,…", help="Override generation kwargs (max_gen_toks=64,…).")
+def run(tasks: str, num_fewshot, include_path, apply_chat_template, gen_kwargs, **kw) -> None:
+    """Any lm-eval task: same output layout, table and progress bar as mmlu-pro."""
+    from lm_eval.utils import simple_parse_args_string
+
+    from ortevals.presets import resolve_local
+
+    _setup_logging(kw["verbose"])
+    names = tuple(t.strip() for t in tasks.split(",") if t.strip())
+    gen = simple_parse_args_string(gen_kwargs) if gen_kwargs else None
+    _evaluate(kw, names, resolve_local(kw["data"]), num_fewshot=num_fewshot, include_path=include_path,
+              apply_chat_template=apply_chat_template, gen_kwargs=gen)
 
 
 @cli.command("info", epilog="\b\nExample:\n  ortevals info --pkg ./gemma4-int4")

@@ -142,7 +142,7 @@ class PrefillEngine:
         """Score every request; ``on_done(index, score)`` fires as each one finishes."""
         groups = plan_groups(requests, self.settings.max_length, self.settings.group_by_context)
         results: list[Score | None] = [None] * len(requests)
-        done = _Sink(requests, results, on_done)
+        done = ScoreSink(requests, results, on_done)
         plain = groups
         if self.settings.prefix_cache and len(groups) > 1:
             plan = plan_prefixes([g.tokens for g in groups], [max(n for _, n in g.members) for g in groups],
@@ -180,7 +180,7 @@ class PrefillEngine:
         logits, _ = self._forward(ids, mask, past, positions=positions)
         return logits, [k] * len(lengths)
 
-    def _score_shared(self, groups: list[Group], plan: PrefixPlan, done: _Sink) -> None:
+    def _score_shared(self, groups: list[Group], plan: PrefixPlan, done: ScoreSink) -> None:
         """Depth-first over the radix plan; the stack holds the KV of the prefixes on the path.
 
         One row per pass: GroupQueryAttention refuses batch > 1 when a multi-token
@@ -225,7 +225,7 @@ def _depth(stack, plan: PrefixPlan) -> int:
     return plan.nodes[stack[-1][0]].depth if stack else 0
 
 
-class _Sink:
+class ScoreSink:
     """Turns logits rows into scores for a group's members and reports them."""
 
     def __init__(self, requests, results, on_done) -> None:

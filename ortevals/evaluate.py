@@ -31,6 +31,9 @@ class RunSpec:
     num_fewshot: int | None = None
     output: Path | None = None
     use_cache: Path | None = None
+    include_path: str | None = None
+    apply_chat_template: bool = False
+    gen_kwargs: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # more simple_evaluate kwargs
 
 
@@ -57,7 +60,8 @@ def evaluate(lm, spec: RunSpec) -> RunOutcome:
     try:
         results = lm_eval.simple_evaluate(
             model=model, tasks=list(spec.tasks), limit=spec.limit, num_fewshot=spec.num_fewshot,
-            log_samples=True, **spec.extra,
+            log_samples=True, task_manager=task_manager(spec.include_path),
+            apply_chat_template=spec.apply_chat_template, gen_kwargs=spec.gen_kwargs, **spec.extra,
         )
     except OrtEvalsError:
         raise
@@ -73,6 +77,15 @@ def evaluate(lm, spec: RunSpec) -> RunOutcome:
     return RunOutcome(summary, results, files)
 
 
+def task_manager(include_path: str | None = None):
+    """lm-eval's TaskManager, with the user's extra task folder."""
+    from lm_eval.tasks import TaskManager
+
+    if include_path is not None and not Path(include_path).exists():
+        raise DataError(f"{include_path}: --include-path folder not found")
+    return TaskManager(include_path=include_path)
+
+
 def _reword_data_error(e: Exception, spec: RunSpec) -> None:
     text = f"{type(e).__name__}: {e}".lower()
     names = [t if isinstance(t, str) else t.get("task", "?") for t in spec.tasks]
@@ -81,5 +94,7 @@ def _reword_data_error(e: Exception, spec: RunSpec) -> None:
             f"could not load the data for {', '.join(names)} from the Hugging Face hub (offline?); "
             "pass --data PATH to a local copy, or --data bundled for the MMLU-Pro copy shipped with ortevals"
         ) from None
+    if "not a registered task" in text or "spec '" in text:
+        raise DataError(f"unknown task in {', '.join(names)}: {str(e).splitlines()[0]}") from None
     if "must have valid or test docs" in text or "dataset" in text and "not found" in text:
         raise DataError(f"no documents for {', '.join(names)}: {str(e).splitlines()[0]}") from None

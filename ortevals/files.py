@@ -18,6 +18,14 @@ def cache_root() -> Path:
     return Path(os.environ.get("ORTEVALS_CACHE") or Path.home() / ".cache" / "ortevals")
 
 
+def store_path(package_dir: str | Path) -> Path:
+    """The result store of a package folder: one SQLite file per folder, inside the cache."""
+    import hashlib
+
+    digest = hashlib.sha256(str(Path(package_dir).resolve()).encode()).hexdigest()[:16]
+    return cache_root() / "runs" / f"{Path(package_dir).name}-{digest}.sqlite"
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` via a temp file in the same folder and a rename."""
     path.parent.mkdir(parents=True, exist_ok=True)

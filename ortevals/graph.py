@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from pathlib import Path
 
 from ortevals.errors import PackageError
@@ -68,13 +69,13 @@ def _check_external_data(model, path: Path) -> set[Path]:
     """Every external-data file must sit inside the model's folder and be long enough."""
     from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
-    folder = path.parent.resolve()
+    folder = Path(os.path.abspath(path.parent))
     needed: dict[Path, int] = {}
     for tensor in _all_tensors(model):
         if not uses_external_data(tensor):
             continue
         info = ExternalDataInfo(tensor)
-        target = (folder / info.location).resolve()
+        target = Path(os.path.normpath(folder / info.location))
         if not target.is_relative_to(folder):
             raise PackageError(
                 f"{path}: tensor {tensor.name!r} points at external data {info.location!r} outside the package folder"

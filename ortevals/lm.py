@@ -12,18 +12,23 @@ also what lm-eval's ``create_from_arg_string`` / ``create_from_arg_obj`` call.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from lm_eval.api.model import TemplateLM
 from tqdm import tqdm
 
-from ortevals.engine import EngineSettings, PrefillEngine, Score, TokenRequest
+from ortevals.backends import Backends
+from ortevals.engine import EngineSettings, Score, TokenRequest
 from ortevals.errors import OrtEvalsError
 from ortevals.package import ModelPackage
+from ortevals.store import ResultStore
 from ortevals.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -46,6 +51,10 @@ class ModelArgs:
     prefix_cache: bool = True
     prefix_budget_mb: int = 1024
     scoring_graph: bool = True  # derived decoder: LM head only at scored positions
+    path: str = "auto"  # loglikelihood path: auto | prefill | incremental
+    store: str | None = None  # SQLite result store: finished requests are reused on a rerun
+    max_gen_toks: int = 256
+    seed: int = 1234
 
     @classmethod
     def parse(cls, args: dict[str, Any]) -> ModelArgs:
@@ -62,15 +71,36 @@ class ModelArgs:
         if unknown:
             raise OrtEvalsError(f"unknown ortevals model_args {unknown}; expected some of {sorted(known)}")
         args["batch_size"] = parse_batch_size(args.get("batch_size"))
-        for key in ("max_length", "threads", "memory_budget_mb", "prefix_budget_mb"):
+        for key in ("max_length", "threads", "memory_budget_mb", "prefix_budget_mb", "max_gen_toks"):
             if key in args:
                 args[key] = _positive_int(args[key], key, allow_zero=key == "threads")
+        if "seed" in args:
+            args["seed"] = _positive_int(args["seed"], "seed", allow_zero=True)
         if isinstance(args.get("provider_options"), str):
             args["provider_options"] = tuple(p for p in args["provider_options"].split(";") if p)
         for key in ("add_bos_token", "prefix_cache", "scoring_graph"):
             if isinstance(args.get(key), str):
                 args[key] = args[key].lower() in ("1", "true", "yes", "on")
         return cls(**args)
+
+
+def request_keys(kind: str, requests) -> list[list]:
+    """Store keys: the request's args; for generation also which repeat of the same prompt it is."""
+    if kind != "generate_until":
+        return [list(r.args) for r in requests]
+    seen: dict[str, int] = {}
+    keys = []
+    for r in requests:
+        ident = json.dumps(r.args, sort_keys=True, default=str)
+        keys.append([*r.args, seen.get(ident, 0)])
+        seen[ident] = seen.get(ident, 0) + 1
+    return keys
+
+
+def stable_ints(key: list) -> list[int]:
+    """Seed material from a key, the same in every process (unlike hash())."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).digest()
+    return [int.from_bytes(digest[i:i + 4], "little") for i in range(0, 16, 4)]
 
 
 def parse_batch_size(value: Any) -> int | None:
@@ -95,27 +125,26 @@ class OrtLM(TemplateLM):
 
     backend = "causal"
 
-    def __init__(self, package: ModelPackage, tokenizer: Tokenizer, engine: PrefillEngine,
-                 args: ModelArgs) -> None:
+    def __init__(self, package: ModelPackage, tokenizer: Tokenizer, backends: Backends, args: ModelArgs,
+                 store: ResultStore | None = None) -> None:
         super().__init__()
         self.package = package
         self.tokenizer = tokenizer
-        self.engine = engine
+        self.backends = backends
         self.args = args
-        self.stats = {"requests": 0, "seconds": 0.0}
+        self.store = store
+        self.stats = {"requests": 0, "seconds": 0.0, "generated_tokens": 0, "truncated": 0}
 
     @classmethod
     def from_package(cls, args: ModelArgs) -> OrtLM:
-        """Load the package, open its sessions and build the engine."""
+        """Load the package and tokenizer; open the log-likelihood path now, generation on first use."""
         from ortevals.files import cache_root
         from ortevals.providers import from_package, parse_options
-        from ortevals.runtime.sessions import DecoderRunner
 
         package = ModelPackage.load(args.pkg)
         tokenizer = Tokenizer.load(package, add_bos_token=args.add_bos_token)
         provider = from_package(package.decoder.session_options, args.ep,
                                 parse_options(args.provider_options), args.threads)
-        runner = DecoderRunner.open(package, provider, cache_root() if args.scoring_graph else None)
         settings = EngineSettings(
             max_length=args.max_length or package.context_length or DEFAULT_MAX_LENGTH,
             vocab_size=package.vocab_size,
@@ -129,7 +158,23 @@ class OrtLM(TemplateLM):
         )
         if args.prefix_cache and package.windowed:
             log.info("prefix cache off: %s keeps a windowed sliding KV cache", package.root)
-        return cls(package, tokenizer, PrefillEngine(runner, settings), args)
+        backends = Backends(package, provider, settings, args.path, cache_root() if args.scoring_graph else None)
+        if backends.loglikelihood_path == "prefill":
+            backends.prefill  # noqa: B018  (open now: a bad package fails before any data is loaded)
+        log.info("loglikelihood requests go to the %s path%s", backends.loglikelihood_path,
+                 f" ({backends.capability.reason})" if backends.capability.reason else "")
+        store = None
+        if args.store:
+            scope = {"package": package.fingerprint(), "ep": provider.name, "options": provider.options,
+                     "max_length": settings.max_length, "add_bos_token": args.add_bos_token, "seed": args.seed,
+                     "max_gen_toks": args.max_gen_toks}
+            store = ResultStore.open(Path(args.store), scope)
+        return cls(package, tokenizer, backends, args, store)
+
+    @property
+    def engine(self):
+        """The engine serving log-likelihood requests."""
+        return self.backends.scorer()
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> OrtLM:
@@ -170,6 +215,27 @@ class OrtLM(TemplateLM):
         return self.tokenizer.decode(tokens, skip_special_tokens)
 
     # --- scoring --------------------------------------------------------------
+    def _stored(self, kind: str, requests, compute, decode=lambda v: v) -> list:
+        """Answers from the store where it has them; ``compute`` runs (and stores) the rest."""
+        keys = request_keys(kind, requests)
+        if self.store is None:
+            return compute(requests, keys)
+        found = [self.store.get(kind, k) for k in keys]
+        todo = [r for r, v in zip(requests, found) if v is None]
+        todo_keys = [k for k, v in zip(keys, found) if v is None]
+        if len(todo) < len(requests):
+            log.warning("resuming: %d of %d %s requests reused from %s", len(requests) - len(todo),
+                        len(requests), kind, self.store.path)
+        try:
+            fresh = iter(compute(todo, todo_keys) if todo else [])
+        finally:  # Ctrl-C or a crash: keep every answer finished so far
+            self.store.commit()
+        return [decode(v) if v is not None else next(fresh) for v in found]
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        return self._stored("loglikelihood", requests, lambda rs, _: super(OrtLM, self).loglikelihood(rs, disable_tqdm),
+                            lambda v: (float(v[0]), bool(v[1])))
+
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
         token_reqs = [TokenRequest(tuple(ctx), tuple(cont)) for _, ctx, cont in requests]
         keys = [r[0] for r in requests]
@@ -177,11 +243,16 @@ class OrtLM(TemplateLM):
         def record(index: int, score: Score) -> None:
             if keys[index] is not None:  # rolling windows are cached per document instead
                 self.cache_hook.add_partial("loglikelihood", keys[index], (score.logprob, score.greedy))
+                if self.store is not None:
+                    self.store.put("loglikelihood", list(keys[index]), [score.logprob, score.greedy])
 
         scores = self._run(token_reqs, record, disable_tqdm)
         return [(s.logprob, s.greedy) for s in scores]
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        return self._stored("loglikelihood_rolling", requests, lambda rs, _: self._rolling(rs, disable_tqdm), float)
+
+    def _rolling(self, requests, disable_tqdm: bool) -> list[float]:
         from lm_eval import utils
 
         windows: list[tuple[None, list[int], list[int]]] = []
@@ -198,13 +269,73 @@ class OrtLM(TemplateLM):
             totals[owner] += lp
         for req, total in zip(requests, totals):
             self.cache_hook.add_partial("loglikelihood_rolling", req.args, total)
+            if self.store is not None:
+                self.store.put("loglikelihood_rolling", list(req.args), total)
         return totals
 
+    @property
+    def max_gen_toks(self) -> int:
+        return self.args.max_gen_toks
+
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        raise OrtEvalsError(
-            "generate_until needs the incremental (onnxruntime-genai) path, which this version of ortevals "
-            "does not have yet; use a log-likelihood task such as leaderboard_mmlu_pro"
-        )
+        """Greedy or sampled generation on the incremental path (see generation.py)."""
+        # the key holds the occurrence of a repeated prompt: repeats sample differently, resumed or not
+        return self._stored("generate_until", requests, lambda rs, keys: self._generate(rs, keys, disable_tqdm))
+
+    def _generate(self, requests, keys: list[list], disable_tqdm: bool) -> list[str]:
+        from ortevals.generation import generate
+
+        items = [self._gen_item(req.args) for req in requests]
+        if not items:
+            return []
+        runner = self.backends.genai
+        cursor = runner.cursor(max(len(ids) + s.max_gen_toks for ids, s in items))
+        eos = {self.eot_token_id, *self.package.eos_token_ids}
+        results: list[str] = [""] * len(items)
+        bar = tqdm(total=len(items), desc="ortevals generate", unit="req", disable=disable_tqdm, dynamic_ncols=True)
+        start = time.perf_counter()
+        log.info("generate_until: %d requests on the incremental path", len(items))
+        # prompts sharing a prefix are adjacent: the cursor rewinds instead of re-running it
+        for i in sorted(range(len(items)), key=lambda i: items[i][0]):
+            ids, settings = items[i]
+            rng = np.random.default_rng([settings.seed, *stable_ints(keys[i])])
+            results[i], n = generate(cursor, self.tokenizer, ids, settings, eos, rng)
+            self.stats["generated_tokens"] += n
+            self.cache_hook.add_partial("generate_until", requests[i].args, results[i])
+            if self.store is not None:
+                self.store.put("generate_until", keys[i], results[i])
+            bar.update(1)
+        bar.close()
+        self.stats["requests"] += len(items)
+        self.stats["seconds"] += time.perf_counter() - start
+        return results
+
+    def _gen_item(self, args) -> tuple[list[int], object]:
+        from ortevals.generation import parse_gen_kwargs
+
+        context, gen_kwargs = args
+        settings = parse_gen_kwargs(gen_kwargs, self.max_gen_toks, self.tok_decode([self.eot_token_id]),
+                                    self.args.seed)
+        room = self.max_length - settings.max_gen_toks
+        if room <= 0:
+            raise OrtEvalsError(f"max_gen_toks={settings.max_gen_toks} leaves no room for a prompt within "
+                                f"max_length={self.max_length}")
+        ids = self.tok_encode(context)
+        if len(ids) > room:  # left truncation, as lm-eval's hf backend does
+            self.stats["truncated"] += 1
+            log.warning("prompt of %d tokens left-truncated to %d", len(ids), room)
+            ids = ids[-room:]
+        return ids, settings
+
+    def chat_template(self, chat_template: bool | str = False) -> str | None:
+        if chat_template is False or chat_template is None:
+            return None
+        return chat_template if isinstance(chat_template, str) and "{" in chat_template \
+            else self.tokenizer.chat_template
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """Render the package's chat template (tokenizer_config.json or chat_template.jinja)."""
+        return self.tokenizer.render_chat(chat_history, add_generation_prompt)
 
     def _run(self, token_reqs: list[TokenRequest], on_done, disable_tqdm: bool) -> list[Score]:
         bar = tqdm(total=len(token_reqs), desc="ortevals", unit="req", disable=disable_tqdm,

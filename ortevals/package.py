@@ -164,8 +164,9 @@ def resolve_inside(root: Path, name: object, field_name: str) -> Path:
             f"{root / CONFIG_NAME}: field {field_name}={name!r} is an absolute path; "
             "expected a file name inside the package folder"
         )
-    resolved = (root / candidate).resolve()
-    if not resolved.is_relative_to(root.resolve()):
+    # lexical check: symlinks the user placed (a hub cache's blobs) are theirs to make
+    resolved = Path(os.path.normpath(os.path.abspath(root / candidate)))
+    if not resolved.is_relative_to(Path(os.path.abspath(root))):
         raise PackageError(
             f"{root / CONFIG_NAME}: field {field_name}={name!r} escapes the package folder {root}; "
             "expected a file inside it"

@@ -39,7 +39,8 @@ class PrefixPlan:
         return sum(n.depth - (self.nodes[n.parent].depth if n.parent is not None else 0) for n in self.nodes)
 
 
-def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:
@@ -52,7 +53,7 @@ def _intervals(seqs: list[Sequence[int]], order: list[int]) -> list[tuple[int, i
     out: list[tuple[int, int, int]] = []
     stack: list[tuple[int, int]] = [(0, 0)]  # (depth, first position)
     for pos in range(1, len(order) + 1):
-        lcp = _lcp(seqs[order[pos - 1]], seqs[order[pos]]) if pos < len(order) else 0
+        lcp = common_prefix(seqs[order[pos - 1]], seqs[order[pos]]) if pos < len(order) else 0
         first = pos - 1
         while lcp < stack[-1][0]:
             depth, first = stack.pop()

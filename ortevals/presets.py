@@ -33,7 +33,6 @@ class Preset:
     bundled_dir: str
     columns: dict[str, str]
     splits: tuple[str, ...]
-    task_yamls: tuple[str, ...]  # relative to lm_eval/tasks, to re-point dataset_path
 
 
 PRESETS: dict[str, Preset] = {
@@ -44,7 +43,15 @@ PRESETS: dict[str, Preset] = {
         bundled_dir="mmlu_pro",
         columns=MMLU_PRO_COLUMNS,
         splits=("test", "validation"),
-        task_yamls=("leaderboard/mmlu_pro/mmlu_pro.yaml",),
+    ),
+    # chain-of-thought generation: 14 subjects, 5-shot from the same subject, until "Question:"
+    "mmlu-pro-cot": Preset(
+        name="mmlu-pro-cot",
+        tasks=("mmlu_pro",),
+        hub_dataset="TIGER-Lab/MMLU-Pro",
+        bundled_dir="mmlu_pro",
+        columns={**MMLU_PRO_COLUMNS, "cot_content": "string"},
+        splits=("test", "validation"),
     ),
 }
 
@@ -58,16 +65,51 @@ def resolve_data(preset: Preset, data: str | None) -> Path | None:
     return path.resolve()
 
 
-def task_specs(preset: Preset, data: Path | None) -> list[str | dict[str, Any]]:
-    """lm-eval task specs: names for the hub, configs with ``dataset_path`` for a local copy."""
+def resolve_local(data: str | None) -> Path | None:
+    """A local data folder for any task (no schema known), or None for the hub."""
     if data is None:
-        return list(preset.tasks)
-    import lm_eval.tasks
-    from lm_eval.tasks._yaml_loader import load_yaml  # lm-eval's own loader (0.4.13 layout)
+        return None
+    path = BUNDLED / "mmlu_pro" if data == "bundled" else Path(data).expanduser()
+    if not path.exists():
+        raise DataError(f"{path}: data folder not found")
+    return path.resolve()
 
-    root = Path(lm_eval.tasks.__file__).parent
-    # the task's own YAML, loaded as lm-eval loads it, with only dataset_path changed
-    return [{**load_yaml(str(root / y), resolve_func=True), "dataset_path": str(data)} for y in preset.task_yamls]
+
+def task_specs(names: Preset | tuple[str, ...] | list[str], data: Path | None,
+               task_manager=None) -> list[str | dict[str, Any]]:
+    """lm-eval task specs: names for the hub, or each task's own YAML with ``dataset_path`` re-pointed.
+
+    A group (``mmlu_pro``) passes the override on to every member task.
+    """
+    if isinstance(names, Preset):
+        names = names.tasks
+    if data is None:
+        return list(names)
+    from lm_eval.tasks import TaskManager
+    from lm_eval.tasks._yaml_loader import load_yaml  # the loader lm-eval itself uses (0.4.13 layout)
+
+    tm = task_manager or TaskManager()
+    specs: list[str | dict[str, Any]] = []
+    for name in names:
+        for cfg in _leaf_configs(tm, name, load_yaml):
+            specs.append({**cfg, "dataset_path": str(data)})
+    return specs
+
+
+def _leaf_configs(tm, name: str, load_yaml) -> list[dict[str, Any]]:
+    """The YAML configs of ``name``'s tasks; a group expands to its members.
+
+    lm-eval 0.4.13 leaks a group dict's own keys into its members' configs,
+    so groups are expanded here and their aggregate is computed by results.py.
+    """
+    entry = tm._entry(name)  # lm-eval 0.4.13's index entry: where the task's YAML lives
+    if entry is None or not getattr(entry, "yaml_path", None):
+        raise DataError(f"task {name!r} is not a YAML task lm-eval knows; --data cannot re-point it")
+    cfg = load_yaml(str(entry.yaml_path), resolve_func=True)
+    if "group" in cfg and isinstance(cfg.get("task"), list):
+        members = [t if isinstance(t, str) else t.get("task") for t in cfg["task"]]
+        return [c for m in members if isinstance(m, str) for c in _leaf_configs(tm, m, load_yaml)]
+    return [cfg]
 
 
 def split_file(folder: Path, split: str) -> Path:

@@ -18,6 +18,7 @@ from typing import Any
 from ortevals.files import atomic_write
 
 CATEGORY_KEYS = ("category", "subject")
+SAMPLE_METRICS = ("acc", "exact_match", "acc_norm")  # the per-question score a category averages
 
 
 @dataclass(frozen=True)
@@ -34,8 +35,10 @@ class RunSummary:
     categories: tuple[CategoryScore, ...]
     questions: int
     requests: int
+    overall: float | None  # the per-question metric over every question of every task
     seconds: float  # wall time of the whole run (data loading included)
     model_seconds: float  # time inside the scoring engine
+    peak_rss_mb: float = 0.0  # the process's peak resident memory
 
     @property
     def requests_per_s(self) -> float:
@@ -50,11 +53,32 @@ def summarize(results: dict[str, Any], requests: int, seconds: float, model_seco
         metrics[task] = {k: float(v) for k, v in values.items()
                          if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "sample_len"}
     categories: list[CategoryScore] = []
+    values: list[float] = []
     questions = 0
     for task, samples in results.get("samples", {}).items():
         questions += len(samples)
         categories.extend(_per_category(task, samples))
-    return RunSummary(metrics, tuple(categories), questions, requests, seconds, model_seconds)
+        values.extend(v for s in samples if (v := _sample_value(s)) is not None)
+    overall = sum(values) / len(values) if values else None
+    return RunSummary(metrics, tuple(categories), questions, requests, overall, seconds, model_seconds,
+                      peak_rss_mb())
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process (Linux/macOS), in MiB."""
+    try:
+        import resource
+        import sys
+
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return rss / 2**20 if sys.platform == "darwin" else rss / 1024
+    except ImportError:  # Windows
+        return 0.0
+
+
+def _sample_value(sample: dict[str, Any]) -> float | None:
+    value = next((sample[m] for m in SAMPLE_METRICS if isinstance(sample.get(m), (int, float))), None)
+    return None if value is None else float(value)
 
 
 def _per_category(task: str, samples: list[dict[str, Any]]) -> list[CategoryScore]:
@@ -62,8 +86,9 @@ def _per_category(task: str, samples: list[dict[str, Any]]) -> list[CategoryScor
     for s in samples:
         doc = s.get("doc", {})
         key = next((doc[k] for k in CATEGORY_KEYS if isinstance(doc.get(k), str)), None)
-        if key is not None and isinstance(s.get("acc"), (int, float)):
-            groups[key].append(float(s["acc"]))
+        value = _sample_value(s)
+        if key is not None and value is not None:
+            groups[key].append(value)
     return [CategoryScore(task, k, len(v), sum(v) / len(v)) for k, v in sorted(groups.items())]
 
 
@@ -80,9 +105,12 @@ def format_table(summary: RunSummary) -> str:
         shown = ", ".join(f"{k.split(',')[0]}={v:.4f}" for k, v in values.items() if "stderr" not in k)
         err = next((v for k, v in values.items() if "stderr" in k), None)
         lines.append(f"{task}: {shown}" + (f" (± {err:.4f})" if err is not None else ""))
+    if summary.overall is not None and len(summary.metrics) > 1:
+        lines.append(f"overall: {summary.overall:.4f} over {summary.questions} questions")
     lines.append(
         f"questions {summary.questions}  requests {summary.requests}  wall {summary.seconds:.1f} s  "
-        f"scoring {summary.model_seconds:.1f} s  {summary.requests_per_s:.2f} req/s"
+        f"scoring {summary.model_seconds:.1f} s  {summary.requests_per_s:.2f} req/s  "
+        f"peak RSS {summary.peak_rss_mb:.0f} MiB"
     )
     return "\n".join(lines)
 
@@ -91,8 +119,9 @@ def write_outputs(out_dir: Path, results: dict[str, Any], summary: RunSummary) -
     """``results.json`` (lm-eval's dict without samples, plus ortevals' summary) and samples JSONL."""
     written = []
     body = {k: v for k, v in results.items() if k != "samples"}
-    body["ortevals"] = {"questions": summary.questions, "requests": summary.requests,
-                        "seconds": summary.seconds, "model_seconds": summary.model_seconds, "requests_per_s": summary.requests_per_s,
+    body["ortevals"] = {"questions": summary.questions, "requests": summary.requests, "overall": summary.overall,
+                        "seconds": summary.seconds, "model_seconds": summary.model_seconds,
+                        "peak_rss_mb": summary.peak_rss_mb, "requests_per_s": summary.requests_per_s,
                         "categories": [c.__dict__ for c in summary.categories]}
     path = out_dir / "results.json"
     atomic_write(path, json.dumps(body, indent=2, default=str, ensure_ascii=False))

@@ -82,6 +82,24 @@ class Tokenizer:
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """The chat template rendered in a jinja2 sandbox, as transformers renders it."""
+        if not self.chat_template:
+            raise PackageError("the package ships no chat template (tokenizer_config.json chat_template or "
+                               "chat_template.jinja); run without --apply_chat_template")
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = _raise
+        bos = self.decode([self.special.bos_id]) if self.special.bos_id is not None else ""
+        eos = self.decode([self.special.eos_id]) if self.special.eos_id is not None else ""
+        return env.from_string(self.chat_template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt, bos_token=bos, eos_token=eos)
+
+
+def _raise(message: str):
+    raise PackageError(f"chat template: {message}")
+
 
 def _read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():

@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 
 def build_lm(name: str, args) -> object:
     if name.startswith("ortevals"):
-        from ortevals.lm import ModelArgs, OrtLM
+        from ortevals.lm import OrtLM
 
         extra = dict(kv.split("=", 1) for kv in args.ortevals_args.get(name, "").split(",") if kv)
         return OrtLM.create_from_arg_obj({"pkg": args.pkg, "ep": args.ep, **extra})
@@ -75,18 +75,18 @@ def worker(args) -> None:
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "answers": answers, "logprobs": logprobs,
         "tokens_run": getattr(engine, "tokens_run", None),
-        "prompt_tokens": prompt_tokens(samples, args),
+        "prompts": prompt_tokens(samples, args),
     }
     print("BENCH " + json.dumps(out))
 
 
-def prompt_tokens(samples, args) -> list[int]:
-    """Tokens of each question's prompt (context + one answer letter), with the package's tokenizer."""
+def prompt_tokens(samples, args) -> list[list[int]]:
+    """Each question's model input (context + answer letter, minus its last token), package tokenizer."""
     from ortevals.package import ModelPackage
     from ortevals.tokenizer import Tokenizer
 
     tok = Tokenizer.load(ModelPackage.load(args.pkg))
-    return [len(tok.encode(s["arguments"][0][0] + s["arguments"][0][1])) - 1 for s in samples]
+    return [tok.encode(s["arguments"][0][0] + s["arguments"][0][1])[:-1] for s in samples]
 
 
 def run_backend(name: str, limit: int, args) -> dict:
@@ -130,8 +130,11 @@ def main() -> None:
     if args.worker:
         args.backend = args.worker
         return worker(args)
+    from bench_flops import matmul_peak
     from bench_report import write_report
 
+    args.peak_gflops = matmul_peak()
+    print(f"onnxruntime fp32 MatMul peak on this machine: {args.peak_gflops:.1f} GFLOP/s", flush=True)
     slow = set(args.slow.split(","))
     results = [run_backend(b, args.slow_limit if b in slow else args.limit, args) for b in args.backends.split(",")]
     write_report(results, args)

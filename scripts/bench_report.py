@@ -17,7 +17,7 @@ def _rate(r: dict) -> float:
 def _tokens_per_question(r: dict) -> str:
     if r.get("tokens_run") is not None:
         return f"{r['tokens_run'] / r['questions']:.0f}"
-    mean = sum(r["prompt_tokens"]) / len(r["prompt_tokens"])
+    mean = sum(len(p) for p in r["prompts"]) / len(r["prompts"])
     passes = PASSES_PER_QUESTION.get(r["backend"], 1)
     if passes == "choices":
         return f"{mean * r['requests'] / r['questions']:.0f}*"
@@ -33,20 +33,40 @@ def _agreement(r: dict, ref: dict | None) -> tuple[str, str]:
     return f"{same}/{len(common)}", f"{delta:.1e}"
 
 
+def add_flops(results: list[dict], args) -> None:
+    """Effective GFLOP/s of each backend on the work that must be done, and its share of the peak."""
+    from bench_flops import matmul_params, required_flops
+
+    from ortevals.package import ModelPackage
+
+    pkg = ModelPackage.load(args.pkg)
+    dec = pkg.config["model"]["decoder"]
+    body, head = matmul_params(pkg.decoder.path, pkg.logits_name)
+    for r in results:
+        if "failed" in r:
+            continue
+        tokens, flops = required_flops(r["prompts"], body, head, dec["num_hidden_layers"],
+                                       dec["num_attention_heads"] * dec["head_size"])
+        r["required_tokens"], r["required_gflop"] = tokens, flops / 1e9
+        r["effective_gflops"] = flops / 1e9 / r["seconds"]
+        r["peak_fraction"] = r["effective_gflops"] / args.peak_gflops
+
+
 def table(results: list[dict]) -> str:
     ref = next((r for r in results if r["backend"] == "hf" and "failed" not in r), None)
     hf_rate = _rate(ref) if ref else None
     rows = ["| backend | questions | requests | req/s | × hf | accuracy | same answer as hf | max abs Δ log-prob vs hf "
-            "| peak RSS (MB) | tokens run / question |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "| peak RSS (MB) | tokens run / question | effective GFLOP/s | % of peak |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         if "failed" in r:
-            rows.append(f"| {r['backend']} | failed: {r['failed'][:80]} | | | | | | | | |")
+            rows.append(f"| {r['backend']} | failed: {r['failed'][:90]} | | | | | | | | | | |")
             continue
         agree, delta = _agreement(r, ref)
         ratio = f"{_rate(r) / hf_rate:.2f}" if hf_rate else "—"
         rows.append(f"| {r['backend']} | {r['questions']} | {r['requests']} | {_rate(r):.2f} | {ratio} | "
-                    f"{r['accuracy']:.4f} | {agree} | {delta} | {r['peak_rss_mb']:.0f} | {_tokens_per_question(r)} |")
+                    f"{r['accuracy']:.4f} | {agree} | {delta} | {r['peak_rss_mb']:.0f} | {_tokens_per_question(r)} | "
+                    f"{r['effective_gflops']:.1f} | {100 * r['peak_fraction']:.0f}% |")
     return "\n".join(rows)
 
 
@@ -85,12 +105,14 @@ def plot(results: list[dict], path: Path) -> None:
 def write_report(results: list[dict], args) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    slim = [{k: v for k, v in r.items() if k not in ("answers", "logprobs", "prompt_tokens")} for r in results]
+    add_flops(results, args)
+    slim = [{k: v for k, v in r.items() if k not in ("answers", "logprobs", "prompts")} for r in results]
     meta = {"machine": platform.processor() or platform.machine(), "ep": args.ep, "limit": args.limit,
-            "slow_limit": args.slow_limit, "slow": args.slow}
+            "slow_limit": args.slow_limit, "slow": args.slow, "matmul_peak_gflops": args.peak_gflops}
     (out / "results.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     md = table(results)
     (out / "table.md").write_text(md + "\n")
     plot(results, out / "throughput.png")
     print(md)
+    print(f"(* estimated from the backend's strategy; MatMul peak {args.peak_gflops:.1f} GFLOP/s)")
     print(json.dumps({"ratios": ratios(results), "runs": slim}, indent=1))

@@ -69,3 +69,16 @@ def copy_pkg(tmp_path):
         return dst
 
     return _copy
+
+
+@pytest.fixture(scope="session")
+def reference_scores(tiny_pkg) -> list[float]:
+    """Log-likelihoods of tests/test_properties.py's requests on the unmodified tiny package."""
+    from lm_eval.api.instance import Instance
+
+    from ortevals.lm import ModelArgs, OrtLM
+    from tests.test_properties import REQS
+
+    lm = OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg), batch_size=1))
+    return [lp for lp, _ in lm.loglikelihood([Instance("loglikelihood", {}, r, i) for i, r in enumerate(REQS)],
+                                             disable_tqdm=True)]

@@ -86,7 +86,8 @@ def test_real_process_prints_no_traceback(tmp_path):
 
 def test_mmlu_pro_on_tiny_package_writes_outputs(tiny_pkg, tmp_path):
     out = tmp_path / "run"
-    result = run("mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--limit", "3", "--output", str(out))
+    result = run("mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--limit", "3", "--output", str(out),
+                 "--no-resume")
     assert result.exit_code == 0, result.output
     assert "req/s" in result.output and "business" in result.output
     body = json.loads((out / "results.json").read_text())

@@ -101,3 +101,27 @@ def test_cache_hook_receives_every_answer(ortlm):
         ortlm.set_cache_hook(CacheHook(None))
     assert [c[0] for c in hook.calls] == ["loglikelihood"] * 3
     assert sorted(c[2] for c in hook.calls) == sorted(res)
+
+
+def test_io_binding_and_prefix_reuse_equal_plain_runs(tiny):
+    """Long shared contexts: prefix KV reused (and kept as OrtValues under IOBinding) changes nothing."""
+    from ortevals.engine import EngineSettings, PrefillEngine, TokenRequest
+    from ortevals.package import ModelPackage
+    from ortevals.providers import from_package
+    from ortevals.runtime.sessions import DecoderRunner
+
+    pkg = ModelPackage.load(tiny[1])
+    rng = np.random.default_rng(5)
+    header = tuple(int(t) for t in rng.integers(3, 500, 120))
+    reqs = [TokenRequest(header + tuple(int(t) for t in rng.integers(3, 500, 10 + q)), (int(c),))
+            for q in range(4) for c in rng.integers(3, 500, 3)]
+    scores = {}
+    for name, bind, prefix in (("plain", False, False), ("reuse", False, True), ("bound", True, True)):
+        runner = DecoderRunner.open(pkg, from_package({}), io_binding=bind)
+        engine = PrefillEngine(runner, EngineSettings(max_length=512, vocab_size=512, batch_size=1,
+                                                      prefix_cache=prefix))
+        scores[name] = [s.logprob for s in engine.score(reqs)]
+        if prefix:
+            assert engine.tokens_run < 4 * 120  # the header ran once
+    np.testing.assert_allclose(scores["reuse"], scores["plain"], atol=1e-4)
+    np.testing.assert_allclose(scores["bound"], scores["plain"], atol=1e-4)

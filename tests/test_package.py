@@ -1,7 +1,6 @@
 """The loader: what it reads from a package, and every bad package it refuses."""
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -79,6 +78,15 @@ def test_config_graph_mismatch_on_symbolic_dims_is_caught_at_open(tiny_pkg, copy
     with pytest.raises(PackageError, match="config and graph must agree|does genai_config.json match") as err:
         DecoderRunner.open(ModelPackage.load(pkg), from_package({}, "cpu"))
     assert "genai_config.json" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_symlinked_files_are_allowed_but_config_paths_may_not_escape(tiny_pkg, tmp_path):
+    """A hub cache links package files to blobs elsewhere: that is the user's folder, not an escape."""
+    pkg = tmp_path / "linked"
+    pkg.mkdir()
+    for f in tiny_pkg.iterdir():
+        (pkg / f.name).symlink_to(f.resolve())
+    assert ModelPackage.load(pkg).decoder.path == pkg / "model.onnx"
 
 
 def test_missing_folder_and_config(tmp_path):

@@ -57,7 +57,8 @@ def test_cli_example_end_to_end(tmp_path):
 
     from ortevals.cli import cli
 
-    result = CliRunner().invoke(cli, ["mmlu-pro", "--example", "--limit", str(LIMIT), "--output", str(tmp_path)])
+    result = CliRunner().invoke(cli, ["mmlu-pro", "--example", "--limit", str(LIMIT), "--output", str(tmp_path),
+                                         "--no-resume"])
     assert result.exit_code == 0, result.output
     assert "leaderboard_mmlu_pro: acc=" in result.output and "req/s" in result.output
     body = json.loads((tmp_path / "results.json").read_text())

@@ -19,8 +19,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from ortevals.package import ModelPackage
 from ortevals.files import atomic_write_bytes
+from ortevals.package import ModelPackage
 
 log = logging.getLogger(__name__)
 

@@ -31,16 +31,19 @@ class KVCache:
     ``length`` is the number of tokens it holds; windowed layers hold fewer.
     """
 
-    layers: tuple[tuple[np.ndarray, np.ndarray], ...]
+    layers: tuple[tuple, ...]  # numpy arrays, or OrtValues left on the device by IOBinding
     length: int
 
     @property
     def nbytes(self) -> int:
-        return sum(k.nbytes + v.nbytes for k, v in self.layers)
+        return sum(_nbytes(t) for pair in self.layers for t in pair)
 
-    def repeat(self, batch: int) -> KVCache:
-        """Broadcast a batch-1 cache to ``batch`` rows (shared prefix for every row)."""
-        return KVCache(tuple((np.repeat(k, batch, 0), np.repeat(v, batch, 0)) for k, v in self.layers), self.length)
+
+def _nbytes(t) -> int:
+    if isinstance(t, np.ndarray):
+        return t.nbytes
+    shape, dtype = t.shape(), t.data_type()  # OrtValue
+    return int(np.prod(shape)) * (2 if "float16" in dtype else 4)
 
 
 def session_options(provider: ProviderConfig, model: ModelFile):
@@ -90,24 +93,31 @@ def open_session(model: ModelFile, provider: ProviderConfig, derived: Path | Non
 class DecoderRunner:
     """Forward passes through embedding → decoder. Build with :meth:`open`."""
 
-    def __init__(self, package: ModelPackage, decoder, embedding=None) -> None:
+    def __init__(self, package: ModelPackage, decoder, embedding=None, bind_device: str | None = None) -> None:
         self.package = package
         self.decoder = decoder
         self.embedding = embedding
+        # with a device, IOBinding keeps present KV there (no host round trip) and copies only logits back
+        self.bind_device = bind_device
         self._dec_inputs = {i.name for i in decoder.get_inputs()}
         # a derived graph takes the positions whose logits are wanted
         self.gathers_positions = POSITIONS in self._dec_inputs
         self._emb_passthrough = self._embedding_outputs() if embedding is not None else ()
 
     @classmethod
-    def open(cls, package: ModelPackage, provider: ProviderConfig, cache: Path | None = None) -> DecoderRunner:
-        """Open the sessions; with ``cache``, use (and build once) the derived scoring graph there."""
+    def open(cls, package: ModelPackage, provider: ProviderConfig, cache: Path | None = None,
+             io_binding: bool | None = None) -> DecoderRunner:
+        """Open the sessions; with ``cache``, use (and build once) the derived scoring graph there.
+
+        io_binding: None binds on accelerators only (on CPU a plain run is as fast).
+        """
         emb = open_session(package.embedding, provider) if package.embedding is not None else None
         derived = derived_decoder(package, cache) if cache is not None else None
         dec = open_session(package.decoder, provider, derived)
         log.info("opened %s on %s%s", package.decoder.path.name, provider.ort_name,
                  f" with {package.embedding.path.name}" if emb is not None else "")
-        runner = cls(package, dec, emb)
+        bind = provider.on_device if io_binding is None else io_binding
+        runner = cls(package, dec, emb, BIND_DEVICES.get(provider.name, "cpu") if bind else None)
         runner.probe()
         return runner
 
@@ -119,11 +129,12 @@ class DecoderRunner:
             raise PackageError(f"{cfg}: model.vocab_size={self.package.vocab_size} but the decoder returned "
                                f"logits of width {logits.shape[-1]}; config and graph must agree")
         for spec, (key, _) in zip(self.package.kv, present.layers):
-            got = (int(key.shape[1]), int(key.shape[3]))
+            shape = key.shape if isinstance(key, np.ndarray) else key.shape()
+            got = (int(shape[1]), int(shape[3]))
             if got != (spec.kv_heads, spec.head_size):
                 raise PackageError(
                     f"{cfg}: layer {spec.layer} KV is [heads={spec.kv_heads}, head_size={spec.head_size}] by "
-                    f"model.decoder.num_key_value_heads/head_size but the decoder returned {key.shape} for "
+                    f"model.decoder.num_key_value_heads/head_size but the decoder returned {tuple(shape)} for "
                     f"{spec.present_key_name}; config and graph must agree")
 
     def _embedding_outputs(self) -> tuple[str, ...]:
@@ -164,7 +175,7 @@ class DecoderRunner:
         if want_present:
             names += [n for s in self.package.kv for n in (s.present_key_name, s.present_value_name)]
         try:
-            outs = self.decoder.run(names, feeds)
+            outs = self._run_bound(names, feeds) if self.bind_device else self.decoder.run(names, feeds)
         except Exception as e:  # onnxruntime's own error types; name the model and the likely cause
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise PackageError(f"{self.package.decoder.path}: onnxruntime failed to run the decoder: {first} "
@@ -174,6 +185,22 @@ class DecoderRunner:
             it = iter(outs[1:])
             present = KVCache(tuple(zip(it, it)), feeds_len(attention_mask))
         return outs[0], present
+
+    def _run_bound(self, names: list[str], feeds: dict) -> list:
+        """One run through IOBinding: logits to the host, present KV left on ``bind_device``."""
+        ort = import_ort()
+        binding = self.decoder.io_binding()
+        for name, value in feeds.items():
+            if isinstance(value, ort.OrtValue):
+                binding.bind_ortvalue_input(name, value)
+            else:
+                binding.bind_cpu_input(name, np.ascontiguousarray(value))
+        binding.bind_output(names[0], "cpu")
+        for name in names[1:]:
+            binding.bind_output(name, self.bind_device)
+        self.decoder.run_with_iobinding(binding)
+        outs = binding.get_outputs()
+        return [outs[0].numpy(), *outs[1:]]
 
     def _token_feeds(self, input_ids: np.ndarray) -> dict[str, np.ndarray]:
         ids_name = self.package.decoder.inputs.get("input_ids", "input_ids")
@@ -236,6 +263,9 @@ def _empty_like_input(inp, cfg: ModelFile) -> np.ndarray:
         raise PackageError(f"{cfg.path}: embedding input {inp.name!r} has unsupported type {inp.type}")
     return np.zeros(dims, dtype=dtype)
 
+
+BIND_DEVICES = {"cpu": "cpu", "cuda": "cuda", "tensorrt": "cuda", "nvtensorrtrtx": "cuda", "rocm": "cuda",
+                "dml": "dml"}
 
 _ORT_TO_NP = {
     "tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64,

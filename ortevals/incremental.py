@@ -1,0 +1,76 @@
+"""The incremental scoring engine: log-likelihoods through onnxruntime-genai.
+
+Owns scoring token requests with a Generator cursor (``append_tokens``,
+``get_logits``, ``rewind_to``): inputs are grouped like the prefill path and
+visited in lexicographic order, so the cursor rewinds to the prefix shared
+with the previous input (MMLU-Pro's 5-shot header) and appends only the rest:
+one pass per question. Used for packages that cannot return full logits
+(pruned LM head ``[B,1,V]``, NPU/hybrid providers, fixed-window exports) and
+on request (``path=incremental``).
+
+The cursor is passed in; this module imports no runtime.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from ortevals.engine import EngineSettings, Score, ScoreSink, TokenRequest, plan_groups
+
+log = logging.getLogger(__name__)
+
+
+class IncrementalEngine:
+    """Scores log-likelihood requests one input at a time on a Generator cursor.
+
+    runner: has ``cursor(max_length)`` returning an object with ``move_to``,
+    ``append``, ``tail_logits`` and ``tokens_run`` (see runtime/genai.py).
+    """
+
+    def __init__(self, runner, settings: EngineSettings, full_logits: bool = True) -> None:
+        self.runner = runner
+        self.settings = settings
+        self.full_logits = full_logits  # og returns every position of an append
+        self.forward_passes = 0
+        self.tokens_run = 0
+
+    def score(self, requests: Sequence[TokenRequest],
+              on_done: Callable[[int, Score], None] | None = None) -> list[Score]:
+        groups = plan_groups(requests, self.settings.max_length, self.settings.group_by_context)
+        results: list[Score | None] = [None] * len(requests)
+        sink = ScoreSink(requests, results, on_done)
+        if not groups:
+            return []
+        cursor = self.runner.cursor(max(len(g.tokens) for g in groups) + 1)
+        # lexicographic order: each input shares the longest prefix with the one before
+        for group in sorted(groups, key=lambda g: g.tokens):
+            k = max(n for _, n in group.members)
+            rows = self._rows(cursor, group.tokens, k)
+            sink.group(rows, group, k)
+        self.tokens_run += cursor.tokens_run
+        log.info("incremental: %d inputs, %d tokens run", len(groups), cursor.tokens_run)
+        return results  # type: ignore[return-value]
+
+    def _rows(self, cursor, tokens: tuple[int, ...], k: int) -> np.ndarray:
+        """Logits ``[k, V]`` predicting the last k tokens of ``tokens`` + the next one."""
+        end = len(tokens)
+        first = cursor.move_to(tokens[:end - k + 1])  # predicts token end-k+1
+        self.forward_passes += 1
+        if k == 1:
+            return first[None]
+        rest = list(tokens[end - k + 1:])
+        if self.full_logits:
+            cursor.append(rest)
+            self.forward_passes += 1
+            tail = cursor.tail_logits(k - 1)
+            if tail is not None:
+                return np.concatenate([first[None], tail])
+            raise RuntimeError("onnxruntime-genai returned only the last position's logits")
+        rows = [first]
+        for t in rest:  # one token per pass: the package returns the last position only
+            rows.append(cursor.append([t]))
+            self.forward_passes += 1
+        return np.stack(rows)

@@ -1,0 +1,135 @@
+"""The Olive edge: ``OrtEvalsEvaluator``, an Olive evaluator type running ortevals.
+
+Importing this module registers the type in Olive's evaluator registry; a
+workflow's ``user_script`` does that with one line (``configs/ortevals_olive.py``),
+because Olive imports the user script twice and anything else in it would run
+twice too. Olive (olive-ai, which pulls torch) is optional: ``import ortevals``
+never imports this module.
+
+The evaluator finds the GenAI package folder of the input model (an
+ONNXModel whose folder holds ``genai_config.json``, or the composite or
+multimodal output of the ModelBuilder pass), runs the tasks through
+:func:`ortevals.evaluate.evaluate`, and returns every metric per task with
+lm-eval's higher-is-better flags and stderr. Any failure is raised as a
+``ValueError`` (an :class:`~ortevals.errors.OrtEvalsError`): Olive re-raises
+those instead of logging "Failed to run Olive" and carrying on.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from ortevals.errors import OrtEvalsError
+
+try:
+    from olive.evaluator.metric_result import MetricResult, SubMetricResult, flatten_metric_result
+    from olive.evaluator.olive_evaluator import OliveEvaluator
+    from olive.evaluator.registry import Registry
+except ImportError as e:  # pragma: no cover - exercised without olive-ai
+    raise OrtEvalsError(f"the Olive evaluator needs olive-ai ({e}); install it with: pip install olive-ai") from None
+
+log = logging.getLogger(__name__)
+NAME = "OrtEvalsEvaluator"
+
+
+def package_dir(model) -> Path:
+    """The folder holding genai_config.json for an Olive model handler (plain, composite or multimodal)."""
+    candidates: list[Path] = []
+    paths = [getattr(model, "model_path", None)]
+    for component in getattr(model, "model_components", None) or []:
+        paths.append(getattr(component, "model_path", None))
+    for p in paths:
+        if p:
+            p = Path(p)
+            candidates += [p, p.parent]
+    for c in candidates:
+        if (c / "genai_config.json").is_file():
+            return c
+    raise OrtEvalsError(f"{NAME}: no genai_config.json beside the input model ({', '.join(map(str, candidates))}); "
+                        "ortevals evaluates ONNX Runtime GenAI packages (the ModelBuilder pass output)")
+
+
+def _provider(execution_providers) -> str | None:
+    if isinstance(execution_providers, (list, tuple)):
+        execution_providers = execution_providers[0] if execution_providers else None
+    if isinstance(execution_providers, (list, tuple)):  # [(name, options)]
+        execution_providers = execution_providers[0]
+    return str(execution_providers) if execution_providers else None
+
+
+@Registry.register(NAME)
+class OrtEvalsEvaluator(OliveEvaluator):
+    """Olive evaluator args: tasks, limit, batch_size, execution_provider, provider_options,
+    data, path, max_length, num_fewshot, max_gen_toks."""
+
+    def __init__(self, tasks: list[str] | str = ("mmlu-pro",), limit: int | None = None, batch_size: Any = "auto",
+                 execution_provider: str | None = None, provider_options: dict | None = None,
+                 data: str | None = None, path: str = "auto", max_length: int | None = None,
+                 num_fewshot: int | None = None, max_gen_toks: int | None = None, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.tasks = [tasks] if isinstance(tasks, str) else list(tasks)
+        self.limit = limit
+        self.batch_size = batch_size
+        self.execution_provider = execution_provider
+        self.provider_options = provider_options or {}
+        self.data = data
+        self.path = path
+        self.max_length = max_length
+        self.num_fewshot = num_fewshot
+        self.max_gen_toks = max_gen_toks
+
+    def evaluate(self, model, metrics, device=None, execution_providers=None) -> MetricResult:
+        try:
+            return self._evaluate(model, execution_providers)
+        except OrtEvalsError:
+            raise
+        except Exception as e:  # surface as ValueError: Olive would log other types and carry on
+            raise OrtEvalsError(f"{NAME} failed: {type(e).__name__}: {e}") from e
+
+    def _evaluate(self, model, execution_providers) -> MetricResult:
+        from ortevals.evaluate import RunSpec, evaluate
+        from ortevals.lm import ModelArgs, OrtLM, parse_batch_size
+
+        pkg = package_dir(model)
+        ep = self.execution_provider or _provider(execution_providers)
+        args = ModelArgs(pkg=str(pkg), ep=ep, batch_size=parse_batch_size(self.batch_size),
+                         max_length=self.max_length, path=self.path,
+                         provider_options=tuple(f"{k}={v}" for k, v in self.provider_options.items()))
+        log.info("%s: %s on %s with %s", NAME, pkg, ep or "the package's provider", self.tasks)
+        lm = OrtLM.from_package(args)
+        spec = RunSpec(tasks=tuple(self._task_specs()), limit=self.limit, num_fewshot=self.num_fewshot,
+                       gen_kwargs={"max_gen_toks": self.max_gen_toks} if self.max_gen_toks else None)
+        return to_metric_result(evaluate(lm, spec).results)
+
+    def _task_specs(self) -> list:
+        from ortevals.presets import PRESETS, resolve_data, resolve_local, task_specs
+
+        specs: list = []
+        for name in self.tasks:
+            preset = PRESETS.get(name)
+            if preset is not None:
+                specs += task_specs(preset, resolve_data(preset, self.data))
+            else:
+                specs += task_specs([name], resolve_local(self.data))
+        return specs
+
+
+def to_metric_result(results: dict[str, Any]) -> MetricResult:
+    """Every metric of every task, with lm-eval's higher-is-better flags and stderr."""
+    flags = results.get("higher_is_better", {})
+    metrics = {}
+    for task, values in sorted(results.get("results", {}).items()):
+        subs = {}
+        for key, value in sorted(values.items()):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or key in ("sample_len",):
+                continue
+            metric, _, filt = key.partition(",")
+            name = metric if filt in ("", "none") else f"{metric}_{filt}"
+            base = metric.removesuffix("_stderr")
+            better = False if metric.endswith("_stderr") else bool(flags.get(task, {}).get(base, True))
+            subs[name] = SubMetricResult(value=float(value), priority=-1, higher_is_better=better)
+        if subs:
+            metrics[task] = MetricResult.model_validate(subs)
+    return flatten_metric_result(metrics)

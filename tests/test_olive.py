@@ -1,0 +1,94 @@
+"""ortevals inside Olive workflows: `olive run --config configs/…` end to end on the tiny fixtures."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("olive")
+REPO = Path(__file__).resolve().parent.parent
+LIMIT = 4
+
+
+def olive_run(work: Path, name: str, cfg: dict) -> tuple[subprocess.CompletedProcess, dict | None]:
+    from scripts.bench_olive import read_metrics
+
+    path = work / f"{name}.json"
+    cfg["cache_dir"] = str(work / ".olive-cache")
+    cfg["output_dir"] = str(work / f"out-{name}")
+    path.write_text(json.dumps(cfg))
+    proc = subprocess.run([sys.executable, "-m", "olive", "run", "--config", str(path)], cwd=work,
+                          capture_output=True, text=True, timeout=900)
+    return proc, read_metrics(Path(cfg["output_dir"]))
+
+
+@pytest.fixture()
+def work(tmp_path):
+    shutil.copytree(REPO / "configs", tmp_path / "configs")
+    return tmp_path
+
+
+def config(name: str, model_path: Path, **evaluator) -> dict:
+    cfg = json.loads((REPO / "configs" / name).read_text())
+    cfg["input_model"]["model_path"] = str(model_path)
+    cfg["evaluators"]["ortevals"].update(evaluator)
+    return cfg
+
+
+def ortevals_accuracy(pkg: Path, limit: int) -> float:
+    from click.testing import CliRunner
+
+    from ortevals.cli import cli
+
+    out = pkg.parent / f"cli-{limit}"
+    result = CliRunner().invoke(cli, ["mmlu-pro", "--pkg", str(pkg), "--data", "bundled", "--limit", str(limit),
+                                      "--output", str(out), "--no-resume"])
+    assert result.exit_code == 0, result.output
+    return json.loads((out / "results.json").read_text())["results"]["leaderboard_mmlu_pro"]["acc,none"]
+
+
+def test_evaluate_package_config_equals_the_cli(work, tiny_pkg):
+    proc, metrics = olive_run(work, "eval", config("evaluate_package.json", tiny_pkg, limit=LIMIT))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    acc = next(v for k, v in metrics.items() if k.endswith("-acc") or k.endswith("acc"))
+    assert acc == pytest.approx(ortevals_accuracy(tiny_pkg, LIMIT), abs=1e-12)
+    assert any("stderr" in k for k in metrics)
+
+
+def test_build_and_evaluate_config_runs(work, tiny):
+    cfg = config("build_and_evaluate.json", tiny[0], limit=2)
+    proc, metrics = olive_run(work, "build", cfg)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert metrics and any("acc" in k for k in metrics)
+    built = list((work / "out-build").rglob("genai_config.json"))
+    assert built, "the ModelBuilder pass wrote no package"
+
+
+def test_evaluation_error_fails_the_workflow(work, tiny_pkg):
+    proc, metrics = olive_run(work, "bad", config("evaluate_package.json", tiny_pkg, data=str(work / "missing")))
+    assert proc.returncode != 0
+    assert "data folder not found" in proc.stderr + proc.stdout
+    assert metrics is None
+
+
+def test_changed_limit_is_never_served_from_olive_cache(work, tiny_pkg):
+    """clean_evaluation_cache (set in the shipped configs) keeps Olive from reusing a stale evaluation."""
+    accs = {}
+    for limit in (2, 9):
+        proc, metrics = olive_run(work, f"cache{limit}", config("evaluate_package.json", tiny_pkg, limit=limit))
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        accs[limit] = metrics
+    assert accs[2] != accs[9]
+    for limit, metrics in accs.items():
+        acc = next(v for k, v in metrics.items() if k.endswith("acc"))
+        assert acc == pytest.approx(ortevals_accuracy(tiny_pkg, limit), abs=1e-12)
+
+
+def test_import_ortevals_needs_no_olive():
+    code = "import sys, ortevals, ortevals.cli, ortevals.lm; print('olive' in sys.modules or 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ)
+    assert out.stdout.strip() == "False"

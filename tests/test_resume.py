@@ -1,0 +1,95 @@
+"""Nothing lost on a crash: a SIGKILLed run resumes, recomputes nothing finished, ends identical."""
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from lm_eval.api.instance import Instance
+
+from ortevals.lm import ModelArgs, OrtLM
+from ortevals.store import ResultStore
+
+LIMIT = "150"
+
+
+def cli(args, cache: Path, **kw):
+    env = {**os.environ, "ORTEVALS_CACHE": str(cache)}
+    return subprocess.Popen([sys.executable, "-m", "ortevals.cli", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+def rows(db: Path) -> int:
+    if not db.exists():
+        return 0
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as conn:
+            return conn.execute("SELECT count(*) FROM answers").fetchone()[0]
+    except sqlite3.OperationalError:
+        return 0
+
+
+def samples(out: Path) -> list[dict]:
+    return [json.loads(ln) for ln in (out / "samples_leaderboard_mmlu_pro.jsonl").read_text().splitlines()]
+
+
+def test_kill_and_resume(tiny_pkg, tmp_path):
+    args = ["mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--limit", LIMIT, "--batch-size", "1"]
+    ref = cli(args + ["--no-resume", "--output", str(tmp_path / "ref")], tmp_path / "cache-ref")
+    assert ref.wait(timeout=600) == 0, ref.stderr.read()
+
+    cache = tmp_path / "cache"
+    first = cli(args + ["--output", str(tmp_path / "run")], cache)
+    db = None
+    deadline = time.time() + 300
+    while time.time() < deadline and first.poll() is None:
+        found = list((cache / "runs").glob("*.sqlite")) if (cache / "runs").exists() else []
+        if found and rows(found[0]) >= 200:
+            db = found[0]
+            break
+        time.sleep(0.05)
+    assert db is not None, "the run finished or stalled before it could be killed"
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    finished = rows(db)
+    assert not (tmp_path / "run" / "results.json").exists()  # nothing half-written
+
+    second = cli(args + ["--output", str(tmp_path / "run")], cache)
+    out, err = second.communicate(timeout=600)
+    assert second.returncode == 0, err
+    reused = int(err.split("resuming: ")[1].split(" of ")[0])
+    assert reused >= 0.9 * finished and finished > 0
+    body = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert body["ortevals"]["requests"] == sum(len(s["resps"]) for s in samples(tmp_path / "run")) - reused
+    for a, b in zip(samples(tmp_path / "ref"), samples(tmp_path / "run")):
+        assert a["resps"] == b["resps"] and a["acc"] == b["acc"]
+    print(f"kill-and-resume: {finished} finished at the kill, {reused} reused ({100 * reused / finished:.0f}%)")
+
+
+def test_store_is_keyed_by_package_and_settings(tiny_pkg, tmp_path):
+    reqs = [Instance("loglikelihood", {}, ("The city", " of"), 0)]
+    store = str(tmp_path / "s.sqlite")
+    lm = OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg), store=store))
+    first = lm.loglikelihood(reqs)
+    lm.store.close()
+    again = OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg), store=store))
+    assert again.loglikelihood(reqs) == first and again.store.hits == 1
+    other = OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg), store=store, max_length=64))
+    other.loglikelihood(reqs)
+    assert other.store.hits == 0  # a setting that can change the number: not reused
+
+
+def test_store_survives_reopen_and_holds_only_json(tmp_path):
+    s = ResultStore.open(tmp_path / "x.sqlite", {"package": "abc"})
+    s.put("loglikelihood", ["a", "b"], [-1.5, True])
+    s.close()
+    s = ResultStore.open(tmp_path / "x.sqlite", {"package": "abc"})
+    assert s.get("loglikelihood", ["a", "b"]) == [-1.5, True]
+    assert ResultStore.open(tmp_path / "x.sqlite", {"package": "xyz"}).get("loglikelihood", ["a", "b"]) is None
+    with pytest.raises(TypeError):
+        s.put("loglikelihood", ["a"], object())  # not JSON: refused, never pickled
