@@ -94,6 +94,9 @@ def _reword_data_error(e: Exception, spec: RunSpec) -> None:
             f"could not load the data for {', '.join(names)} from the Hugging Face hub (offline?); "
             "pass --data PATH to a local copy, or --data bundled for the MMLU-Pro copy shipped with ortevals"
         ) from None
+    if "out of bounds for size 0" in text or "must have valid or test docs" in text:
+        raise DataError(f"the data set is empty after filters for {', '.join(map(str, names))[:200]} "
+                        "(check --data, --limit and the task names)") from None
     if "not a registered task" in text or "spec '" in text:
         raise DataError(f"unknown task in {', '.join(names)}: {str(e).splitlines()[0]}") from None
     if "must have valid or test docs" in text or "dataset" in text and "not found" in text:

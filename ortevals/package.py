@@ -269,6 +269,10 @@ def _model_file(root: Path, model: dict, role: str, *, required: bool) -> ModelF
     for key in ("inputs", "outputs", "session_options"):
         if not isinstance(section.get(key, {}), dict):
             raise PackageError(f"{where}: field model.{role}.{key} must be an object, got {section[key]!r}")
+    for key in ("inputs", "outputs"):
+        for name, value in section.get(key, {}).items():
+            if not isinstance(value, str) or not value:
+                raise PackageError(f"{where}: field model.{role}.{key}.{name} must be a tensor name, got {value!r}")
     inputs, outputs, _ = read_signature(path)
     return ModelFile(
         role=role,
@@ -317,6 +321,8 @@ def _window(section: dict, layer: int, where: Path) -> int | None:
 
 
 def _fmt(pattern: str, i: int, where: Path) -> str:
+    if not isinstance(pattern, str) or "%d" not in pattern:
+        raise PackageError(f"{where}: KV name pattern {pattern!r} must be a string with one %d")
     try:
         return pattern % i
     except (TypeError, ValueError):

@@ -6,7 +6,7 @@ import string
 
 import numpy as np
 import pyarrow as pa
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from lm_eval.api.instance import Instance
 
@@ -58,7 +58,9 @@ def test_mutated_config_scores_right_or_fails_clearly(tiny_pkg, tmp_path_factory
         got = lm.loglikelihood([Instance("loglikelihood", {}, r, i) for i, r in enumerate(REQS)], disable_tqdm=True)
     except OrtEvalsError as e:
         assert "\n" not in str(e) and str(e)
+        event("clear error")
         return
+    event("loaded and scored")
     # it loaded: then the numbers must be the right ones
     assert np.allclose([g[0] for g in got], reference_scores, atol=1e-4)
 
