@@ -18,7 +18,6 @@ import os
 import resource
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -28,7 +27,7 @@ sys.path.insert(0, str(HERE))
 
 def worker(args) -> None:
     import lm_eval
-    from bench_mmlu_pro import build_lm
+    from bench_mmlu_pro import build_lm, time_method
 
     from ortevals.package import ModelPackage
     from ortevals.presets import PRESETS, resolve_data, task_specs
@@ -36,17 +35,7 @@ def worker(args) -> None:
 
     preset = PRESETS["mmlu-pro-cot"]
     lm = build_lm(args.backend, args)
-    timing = {"seconds": 0.0, "requests": 0}
-    inner = lm.generate_until
-
-    def timed(requests, *a, **k):
-        start = time.perf_counter()
-        out = inner(requests, *a, **k)
-        timing["seconds"] += time.perf_counter() - start
-        timing["requests"] += len(requests)
-        return out
-
-    lm.generate_until = timed
+    timing = time_method(lm, "generate_until")
     res = lm_eval.simple_evaluate(model=lm, tasks=task_specs(preset, resolve_data(preset, args.data)),
                                   limit=args.limit, log_samples=True, gen_kwargs={"max_gen_toks": args.max_gen_toks})
     tok = Tokenizer.load(ModelPackage.load(args.pkg))

@@ -43,6 +43,22 @@ def build_lm(name: str, args) -> object:
     return get_model(name)(pretrained=args.pkg, execution_provider=args.ep)
 
 
+def time_method(lm, name: str) -> dict:
+    """Wrap ``lm.<name>`` so the seconds spent in it and the requests it served are counted."""
+    timing = {"seconds": 0.0, "requests": 0}
+    inner = getattr(lm, name)
+
+    def timed(requests, *a, **k):
+        start = time.perf_counter()
+        out = inner(requests, *a, **k)
+        timing["seconds"] += time.perf_counter() - start
+        timing["requests"] += len(requests)
+        return out
+
+    setattr(lm, name, timed)
+    return timing
+
+
 def worker(args) -> None:
     """Run one backend; print a JSON line with its figures."""
     import lm_eval
@@ -52,17 +68,7 @@ def worker(args) -> None:
     preset = PRESETS["mmlu-pro"]
     tasks = task_specs(preset, resolve_data(preset, args.data))
     lm = build_lm(args.backend, args)
-    timing = {"seconds": 0.0, "requests": 0}
-    inner = lm.loglikelihood
-
-    def timed(requests, *a, **k):
-        start = time.perf_counter()
-        out = inner(requests, *a, **k)
-        timing["seconds"] += time.perf_counter() - start
-        timing["requests"] += len(requests)
-        return out
-
-    lm.loglikelihood = timed
+    timing = time_method(lm, "loglikelihood")
     res = lm_eval.simple_evaluate(model=lm, tasks=tasks, limit=args.limit, log_samples=True)
     samples = res["samples"]["leaderboard_mmlu_pro"]
     answers = {s["doc_id"]: int(max(range(len(s["resps"])), key=lambda i: float(s["resps"][i][0][0])))

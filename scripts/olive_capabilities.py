@@ -68,7 +68,7 @@ def main() -> None:
     rows = ["| case | " + " | ".join(evaluators) + " |", "|---|" + "---|" * len(evaluators)]
     for label, pkg, task, bs in cases:
         cells = []
-        for i, (name, make) in enumerate(evaluators.items()):
+        for name, make in evaluators.items():
             run_name = f"{abs(hash((label, name))) % 10**8}"
             r = run_olive(workflow(pkg, make(task, bs), work, run_name), work, run_name)
             cells.append("✅ " + ", ".join(f"{k.split('-')[-1]}={v:.3g}" for k, v in r["metrics"].items()
