@@ -97,23 +97,62 @@ def first_stop(text: str, until: Sequence[str], start: int = 0) -> int | None:
     return min(hits) if hits else None
 
 
+class TextStream:
+    """One request's output as tokens arrive: EOS and stop sequences end it at once."""
+
+    def __init__(self, tokenizer, s: GenSettings, eos_ids: set[int]) -> None:
+        self.tokenizer, self.s, self.eos_ids = tokenizer, s, eos_ids
+        self.longest = max((len(u) for u in s.until), default=0)
+        self.out: list[int] = []
+        self.text = ""
+        self.done = False
+
+    def push(self, tok: int) -> bool:
+        """Take the next token; True once the request is finished."""
+        if self.done:
+            return True
+        if tok in self.eos_ids:
+            self.done = True
+            return True
+        self.out.append(tok)
+        previous = len(self.text)
+        self.text = self.tokenizer.decode(self.out, skip_special_tokens=True)  # as lm-eval hf decodes
+        cut = first_stop(self.text, self.s.until, max(0, previous - self.longest))
+        if cut is not None:  # stop at once: no tokens past the stop sequence
+            self.text = self.text[:cut]
+            self.done = True
+        self.done = self.done or len(self.out) >= self.s.max_gen_toks
+        return self.done
+
+    @property
+    def result(self) -> tuple[str, int]:
+        return self.text, len(self.out)
+
+
 def generate(cursor, tokenizer, context: Sequence[int], s: GenSettings, eos_ids: set[int],
              rng: np.random.Generator) -> tuple[str, int]:
     """Generate after ``context``; return (text cut at the first stop, tokens generated)."""
+    stream = TextStream(tokenizer, s, eos_ids)
     logits = cursor.move_to(list(context))
-    out: list[int] = []
-    longest = max((len(u) for u in s.until), default=0)
-    text = ""
-    while len(out) < s.max_gen_toks:
-        tok = choose_token(logits, s, rng)
-        if tok in eos_ids:
+    while not stream.push(choose_token(logits, s, rng)):
+        logits = cursor.append([stream.out[-1]])
+    return stream.result
+
+
+def can_batch(context: Sequence[int], s: GenSettings, pad_id: int | None) -> bool:
+    """Whether a request may join a batched Generator: greedy (og's own search picks the
+    tokens), and not ending in the pad id (og masks trailing pad ids as padding)."""
+    return not s.do_sample and len(context) > 0 and pad_id is not None and context[-1] != pad_id
+
+
+def generate_batch(runner, tokenizer, contexts: Sequence[Sequence[int]], settings: Sequence[GenSettings],
+                   eos_ids: set[int]) -> list[tuple[str, int]]:
+    """Greedy generation for several requests in one batched Generator; each row stops on its
+    own EOS, stop sequence or max_gen_toks, and the batch ends when every row has."""
+    streams = [TextStream(tokenizer, s, eos_ids) for s in settings]
+    steps = runner.greedy_steps([list(c) for c in contexts], max(s.max_gen_toks for s in settings))
+    for tokens in steps:  # tokens: [B]
+        if all([stream.push(int(t)) for stream, t in zip(streams, tokens, strict=True)]):
             break
-        out.append(tok)
-        previous = len(text)
-        text = tokenizer.decode(out, skip_special_tokens=True)  # as lm-eval hf decodes
-        cut = first_stop(text, s.until, max(0, previous - longest))
-        if cut is not None:  # stop at once: no tokens past the stop sequence
-            return text[:cut], len(out)
-        if len(out) < s.max_gen_toks:
-            logits = cursor.append([tok])
-    return text, len(out)
+    steps.close()
+    return [stream.result for stream in streams]

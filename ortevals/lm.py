@@ -54,6 +54,7 @@ class ModelArgs:
     path: str = "auto"  # loglikelihood path: auto | prefill | incremental
     store: str | None = None  # SQLite result store: finished requests are reused on a rerun
     max_gen_toks: int = 256
+    gen_batch_size: int = 1  # greedy requests per batched Generator (1: one cursor that rewinds)
     seed: int = 1234
 
     @classmethod
@@ -71,7 +72,8 @@ class ModelArgs:
         if unknown:
             raise OrtEvalsError(f"unknown ortevals model_args {unknown}; expected some of {sorted(known)}")
         args["batch_size"] = parse_batch_size(args.get("batch_size"))
-        for key in ("max_length", "threads", "memory_budget_mb", "prefix_budget_mb", "max_gen_toks"):
+        for key in ("max_length", "threads", "memory_budget_mb", "prefix_budget_mb", "max_gen_toks",
+                    "gen_batch_size"):
             if key in args:
                 args[key] = _positive_int(args[key], key, allow_zero=key == "threads")
         if "seed" in args:
@@ -283,32 +285,51 @@ class OrtLM(TemplateLM):
         return self._stored("generate_until", requests, lambda rs, keys: self._generate(rs, keys, disable_tqdm))
 
     def _generate(self, requests, keys: list[list], disable_tqdm: bool) -> list[str]:
-        from ortevals.generation import generate
+        from ortevals.generation import can_batch, generate, generate_batch
 
         items = [self._gen_item(req.args) for req in requests]
         if not items:
             return []
         runner = self.backends.genai
-        cursor = runner.cursor(max(len(ids) + s.max_gen_toks for ids, s in items))
-        eos = {self.eot_token_id, *self.package.eos_token_ids}
         results: list[str] = [""] * len(items)
         bar = tqdm(total=len(items), desc="ortevals generate", unit="req", disable=disable_tqdm, dynamic_ncols=True)
         start = time.perf_counter()
-        log.info("generate_until: %d requests on the incremental path", len(items))
-        # prompts sharing a prefix are adjacent: the cursor rewinds instead of re-running it
-        for i in sorted(range(len(items)), key=lambda i: items[i][0]):
-            ids, settings = items[i]
-            rng = np.random.default_rng([settings.seed, *stable_ints(keys[i])])
-            results[i], n = generate(cursor, self.tokenizer, ids, settings, eos, rng)
+
+        def finish(i: int, text: str, n: int) -> None:
+            results[i] = text
             self.stats["generated_tokens"] += n
-            self.cache_hook.add_partial("generate_until", requests[i].args, results[i])
+            self.cache_hook.add_partial("generate_until", requests[i].args, text)
             if self.store is not None:
-                self.store.put("generate_until", keys[i], results[i])
+                self.store.put("generate_until", keys[i], text)
             bar.update(1)
+
+        width = self.args.gen_batch_size if runner.rewind_ok else 1  # batches only where og is exact
+        pad = self.package.pad_token_id
+        batched = [i for i in range(len(items)) if width > 1 and can_batch(*items[i], pad)]
+        singles = sorted(set(range(len(items))) - set(batched), key=lambda i: items[i][0])
+        log.info("generate_until: %d requests on the incremental path (%d in batches of up to %d)",
+                 len(items), len(batched), width)
+        batched.sort(key=lambda i: len(items[i][0]))  # similar lengths: little padding
+        for chunk in (batched[j:j + width] for j in range(0, len(batched), width)):
+            outs = generate_batch(runner, self.tokenizer, [items[i][0] for i in chunk],
+                                  [items[i][1] for i in chunk], self._eos)
+            for i, (text, n) in zip(chunk, outs, strict=True):
+                finish(i, text, n)
+        if singles:
+            cursor = runner.cursor(max(len(items[i][0]) + items[i][1].max_gen_toks for i in singles))
+            # prompts sharing a prefix are adjacent: the cursor rewinds instead of re-running it
+            for i in singles:
+                ids, settings = items[i]
+                rng = np.random.default_rng([settings.seed, *stable_ints(keys[i])])
+                finish(i, *generate(cursor, self.tokenizer, ids, settings, self._eos, rng))
         bar.close()
         self.stats["requests"] += len(items)
         self.stats["seconds"] += time.perf_counter() - start
         return results
+
+    @property
+    def _eos(self) -> set[int]:
+        return {self.eot_token_id, *self.package.eos_token_ids}
 
     def _gen_item(self, args) -> tuple[list[int], object]:
         from ortevals.generation import parse_gen_kwargs

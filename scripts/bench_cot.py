@@ -7,7 +7,8 @@ subprocess. Generated tokens/s counts the tokens of the text each backend
 returns (cut at the stop sequence), re-tokenized with the package tokenizer, so
 a backend that generates past a stop sequence gets no credit for it.
 
-    python scripts/bench_cot.py --limit 1 --max-gen-toks 64 --out docs/bench-cot
+    python scripts/bench_cot.py --limit 3 --max-gen-toks 64 --backends ortevals,ortevals-batch4,hf,onnxruntime-genai \
+        --ortevals-args '{"ortevals-batch4": "gen_batch_size=4"}' --out docs/bench-cot
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ def worker(args) -> None:
 
 def run_backend(name: str, args) -> dict:
     cmd = [sys.executable, __file__, "--worker", name, "--limit", str(args.limit), "--pkg", args.pkg,
-           "--hf", args.hf, "--data", args.data, "--ep", args.ep, "--max-gen-toks", str(args.max_gen_toks)]
+           "--hf", args.hf, "--data", args.data, "--ep", args.ep, "--max-gen-toks", str(args.max_gen_toks),
+           "--ortevals-args", json.dumps(args.ortevals_args)]
     print(f"running {name} …", flush=True)
     proc = subprocess.run(cmd, capture_output=True, text=True,
                           env={**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"})
@@ -91,9 +93,11 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=1, help="questions per subject (14 subjects)")
     p.add_argument("--max-gen-toks", type=int, default=64)
     p.add_argument("--backends", default="ortevals,hf,onnxruntime-genai")
+    p.add_argument("--ortevals-args", default="{}",
+                   help='JSON: model_args per ortevals variant, e.g. {"ortevals-batch4": "gen_batch_size=4"}')
     p.add_argument("--out", default=str(HERE.parent / "docs" / "bench-cot"))
     args = p.parse_args()
-    args.ortevals_args = {}
+    args.ortevals_args = json.loads(args.ortevals_args)
     if args.pkg is None or args.hf is None:
         from ortevals.examples import smollm2_hf_dir, smollm2_package
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -38,6 +39,9 @@ def local_task_yaml(folder: Path, data: Path) -> Path:
 def workflow(pkg: Path, evaluator: dict, work: Path, name: str) -> dict:
     cfg = json.loads((REPO / "configs" / "evaluate_package.json").read_text())
     cfg["input_model"]["model_path"] = str(pkg)
+    # Olive's ONNXModel checks that this file exists: name the package's own decoder
+    genai = json.loads((pkg / "genai_config.json").read_text())
+    cfg["input_model"]["onnx_file_name"] = genai["model"]["decoder"]["filename"]
     cfg["evaluators"] = {name: evaluator}
     cfg["evaluator"] = name
     cfg["cache_dir"] = str(work / f"cache-{name}")
@@ -55,9 +59,15 @@ def run_olive(cfg: dict, work: Path, name: str) -> dict:
     seconds = time.perf_counter() - start
     metrics = read_metrics(Path(cfg["output_dir"]))
     if proc.returncode != 0 or metrics is None:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-        return {"name": name, "failed": tail[0], "seconds": seconds}
+        return {"name": name, "failed": failure_line(proc.stderr + proc.stdout), "seconds": seconds}
     return {"name": name, "seconds": seconds, "metrics": metrics}
+
+
+def failure_line(output: str) -> str:
+    """The line that says why a run failed: the last exception line, else the last line."""
+    lines = [ln.strip() for ln in output.strip().splitlines() if ln.strip()]
+    errors = [ln for ln in lines if re.match(r"^[\w.]*(Error|Exception)\b", ln) or "Error:" in ln]
+    return (errors or lines or ["no output"])[-1]
 
 
 def read_metrics(out: Path) -> dict | None:
@@ -103,7 +113,8 @@ def main() -> None:
         from ortevals.examples import smollm2_package
 
         args.pkg = str(smollm2_package("fp32"))
-    out = Path(args.out)
+    args.pkg = Path(args.pkg).resolve()
+    out = Path(args.out).resolve()  # olive runs with cwd=work, so nothing here may be relative
     work = out / "work"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -117,7 +128,7 @@ def main() -> None:
     results = []
     for name, evaluator in runs:
         print(f"olive run with {name} …", flush=True)
-        r = run_olive(workflow(Path(args.pkg), evaluator, work, name), work, name)
+        r = run_olive(workflow(args.pkg, evaluator, work, name), work, name)
         print(f"  {r}", flush=True)
         results.append(r)
     (out / "results.json").write_text(json.dumps({"limit": args.limit, "runs": results}, indent=1))

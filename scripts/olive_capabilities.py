@@ -37,6 +37,18 @@ def rolling_task(folder: Path) -> Path:
     return path
 
 
+def generation_task(folder: Path) -> Path:
+    """A greedy generation task over a local JSON file (lm-eval's generate_until)."""
+    data = folder / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"text": t, "target": "x"}) + "\n" for t in ROLLING_DOCS))
+    path = folder / "tiny_generation.yaml"
+    path.write_text(f"task: tiny_generation\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\n"
+                    "test_split: test\noutput_type: generate_until\ndoc_to_text: '{{text}}'\n"
+                    "doc_to_target: '{{target}}'\ngeneration_kwargs:\n  until: ['.']\n  max_gen_toks: 8\n"
+                    "  do_sample: false\nmetric_list:\n  - metric: exact_match\n")
+    return path
+
+
 def main() -> None:
     from bench_mmlu_pro import REPO
     from bench_olive import local_task_yaml, run_olive, workflow
@@ -51,11 +63,12 @@ def main() -> None:
     cache = REPO / ".fixture-cache"
     tiny = build_tiny(cache)[1]
     gemma = build_gemma4(cache / "gemma4")[1]
-    work = Path(tempfile.mkdtemp(prefix="olive-cap-"))
+    work = Path(tempfile.mkdtemp(prefix="olive-cap-")).resolve()
     shutil.copytree(REPO / "configs", work / "configs")
-    mmlu, rolling = local_task_yaml(work, BUNDLED / "mmlu_pro"), rolling_task(work)
+    mmlu, rolling, gen = local_task_yaml(work, BUNDLED / "mmlu_pro"), rolling_task(work), generation_task(work)
     cases = [("text-only package, MMLU-Pro", tiny, mmlu, 1), ("same, batch size 2", tiny, mmlu, 2),
              ("perplexity (loglikelihood_rolling)", tiny, rolling, 1),
+             ("greedy generation (generate_until)", tiny, gen, 1),
              ("Gemma-4 layout (embedding + per-layer head sizes)", gemma, mmlu, 1)]
     evaluators = {
         "OrtEvalsEvaluator": lambda task, bs: {"type": "OrtEvalsEvaluator", "user_script": "configs/ortevals_olive.py",

@@ -68,6 +68,20 @@ def test_greedy_generation_equals_hf_backend(hflm, ortlm):
     assert all(len(o) > 10 for o in ours)
 
 
+def test_batched_greedy_generation_equals_hf_backend(hflm, tiny):
+    """Rows of different lengths in one batched Generator (right-padded), each stopping on its own."""
+    lm = OrtLM.from_package(ModelArgs(pkg=str(tiny[1]), max_length=256, gen_batch_size=4))
+    prompts = PROMPTS + ["one", "Question: what is the river of the city? Answer: the river"]
+    free = gen(lm, prompts, {"until": [], "max_gen_toks": 20})
+    assert free == gen(hflm, prompts, {"until": [], "max_gen_toks": 20})
+    assert lm.backends.genai.generators_created == 2  # 5 requests in batches of up to 4
+    stops = [f[len(f) // 3: len(f) // 3 + 2] for f in free]  # a different stop for every row
+    cut = [gen(lm, [p], {"until": [s], "max_gen_toks": 20})[0] for p, s in zip(prompts, stops, strict=True)]
+    batched = lm.generate_until([Instance("generate_until", {}, (p, {"until": [s], "max_gen_toks": 20}), i)
+                                 for i, (p, s) in enumerate(zip(prompts, stops, strict=True))], disable_tqdm=True)
+    assert batched == cut == [f[:f.index(s)] for f, s in zip(free, stops, strict=True)]
+
+
 def test_stop_sequences_cut_exactly(ortlm):
     free = gen(ortlm, PROMPTS[:1], {"until": [], "max_gen_toks": 24})[0]
     stop = free[len(free) // 2: len(free) // 2 + 3]

@@ -18,10 +18,16 @@ from ortevals.store import ResultStore
 LIMIT = "150"
 
 
-def cli(args, cache: Path, **kw):
+def cli(args, cache: Path) -> subprocess.Popen:
+    """The CLI in a subprocess; its output goes to files (a pipe nobody reads could fill and stall it)."""
+    cache.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "ORTEVALS_CACHE": str(cache)}
-    return subprocess.Popen([sys.executable, "-m", "ortevals.cli", *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kw)
+    out, err = (cache / "stdout.txt").open("w"), (cache / "stderr.txt").open("w")
+    return subprocess.Popen([sys.executable, "-m", "ortevals.cli", *args], env=env, stdout=out, stderr=err)
+
+
+def stderr(cache: Path) -> str:
+    return (cache / "stderr.txt").read_text()
 
 
 def rows(db: Path) -> int:
@@ -41,7 +47,7 @@ def samples(out: Path) -> list[dict]:
 def test_kill_and_resume(tiny_pkg, tmp_path):
     args = ["mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--limit", LIMIT, "--batch-size", "1"]
     ref = cli(args + ["--no-resume", "--output", str(tmp_path / "ref")], tmp_path / "cache-ref")
-    assert ref.wait(timeout=600) == 0, ref.stderr.read()
+    assert ref.wait(timeout=600) == 0, stderr(tmp_path / "cache-ref")
 
     cache = tmp_path / "cache"
     first = cli(args + ["--output", str(tmp_path / "run")], cache)
@@ -60,8 +66,8 @@ def test_kill_and_resume(tiny_pkg, tmp_path):
     assert not (tmp_path / "run" / "results.json").exists()  # nothing half-written
 
     second = cli(args + ["--output", str(tmp_path / "run")], cache)
-    out, err = second.communicate(timeout=600)
-    assert second.returncode == 0, err
+    assert second.wait(timeout=600) == 0, stderr(cache)
+    err = stderr(cache)
     reused = int(err.split("resuming: ")[1].split(" of ")[0])
     assert reused >= 0.9 * finished and finished > 0
     body = json.loads((tmp_path / "run" / "results.json").read_text())

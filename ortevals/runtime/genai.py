@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -78,6 +79,23 @@ class GenaiRunner:
     def cursor(self, max_length: int) -> Cursor:
         """A cursor whose Generators reserve KV for ``max_length`` tokens (never the whole context)."""
         return Cursor(self, max_length)
+
+    def greedy_steps(self, prompts: list[list[int]], max_new: int) -> Iterator[np.ndarray]:
+        """og's greedy search over a right-padded batch; yields each step's next tokens ``[B]``.
+
+        A batched Generator takes one ``append_tokens`` (og 0.18), so decoding is og's own
+        ``generate_next_token``; og masks the trailing pad ids, so no prompt may end in one.
+        """
+        pad = self.package.pad_token_id
+        width = max(len(p) for p in prompts)
+        params = self.og.GeneratorParams(self.model)
+        params.set_search_options(max_length=width + max_new, do_sample=False, batch_size=len(prompts))
+        self.generators_created += 1
+        gen = self.og.Generator(self.model, params)
+        gen.append_tokens(np.asarray([p + [pad] * (width - len(p)) for p in prompts], dtype=np.int32))
+        while not gen.is_done():
+            gen.generate_next_token()
+            yield np.asarray(gen.get_next_tokens())
 
     def _generator(self, max_length: int):
         params = self.og.GeneratorParams(self.model)
