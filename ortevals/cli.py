@@ -131,13 +131,17 @@ def cli() -> None:
     """Fast, exact lm-eval benchmarks for ONNX Runtime GenAI model packages."""
 
 
-def _evaluate(kw: dict, tasks: tuple[str, ...], data: Path | None, **spec_kw) -> None:
-    """Shared body of mmlu-pro and run: load the model, evaluate, print the table, list the files."""
+def _evaluate(kw: dict, tasks, data: Path | None, **spec_kw) -> None:
+    """Shared body of mmlu-pro and run: load the model, evaluate, print the table, list the files.
+
+    ``tasks``: a Preset (its own lm-eval folder is indexed) or task names.
+    """
     from ortevals.evaluate import RunSpec, evaluate, task_manager
     from ortevals.presets import task_specs
     from ortevals.results import format_table
 
-    tm = task_manager(spec_kw.get("include_path"))
+    include = spec_kw.get("include_path")
+    tm = task_manager(include) if include is not None else None
     lm = _load_lm(kw)
     spec = RunSpec(tasks=tuple(task_specs(tasks, data, tm)), limit=kw["limit"], output=kw["output"],
                    use_cache=kw["use_cache"], **spec_kw)
@@ -161,7 +165,7 @@ def mmlu_pro(cot: bool, max_gen_toks: int | None, **kw) -> None:
     preset = PRESETS["mmlu-pro-cot" if cot else "mmlu-pro"]
     data = resolve_data(preset, kw["data"] or ("bundled" if kw["example"] else None))
     gen = {"max_gen_toks": max_gen_toks} if max_gen_toks else None
-    _evaluate(kw, preset.tasks, data, gen_kwargs=gen)
+    _evaluate(kw, preset, data, gen_kwargs=gen)
 
 
 @cli.command("run", epilog=EPILOG_RUN)

@@ -8,6 +8,7 @@ unreachable while offline is the common one), and writing outputs.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -60,7 +61,7 @@ def evaluate(lm, spec: RunSpec) -> RunOutcome:
     try:
         results = lm_eval.simple_evaluate(
             model=model, tasks=list(spec.tasks), limit=spec.limit, num_fewshot=spec.num_fewshot,
-            log_samples=True, task_manager=task_manager(spec.include_path),
+            log_samples=True, task_manager=_run_task_manager(spec),
             apply_chat_template=spec.apply_chat_template, gen_kwargs=spec.gen_kwargs, **spec.extra,
         )
     except OrtEvalsError:
@@ -77,13 +78,25 @@ def evaluate(lm, spec: RunSpec) -> RunOutcome:
     return RunOutcome(summary, results, files)
 
 
-def task_manager(include_path: str | None = None):
-    """lm-eval's TaskManager, with the user's extra task folder."""
+@functools.lru_cache(maxsize=8)
+def task_manager(include_path: str | None = None, defaults: bool = True):
+    """lm-eval's TaskManager, with the user's extra task folder; built once per process.
+
+    Indexing every lm-eval task YAML takes ~6 s, so ``defaults=False`` indexes
+    only ``include_path`` (a preset's own lm-eval folder), and a run whose tasks
+    are all resolved configs (dicts) needs no index at all.
+    """
     from lm_eval.tasks import TaskManager
 
     if include_path is not None and not Path(include_path).exists():
         raise DataError(f"{include_path}: --include-path folder not found")
-    return TaskManager(include_path=include_path)
+    return TaskManager(include_path=include_path, include_defaults=defaults)
+
+
+def _run_task_manager(spec: RunSpec):
+    if spec.include_path is None and all(isinstance(t, dict) for t in spec.tasks):
+        return task_manager(None, defaults=False)  # resolved configs: nothing to look up
+    return task_manager(spec.include_path)
 
 
 def _reword_data_error(e: Exception, spec: RunSpec) -> None:

@@ -24,6 +24,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+# the same for every evaluator: offline data, and no telemetry (offline, Olive waits 10 s at exit
+# for an export that cannot happen)
+OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "OLIVE_DISABLE_TELEMETRY": "1"}
 
 
 def local_task_yaml(folder: Path, data: Path) -> Path:
@@ -54,12 +57,13 @@ def run_olive(cfg: dict, work: Path, name: str) -> dict:
     path.write_text(json.dumps(cfg, indent=1))
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "olive", "run", "--config", str(path)], cwd=work,
-                          capture_output=True, text=True, env={**os.environ, "HF_DATASETS_OFFLINE": "1",
-                                                               "HF_HUB_OFFLINE": "1"})
+                          capture_output=True, text=True, env={**os.environ, **OFFLINE})
     seconds = time.perf_counter() - start
     metrics = read_metrics(Path(cfg["output_dir"]))
     if proc.returncode != 0 or metrics is None:
-        return {"name": name, "failed": failure_line(proc.stderr + proc.stdout), "seconds": seconds}
+        # Olive logs many evaluation errors as "Failed to run Olive" and still exits 0
+        how = f"exit {proc.returncode}" + (", no metrics" if metrics is None else "")
+        return {"name": name, "failed": f"{how}: {failure_line(proc.stderr + proc.stdout)}", "seconds": seconds}
     return {"name": name, "seconds": seconds, "metrics": metrics}
 
 

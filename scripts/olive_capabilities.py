@@ -83,10 +83,12 @@ def main() -> None:
         cells = []
         for name, make in evaluators.items():
             run_name = f"{abs(hash((label, name))) % 10**8}"
-            r = run_olive(workflow(pkg, make(task, bs), work, run_name), work, run_name)
+            cfg = workflow(pkg, make(task, bs), work, run_name)
+            cfg["log_severity_level"] = 1  # Olive logs swallowed evaluation errors as warnings
+            r = run_olive(cfg, work, run_name)
             cells.append("✅ " + ", ".join(f"{k.split('-')[-1]}={v:.3g}" for k, v in r["metrics"].items()
                                            if "stderr" not in k)[:60]
-                         if "failed" not in r else f"❌ {r['failed'][:90]}")
+                         if "failed" not in r else f"❌ {r['failed'][:110]}")
             print(label, name, cells[-1], flush=True)
         rows.append(f"| {label} | " + " | ".join(cells) + " |")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

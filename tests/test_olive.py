@@ -21,8 +21,10 @@ def olive_run(work: Path, name: str, cfg: dict) -> tuple[subprocess.CompletedPro
     cfg["cache_dir"] = str(work / ".olive-cache")
     cfg["output_dir"] = str(work / f"out-{name}")
     path.write_text(json.dumps(cfg))
+    # offline, Olive's telemetry waits 10 s at exit for an export that cannot happen
+    env = {**os.environ, "OLIVE_DISABLE_TELEMETRY": "1"}
     proc = subprocess.run([sys.executable, "-m", "olive", "run", "--config", str(path)], cwd=work,
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=900, env=env)
     return proc, read_metrics(Path(cfg["output_dir"]))
 
 
