@@ -6,7 +6,7 @@ import string
 
 import numpy as np
 import pyarrow as pa
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from lm_eval.api.instance import Instance
 
@@ -40,7 +40,8 @@ def mutate(cfg, path, value, delete):
         node[path[-1]] = value
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None, derandomize=True,  # the same cases in every CI run
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(edits=st.lists(st.tuples(st.sampled_from(FIELDS), VALUES, st.booleans()), min_size=1, max_size=3),
        cut=st.one_of(st.none(), st.integers(0, 1500)))
 def test_mutated_config_scores_right_or_fails_clearly(tiny_pkg, tmp_path_factory, reference_scores, edits, cut):
@@ -69,7 +70,8 @@ ROW_VALUES = st.one_of(st.none(), st.integers(), st.text(max_size=8), st.lists(s
                        st.lists(st.integers(), max_size=2))
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100, deadline=None, derandomize=True)
+@example(column="answer", values=[2**63], drop=False)  # beyond int64: pyarrow refuses (found in CI)
 @given(column=st.sampled_from(sorted(MMLU_PRO_COLUMNS)), values=st.lists(ROW_VALUES, min_size=1, max_size=4),
        drop=st.booleans())
 def test_mutated_data_is_usable_or_refused(tmp_path_factory, column, values, drop):
@@ -84,8 +86,8 @@ def test_mutated_data_is_usable_or_refused(tmp_path_factory, column, values, dro
     path = tmp_path_factory.mktemp("data") / "test.parquet"
     try:
         table = pa.table(rows)
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        return  # pyarrow itself cannot hold these rows: no file to validate
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        return  # pyarrow itself cannot hold these rows (e.g. ints beyond int64): no file to validate
     import pyarrow.parquet as pq
 
     pq.write_table(table, path)
