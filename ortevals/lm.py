@@ -135,7 +135,7 @@ class OrtLM(TemplateLM):
         self.backends = backends
         self.args = args
         self.store = store
-        self.stats = {"requests": 0, "seconds": 0.0, "generated_tokens": 0, "truncated": 0}
+        self.stats = {"requests": 0, "seconds": 0.0, "generated_tokens": 0, "truncated": 0, "reused": 0}
 
     @classmethod
     def from_package(cls, args: ModelArgs) -> OrtLM:
@@ -225,6 +225,7 @@ class OrtLM(TemplateLM):
         found = [self.store.get(kind, k) for k in keys]
         todo = [r for r, v in zip(requests, found) if v is None]
         todo_keys = [k for k, v in zip(keys, found) if v is None]
+        self.stats["reused"] += len(requests) - len(todo)
         if len(todo) < len(requests):
             log.warning("resuming: %d of %d %s requests reused from %s", len(requests) - len(todo),
                         len(requests), kind, self.store.path)

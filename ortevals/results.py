@@ -39,6 +39,7 @@ class RunSummary:
     seconds: float  # wall time of the whole run (data loading included)
     model_seconds: float  # time inside the scoring engine
     peak_rss_mb: float = 0.0  # the process's peak resident memory
+    reused: int = 0  # requests answered from the result store (a resumed run), not in ``requests``
 
     @property
     def requests_per_s(self) -> float:
@@ -46,7 +47,8 @@ class RunSummary:
         return self.requests / self.model_seconds if self.model_seconds > 0 else 0.0
 
 
-def summarize(results: dict[str, Any], requests: int, seconds: float, model_seconds: float) -> RunSummary:
+def summarize(results: dict[str, Any], requests: int, seconds: float, model_seconds: float,
+              reused: int = 0) -> RunSummary:
     """Build the summary from ``lm_eval.simple_evaluate``'s return value."""
     metrics = {}
     for task, values in results.get("results", {}).items():
@@ -61,7 +63,7 @@ def summarize(results: dict[str, Any], requests: int, seconds: float, model_seco
         values.extend(v for s in samples if (v := _sample_value(s)) is not None)
     overall = sum(values) / len(values) if values else None
     return RunSummary(metrics, tuple(categories), questions, requests, overall, seconds, model_seconds,
-                      peak_rss_mb())
+                      peak_rss_mb(), reused)
 
 
 def peak_rss_mb() -> float:
@@ -108,7 +110,9 @@ def format_table(summary: RunSummary) -> str:
     if summary.overall is not None and len(summary.metrics) > 1:
         lines.append(f"overall: {summary.overall:.4f} over {summary.questions} questions")
     lines.append(
-        f"questions {summary.questions}  requests {summary.requests}  wall {summary.seconds:.1f} s  "
+        f"questions {summary.questions}  requests {summary.requests}"
+        + (f" (+{summary.reused} reused from an earlier run)" if summary.reused else "")
+        + f"  wall {summary.seconds:.1f} s  "
         f"scoring {summary.model_seconds:.1f} s  {summary.requests_per_s:.2f} req/s  "
         f"peak RSS {summary.peak_rss_mb:.0f} MiB"
     )
@@ -122,6 +126,7 @@ def write_outputs(out_dir: Path, results: dict[str, Any], summary: RunSummary) -
     body["ortevals"] = {"questions": summary.questions, "requests": summary.requests, "overall": summary.overall,
                         "seconds": summary.seconds, "model_seconds": summary.model_seconds,
                         "peak_rss_mb": summary.peak_rss_mb, "requests_per_s": summary.requests_per_s,
+                        "reused": summary.reused,
                         "categories": [c.__dict__ for c in summary.categories]}
     path = out_dir / "results.json"
     atomic_write(path, json.dumps(body, indent=2, default=str, ensure_ascii=False))

@@ -72,6 +72,7 @@ def test_kill_and_resume(tiny_pkg, tmp_path):
     assert reused >= 0.9 * finished and finished > 0
     body = json.loads((tmp_path / "run" / "results.json").read_text())
     assert body["ortevals"]["requests"] == sum(len(s["resps"]) for s in samples(tmp_path / "run")) - reused
+    assert body["ortevals"]["reused"] == reused
     for a, b in zip(samples(tmp_path / "ref"), samples(tmp_path / "run")):
         assert a["resps"] == b["resps"] and a["acc"] == b["acc"]
     print(f"kill-and-resume: {finished} finished at the kill, {reused} reused ({100 * reused / finished:.0f}%)")
