@@ -152,6 +152,7 @@ def generate_batch(runner, tokenizer, contexts: Sequence[Sequence[int]], setting
     streams = [TextStream(tokenizer, s, eos_ids) for s in settings]
     steps = runner.greedy_steps([list(c) for c in contexts], max(s.max_gen_toks for s in settings))
     for tokens in steps:  # tokens: [B]
+        # a list, not a generator: every row must take its token before all() decides
         if all([stream.push(int(t)) for stream, t in zip(streams, tokens, strict=True)]):
             break
     steps.close()

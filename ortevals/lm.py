@@ -225,10 +225,11 @@ class OrtLM(TemplateLM):
         found = [self.store.get(kind, k) for k in keys]
         todo = [r for r, v in zip(requests, found) if v is None]
         todo_keys = [k for k, v in zip(keys, found) if v is None]
-        self.stats["reused"] += len(requests) - len(todo)
-        if len(todo) < len(requests):
-            log.warning("resuming: %d of %d %s requests reused from %s", len(requests) - len(todo),
-                        len(requests), kind, self.store.path)
+        reused = len(requests) - len(todo)
+        self.stats["reused"] += reused
+        if reused:
+            log.warning("resuming: %d of %d %s requests reused from %s", reused, len(requests), kind,
+                        self.store.path)
         try:
             fresh = iter(compute(todo, todo_keys) if todo else [])
         finally:  # Ctrl-C or a crash: keep every answer finished so far
@@ -292,6 +293,7 @@ class OrtLM(TemplateLM):
         if not items:
             return []
         runner = self.backends.genai
+        eos = {self.eot_token_id, *self.package.eos_token_ids}
         results: list[str] = [""] * len(items)
         bar = tqdm(total=len(items), desc="ortevals generate", unit="req", disable=disable_tqdm, dynamic_ncols=True)
         start = time.perf_counter()
@@ -313,7 +315,7 @@ class OrtLM(TemplateLM):
         batched.sort(key=lambda i: len(items[i][0]))  # similar lengths: little padding
         for chunk in (batched[j:j + width] for j in range(0, len(batched), width)):
             outs = generate_batch(runner, self.tokenizer, [items[i][0] for i in chunk],
-                                  [items[i][1] for i in chunk], self._eos)
+                                  [items[i][1] for i in chunk], eos)
             for i, (text, n) in zip(chunk, outs, strict=True):
                 finish(i, text, n)
         if singles:
@@ -322,15 +324,11 @@ class OrtLM(TemplateLM):
             for i in singles:
                 ids, settings = items[i]
                 rng = np.random.default_rng([settings.seed, *stable_ints(keys[i])])
-                finish(i, *generate(cursor, self.tokenizer, ids, settings, self._eos, rng))
+                finish(i, *generate(cursor, self.tokenizer, ids, settings, eos, rng))
         bar.close()
         self.stats["requests"] += len(items)
         self.stats["seconds"] += time.perf_counter() - start
         return results
-
-    @property
-    def _eos(self) -> set[int]:
-        return {self.eot_token_id, *self.package.eos_token_ids}
 
     def _gen_item(self, args) -> tuple[list[int], object]:
         from ortevals.generation import parse_gen_kwargs

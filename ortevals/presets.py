@@ -92,16 +92,15 @@ def task_specs(names: Preset | tuple[str, ...] | list[str], data: Path | None,
 
     A group (``mmlu_pro``) passes the override on to every member task.
     """
-    if isinstance(names, Preset):
-        task_manager = task_manager or names.task_manager()
-        names = names.tasks
+    preset = names if isinstance(names, Preset) else None
+    names = preset.tasks if preset else names
     if data is None:
         return list(names)
     from lm_eval.tasks._yaml_loader import load_yaml  # the loader lm-eval itself uses (0.4.13 layout)
 
     from ortevals.evaluate import task_manager as full_index
 
-    tm = task_manager or full_index()
+    tm = task_manager or (preset.task_manager() if preset else full_index())
     specs: list[str | dict[str, Any]] = []
     for name in names:
         for cfg in _leaf_configs(tm, name, load_yaml):

@@ -43,8 +43,10 @@ def workflow(pkg: Path, evaluator: dict, work: Path, name: str) -> dict:
     cfg = json.loads((REPO / "configs" / "evaluate_package.json").read_text())
     cfg["input_model"]["model_path"] = str(pkg)
     # Olive's ONNXModel checks that this file exists: name the package's own decoder
-    genai = json.loads((pkg / "genai_config.json").read_text())
-    cfg["input_model"]["onnx_file_name"] = genai["model"]["decoder"]["filename"]
+    from ortevals.package import ModelPackage
+
+    package = ModelPackage.load(pkg)
+    cfg["input_model"]["onnx_file_name"] = str(package.decoder.path.relative_to(package.root))
     cfg["evaluators"] = {name: evaluator}
     cfg["evaluator"] = name
     cfg["cache_dir"] = str(work / f"cache-{name}")
