@@ -95,3 +95,28 @@ def test_mmlu_pro_on_tiny_package_writes_outputs(tiny_pkg, tmp_path):
     assert len(samples) == 3 and all(len(s["resps"]) == len(s["doc"]["options"]) for s in samples)
     assert body["ortevals"]["questions"] == 3
     assert body["ortevals"]["requests"] == sum(len(s["resps"]) for s in samples)
+
+
+def site_without_torch(folder: Path) -> Path:
+    """A copy (as links) of site-packages without torch and what needs it, as a torch-free install has."""
+    import sysconfig
+
+    site = Path(sysconfig.get_paths()["purelib"])
+    folder.mkdir()
+    for entry in site.iterdir():
+        if not entry.name.lower().startswith(("torch", "functorch", "olive")):
+            (folder / entry.name).symlink_to(entry)
+    return folder
+
+
+@pytest.mark.parametrize("extra", [[], ["--cot", "--max-gen-toks", "4"]], ids=["prefill", "generation"])
+def test_runs_without_torch(tiny_pkg, tmp_path, extra):
+    """Both scoring paths end to end where torch is not installed (`pip install 'ortevals[cpu]'`)."""
+    site = site_without_torch(tmp_path / "site")
+    code = (f"import sys; sys.path[1:1] = [{str(REPO)!r}, {str(site)!r}]; "
+            "from ortevals.cli import main; sys.argv[0] = 'ortevals'; main()")
+    # -S: the real site-packages (and its .pth files) stay off sys.path
+    proc = subprocess.run([sys.executable, "-S", "-c", code, "mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled",
+                           "--limit", "1", "--no-resume", *extra], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "req/s" in proc.stdout and "torch" not in proc.stderr
