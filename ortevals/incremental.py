@@ -44,7 +44,7 @@ class IncrementalEngine:
         sink = ScoreSink(requests, results, on_done)
         if not groups:
             return []
-        cursor = self.runner.cursor(max(len(g.tokens) for g in groups) + 1)
+        cursor = self.runner.cursor(max(len(g.tokens) for g in groups))  # og refuses more than the context
         # lexicographic order: each input shares the longest prefix with the one before
         for group in sorted(groups, key=lambda g: g.tokens):
             k = max(n for _, n in group.members)
