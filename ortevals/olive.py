@@ -103,13 +103,16 @@ def _provider(execution_providers) -> str | None:
 @Registry.register(NAME)
 class OrtEvalsEvaluator(OliveEvaluator):
     """Olive evaluator args: tasks, limit, batch_size, execution_provider, provider_options,
-    data, path, max_length, num_fewshot, max_gen_toks."""
+    data, path, max_length, num_fewshot, max_gen_toks, and model_args (a ``K=V,…`` string or an
+    object) for any other ortevals model argument (the options table, ortevals/options.py)."""
 
-    def __init__(self, tasks: list[str] | str = ("mmlu-pro",), limit: int | None = None, batch_size: Any = "auto",
+    def __init__(self, tasks: list[str] | str = ("mmlu-pro",), limit: int | None = None, batch_size: Any = None,
                  execution_provider: str | None = None, provider_options: dict | None = None,
-                 data: str | None = None, path: str = "auto", max_length: int | None = None,
-                 num_fewshot: int | None = None, max_gen_toks: int | None = None, **kwargs) -> None:
+                 data: str | None = None, path: str | None = None, max_length: int | None = None,
+                 num_fewshot: int | None = None, max_gen_toks: int | None = None,
+                 model_args: str | dict | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
+        self.model_args = model_args
         self.tasks = [tasks] if isinstance(tasks, str) else list(tasks)
         self.limit = limit
         self.batch_size = batch_size
@@ -131,13 +134,17 @@ class OrtEvalsEvaluator(OliveEvaluator):
 
     def _evaluate(self, model, execution_providers) -> MetricResult:
         from ortevals.evaluate import RunSpec, evaluate
-        from ortevals.lm import ModelArgs, OrtLM, parse_batch_size
+        from ortevals.lm import OrtLM
+        from ortevals.options import parse_arg_string, parse_model_args
 
         pkg = package_dir(model)
         ep = self.execution_provider or _provider(execution_providers)
-        args = ModelArgs(pkg=str(pkg), ep=ep, batch_size=parse_batch_size(self.batch_size),
-                         max_length=self.max_length, path=self.path,
-                         provider_options=tuple(f"{k}={v}" for k, v in self.provider_options.items()))
+        raw = parse_arg_string(self.model_args) if isinstance(self.model_args, str) else dict(self.model_args or {})
+        raw.update({k: v for k, v in {"pkg": str(pkg), "ep": ep, "batch_size": self.batch_size, "path": self.path,
+                                      "max_length": self.max_length}.items() if v is not None})
+        if self.provider_options:
+            raw["provider_options"] = self.provider_options
+        args = parse_model_args(raw)
         log.info("%s: %s on %s with %s", NAME, pkg, ep or "the package's provider", self.tasks)
         lm = OrtLM.from_package(args)
         spec = RunSpec(tasks=tuple(self._task_specs()), limit=self.limit, num_fewshot=self.num_fewshot,

@@ -107,10 +107,6 @@ class ModelPackage:
         return self.decoder.outputs.get("logits", "logits")
 
     @property
-    def uses_embedding_model(self) -> bool:
-        return self.embedding is not None
-
-    @property
     def windowed(self) -> bool:
         """Some layers keep a fixed-size sliding KV buffer: past KV cannot be reused or rewound."""
         return any(s.window for s in self.kv)

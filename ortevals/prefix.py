@@ -35,9 +35,6 @@ class PrefixPlan:
     ancestor: tuple[int | None, ...]  # per input: deepest kept node, or None
     paths: tuple[tuple[int, ...], ...]  # per input: kept nodes from the root down
 
-    def shared_tokens(self) -> int:
-        return sum(n.depth - (self.nodes[n.parent].depth if n.parent is not None else 0) for n in self.nodes)
-
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix of two token sequences."""

@@ -76,9 +76,6 @@ class Tokenizer:
             ids = [self.special.bos_id, *ids]
         return ids
 
-    def encode_batch(self, texts: list[str], add_special_tokens: bool) -> list[list[int]]:
-        return [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=add_special_tokens)]
-
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 

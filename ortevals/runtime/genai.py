@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ortevals.errors import PackageError, ProviderError
+from ortevals.errors import PackageError, ProviderError, first_line
 from ortevals.package import ModelPackage
 from ortevals.prefix import common_prefix
 from ortevals.providers import ProviderConfig
@@ -69,8 +69,8 @@ class GenaiRunner:
         try:
             model = og.Model(config)
         except Exception as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise PackageError(f"{package.root}: onnxruntime-genai could not load the package: {first}") from None
+            raise PackageError(f"{package.root}: onnxruntime-genai could not load the package: "
+                               f"{first_line(e)}") from None
         ok, why = rewind_is_exact(package)
         if not ok:
             log.info("incremental path: fresh Generator per input (%s)", why)

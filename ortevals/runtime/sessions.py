@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ortevals.errors import PackageError, ProviderError
+from ortevals.errors import PackageError, ProviderError, first_line
 from ortevals.package import KVSpec, ModelFile, ModelPackage
 from ortevals.providers import ProviderConfig
 from ortevals.runtime import import_ort
@@ -86,8 +86,7 @@ def open_session(model: ModelFile, provider: ProviderConfig, derived: Path | Non
     try:
         return ort.InferenceSession(str(derived or model.path), so, providers=providers)
     except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph/... types
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise PackageError(f"{model.path}: onnxruntime could not load the model: {first}") from None
+        raise PackageError(f"{model.path}: onnxruntime could not load the model: {first_line(e)}") from None
 
 
 class DecoderRunner:
@@ -177,9 +176,8 @@ class DecoderRunner:
         try:
             outs = self._run_bound(names, feeds) if self.bind_device else self.decoder.run(names, feeds)
         except Exception as e:  # onnxruntime's own error types; name the model and the likely cause
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise PackageError(f"{self.package.decoder.path}: onnxruntime failed to run the decoder: {first} "
-                               "(does genai_config.json match the graph?)") from None
+            raise PackageError(f"{self.package.decoder.path}: onnxruntime failed to run the decoder: "
+                               f"{first_line(e)} (does genai_config.json match the graph?)") from None
         present = None
         if want_present:
             it = iter(outs[1:])

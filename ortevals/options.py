@@ -1,0 +1,183 @@
+"""The one options table: every model argument, for every front door.
+
+Owns the list of ortevals' model arguments (:data:`OPTIONS`): name, parser,
+default, help text, the ``ortevals`` CLI flag that sets it (if it has its own),
+and whether it can change a number (``scoped``: then it is part of the result
+store's scope). The lm-eval model args (``pkg=…,ep=cpu``), the CLI
+(``--ep``, ``--model-args K=V,…``) and the Olive evaluator's arguments are all
+parsed here by :meth:`ModelArgs.parse`, so they accept the same names and give
+the same one-line errors.
+
+Pure: no I/O, no runtime imports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ortevals.errors import OrtEvalsError
+
+PKG_ALIASES = ("pretrained", "model")  # lm-eval spellings of the package folder
+IGNORED = ("device", "max_batch_size")  # lm-eval passes its torch device and batch cap; the EP is `ep`
+
+
+def positive_int(name: str, allow_zero: bool = False) -> Callable[[Any], int]:
+    def parse(value: Any) -> int:
+        try:
+            n = int(value)
+        except (TypeError, ValueError):
+            raise OrtEvalsError(f"{name} must be an integer, got {value!r}") from None
+        if isinstance(value, float) and value != n or isinstance(value, bool):
+            raise OrtEvalsError(f"{name} must be an integer, got {value!r}")
+        if n < 0 or (n == 0 and not allow_zero):
+            raise OrtEvalsError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {n}")
+        return n
+
+    return parse
+
+
+def boolean(name: str) -> Callable[[Any], bool]:
+    def parse(value: Any) -> bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+        raise OrtEvalsError(f"{name} must be true or false, got {value!r}")
+
+    return parse
+
+
+def choice(name: str, values: tuple[str, ...]) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        text = str(value).strip().lower()
+        if text not in values:
+            raise OrtEvalsError(f"{name} must be one of {'|'.join(values)}, got {value!r}")
+        return text
+
+    return parse
+
+
+def text(name: str) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        if not isinstance(value, str) or not value.strip():
+            raise OrtEvalsError(f"{name} must be a non-empty string, got {value!r}")
+        return value.strip()
+
+    return parse
+
+
+def parse_batch_size(value: Any) -> int | None:
+    """``auto`` (or None) -> None, else a positive int; ``auto:4`` style is accepted as auto."""
+    if value is None or (isinstance(value, str) and value.lower().startswith("auto")):
+        return None
+    return positive_int("batch_size")(value)
+
+
+def parse_provider_options(value: Any) -> tuple[str, ...]:
+    """``"k=v;k=v"``, a list of ``"k=v"`` or a mapping -> ``("k=v", …)``."""
+    if isinstance(value, Mapping):
+        items = [f"{k}={v}" for k, v in value.items()]
+    elif isinstance(value, str):
+        items = [p for p in value.split(";") if p.strip()]
+    elif isinstance(value, (list, tuple)):
+        items = [str(p) for p in value]
+    else:
+        raise OrtEvalsError(f"provider_options must be 'key=value;key=value', got {value!r}")
+    for pair in items:
+        key, sep, _ = pair.partition("=")
+        if not sep or not key.strip():
+            raise OrtEvalsError(f"provider option {pair!r} must look like key=value")
+    return tuple(p.strip() for p in items)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One model argument: how it is parsed, its default, and who may set it."""
+
+    name: str
+    parse: Callable[[Any], Any]
+    default: Any
+    help: str
+    scoped: bool = True  # can change a number: part of the result store's scope
+    flag: str | None = None  # its own `ortevals mmlu-pro/run` flag, if any (else --model-args)
+    metavar: str | None = None
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("pkg", text("pkg"), None, "GenAI package folder (holds genai_config.json).", scoped=False),
+    Option("ep", text("ep"), None, "Execution provider: cpu, cuda, dml, … (default: the package's).", flag="--ep",
+           metavar="NAME"),
+    Option("provider_options", parse_provider_options, (), "Provider options, key=value (override the package's).",
+           flag="--provider-option"),
+    Option("threads", positive_int("threads", allow_zero=True), None, "Intra-op threads (0: default).",
+           flag="--threads", metavar="N"),
+    Option("batch_size", parse_batch_size, None, "Rows per forward pass, or auto (default).", flag="--batch-size",
+           metavar="N|auto"),
+    Option("max_length", positive_int("max_length"), None, "Context length (default: the package's context_length).",
+           flag="--max-length", metavar="N"),
+    Option("add_bos_token", boolean("add_bos_token"), None, "Force BOS on or off (default: hf's rules)."),
+    Option("memory_budget_mb", positive_int("memory_budget_mb"), 2048, "Logits memory per batch under auto."),
+    Option("prefix_cache", boolean("prefix_cache"), True, "Reuse the KV of shared prompt prefixes."),
+    Option("prefix_budget_mb", positive_int("prefix_budget_mb"), 1024, "KV held for shared prefixes at once."),
+    Option("scoring_graph", boolean("scoring_graph"), True, "Derived decoder: LM head only at scored positions."),
+    Option("path", choice("path", ("auto", "prefill", "incremental")), "auto",
+           "Log-likelihood path: auto | prefill | incremental."),
+    Option("store", text("store"), None, "SQLite result store: finished requests are reused on a rerun.",
+           scoped=False),
+    Option("max_gen_toks", positive_int("max_gen_toks"), 256, "Default cap on generated tokens."),
+    Option("gen_batch_size", positive_int("gen_batch_size"), 1,
+           "Greedy requests per batched Generator (1: one cursor that rewinds)."),
+    Option("seed", positive_int("seed", allow_zero=True), 1234, "Sampling seed."),
+)
+BY_NAME = {o.name: o for o in OPTIONS}
+
+ModelArgs = dataclasses.make_dataclass(
+    "ModelArgs", [(o.name, Any, dataclasses.field(default=o.default)) for o in OPTIONS], frozen=True,
+    namespace={"__doc__": "ortevals model arguments (lm-eval ``model_args``, CLI, Olive); see :data:`OPTIONS`.",
+               "__module__": __name__, "parse": staticmethod(lambda args: parse_model_args(args))},
+)
+
+
+def parse_model_args(args: Mapping[str, Any]) -> ModelArgs:
+    """Raw values (strings from ``K=V,…`` or typed values) -> a validated :class:`ModelArgs`."""
+    args = {k: v for k, v in args.items() if v is not None and k not in IGNORED}
+    for alias in (*PKG_ALIASES, "path"):
+        # `path` is also the scoring-path option: it names the package only when pkg is absent
+        if alias in args and "pkg" not in args and (alias != "path" or args[alias] not in ("auto", "prefill",
+                                                                                            "incremental")):
+            args["pkg"] = args.pop(alias)
+    if "pkg" not in args:
+        raise OrtEvalsError("model_args needs pkg=PATH (the GenAI package folder)")
+    unknown = sorted(set(args) - set(BY_NAME))
+    if unknown:
+        raise OrtEvalsError(f"unknown ortevals model_args {unknown}; expected some of {sorted(BY_NAME)}")
+    return ModelArgs(**{k: BY_NAME[k].parse(v) for k, v in args.items()})
+
+
+def parse_arg_string(text: str | None) -> dict[str, str]:
+    """``"k=v,k=v"`` (lm-eval's model_args syntax) -> dict; a bad pair names itself."""
+    out: dict[str, str] = {}
+    for pair in (text or "").split(","):
+        if not pair.strip():
+            continue
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise OrtEvalsError(f"--model-args entry {pair!r} must look like key=value")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def scoped_settings(args: ModelArgs) -> dict[str, Any]:
+    """The arguments that can change a number, JSON-able: the settings part of the store's scope."""
+    return {o.name: _jsonable(getattr(args, o.name)) for o in OPTIONS if o.scoped}
+
+
+def _jsonable(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+

@@ -1,0 +1,73 @@
+"""Generation scheduling: which ``generate_until`` requests run where, and in what order.
+
+Owns turning lm-eval's ``generate_until`` requests into generation work:
+each request's prompt ids and decoding settings (gen_kwargs, the context
+limit), the split between batched greedy Generators (``gen_batch_size``) and
+the one rewinding cursor (prompts sorted so those sharing a few-shot header
+are adjacent), the per-request sampling seed, and reporting each finished
+text (store, lm-eval's cache hook, progress bar). Token choice and stop
+sequences live in :mod:`ortevals.generation`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from ortevals.errors import OrtEvalsError
+
+log = logging.getLogger(__name__)
+
+
+def stable_ints(key: list) -> list[int]:
+    """Seed material from a key, the same in every process (unlike hash())."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).digest()
+    return [int.from_bytes(digest[i:i + 4], "little") for i in range(0, 16, 4)]
+
+
+def prompt_item(lm, args) -> tuple[list[int], object]:
+    """(prompt ids, GenSettings) of one request; the prompt is left-truncated to leave room."""
+    from ortevals.generation import parse_gen_kwargs
+
+    context, gen_kwargs = args
+    settings = parse_gen_kwargs(gen_kwargs, lm.max_gen_toks, lm.tok_decode([lm.eot_token_id]), lm.args.seed)
+    room = lm.max_length - settings.max_gen_toks
+    if room <= 0:
+        raise OrtEvalsError(f"max_gen_toks={settings.max_gen_toks} leaves no room for a prompt within "
+                            f"max_length={lm.max_length}")
+    ids = lm.tok_encode(context)
+    if len(ids) > room:  # left truncation, as lm-eval's hf backend does
+        lm.stats["truncated"] += 1
+        log.warning("prompt of %d tokens left-truncated to %d", len(ids), room)
+        ids = ids[-room:]
+    return ids, settings
+
+
+def run_generation(runner, tokenizer, items: Sequence[tuple[list[int], object]], keys: Sequence[list],
+                   eos: set[int], width: int, pad_id: int | None, finish: Callable[[int, str, int], None]) -> None:
+    """Generate every item; ``finish(index, text, tokens)`` fires as each one ends.
+
+    width: greedy requests per batched Generator (1: all go through the rewinding cursor).
+    """
+    from ortevals.generation import can_batch, generate, generate_batch
+
+    batched = [i for i in range(len(items)) if width > 1 and can_batch(*items[i], pad_id)]
+    singles = sorted(set(range(len(items))) - set(batched), key=lambda i: items[i][0])
+    log.info("generate_until: %d requests on the incremental path (%d in batches of up to %d)",
+             len(items), len(batched), width)
+    batched.sort(key=lambda i: len(items[i][0]))  # similar lengths: little padding
+    for chunk in (batched[j:j + width] for j in range(0, len(batched), width)):
+        outs = generate_batch(runner, tokenizer, [items[i][0] for i in chunk], [items[i][1] for i in chunk], eos)
+        for i, (text, n) in zip(chunk, outs, strict=True):
+            finish(i, text, n)
+    if singles:
+        cursor = runner.cursor(max(len(items[i][0]) + items[i][1].max_gen_toks for i in singles))
+        # prompts sharing a prefix are adjacent: the cursor rewinds instead of re-running it
+        for i in singles:
+            ids, settings = items[i]
+            rng = np.random.default_rng([settings.seed, *stable_ints(keys[i])])
+            finish(i, *generate(cursor, tokenizer, ids, settings, eos, rng))

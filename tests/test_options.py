@@ -1,0 +1,72 @@
+"""The one options table: the CLI, lm-eval model args and Olive take the same arguments."""
+
+import json
+import logging
+
+import pytest
+from click.testing import CliRunner
+
+from ortevals.cli import cli
+from ortevals.errors import OrtEvalsError
+from ortevals.options import OPTIONS, ModelArgs, parse_arg_string, parse_model_args
+from tests.test_cli import assert_one_line_error
+
+
+def run(*args):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def test_every_option_reaches_model_args():
+    fields = set(ModelArgs.__dataclass_fields__)
+    assert fields == {o.name for o in OPTIONS}
+    # each option parses its string form (what lm-eval's K=V and --model-args deliver) to a typed value
+    strings = {"pkg": "p", "ep": "cuda", "provider_options": "a=1;b=2", "threads": "3", "batch_size": "auto",
+               "max_length": "64", "add_bos_token": "false", "memory_budget_mb": "10", "prefix_cache": "off",
+               "prefix_budget_mb": "5", "scoring_graph": "0", "path": "incremental", "store": "s.sqlite",
+               "max_gen_toks": "7", "gen_batch_size": "2", "seed": "0"}
+    missing = fields - set(strings)
+    assert not missing, f"add a string form for {missing}"
+    args = parse_model_args(strings)
+    assert (args.threads, args.batch_size, args.add_bos_token, args.prefix_cache, args.path) == \
+        (3, None, False, False, "incremental")
+    assert args.provider_options == ("a=1", "b=2")
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("pkg=x,threads=four", "threads must be an integer, got 'four'"),
+    ("pkg=x,prefix_cache=maybe", "prefix_cache must be true or false"),
+    ("pkg=x,path=sideways", "path must be one of auto|prefill|incremental"),
+    ("pkg=x,provider_options=novalue", "provider option 'novalue' must look like key=value"),
+    ("pkg=x,gen_batch_size=0", "gen_batch_size must be > 0, got 0"),
+])
+def test_bad_values_name_the_option(text, needle):
+    with pytest.raises(OrtEvalsError, match=needle):
+        parse_model_args(parse_arg_string(text))
+
+
+def test_model_args_on_the_cli_choose_the_path(tiny_pkg, tmp_path, caplog):
+    """--model-args reaches the engine: path=incremental serves log-likelihoods from onnxruntime-genai,
+    and the scores agree with the default prefill path."""
+    outs = {}
+    for name, extra in (("prefill", []), ("incremental", ["--model-args", "path=incremental,prefix_cache=false"])):
+        with caplog.at_level(logging.INFO, logger="ortevals"):
+            result = run("mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--limit", "2", "--no-resume",
+                         "--output", str(tmp_path / name), *extra)
+        assert result.exit_code == 0, result.output
+        assert f"loglikelihood requests go to the {name} path" in caplog.text
+        caplog.clear()
+        rows = [json.loads(ln) for f in sorted((tmp_path / name).glob("samples_*.jsonl"))
+                for ln in f.read_text().splitlines()]
+        outs[name] = [float(r[0][0]) for s in rows for r in s["resps"]]
+    assert len(outs["prefill"]) == len(outs["incremental"]) >= 10  # two questions, up to ten choices each
+    assert max(abs(a - b) for a, b in zip(outs["prefill"], outs["incremental"])) < 1e-4
+
+
+def test_flags_win_over_model_args_and_bad_model_args_are_one_line(tiny_pkg):
+    assert_one_line_error(run("mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--model-args", "pkgg=1"),
+                          "unknown ortevals model_args ['pkgg']")
+    assert_one_line_error(run("mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--model-args", "seed"),
+                          "--model-args entry 'seed' must look like key=value")
+    # the flag's bad value wins over a good one in --model-args, so the error names the flag's value
+    assert_one_line_error(run("mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--batch-size", "0",
+                              "--model-args", "batch_size=2"), "batch_size must be > 0, got 0")
