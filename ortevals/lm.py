@@ -156,6 +156,7 @@ class OrtLM(TemplateLM):
             token_budget=0 if provider.on_device else CPU_TOKEN_BUDGET,
             prefix_cache=args.prefix_cache and not package.windowed,
             prefix_budget_mb=args.prefix_budget_mb,
+            prefix_batch=0 if provider.on_device else 1,  # issue 10 §4: CPU GQA refuses batched continuations
             kv_bytes_per_token=sum(2 * s.kv_heads * s.head_size * np.dtype(s.dtype).itemsize for s in package.kv),
         )
         if args.prefix_cache and package.windowed:
@@ -167,7 +168,8 @@ class OrtLM(TemplateLM):
                  f" ({backends.capability.reason})" if backends.capability.reason else "")
         store = None
         if args.store:
-            scope = {"package": package.fingerprint(), "ep": provider.name, "options": provider.options,
+            # issue 10 §4: the options the raw sessions really get (a dropped og-only option never splits scores)
+            scope = {"package": package.fingerprint(), "ep": provider.name, "options": provider.raw_options,
                      "max_length": settings.max_length, "add_bos_token": args.add_bos_token, "seed": args.seed,
                      "max_gen_toks": args.max_gen_toks}
             store = ResultStore.open(Path(args.store), scope)
