@@ -54,6 +54,8 @@ def describe_package(pkg: ModelPackage) -> str:
     lines.extend(_layer_runs(pkg.kv))
     wanted = from_package(pkg.decoder.session_options)
     lines.append(f"providers package: {wanted.name} {wanted.options or ''}".rstrip())
+    if wanted.raw_options != wanted.options:  # og-only options (cuda graphs) kept from raw sessions
+        lines.append(f"          raw sessions: {wanted.name} {wanted.raw_options or ''}".rstrip())
     lines.append(f"          installed: {', '.join(available_providers())}")
     lines.append(f"fingerprint {pkg.fingerprint()}")
     return "\n".join(lines)

@@ -23,6 +23,7 @@ from typing import Protocol
 
 import numpy as np
 
+from ortevals.errors import OrtEvalsError
 from ortevals.prefix import PrefixPlan, plan_prefixes
 from ortevals.scoring import check_finite, continuation_logprob, input_window
 
@@ -60,6 +61,10 @@ class EngineSettings:
     prefix_budget_mb: int = 1024  # KV held for prefixes at any time
     prefix_min_saving: int = 64  # tokens a prefix must save to be worth a pass of its own
     kv_bytes_per_token: int = 0  # all layers' K and V for one token (0: unknown, learnt on the first prefix)
+    # rows per prefix-continuation pass: inputs under the same cached prefix run as one batch with
+    # the prefix KV replicated across it. 1: one row per pass (CPU: onnxruntime's GroupQueryAttention
+    # refuses batch > 1 with a multi-token input and past). 0: as many as rows_for allows (devices).
+    prefix_batch: int = 1
 
 
 @dataclass(frozen=True)
@@ -183,15 +188,20 @@ class PrefillEngine:
     def _score_shared(self, groups: list[Group], plan: PrefixPlan, done: ScoreSink) -> None:
         """Depth-first over the radix plan; the stack holds the KV of the prefixes on the path.
 
-        One row per pass: GroupQueryAttention refuses batch > 1 when a multi-token
-        input comes with past KV.
+        Consecutive inputs under the same deepest held prefix are collected and run
+        ``prefix_batch`` rows per pass (see :meth:`_continue`); the pending rows are
+        flushed before the stack changes, so evicted KV is never kept alive.
         """
         budget = self.settings.prefix_budget_mb * 2**20
         stack: list[tuple[int, object]] = []  # (node index, KVCache)
+        pending: list[Group] = []  # inputs waiting to run on top of the stack's deepest prefix
+        limit = self.settings.prefix_batch or 256
         for gi in plan.order:
             path = plan.paths[gi]
             if not path:
                 continue
+            if stack and stack[-1][0] not in path:
+                self._continue(pending, stack, plan, done)
             while stack and stack[-1][0] not in path:
                 stack.pop()  # left that subtree: evict
             tokens = groups[gi].tokens
@@ -201,16 +211,56 @@ class PrefillEngine:
                 held = sum(c.nbytes for _, c in stack)
                 if held + plan.nodes[node].depth * self.kv_bytes_per_token > budget:
                     continue  # no room: children compute from the deepest prefix held
+                self._continue(pending, stack, plan, done)
                 kv = self._extend(tokens, stack, plan, plan.nodes[node].depth)
                 self.kv_bytes_per_token = kv.nbytes // max(kv.length, 1)
                 if held + kv.nbytes <= budget:
                     stack.append((node, kv))
-            base = _depth(stack, plan)
-            past = stack[-1][1] if stack else None
-            ids = np.asarray([tokens[base:]], dtype=np.int64)
-            mask = np.ones((1, len(tokens)), dtype=np.int64)
-            logits, ends = self._scored_forward(ids, mask, [groups[gi]], [len(tokens) - base], past)
-            done.group(logits[0], groups[gi], ends[0])
+            pending.append(groups[gi])
+            if len(pending) >= limit:
+                self._continue(pending, stack, plan, done)
+        self._continue(pending, stack, plan, done)
+
+    def _continue(self, pending: list[Group], stack, plan: PrefixPlan, done: ScoreSink) -> None:
+        """Score ``pending`` (which all start with the stack's deepest prefix) and empty it.
+
+        Rows are right-padded; the mask is ``[B, base + S]``: ones over the prefix, then
+        each row's own tokens. The prefix KV is replicated across the batch by the
+        runner's ``repeat_past`` (on the device for device KV). If the provider refuses
+        the batched pass (onnxruntime's CPU GroupQueryAttention does), fall back to one
+        row per pass for the rest of the run and say so once.
+        """
+        base = _depth(stack, plan)
+        past = stack[-1][1] if stack else None
+        while pending:
+            n = self.settings.prefix_batch or rows_for(self.settings, len(pending[0].tokens) - base)
+            if past is not None:  # the replicated past stays within the prefix budget
+                n = min(n, max(1, self.settings.prefix_budget_mb * 2**20 // max(past.nbytes, 1)))
+            if getattr(self, "prefix_batch_refused", False):
+                n = 1
+            chunk, pending[:] = pending[:n], pending[n:]
+            if len(chunk) > 1:
+                try:
+                    self._continue_rows(chunk, base, past, done)
+                    continue
+                except OrtEvalsError as e:
+                    if past is None:
+                        raise
+                    log.warning("prefix continuations: batched pass refused (%s); one row per pass from now on",
+                                e)
+                    self.prefix_batch_refused = True
+            for group in chunk:
+                self._continue_rows([group], base, past, done)
+
+    def _continue_rows(self, chunk: list[Group], base: int, past, done: ScoreSink) -> None:
+        ids, tail_mask = pad_right([g.tokens[base:] for g in chunk], self.settings.pad_token_id)
+        mask = np.concatenate([np.ones((len(chunk), base), dtype=np.int64), tail_mask], axis=1)
+        if past is not None and len(chunk) > 1:
+            repeat = getattr(self.runner, "repeat_past", None)
+            past = repeat(past, len(chunk)) if repeat else _repeat_host(past, len(chunk))
+        logits, ends = self._scored_forward(ids, mask, chunk, [len(g.tokens) - base for g in chunk], past)
+        for b, group in enumerate(chunk):
+            done.group(logits[b], group, ends[b])
 
     def _extend(self, tokens, stack, plan: PrefixPlan, depth: int):
         """KV of ``tokens[:depth]``, computed on top of the deepest cached prefix."""
@@ -219,6 +269,12 @@ class PrefillEngine:
         ids = np.asarray([tokens[base:depth]], dtype=np.int64)
         _, kv = self._forward(ids, np.ones((1, depth), dtype=np.int64), past, want_present=True)
         return kv
+
+
+def _repeat_host(past, batch: int):
+    """A numpy KVCache's rows repeated ``batch`` times (runners without ``repeat_past``)."""
+    layers = tuple(tuple(np.repeat(t, batch, axis=0) for t in pair) for pair in past.layers)
+    return type(past)(layers, past.length)
 
 
 def _depth(stack, plan: PrefixPlan) -> int:

@@ -16,7 +16,6 @@ import logging
 import time
 from pathlib import Path
 
-import numpy as np
 from lm_eval.api.model import TemplateLM
 from tqdm import tqdm
 
@@ -55,6 +54,7 @@ class OrtLM(TemplateLM):
         """Load the package and tokenizer; open the log-likelihood path now, generation on first use."""
         from ortevals.files import cache_root
         from ortevals.providers import from_package, parse_options
+        from ortevals.runtime.sessions import kv_bytes_per_token
 
         package = ModelPackage.load(args.pkg)
         tokenizer = Tokenizer.load(package, add_bos_token=args.add_bos_token)
@@ -69,7 +69,8 @@ class OrtLM(TemplateLM):
             token_budget=0 if provider.on_device else CPU_TOKEN_BUDGET,
             prefix_cache=args.prefix_cache and not package.windowed,
             prefix_budget_mb=args.prefix_budget_mb,
-            kv_bytes_per_token=sum(2 * s.kv_heads * s.head_size * np.dtype(s.dtype).itemsize for s in package.kv),
+            prefix_batch=0 if provider.on_device else 1,  # issue 10 §4: CPU GQA refuses batched continuations
+            kv_bytes_per_token=kv_bytes_per_token(package),
         )
         if args.prefix_cache and package.windowed:
             log.info("prefix cache off: %s keeps a windowed sliding KV cache", package.root)
@@ -80,7 +81,8 @@ class OrtLM(TemplateLM):
                  f" ({backends.capability.reason})" if backends.capability.reason else "")
         store = None
         if args.store:
-            scope = {"package": package.fingerprint(), "ep": provider.name, "options": provider.options,
+            # issue 10 §4: the options the raw sessions really get (a dropped og-only option never splits scores)
+            scope = {"package": package.fingerprint(), "ep": provider.name, "options": provider.raw_options,
                      "max_length": settings.max_length, "add_bos_token": args.add_bos_token, "seed": args.seed,
                      "max_gen_toks": args.max_gen_toks}
             store = ResultStore.open(Path(args.store), scope)

@@ -2,17 +2,22 @@
 
 Owns the mapping from the short names users type (``--ep cuda``) and that
 ``genai_config.json`` uses (``provider_options: [{"cuda": {...}}]``) to
-onnxruntime's provider names, and the merge of package options with user
-overrides. Pure data: the runtime module checks availability.
+onnxruntime's provider names, the merge of package options with user
+overrides, and which of those options are safe for ortevals' own raw
+onnxruntime sessions (:func:`raw_session_options`). Pure data: the runtime
+module checks availability.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from ortevals.errors import ProviderError
+
+log = logging.getLogger(__name__)
 
 # short name -> onnxruntime provider name
 PROVIDERS: dict[str, str] = {
@@ -34,18 +39,87 @@ ALIASES = {"gpu": "cuda", "directml": "dml", "trt": "tensorrt", "trt-rtx": "nvte
 NPU_PROVIDERS = frozenset({"qnn", "vitisai"})
 
 
+# Provider options known to be safe for raw sessions whose input shapes change every
+# pass (ortevals' prefill path). A package's options were written for onnxruntime-genai,
+# which captures CUDA/HIP graphs and pins streams itself; anything not listed here is
+# dropped for the raw sessions (og still gets every option).
+GENERIC_OPTIONS = frozenset({"device_id"})
+SAFE_OPTIONS: dict[str, frozenset[str]] = {
+    "cpu": frozenset(),
+    "cuda": GENERIC_OPTIONS | {"gpu_mem_limit", "arena_extend_strategy", "cudnn_conv_algo_search",
+                               "do_copy_in_default_stream", "cudnn_conv_use_max_workspace",
+                               "cudnn_conv1d_pad_to_nc1d", "enable_skip_layer_norm_strict_mode", "prefer_nhwc",
+                               "use_tf32", "use_ep_level_unified_stream", "fuse_conv_bias"},
+    "tensorrt": GENERIC_OPTIONS | {"trt_max_workspace_size", "trt_fp16_enable", "trt_bf16_enable",
+                                   "trt_int8_enable", "trt_engine_cache_enable", "trt_engine_cache_path",
+                                   "trt_timing_cache_enable", "trt_timing_cache_path",
+                                   "trt_builder_optimization_level", "trt_max_partition_iterations",
+                                   "trt_min_subgraph_size", "trt_profile_min_shapes", "trt_profile_max_shapes",
+                                   "trt_profile_opt_shapes", "trt_detailed_build_log"},
+    "nvtensorrtrtx": GENERIC_OPTIONS,
+    "rocm": GENERIC_OPTIONS | {"gpu_mem_limit", "arena_extend_strategy", "miopen_conv_exhaustive_search",
+                               "do_copy_in_default_stream"},
+    "migraphx": GENERIC_OPTIONS | {"migraphx_fp16_enable", "migraphx_int8_enable"},
+    "dml": GENERIC_OPTIONS | {"performance_preference", "device_filter", "disable_metacommands"},
+    "openvino": frozenset({"device_type", "precision", "num_of_threads", "num_streams", "cache_dir", "load_config",
+                           "enable_qdq_optimizer", "model_priority", "enable_opencl_throttling"}),
+}
+# Options that capture a graph for fixed shapes, bind a foreign stream or autotune kernels
+# (numbers that vary run to run): never passed to a raw session, even when the user asks.
+UNSAFE_OPTIONS = frozenset({"enable_cuda_graph", "trt_cuda_graph_enable", "enable_hip_graph", "enable_graph_capture",
+                            "enableGraphCapture", "user_compute_stream", "has_user_compute_stream",
+                            "tunable_op_enable", "tunable_op_tuning_enable", "tunable_op_max_tuning_duration_ms"})
+
+
+@dataclass(frozen=True)
+class RawOptions:
+    """Provider options for ortevals' raw sessions, and what was left for onnxruntime-genai only."""
+
+    kept: dict[str, str]
+    dropped_package: tuple[str, ...]  # not on the provider's safe list
+    dropped_user: tuple[str, ...]  # the user's own options that are known to be unsafe
+
+
+def raw_session_options(name: str, options: dict[str, str], user_keys=()) -> RawOptions:
+    """Filter ``options`` (package options merged with user overrides) for a raw session.
+
+    Package options keep only the provider's :data:`SAFE_OPTIONS` (an unlisted provider
+    keeps :data:`GENERIC_OPTIONS`). The user's own options (``user_keys``) are trusted
+    unless they are in :data:`UNSAFE_OPTIONS`: those are dropped for raw sessions only.
+    """
+    safe = SAFE_OPTIONS.get(name, GENERIC_OPTIONS)
+    kept, dropped_package, dropped_user = {}, [], []
+    for key, value in options.items():
+        if key in UNSAFE_OPTIONS:
+            (dropped_user if key in user_keys else dropped_package).append(key)
+        elif key in safe or key in user_keys:
+            kept[key] = value
+        else:
+            dropped_package.append(key)
+    return RawOptions(kept, tuple(dropped_package), tuple(dropped_user))
+
+
 @dataclass(frozen=True)
 class ProviderConfig:
-    """Which provider to run on and how: ``ort_name``, its options, session settings."""
+    """Which provider to run on and how: ``ort_name``, its options, session settings.
+
+    ``options`` go to onnxruntime-genai unchanged; the raw sessions get :attr:`raw_options`.
+    """
 
     name: str
     options: dict[str, str] = field(default_factory=dict)
     intra_op_threads: int = 0  # 0: onnxruntime's default for the provider
     session_config: dict[str, str] = field(default_factory=dict)
+    user_keys: tuple[str, ...] = ()  # which options the user set (the rest came from the package)
 
     @property
     def ort_name(self) -> str:
         return PROVIDERS[self.name]
+
+    @property
+    def raw_options(self) -> dict[str, str]:
+        """The options the raw onnxruntime sessions get (and the store's scope records)."""
+        return raw_session_options(self.name, self.options, self.user_keys).kept
 
     @property
     def on_device(self) -> bool:
@@ -97,7 +171,20 @@ def from_package(
         threads = int(session_options.get("intra_op_num_threads", 0) or 0)
     if threads < 0:
         raise ProviderError(f"threads must be >= 0, got {threads}")
-    return ProviderConfig(name=name, options=options, intra_op_threads=threads or default_threads(name))
+    config = ProviderConfig(name=name, options=options, intra_op_threads=threads or default_threads(name),
+                            user_keys=tuple(overrides or {}))
+    _log_dropped(config)
+    return config
+
+
+def _log_dropped(config: ProviderConfig) -> None:
+    raw = raw_session_options(config.name, config.options, config.user_keys)
+    if raw.dropped_package:
+        log.info("%s options from the package not passed to raw onnxruntime sessions (kept for "
+                 "onnxruntime-genai): %s", config.name, ", ".join(raw.dropped_package))
+    if raw.dropped_user:
+        log.warning("%s options unsafe for raw onnxruntime sessions (shapes change every pass), used for "
+                    "onnxruntime-genai only: %s", config.name, ", ".join(raw.dropped_user))
 
 
 def default_threads(name: str) -> int:

@@ -5,6 +5,11 @@ Owns opening the decoder (and embedding, when the package has one) as
 one forward pass: ``input_ids [B,S]`` + right-padded ``attention_mask`` (+
 optional past KV) → ``logits [B,S,V]`` (+ present KV). Vision, speech and any
 other model of the package are never opened.
+
+Every session is checked after opening: if onnxruntime put it on another
+provider than the one asked for (it falls back to CPU with only a warning),
+that is an error. Past KV buffers for devices and for dtypes numpy lacks
+(bfloat16) are built as ``OrtValue`` objects, never as numpy arrays.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from ortevals.package import KVSpec, ModelFile, ModelPackage
 from ortevals.providers import ProviderConfig
 from ortevals.runtime import import_ort
 from ortevals.runtime.derive import POSITIONS, derived_decoder
+from ortevals.runtime.replicate import Replicator
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +48,24 @@ class KVCache:
 def _nbytes(t) -> int:
     if isinstance(t, np.ndarray):
         return t.nbytes
-    shape, dtype = t.shape(), t.data_type()  # OrtValue
-    return int(np.prod(shape)) * (2 if "float16" in dtype else 4)
+    if hasattr(t, "tensor_size_in_bytes"):  # OrtValue, onnxruntime >= 1.20
+        return int(t.tensor_size_in_bytes())
+    dtype = t.data_type().removeprefix("tensor(").removesuffix(")")
+    return int(np.prod(t.shape())) * ITEMSIZE[ONNX_NAMES.get(dtype, dtype)]
+
+
+# numpy dtype names (as ModelPackage reports them) -> ONNX TensorProto element type and size
+ONNX_TYPES = {"float32": 1, "uint8": 2, "int8": 3, "int32": 6, "int64": 7, "bool": 9, "float16": 10, "float64": 11,
+              "bfloat16": 16, "float8_e4m3fn": 17, "float8_e5m2": 19}
+ITEMSIZE = {"float32": 4, "uint8": 1, "int8": 1, "int32": 4, "int64": 8, "bool": 1, "float16": 2, "float64": 8,
+            "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
+ONNX_NAMES = {"float": "float32", "double": "float64"}  # OrtValue.data_type() spellings
+
+
+def kv_bytes_per_token(package: ModelPackage) -> int:
+    """All layers' K and V for one token (numpy has no bfloat16, so sizes come from the table)."""
+    return sum(2 * s.kv_heads * s.head_size * ITEMSIZE[s.dtype] for s in package.kv)
+NUMPY_NATIVE = frozenset({"float32", "float16", "float64", "int64", "int32", "int8", "uint8", "bool"})
 
 
 def session_options(provider: ProviderConfig, model: ModelFile):
@@ -51,7 +73,9 @@ def session_options(provider: ProviderConfig, model: ModelFile):
     ort = import_ort()
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.log_severity_level = 4  # failures surface as PackageError, not ORT log lines
+    # warnings shown: a provider fallback or a missing kernel is announced by ORT itself (a normal CPU
+    # run of the test fixtures and SmolLM2 prints nothing even at level 1); -vv shows ORT's info lines
+    so.log_severity_level = 1 if log.isEnabledFor(logging.DEBUG) else 2
     if provider.intra_op_threads:
         so.intra_op_num_threads = provider.intra_op_threads
     so.inter_op_num_threads = 1
@@ -77,27 +101,73 @@ def open_session(model: ModelFile, provider: ProviderConfig, derived: Path | Non
             f"execution provider {provider.name!r} ({provider.ort_name}) is not available in this onnxruntime "
             f"install; available: {', '.join(available)}"
         )
-    providers = [(provider.ort_name, provider.options)]
+    providers = [(provider.ort_name, provider.raw_options)]  # og-only options (cuda graphs) filtered out
     if provider.name != "cpu":
         providers.append(("CPUExecutionProvider", {}))
     so = session_options(provider, model)
     if derived is not None:
         so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(model.path.parent))
     try:
-        return ort.InferenceSession(str(derived or model.path), so, providers=providers)
+        session = ort.InferenceSession(str(derived or model.path), so, providers=providers)
     except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph/... types
         raise PackageError(f"{model.path}: onnxruntime could not load the model: {first_line(e)}") from None
+    check_provider(session, provider, model.path)
+    return session
+
+
+def check_provider(session, provider: ProviderConfig, path: Path) -> None:
+    """Stop if onnxruntime silently put the session on another provider than ``provider``."""
+    actual = list(session.get_providers())
+    if not actual or actual[0] != provider.ort_name:
+        runs_on = actual[0] if actual else "no provider"
+        raise ProviderError(f"{path}: {provider.ort_name} requested but the session runs on {runs_on}: "
+                            f"{FALLBACK_HINTS.get(provider.name, FALLBACK_HINTS['other'])}")
+
+
+FALLBACK_HINTS = {
+    "cuda": "onnxruntime (CPU) is installed instead of onnxruntime-gpu, or the CUDA/cuDNN libraries were not "
+            "found (call onnxruntime.preload_dlls() / check LD_LIBRARY_PATH)",
+    "rocm": "onnxruntime (CPU) is installed instead of an onnxruntime build with ROCm, or the ROCm libraries "
+            "were not found (check LD_LIBRARY_PATH)",
+    "dml": "onnxruntime (CPU) is installed instead of onnxruntime-directml, or no DirectX 12 device was found",
+    "openvino": "onnxruntime (CPU) is installed instead of onnxruntime-openvino, or the OpenVINO runtime was "
+                "not found",
+    "other": "this onnxruntime build or machine cannot create it (onnxruntime's warning above says why)",
+}
+FALLBACK_HINTS["tensorrt"] = FALLBACK_HINTS["nvtensorrtrtx"] = FALLBACK_HINTS["cuda"] + ", or TensorRT is missing"
+
+
+def check_dtypes(package: ModelPackage, provider: ProviderConfig) -> None:
+    """Refuse bfloat16 KV or logits on CPU: onnxruntime has no bfloat16 CPU kernels for them.
+
+    Measured with onnxruntime 1.32: the builder's ``-p bf16 -e cpu`` package fails to
+    load (no bfloat16 Where kernel) and GroupQueryAttention has no bfloat16 CPU kernel.
+    """
+    if provider.name == "cpu" and "bfloat16" in _dtypes(package):
+        raise PackageError(f"{package.decoder.path}: bfloat16 KV/logits need an accelerator provider; "
+                           "onnxruntime's CPU kernels do not run this graph (use --ep cuda, or a fp32/fp16/int4 "
+                           "package on CPU)")
+
+
+def _dtypes(package: ModelPackage) -> set[str]:
+    logits = package.decoder.output(package.logits_name)
+    return {s.dtype for s in package.kv} | ({logits.dtype} if logits is not None else set())
 
 
 class DecoderRunner:
     """Forward passes through embedding → decoder. Build with :meth:`open`."""
 
-    def __init__(self, package: ModelPackage, decoder, embedding=None, bind_device: str | None = None) -> None:
+    def __init__(self, package: ModelPackage, decoder, embedding=None, bind_device: str | None = None,
+                 device_id: int = 0, replicator=None) -> None:
         self.package = package
         self.decoder = decoder
         self.embedding = embedding
+        if bind_device is None and not _dtypes(package) <= NUMPY_NATIVE:
+            bind_device = "cpu"  # numpy cannot hold bfloat16: keep KV in OrtValues
         # with a device, IOBinding keeps present KV there (no host round trip) and copies only logits back
         self.bind_device = bind_device
+        self.device_id = device_id
+        self.replicator = replicator  # copies a prefix's past across a batch where it lives (replicate.py)
         self._dec_inputs = {i.name for i in decoder.get_inputs()}
         # a derived graph takes the positions whose logits are wanted
         self.gathers_positions = POSITIONS in self._dec_inputs
@@ -110,13 +180,16 @@ class DecoderRunner:
 
         io_binding: None binds on accelerators only (on CPU a plain run is as fast).
         """
+        check_dtypes(package, provider)
         emb = open_session(package.embedding, provider) if package.embedding is not None else None
         derived = derived_decoder(package, cache) if cache is not None else None
         dec = open_session(package.decoder, provider, derived)
         log.info("opened %s on %s%s", package.decoder.path.name, provider.ort_name,
                  f" with {package.embedding.path.name}" if emb is not None else "")
         bind = provider.on_device if io_binding is None else io_binding
-        runner = cls(package, dec, emb, BIND_DEVICES.get(provider.name, "cpu") if bind else None)
+        device = BIND_DEVICES.get(provider.name, "cpu") if bind else None
+        device_id = int(provider.raw_options.get("device_id", 0) or 0)
+        runner = cls(package, dec, emb, device, device_id, Replicator(provider, device or "cpu", device_id))
         runner.probe()
         return runner
 
@@ -195,10 +268,23 @@ class DecoderRunner:
                 binding.bind_cpu_input(name, np.ascontiguousarray(value))
         binding.bind_output(names[0], "cpu")
         for name in names[1:]:
-            binding.bind_output(name, self.bind_device)
+            binding.bind_output(name, self.bind_device, self.device_id)
         self.decoder.run_with_iobinding(binding)
         outs = binding.get_outputs()
-        return [outs[0].numpy(), *outs[1:]]
+        return [host_float32(outs[0]), *outs[1:]]
+
+    def repeat_past(self, past: KVCache, batch: int) -> KVCache:
+        """``past`` of one row (``[1,H,T,D]`` per layer) replicated to ``[batch,H,T,D]``.
+
+        Host arrays with ``np.repeat``; OrtValues where they live (no host round trip).
+        """
+        if batch == 1:
+            return past
+        if self.replicator is None:
+            self.replicator = Replicator(ProviderConfig("cpu"), self.bind_device or "cpu", self.device_id)
+        layers = tuple(tuple(np.repeat(t, batch, axis=0) if isinstance(t, np.ndarray)
+                             else self.replicator.expand(t, batch) for t in pair) for pair in past.layers)
+        return KVCache(layers, past.length)
 
     def _token_feeds(self, input_ids: np.ndarray) -> dict[str, np.ndarray]:
         ids_name = self.package.decoder.inputs.get("input_ids", "input_ids")
@@ -234,7 +320,7 @@ class DecoderRunner:
             if past is not None:
                 k, v = past.layers[spec.layer]
             else:
-                k = v = empty_past(spec, batch)
+                k = v = empty_past(spec, batch, self.bind_device, self.device_id)
             feeds[spec.key_name] = k
             feeds[spec.value_name] = v
         return feeds
@@ -245,10 +331,36 @@ def feeds_len(attention_mask: np.ndarray) -> int:
     return int(attention_mask.shape[1])
 
 
-def empty_past(spec: KVSpec, batch: int) -> np.ndarray:
-    """Past buffer for a first pass: zero length; for windowed layers a zero buffer of
-    window capacity (its contents are ignored, but GQA refuses a smaller one)."""
-    return np.zeros((batch, spec.kv_heads, spec.window or 0, spec.head_size), dtype=spec.dtype)
+def empty_past(spec: KVSpec, batch: int, device: str | None = None, device_id: int = 0):
+    """Past buffer ``[batch, kv_heads, window or 0, head_size]`` for a first pass.
+
+    Zero length; for windowed layers a zero buffer of window capacity (its contents
+    are ignored, but GQA refuses a smaller one). A numpy array on the host for
+    numpy's dtypes without a device; otherwise an ``OrtValue`` of the graph's
+    element type made where the session runs (numpy has no bfloat16).
+    """
+    shape = (batch, spec.kv_heads, spec.window or 0, spec.head_size)
+    if device is None and spec.dtype in NUMPY_NATIVE:
+        return np.zeros(shape, dtype=spec.dtype)
+    if spec.dtype not in ONNX_TYPES:
+        raise PackageError(f"{spec.key_name}: past KV element type {spec.dtype} is not supported")
+    value = import_ort().OrtValue.ortvalue_from_shape_and_type(list(shape), ONNX_TYPES[spec.dtype],
+                                                                device or "cpu", device_id)
+    if spec.window:  # fresh memory is not zeroed; all-zero bits are 0.0 in every float format
+        value.update_inplace(np.zeros(shape, dtype=_BITS[ITEMSIZE[spec.dtype]]))
+    return value
+
+
+_BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def host_float32(value) -> np.ndarray:
+    """An OrtValue on the host as a numpy array; bfloat16 becomes float32 (exactly)."""
+    if value.data_type() != "tensor(bfloat16)":
+        return value.numpy()
+    bits = np.empty(value.shape(), dtype=np.uint16)
+    import_ort().OrtValue.ortvalue_from_numpy_with_onnx_type(bits, ONNX_TYPES["bfloat16"]).update_inplace(value)
+    return (bits.astype(np.uint32) << 16).view(np.float32)  # bfloat16 is the top half of a float32
 
 
 def _empty_like_input(inp, cfg: ModelFile) -> np.ndarray:

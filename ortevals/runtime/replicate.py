@@ -1,0 +1,67 @@
+"""Replicating a prefix's past KV across a batch, where the KV lives.
+
+Owns one tiny ONNX graph, ``y = Expand(x, shape)``, run through IOBinding on
+the session's own provider and device: a ``[1,H,T,D]`` OrtValue becomes
+``[B,H,T,D]`` without a round trip through the host. GroupQueryAttention needs
+the past of a batch as one contiguous tensor, so binding one OrtValue per row is
+not an option. Host (numpy) past is repeated with ``np.repeat`` by the caller.
+One session per element type, made on first use.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ortevals.providers import ProviderConfig
+from ortevals.runtime import import_ort
+
+
+class Replicator:
+    """``expand(value, batch)``: an OrtValue ``[1,...]`` → ``[batch,...]`` on ``device``."""
+
+    def __init__(self, provider: ProviderConfig, device: str, device_id: int = 0) -> None:
+        self.provider = provider
+        self.device = device
+        self.device_id = device_id
+        self._sessions: dict[int, object] = {}
+
+    def expand(self, value, batch: int):
+        """value: OrtValue ``[1, ...]``; returns a new OrtValue ``[batch, ...]`` on the same device."""
+        shape = list(value.shape())
+        if shape[0] != 1:
+            raise ValueError(f"only a one-row past can be replicated, got shape {shape}")
+        session = self._session(value.element_type())
+        binding = session.io_binding()
+        binding.bind_ortvalue_input("x", value)
+        binding.bind_cpu_input("shape", np.asarray([batch, *shape[1:]], dtype=np.int64))
+        binding.bind_output("y", self.device, self.device_id)
+        session.run_with_iobinding(binding)
+        return binding.get_outputs()[0]
+
+    def _session(self, elem_type: int):
+        if elem_type not in self._sessions:
+            self._sessions[elem_type] = self._open(elem_type)
+        return self._sessions[elem_type]
+
+    def _open(self, elem_type: int):
+        from onnx import TensorProto, helper  # only when a batch of prefix continuations is run
+
+        from ortevals.runtime.sessions import check_provider
+
+        ort = import_ort()
+        graph = helper.make_graph(
+            [helper.make_node("Expand", ["x", "shape"], ["y"])], "replicate_past",
+            [helper.make_tensor_value_info("x", elem_type, ["one", "h", "t", "d"]),
+             helper.make_tensor_value_info("shape", TensorProto.INT64, [4])],
+            [helper.make_tensor_value_info("y", elem_type, ["b", "h", "t", "d"])])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8  # readable by every onnxruntime ortevals supports
+        so = ort.SessionOptions()
+        so.log_severity_level = 2
+        so.intra_op_num_threads = 1
+        providers = [(self.provider.ort_name, self.provider.raw_options)]
+        if self.provider.name != "cpu":
+            providers.append(("CPUExecutionProvider", {}))
+        session = ort.InferenceSession(model.SerializeToString(), so, providers=providers)
+        check_provider(session, self.provider, "replicate_past (built-in graph)")
+        return session

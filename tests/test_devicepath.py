@@ -1,0 +1,312 @@
+"""The GPU path on a CPU-only machine: no silent provider fallback, raw-session option
+filtering, bfloat16 buffers as OrtValues, and batched prefix continuations.
+
+Every test runs the real CPU onnxruntime; where a GPU would be needed, the smallest
+seam is patched (the list of available providers, a spy on the session constructor,
+a wrapper that runs a batch row by row because CPU GroupQueryAttention refuses it).
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from ortevals.engine import EngineSettings, PrefillEngine, TokenRequest
+from ortevals.errors import PackageError, ProviderError
+from ortevals.package import KVSpec, ModelPackage
+from ortevals.providers import from_package, raw_session_options
+from ortevals.runtime.replicate import Replicator
+from ortevals.runtime.sessions import DecoderRunner, KVCache, _nbytes, empty_past, host_float32, open_session
+
+CPU_ONLY = ["AzureExecutionProvider", "CPUExecutionProvider"]
+
+
+# --- 1. no silent fallback ----------------------------------------------------------------------
+
+@pytest.fixture()
+def cuda_claimed(monkeypatch):
+    """onnxruntime says CUDA is available; the real session then falls back to CPU."""
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", *CPU_ONLY])
+
+
+def test_fallback_to_cpu_is_an_error_naming_provider_file_and_fix(tiny_pkg, cuda_claimed, capfd):
+    pkg = ModelPackage.load(tiny_pkg)
+    with pytest.raises(ProviderError) as err:
+        DecoderRunner.open(pkg, from_package({}, "cuda", {"device_id": "0"}))
+    msg = str(err.value)
+    assert "\n" not in msg and str(pkg.decoder.path) in msg
+    assert "CUDAExecutionProvider requested but the session runs on CPUExecutionProvider" in msg
+    assert "onnxruntime-gpu" in msg and "preload_dlls" in msg
+    # ORT's own warning (a [W:onnxruntime ...] line) is no longer hidden at fatal level
+    assert "[W:onnxruntime" in capfd.readouterr().err
+
+
+def test_embedding_session_is_checked_too(gemma4, cuda_claimed):
+    pkg = ModelPackage.load(gemma4[1])
+    with pytest.raises(ProviderError, match="embedding.*CUDAExecutionProvider requested|"
+                                            r"CUDAExecutionProvider requested.*"):
+        open_session(pkg.embedding, from_package({}, "cuda"))
+    with pytest.raises(ProviderError) as err:
+        DecoderRunner.open(pkg, from_package({}, "cuda"))
+    assert str(pkg.embedding.path) in str(err.value)  # opened first, checked first
+
+
+def test_cli_fallback_is_one_line_exit_2(tiny_pkg, tmp_path):
+    code = ("import onnxruntime as o; o.get_available_providers = lambda: ['CUDAExecutionProvider', "
+            "'CPUExecutionProvider']; from ortevals.cli import main; main()")
+    proc = subprocess.run([sys.executable, "-c", code, "mmlu-pro", "--pkg", str(tiny_pkg), "--ep", "cuda",
+                           "--data", "bundled", "--limit", "1", "--no-resume", "--output", str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "runs on CPUExecutionProvider" in errors[0] and "Traceback" not in proc.stderr
+
+
+# --- 2. provider options for raw sessions ---------------------------------------------------------
+
+# provider_options exactly as onnxruntime-genai's builder writes them (builders/base.py, ep_attrs)
+BUILDER_OPTIONS = {
+    "cuda": [{"cuda": {"enable_cuda_graph": "1"}}],
+    "dml": [{"dml": {"enable_graph_capture": "1"}}],
+    "webgpu": [{"webgpu": {"enableGraphCapture": "1", "validationMode": "disabled"}}],
+    "nvtensorrtrtx": [{"NvTensorRtRtx": {"enable_cuda_graph": "1"}}],
+}
+
+
+@pytest.mark.parametrize("ep", sorted(BUILDER_OPTIONS))
+def test_builder_options_are_kept_for_og_and_dropped_for_raw_sessions(ep, caplog):
+    with caplog.at_level(logging.INFO, logger="ortevals.providers"):
+        cfg = from_package({"provider_options": BUILDER_OPTIONS[ep]}, ep)
+    package_opts = next(iter(BUILDER_OPTIONS[ep][0].values()))
+    assert cfg.options == package_opts  # onnxruntime-genai's config is unchanged
+    assert cfg.raw_options == {}
+    lines = [r.getMessage() for r in caplog.records if "not passed to raw" in r.getMessage()]
+    assert len(lines) == 1 and all(k in lines[0] for k in package_opts)
+
+
+def test_safe_package_options_and_user_options_survive():
+    opts = {"enable_cuda_graph": "1", "device_id": "1", "gpu_mem_limit": "1000", "made_up": "x",
+            "tunable_op_enable": "1"}
+    raw = raw_session_options("cuda", opts, user_keys=("tunable_op_enable", "made_up"))
+    assert raw.kept == {"device_id": "1", "gpu_mem_limit": "1000", "made_up": "x"}
+    assert raw.dropped_package == ("enable_cuda_graph",) and raw.dropped_user == ("tunable_op_enable",)
+    # an unknown provider keeps only the generic options
+    assert raw_session_options("qnn", {"device_id": "0", "backend_path": "x"}).kept == {"device_id": "0"}
+
+
+def test_unsafe_user_option_is_warned_and_kept_for_og_only(caplog):
+    with caplog.at_level(logging.INFO, logger="ortevals.providers"):
+        cfg = from_package({}, "cuda", {"enable_cuda_graph": "1", "device_id": "0"})
+    assert cfg.options == {"enable_cuda_graph": "1", "device_id": "0"} and cfg.raw_options == {"device_id": "0"}
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "enable_cuda_graph" in warned[0].getMessage()
+
+
+def test_raw_session_gets_the_filtered_options(copy_pkg, tiny_pkg, monkeypatch):
+    """A spy on the real constructor: the package's og-only options never reach ORT."""
+    import json
+
+    pkg_dir = copy_pkg(tiny_pkg)
+    cfg_path = pkg_dir / "genai_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["model"]["decoder"]["session_options"]["provider_options"] = [{"cpu": {"enable_cuda_graph": "1"}}]
+    cfg_path.write_text(json.dumps(cfg))
+    seen, real = [], ort.InferenceSession
+
+    def spy(path, so=None, providers=None, **kw):
+        seen.append(providers)
+        return real(path, so, providers=providers, **kw)
+
+    monkeypatch.setattr(ort, "InferenceSession", spy)
+    pkg = ModelPackage.load(pkg_dir)
+    DecoderRunner.open(pkg, from_package(pkg.decoder.session_options))
+    assert seen and all(p == [("CPUExecutionProvider", {})] for p in seen)
+
+
+def test_store_scope_records_the_filtered_options(tiny_pkg, tmp_path):
+    from ortevals.lm import ModelArgs, OrtLM
+
+    scopes = [OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg), store=str(tmp_path / f"s{i}"),
+                                           provider_options=opts)).store.scope
+              for i, opts in enumerate([(), ("enable_cuda_graph=1",)])]
+    assert scopes[0] == scopes[1]  # a dropped option neither splits nor mixes stored scores
+
+
+# --- 3. bfloat16 ----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def bf16_pkg(tmp_path_factory, tiny):
+    """The tiny HF model through onnxruntime-genai's builder with -p bf16 -e cpu (about 10 s)."""
+    out = tmp_path_factory.mktemp("bf16") / "tiny-bf16"
+    subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(tiny[0]), "-o", str(out),
+                    "-p", "bf16", "-e", "cpu", "-c", str(out.parent / "cache")],
+                   check=True, capture_output=True, timeout=600)
+    return out
+
+
+def test_bf16_package_is_refused_on_cpu_with_one_line(bf16_pkg):
+    pkg = ModelPackage.load(bf16_pkg)
+    assert pkg.kv[0].dtype == "bfloat16"
+    # the runtime fact the refusal rests on: ORT's CPU kernels cannot load the builder's bf16 graph
+    with pytest.raises(Exception, match="NOT_IMPLEMENTED|Could not find an implementation"):
+        ort.InferenceSession(str(pkg.decoder.path), providers=["CPUExecutionProvider"])
+    with pytest.raises(PackageError) as err:
+        DecoderRunner.open(pkg, from_package({}, "cpu"))
+    msg = str(err.value)
+    assert "\n" not in msg and str(pkg.decoder.path) in msg and "bfloat16" in msg and "CPU" in msg
+
+
+def _cast_to_float(value) -> np.ndarray:
+    """Read any float OrtValue back through a real ORT Cast (numpy cannot hold bfloat16)."""
+    g = helper.make_graph([helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT)], "c",
+                          [helper.make_tensor_value_info("x", value.element_type(), None)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    s = ort.InferenceSession(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)]).SerializeToString(),
+                             providers=["CPUExecutionProvider"])
+    return s.run_with_ort_values(["y"], {"x": value})[0].numpy()
+
+
+@pytest.mark.parametrize("window", [None, 8])
+def test_bf16_past_buffers_are_ortvalues_of_the_graph_type(window):
+    spec = KVSpec(0, "past.0.key", "past.0.value", "present.0.key", "present.0.value", "bfloat16", 2, 16, window)
+    value = empty_past(spec, 3, "cpu")
+    assert isinstance(value, ort.OrtValue) and value.data_type() == "tensor(bfloat16)"
+    assert value.shape() == [3, 2, window or 0, 16] and _nbytes(value) == 3 * 2 * (window or 0) * 16 * 2
+    assert (_cast_to_float(value) == 0).all()  # a window buffer is zeroed, not left uninitialised
+    # without a device, numpy's own dtypes stay numpy arrays (the CPU hot path is unchanged)
+    fp32 = KVSpec(0, "k", "v", "pk", "pv", "float32", 2, 16, None)
+    assert isinstance(empty_past(fp32, 1), np.ndarray)
+
+
+@pytest.mark.parametrize("dtype,size", [(np.uint8, 1), (np.float64, 8), (np.int64, 8), (np.float16, 2)])
+def test_nbytes_of_ortvalues_uses_the_element_size(dtype, size):
+    value = ort.OrtValue.ortvalue_from_numpy(np.zeros((2, 3, 5), dtype=dtype))
+    assert _nbytes(value) == 30 * size
+
+
+def test_bf16_logits_come_back_as_float32():
+    import ml_dtypes
+
+    x = np.array([[1.0, -2.25, 1 / 3, 3.0e38, 1e-3]], dtype=np.float32)
+    g = helper.make_graph([helper.make_node("Cast", ["x"], ["y"], to=TensorProto.BFLOAT16)], "c",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+                          [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, None)])
+    s = ort.InferenceSession(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)]).SerializeToString(),
+                             providers=["CPUExecutionProvider"])
+    out = s.run_with_ort_values(["y"], {"x": ort.OrtValue.ortvalue_from_numpy(x)})[0]
+    got = host_float32(out)
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, x.astype(ml_dtypes.bfloat16).astype(np.float32))
+
+
+# --- 4. prefix continuations as one batch ---------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_replicator_expands_where_the_value_lives(dtype):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(1, 2, 7, 4)).astype(dtype)
+    rep = Replicator(from_package({}, "cpu"), "cpu")
+    out = rep.expand(ort.OrtValue.ortvalue_from_numpy(x), 3)
+    assert out.device_name().lower() == "cpu"
+    np.testing.assert_array_equal(out.numpy(), np.repeat(x, 3, axis=0))
+
+
+def test_runner_repeats_device_past_without_numpy(tiny_pkg):
+    pkg = ModelPackage.load(tiny_pkg)
+    runner = DecoderRunner.open(pkg, from_package({}, "cpu"), io_binding=True)
+    ids = np.arange(3, 12, dtype=np.int64)[None]
+    _, kv = runner.forward(ids, np.ones_like(ids), want_present=True)
+    assert isinstance(kv.layers[0][0], ort.OrtValue)
+    rep = runner.repeat_past(kv, 4)
+    for (k, v), (k4, v4) in zip(kv.layers, rep.layers):
+        assert isinstance(k4, ort.OrtValue)
+        np.testing.assert_array_equal(k4.numpy(), np.repeat(k.numpy(), 4, axis=0))
+        np.testing.assert_array_equal(v4.numpy(), np.repeat(v.numpy(), 4, axis=0))
+
+
+class RowByRow:
+    """The real runner, with a batched continuation run one row at a time.
+
+    CPU GroupQueryAttention refuses batch > 1 with a multi-token input and past, which
+    an accelerator's kernel accepts; this stands in for that kernel. Each row gets its
+    own row of the (replicated) past and only the tokens its mask marks, so a wrong
+    mask, padding or past row in the engine's batch changes the numbers.
+    """
+
+    def __init__(self, runner):
+        self.runner, self.batched_calls = runner, 0
+        self.gathers_positions = runner.gathers_positions
+
+    def repeat_past(self, past, batch):
+        return self.runner.repeat_past(past, batch)
+
+    def forward(self, ids, mask, past=None, want_present=False, positions=None):
+        if past is None or ids.shape[0] == 1:
+            return self.runner.forward(ids, mask, past, want_present, positions)
+        self.batched_calls += 1
+        plen = past.length
+        assert (mask[:, :plen] == 1).all()
+        rows = []
+        for b in range(ids.shape[0]):
+            n = int(mask[b, plen:].sum())
+            assert (mask[b, plen:plen + n] == 1).all() and (mask[b, plen + n:] == 0).all()
+            past_b = KVCache(tuple((k[b:b + 1], v[b:b + 1]) for k, v in past.layers), plen)
+            pos = None if positions is None else positions[b:b + 1]
+            logits, _ = self.runner.forward(ids[b:b + 1, :n], mask[b:b + 1, :plen + n], past_b, False, pos)
+            if positions is None:
+                logits = np.pad(logits, ((0, 0), (0, ids.shape[1] - n), (0, 0)))
+            rows.append(logits)
+        return np.concatenate(rows), None
+
+
+def _requests(vocab: int, seed: int = 0) -> list[TokenRequest]:
+    """Two 90-token prefixes, each with six continuations of 3-25 tokens (tails of different length)."""
+    rng = np.random.default_rng(seed)
+    reqs = []
+    for _ in range(2):
+        prefix = tuple(int(t) for t in rng.integers(3, vocab, 90))
+        for n in (3, 25, 7, 12, 1, 18):
+            body = tuple(int(t) for t in rng.integers(3, vocab, n))
+            reqs.append(TokenRequest(prefix + body[:-1] if n > 1 else prefix, body[-1:] if n > 1 else body))
+    return reqs
+
+
+def _score(runner, pkg, prefix_batch: int, reqs):
+    settings = EngineSettings(max_length=512, vocab_size=pkg.vocab_size, batch_size=None,
+                              prefix_min_saving=16, prefix_batch=prefix_batch)
+    engine = PrefillEngine(runner, settings)
+    return engine.score(reqs), engine
+
+
+@pytest.mark.parametrize("which", ["tiny", "gemma4"])
+@pytest.mark.parametrize("derived", [False, True])
+def test_batched_prefix_continuations_equal_one_row(which, derived, tiny_pkg, gemma4, tmp_path):
+    pkg = ModelPackage.load(tiny_pkg if which == "tiny" else gemma4[1])
+    runner = DecoderRunner.open(pkg, from_package({}, "cpu"), tmp_path if derived else None)
+    reqs = _requests(pkg.vocab_size)
+    one, e1 = _score(runner, pkg, 1, reqs)
+    wrapped = RowByRow(runner)
+    batched, e6 = _score(wrapped, pkg, 0, reqs)
+    assert wrapped.batched_calls >= 2 and e6.forward_passes < e1.forward_passes
+    np.testing.assert_allclose([s.logprob for s in batched], [s.logprob for s in one], atol=1e-5, rtol=0)
+    assert [s.greedy for s in batched] == [s.greedy for s in one]
+
+
+@pytest.mark.parametrize("which", ["tiny", "gemma4"])
+def test_cpu_refusal_of_a_batched_continuation_falls_back_to_one_row(which, tiny_pkg, gemma4, caplog):
+    pkg = ModelPackage.load(tiny_pkg if which == "tiny" else gemma4[1])
+    runner = DecoderRunner.open(pkg, from_package({}, "cpu"))
+    reqs = _requests(pkg.vocab_size, seed=1)
+    one, _ = _score(runner, pkg, 1, reqs)
+    with caplog.at_level(logging.WARNING, logger="ortevals.engine"):
+        got, engine = _score(runner, pkg, 4, reqs)
+    refused = [r.getMessage() for r in caplog.records if "batched pass refused" in r.getMessage()]
+    assert len(refused) == 1 and "batch_size must be 1 when sequence_length > 1" in refused[0]
+    assert engine.prefix_batch_refused
+    np.testing.assert_allclose([s.logprob for s in got], [s.logprob for s in one], atol=0, rtol=0)
