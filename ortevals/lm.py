@@ -16,7 +16,7 @@ import hashlib
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from ortevals.backends import Backends
 from ortevals.engine import EngineSettings, Score, TokenRequest
 from ortevals.errors import OrtEvalsError
 from ortevals.package import ModelPackage
-from ortevals.store import ResultStore
+from ortevals.store import ResultStore, Scope
 from ortevals.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -167,10 +167,11 @@ class OrtLM(TemplateLM):
                  f" ({backends.capability.reason})" if backends.capability.reason else "")
         store = None
         if args.store:
-            scope = {"package": package.fingerprint(), "ep": provider.name, "options": provider.options,
-                     "max_length": settings.max_length, "add_bos_token": args.add_bos_token, "seed": args.seed,
-                     "max_gen_toks": args.max_gen_toks}
-            store = ResultStore.open(Path(args.store), scope)
+            # issue 10: the scope covers package files, versions and every setting below (ortevals/scope.py)
+            scoped = {k: v for k, v in asdict(args).items() if k not in ("pkg", "store")}
+            scoped |= {"resolved_provider": provider.name, "resolved_provider_options": provider.options,
+                       "effective_max_length": settings.max_length}
+            store = ResultStore.open(Path(args.store), Scope.build("results", package, scoped))
         return cls(package, tokenizer, backends, args, store)
 
     @property
