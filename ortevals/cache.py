@@ -55,12 +55,21 @@ def info_text(root: Path) -> str:
         lines.append(f"{kind}/: {len(found)} entries, {_human(sum(e.bytes for e in found))}")
         for e in found:
             lines.append(f"  {e.name}  {_human(e.bytes)}{'  ' + e.note if e.note else ''}")
+            differ = _differing_settings([d for d, _ in e.scopes])
             for desc, rows in e.scopes:
-                v = desc.get("versions", {})
+                v, settings = desc.get("versions", {}), desc.get("settings", {})
                 lines.append(f"    scope {desc.get('digest', '?')[:12]}: {desc.get('package')}  {rows} rows  "
                              f"ortevals {v.get('ortevals')} (source {str(v.get('ortevals-source'))[:12]}), "
-                             f"{v.get('onnxruntime')}, {v.get('onnxruntime-genai')}")
+                             f"{v.get('onnxruntime')}, {v.get('onnxruntime-genai')}"
+                             + "".join(f"  {k}={json.dumps(settings.get(k))}" for k in differ))
     return "\n".join(lines)
+
+
+def _differing_settings(descriptions: list[dict[str, Any]]) -> list[str]:
+    """Setting names whose values differ between a store's scopes: what tells them apart."""
+    settings = [d.get("settings", {}) for d in descriptions]
+    names = sorted({k for s in settings for k in s})
+    return [k for k in names if len({json.dumps(s.get(k), sort_keys=True) for s in settings}) > 1]
 
 
 def clear(root: Path, kinds: tuple[str, ...]) -> list[str]:

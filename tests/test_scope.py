@@ -189,6 +189,7 @@ def test_cache_info_and_clear(tiny_pkg, own_cache):
     versions = scope_mod.versions()
     scopes = [ln for ln in text.splitlines() if ln.strip().startswith("scope ")]
     assert len(scopes) == 2 and all(str(tiny_pkg) in ln and "1 rows" in ln for ln in scopes)
+    assert [ln.endswith(s) for ln, s in zip(scopes, ("max_length=null", "max_length=64"))] == [True, True]
     assert all(versions["onnxruntime"] in ln and versions["onnxruntime-genai"] in ln for ln in scopes)
 
     out = runner.invoke(cli, ["cache", "clear"])
