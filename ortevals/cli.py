@@ -223,6 +223,49 @@ def example(precision: str) -> None:
     click.echo(smollm2_package(precision))
 
 
+EPILOG_CACHE = """\b
+Examples:
+  ortevals cache info                     # what is stored, per kind, and each store's scopes
+  ortevals cache clear                    # result stores and derived graphs (examples are kept)
+  ortevals cache clear --examples         # only the example packages (a minute to rebuild)
+  ortevals cache clear --all
+"""
+
+
+@cli.group("cache", epilog=EPILOG_CACHE)
+def cache() -> None:
+    """Show or clear what ortevals keeps in $ORTEVALS_CACHE (else ~/.cache/ortevals).
+
+    Result stores and derived graphs are keyed by a scope (package files, settings, versions), so a
+    stale entry is never served; clearing only frees disk.
+    """
+
+
+@cache.command("info", epilog=EPILOG_CACHE)
+def cache_info() -> None:
+    """The cache root; entries and bytes per kind; the scopes each result store holds."""
+    from ortevals.cache import info_text
+    from ortevals.files import cache_root
+
+    click.echo(info_text(cache_root()))
+
+
+@cache.command("clear", epilog=EPILOG_CACHE)
+@click.option("--runs", is_flag=True, help="Result stores (resume).")
+@click.option("--derived", is_flag=True, help="Derived scoring graphs.")
+@click.option("--examples", is_flag=True, help="Example packages (rebuilt on next use, about a minute).")
+@click.option("--all", "everything", is_flag=True, help="All of the above.")
+def cache_clear(runs: bool, derived: bool, examples: bool, everything: bool) -> None:
+    """Remove cached entries; with no option, result stores and derived graphs."""
+    from ortevals.cache import KINDS, clear
+    from ortevals.files import cache_root
+
+    chosen = {"runs": runs, "derived": derived, "examples": examples}
+    kinds = KINDS if everything else tuple(k for k in KINDS if chosen[k]) or ("runs", "derived")
+    for line in clear(cache_root(), kinds):
+        click.echo(line)
+
+
 def main() -> None:
     cli(prog_name="ortevals")
 

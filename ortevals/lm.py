@@ -23,9 +23,9 @@ from ortevals import resume
 from ortevals.backends import Backends
 from ortevals.engine import EngineSettings, Score, TokenRequest
 from ortevals.errors import OrtEvalsError
-from ortevals.options import ModelArgs, parse_model_args
+from ortevals.options import ModelArgs, parse_model_args, scoped_settings
 from ortevals.package import ModelPackage
-from ortevals.store import ResultStore
+from ortevals.store import ResultStore, Scope
 from ortevals.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -81,11 +81,12 @@ class OrtLM(TemplateLM):
                  f" ({backends.capability.reason})" if backends.capability.reason else "")
         store = None
         if args.store:
-            # issue 10 §4: the options the raw sessions really get (a dropped og-only option never splits scores)
-            scope = {"package": package.fingerprint(), "ep": provider.name, "options": provider.raw_options,
-                     "max_length": settings.max_length, "add_bos_token": args.add_bos_token, "seed": args.seed,
-                     "max_gen_toks": args.max_gen_toks}
-            store = ResultStore.open(Path(args.store), scope)
+            # the scope: package files, versions, every option that can change a number (ortevals/scope.py),
+            # and what they resolved to (raw sessions get the filtered provider options)
+            settings_scope = scoped_settings(args) | {
+                "resolved_provider": provider.name, "resolved_provider_options": provider.raw_options,
+                "effective_max_length": settings.max_length}
+            store = ResultStore.open(Path(args.store), Scope.build("results", package, settings_scope))
         return cls(package, tokenizer, backends, args, store)
 
     @property

@@ -113,8 +113,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("pkg", text("pkg"), None, "GenAI package folder (holds genai_config.json).", scoped=False),
     Option("ep", text("ep"), None, "Execution provider: cpu, cuda, dml, … (default: the package's).", flag="--ep",
            metavar="NAME"),
+    # scoped through what it resolves to: the options the sessions really get (lm.py), so an option that
+    # is dropped for raw sessions neither splits nor mixes stored scores
     Option("provider_options", parse_provider_options, (), "Provider options, key=value (override the package's).",
-           flag="--provider-option"),
+           scoped=False, flag="--provider-option"),
     Option("threads", positive_int("threads", allow_zero=True), None, "Intra-op threads (0: default).",
            flag="--threads", metavar="N"),
     Option("batch_size", parse_batch_size, None, "Rows per forward pass, or auto (default).", flag="--batch-size",

@@ -30,6 +30,10 @@ from ortevals.graph import external_data_files, read_signature
 log = logging.getLogger(__name__)
 
 CONFIG_NAME = "genai_config.json"
+# files besides config and models whose bytes can change a number: tokenization, chat template, generation
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "tokenizer.model", "chat_template.jinja", "chat_template.json", "generation_config.json")
+VOCAB_PREFIXES = ("vocab", "merges")  # vocab.json, vocab.txt, merges.txt, ...
 Dim = int | str | None
 
 
@@ -135,6 +139,13 @@ class ModelPackage:
                 files.append(m.path)
                 files.extend(sorted(external_data_files(m.path)))
         return files
+
+    def scope_files(self) -> list[Path]:
+        """Every file that defines a number: :meth:`model_files` plus the tokenizer files, chat template
+        and generation config present in the folder (the result store's scope hashes these)."""
+        extra = sorted(p for p in self.root.iterdir() if p.is_file()
+                       and (p.name in TOKENIZER_FILES or p.name.startswith(VOCAB_PREFIXES)))
+        return self.model_files() + extra
 
     def fingerprint(self) -> str:
         """A short hash of config + model files (size, mtime and head/tail bytes)."""

@@ -1,11 +1,15 @@
 """The result store: finished requests survive a crash, a kill or Ctrl-C.
 
 Owns a SQLite file (WAL journal, so a SIGKILL loses no committed row) that maps
-a key to a request's answer. The key hashes the package fingerprint (config
-and model files), the settings that can change a number (execution provider
-and its options, max_length, BOS rule, decoding seed) and the request itself,
-so a changed package or setting never reuses an old score. Batch size and
-prefix caching are left out on purpose: they never change an answer.
+a key to a request's answer, and the :class:`Scope` every key is made in (defined
+in :mod:`ortevals.scope`, re-exported here). The key is
+``sha256(scope digest, kind, request)``; the scope covers every package file
+that defines a number (config, models, external data, tokenizer files, chat
+template), every setting that can change a number, and the ortevals (source
+included), onnxruntime and onnxruntime-genai versions, so a changed file,
+setting or version never reuses an old score. Each scope's description is kept
+in a ``scopes`` table (digest -> JSON) and every answer row names its scope, so
+``ortevals cache info`` can list what a store holds.
 
 Rows are committed every ``commit_every`` results or ``commit_seconds``, so a
 kill costs at most that much work. Only JSON goes in and out; nothing is
@@ -22,13 +26,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ortevals.scope import Scope
+
+__all__ = ["ResultStore", "Scope", "store_scopes"]
 log = logging.getLogger(__name__)
 
 
 class ResultStore:
     """Persistent answers keyed by (scope, kind, request). Build with :meth:`open`."""
 
-    def __init__(self, conn: sqlite3.Connection, path: Path, scope: str, commit_every: int = 64,
+    def __init__(self, conn: sqlite3.Connection, path: Path, scope: Scope, commit_every: int = 64,
                  commit_seconds: float = 2.0) -> None:
         self.conn = conn
         self.path = path
@@ -41,18 +48,25 @@ class ResultStore:
         self.writes = 0
 
     @classmethod
-    def open(cls, path: Path, scope: dict[str, Any]) -> ResultStore:
+    def open(cls, path: Path, scope: Scope) -> ResultStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(str(path), timeout=30, isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
-        conn.execute("CREATE TABLE IF NOT EXISTS answers (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        columns = [r[1] for r in conn.execute("PRAGMA table_info(answers)")]
+        if columns and "scope" not in columns:  # an older ortevals' store: its keys can never match a Scope
+            log.warning("%s: result store from an older ortevals; its answers are dropped", path)
+            conn.execute("DROP TABLE answers")
+        conn.execute("CREATE TABLE IF NOT EXISTS answers (key TEXT PRIMARY KEY, value TEXT NOT NULL, scope TEXT)")
+        conn.execute("CREATE TABLE IF NOT EXISTS scopes (digest TEXT PRIMARY KEY, description TEXT NOT NULL)")
+        # autocommit, before BEGIN: no write lock is held between open and the first answer
+        conn.execute("INSERT OR REPLACE INTO scopes (digest, description) VALUES (?, ?)",
+                     (scope.digest, json.dumps(scope.describe(), sort_keys=True)))
         conn.execute("BEGIN")
-        digest = hashlib.sha256(json.dumps(scope, sort_keys=True).encode()).hexdigest()
-        return cls(conn, path, digest)
+        return cls(conn, path, scope)
 
     def key(self, kind: str, request: Any) -> str:
-        body = json.dumps([self.scope, kind, request], ensure_ascii=False, default=str)
+        body = json.dumps([self.scope.digest, kind, request], ensure_ascii=False, default=str)
         return hashlib.sha256(body.encode("utf-8")).hexdigest()
 
     def get(self, kind: str, request: Any) -> Any | None:
@@ -63,8 +77,8 @@ class ResultStore:
         return json.loads(row[0])
 
     def put(self, kind: str, request: Any, value: Any) -> None:
-        self.conn.execute("INSERT OR REPLACE INTO answers (key, value) VALUES (?, ?)",
-                          (self.key(kind, request), json.dumps(value)))
+        self.conn.execute("INSERT OR REPLACE INTO answers (key, value, scope) VALUES (?, ?, ?)",
+                          (self.key(kind, request), json.dumps(value), self.scope.digest))
         self.writes += 1
         self._pending += 1
         if self._pending >= self.commit_every or time.monotonic() - self._last_commit >= self.commit_seconds:
@@ -81,3 +95,14 @@ class ResultStore:
             self.conn.execute("COMMIT")
         finally:
             self.conn.close()
+
+
+def store_scopes(path: Path) -> list[tuple[dict[str, Any], int]]:
+    """(scope description, answer rows) for each scope a store file holds; read-only, nothing unpickled."""
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5)
+    try:
+        rows = conn.execute("SELECT s.description, count(a.key) FROM scopes s LEFT JOIN answers a "
+                            "ON a.scope = s.digest GROUP BY s.digest ORDER BY s.rowid").fetchall()
+    finally:
+        conn.close()
+    return [(json.loads(d), n) for d, n in rows]

@@ -13,7 +13,7 @@ import pytest
 from lm_eval.api.instance import Instance
 
 from ortevals.lm import ModelArgs, OrtLM
-from ortevals.store import ResultStore
+from ortevals.store import ResultStore, Scope
 
 LIMIT = "150"
 
@@ -78,25 +78,42 @@ def test_kill_and_resume(tiny_pkg, tmp_path):
     print(f"kill-and-resume: {finished} finished at the kill, {reused} reused ({100 * reused / finished:.0f}%)")
 
 
-def test_store_is_keyed_by_package_and_settings(tiny_pkg, tmp_path):
+def test_store_is_keyed_by_package_and_settings(tiny_pkg, copy_pkg, tmp_path, monkeypatch):
+    """One change of each kind of input: a package file, a setting, a version. tests/test_scope.py has them all."""
+    from ortevals import scope
+
+    pkg = copy_pkg(tiny_pkg)
+    monkeypatch.setenv("ORTEVALS_CACHE", str(tmp_path / "cache"))
     reqs = [Instance("loglikelihood", {}, ("The city", " of"), 0)]
     store = str(tmp_path / "s.sqlite")
-    lm = OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg), store=store))
-    first = lm.loglikelihood(reqs)
-    lm.store.close()
-    again = OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg), store=store))
-    assert again.loglikelihood(reqs) == first and again.store.hits == 1
-    other = OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg), store=store, max_length=64))
-    other.loglikelihood(reqs)
-    assert other.store.hits == 0  # a setting that can change the number: not reused
+
+    def run(**kw) -> tuple[float, ResultStore]:
+        lm = OrtLM.from_package(ModelArgs(pkg=str(pkg), store=store, **kw))
+        [(lp, _)] = lm.loglikelihood(reqs, disable_tqdm=True)
+        lm.store.close()
+        return lp, lm.store
+
+    first, _ = run()
+    again, s = run()
+    assert again == first and s.hits == 1  # the same command: reused
+    tok = json.loads((pkg / "tokenizer.json").read_text())
+    (pkg / "tokenizer.json").write_text(json.dumps({**tok, "post_processor": None}))  # BOS no longer added
+    edited, s = run()
+    fresh = OrtLM.from_package(ModelArgs(pkg=str(pkg))).loglikelihood(reqs, disable_tqdm=True)[0][0]
+    assert s.hits == 0 and edited == fresh and abs(edited - first) > 1e-3
+    assert run(gen_batch_size=4)[1].hits == 0  # a setting outside the old key
+    monkeypatch.setattr(scope, "runtime_versions", lambda: {"onnxruntime": "onnxruntime==99",
+                                                             "onnxruntime-genai": None})
+    assert run()[1].hits == 0  # another onnxruntime
 
 
 def test_store_survives_reopen_and_holds_only_json(tmp_path):
-    s = ResultStore.open(tmp_path / "x.sqlite", {"package": "abc"})
+    abc, xyz = (Scope("results", "/p", (("model.onnx", h),), "{}", ()) for h in ("abc", "xyz"))
+    s = ResultStore.open(tmp_path / "x.sqlite", abc)
     s.put("loglikelihood", ["a", "b"], [-1.5, True])
     s.close()
-    s = ResultStore.open(tmp_path / "x.sqlite", {"package": "abc"})
+    s = ResultStore.open(tmp_path / "x.sqlite", abc)
     assert s.get("loglikelihood", ["a", "b"]) == [-1.5, True]
-    assert ResultStore.open(tmp_path / "x.sqlite", {"package": "xyz"}).get("loglikelihood", ["a", "b"]) is None
+    assert ResultStore.open(tmp_path / "x.sqlite", xyz).get("loglikelihood", ["a", "b"]) is None
     with pytest.raises(TypeError):
         s.put("loglikelihood", ["a"], object())  # not JSON: refused, never pickled

@@ -8,19 +8,26 @@ hidden states that feed the LM head, driven by a new input
 comes back. Elementwise ops after the head (Gemma's soft-capping) are
 position-wise and stay as they are.
 
-The derived ``model.onnx`` is cached under ``<cache>/derived/<fingerprint>/``
-(the package's fingerprint: config and model files); weights are not copied,
-the session reads them from the package folder. The package folder is never
-written to.
+The derived ``model.onnx`` is cached under ``<cache>/derived/<scope>/``, where
+``<scope>`` is the digest of a :class:`~ortevals.scope.Scope` over the decoder
+and its external data, the logits output name, and the ortevals (source
+included), onnxruntime and onnxruntime-genai versions: a fix to this rewrite
+reaches packages derived before it, and run settings (batch size, ...) that do
+not shape the graph share one copy. ``scope.json`` beside it says what went in.
+Weights are not copied, the session reads them from the package folder. The
+package folder is never written to.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
-from ortevals.files import atomic_write_bytes
+from ortevals.files import atomic_write, atomic_write_bytes
+from ortevals.graph import external_data_files
 from ortevals.package import ModelPackage
+from ortevals.scope import Scope
 
 log = logging.getLogger(__name__)
 
@@ -31,15 +38,29 @@ POINTWISE = {"Mul", "Div", "Tanh", "Cast", "Add", "Sub", "Identity"}
 
 def derived_decoder(package: ModelPackage, cache: Path) -> Path | None:
     """Path of the derived decoder (built once), or None when the head cannot be found."""
-    target = cache / "derived" / package.fingerprint() / package.decoder.path.name
+    scope = derive_scope(package)
+    target = derived_path(package, cache, scope)
     if target.is_file():
         return target
     data = _derive(package)
     if data is None:
         return None
     atomic_write_bytes(target, data)
+    atomic_write(target.parent / "scope.json", json.dumps(scope.describe(), indent=1))
     log.info("derived scoring graph written to %s", target)
     return target
+
+
+def derive_scope(package: ModelPackage) -> Scope:
+    """What the derived graph depends on: the decoder, its data, the logits name, the versions."""
+    decoder = package.decoder.path
+    return Scope.build("derived", package, {"logits_name": package.logits_name},
+                       files=[decoder, *sorted(external_data_files(decoder))])
+
+
+def derived_path(package: ModelPackage, cache: Path, scope: Scope | None = None) -> Path:
+    """Where the derived decoder of ``package`` lives (or will) under ``cache``."""
+    return cache / "derived" / (scope or derive_scope(package)).digest[:32] / package.decoder.path.name
 
 
 def _derive(package: ModelPackage) -> bytes | None:

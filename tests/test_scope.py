@@ -1,0 +1,206 @@
+"""Nothing stale is served: change any input of a scope and the store and the derived-graph cache miss.
+
+Every run here is the real engine on the tiny package (a copy, where a test edits it), with the
+ortevals cache in tmp_path so derived graphs and stores from other tests never leak in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import onnx
+import pytest
+from click.testing import CliRunner
+from lm_eval.api.instance import Instance
+
+from ortevals import scope as scope_mod
+from ortevals.cli import cli
+from ortevals.files import store_path
+from ortevals.lm import ModelArgs, OrtLM
+from ortevals.package import ModelPackage
+from ortevals.runtime.derive import derived_decoder, derived_path
+
+REQ = ("The city", " of")
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch) -> Path:
+    cache = tmp_path / "ortevals-cache"
+    monkeypatch.setenv("ORTEVALS_CACHE", str(cache))
+    return cache
+
+
+def score(pkg: Path, store: Path | None = None, req=REQ, **kw) -> tuple[float, OrtLM]:
+    """One log-likelihood through OrtLM (store closed after), and the model (its store's scope and hits)."""
+    lm = OrtLM.from_package(ModelArgs(pkg=str(pkg), store=str(store) if store else None, **kw))
+    [(lp, _)] = lm.loglikelihood([Instance("loglikelihood", {}, req, 0)], disable_tqdm=True)
+    if lm.store is not None:
+        lm.store.close()
+    return lp, lm
+
+
+def edit_json(path: Path, change) -> None:
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+def test_tokenizer_json_edit_is_not_served_from_the_store(tiny_pkg, copy_pkg, tmp_path):
+    """The issue's reproduction: drop the post-processor (no BOS any more) and rerun the same command."""
+    pkg, store = copy_pkg(tiny_pkg), tmp_path / "s.sqlite"
+    first, lm = score(pkg, store)
+    assert lm.tok_encode(REQ[0])[0] == 1  # BOS from the post-processor
+    edit_json(pkg / "tokenizer.json", lambda d: d.update(post_processor=None))
+    rerun, lm = score(pkg, store)
+    fresh, _ = score(pkg)
+    assert lm.store.hits == 0 and lm.tok_encode(REQ[0])[0] != 1
+    assert rerun == fresh and abs(rerun - first) > 1e-3, (first, rerun, fresh)
+
+
+def test_tokenizer_config_edit_is_not_served_from_the_store(tiny_pkg, copy_pkg, tmp_path):
+    """bos_token "</s>" in tokenizer_config.json: an empty context is now scored after id 2, not 1."""
+    pkg, store = copy_pkg(tiny_pkg), tmp_path / "s.sqlite"
+    req = ("", " of the city")
+    first, lm = score(pkg, store, req)
+    assert lm.prefix_token_id == 1
+    edit_json(pkg / "tokenizer_config.json", lambda d: d.update(bos_token="</s>"))
+    rerun, lm = score(pkg, store, req)
+    fresh, _ = score(pkg, None, req)
+    assert lm.store.hits == 0 and lm.prefix_token_id == 2
+    assert rerun == fresh and abs(rerun - first) > 1e-3, (first, rerun, fresh)
+
+
+TOKENIZER_EDITS = {
+    "chat template in tokenizer_config.json": ("tokenizer_config.json", lambda p: edit_json(
+        p, lambda d: d.update(chat_template="{% for m in messages %}{{ m['content'] }}{% endfor %}"))),
+    "chat_template.jinja": ("chat_template.jinja", lambda p: p.write_text("{{ messages[0]['content'] }}")),
+    "special_tokens_map.json": ("special_tokens_map.json", lambda p: p.write_text('{"bos_token": "<s>"}')),
+    "added_tokens.json": ("added_tokens.json", lambda p: p.write_text("{}")),
+    "generation_config.json": ("generation_config.json", lambda p: p.write_text('{"temperature": 0.5}')),
+    "vocab.json": ("vocab.json", lambda p: p.write_text("{}")),
+    "merges.txt": ("merges.txt", lambda p: p.write_text("#version: 0.2\n")),
+}
+
+
+@pytest.mark.parametrize("name", list(TOKENIZER_EDITS))
+def test_every_tokenizer_file_is_in_the_scope(name, tiny_pkg, copy_pkg, tmp_path):
+    pkg, store = copy_pkg(tiny_pkg), tmp_path / "s.sqlite"
+    _, before = score(pkg, store)
+    file, edit = TOKENIZER_EDITS[name]
+    edit(pkg / file)
+    _, after = score(pkg, store)
+    assert file in after.store.scope.describe()["files"]
+    assert after.store.scope.digest != before.store.scope.digest and after.store.hits == 0
+
+
+def _bump(name: str):
+    """A replacement for the scope's version function behind ``name``."""
+    if name == "ortevals":
+        return "ortevals_version", lambda: "99.0.0"
+    if name == "ortevals source":
+        return "source_digest", lambda: "0" * 64
+    real = scope_mod.runtime_versions()
+    return "runtime_versions", lambda: {**real, name: f"{name}==99.0.0"}
+
+
+@pytest.mark.parametrize("name", ["ortevals", "ortevals source", "onnxruntime", "onnxruntime-genai"])
+def test_a_version_bump_misses(name, tiny_pkg, tmp_path, monkeypatch):
+    store = tmp_path / "s.sqlite"
+    _, before = score(tiny_pkg, store)
+    _, same = score(tiny_pkg, store)
+    assert same.store.hits == 1  # control: nothing else differs between runs
+    monkeypatch.setattr(scope_mod, *_bump(name))
+    _, after = score(tiny_pkg, store)
+    assert after.store.scope.digest != before.store.scope.digest and after.store.hits == 0
+    key = "ortevals-source" if name == "ortevals source" else name
+    assert after.store.scope.describe()["versions"][key] != before.store.scope.describe()["versions"][key]
+
+
+# a changed value for every ModelArgs field that can change a number (all but pkg and store, for now)
+CHANGED = {"ep": "cpu", "batch_size": 1, "max_length": 64, "threads": 1, "provider_options": ("use_arena=0",),
+           "add_bos_token": False, "memory_budget_mb": 512, "prefix_cache": False, "prefix_budget_mb": 256,
+           "scoring_graph": False, "path": "incremental", "max_gen_toks": 32, "gen_batch_size": 2, "seed": 7}
+
+
+def test_every_scoped_model_argument_is_covered():
+    assert set(CHANGED) == {f.name for f in dataclasses.fields(ModelArgs)} - {"pkg", "store"}
+
+
+@pytest.fixture(scope="module")
+def base_store(tiny_pkg, tmp_path_factory) -> tuple[Path, str]:
+    """A store holding REQ under default arguments, and that scope's digest."""
+    store = tmp_path_factory.mktemp("base") / "s.sqlite"
+    _, lm = score(tiny_pkg, store)
+    return store, lm.store.scope.digest
+
+
+@pytest.mark.parametrize("field", sorted(CHANGED))
+def test_each_model_argument_changes_the_scope(field, base_store, tiny_pkg):
+    store, base = base_store
+    assert CHANGED[field] != getattr(ModelArgs(pkg="x"), field)
+    _, lm = score(tiny_pkg, store, **{field: CHANGED[field]})
+    assert lm.store.scope.digest != base and lm.store.hits == 0
+    settings = json.loads(lm.store.scope.settings)
+    if field == "provider_options":  # scoped as what the sessions get, not as typed
+        assert settings["resolved_provider_options"] == {"use_arena": "0"}
+    else:
+        assert settings[field] == json.loads(json.dumps(CHANGED[field]))
+
+
+def test_derived_graph_follows_source_and_decoder_not_settings(tiny_pkg, copy_pkg, own_cache, monkeypatch):
+    pkg = copy_pkg(tiny_pkg)
+    score(pkg, batch_size=1)
+    score(pkg, batch_size=2, max_length=64, seed=3)  # settings that do not shape the graph: one copy
+    built = [p for p in (own_cache / "derived").iterdir()]
+    assert len(built) == 1 and (built[0] / "model.onnx").is_file()
+    assert json.loads((built[0] / "scope.json").read_text())["package"] == str(pkg)
+    package = ModelPackage.load(pkg)
+    before = derived_path(package, own_cache)
+    assert before == built[0] / "model.onnx"
+    with monkeypatch.context() as m:  # a fix to the rewrite reaches packages derived before it
+        m.setattr(scope_mod, "source_digest", lambda: "0" * 64)
+        fixed = derived_decoder(package, own_cache)
+        assert fixed != before and fixed.is_file()
+    model = onnx.load(str(pkg / "model.onnx"), load_external_data=False)
+    model.doc_string = "re-exported"
+    onnx.save(model, str(pkg / "model.onnx"))
+    assert derived_path(ModelPackage.load(pkg), own_cache) not in (before, fixed)
+
+
+def test_derived_graph_follows_external_data(tiny_pkg, copy_pkg, own_cache):
+    pkg = copy_pkg(tiny_pkg)
+    before = derived_path(ModelPackage.load(pkg), own_cache)
+    data = bytearray((pkg / "model.onnx.data").read_bytes())
+    data[-1] ^= 1
+    (pkg / "model.onnx.data").write_bytes(bytes(data))
+    assert derived_path(ModelPackage.load(pkg), own_cache) != before
+
+
+def test_cache_info_and_clear(tiny_pkg, own_cache):
+    store = store_path(tiny_pkg)
+    score(tiny_pkg, store)
+    score(tiny_pkg, store, max_length=64)
+    (own_cache / "examples" / "pkg").mkdir(parents=True)
+    (own_cache / "examples" / "pkg" / "w.bin").write_bytes(b"x" * 3000)
+    runner = CliRunner()
+    out = runner.invoke(cli, ["cache", "info"])
+    assert out.exit_code == 0, out.output
+    text = out.output
+    assert f"cache root {own_cache}" in text and "runs/: 1 entries" in text and "derived/: 1 entries" in text
+    assert "examples/: 1 entries, 2.9 KiB" in text
+    versions = scope_mod.versions()
+    scopes = [ln for ln in text.splitlines() if ln.strip().startswith("scope ")]
+    assert len(scopes) == 2 and all(str(tiny_pkg) in ln and "1 rows" in ln for ln in scopes)
+    assert [ln.endswith(s) for ln, s in zip(scopes, ("max_length=null", "max_length=64"))] == [True, True]
+    assert all(versions["onnxruntime"] in ln and versions["onnxruntime-genai"] in ln for ln in scopes)
+
+    out = runner.invoke(cli, ["cache", "clear"])
+    assert out.exit_code == 0 and "removed" in out.output, out.output
+    assert not (own_cache / "runs").exists() and not (own_cache / "derived").exists()
+    assert (own_cache / "examples" / "pkg" / "w.bin").is_file()  # kept unless asked
+    out = runner.invoke(cli, ["cache", "clear", "--examples"])
+    assert out.exit_code == 0 and f"removed {own_cache / 'examples'}: 1 entries" in out.output
+    assert not (own_cache / "examples").exists() and own_cache.is_dir()
+    assert "nothing in" in runner.invoke(cli, ["cache", "clear", "--all"]).output
