@@ -57,7 +57,7 @@ class Cli(click.Group):
 
 
 def model_options(fn):
-    """--pkg/--example, --ep, --provider-option, --threads, --batch-size, --max-length."""
+    """--pkg/--example, --ep, --provider-option, --threads, --batch-size, --max-length, --exact, --no-check."""
     opts = [
         click.option("--pkg", type=click.Path(path_type=Path), help="GenAI package folder (holds genai_config.json)."),
         click.option("--example", is_flag=True, help="Use the embedded SmolLM2-135M-Instruct fp32 package "
@@ -69,6 +69,9 @@ def model_options(fn):
         click.option("--batch-size", default="auto", show_default=True, help="Rows per forward pass, or auto."),
         click.option("--max-length", type=click.IntRange(min=1), default=None,
                      help="Context length (default: the package's context_length)."),
+        click.option("--exact", is_flag=True, help="One row per pass, no prefix reuse: each input scored as if "
+                     "run alone (chosen by itself when the graph's numbers depend on the batch)."),
+        click.option("--no-check", "no_check", is_flag=True, help="Skip the batch/prefix invariance canary."),
         click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug)."),
     ]
     for opt in reversed(opts):
@@ -123,6 +126,7 @@ def _load_lm(kw: dict):
     args = ModelArgs(pkg=pkg, ep=kw["ep"], batch_size=parse_batch_size(kw["batch_size"]),
                      max_length=kw["max_length"], threads=kw["threads"],
                      provider_options=tuple(kw["provider_options"]),
+                     exact=kw.get("exact", False), check=not kw.get("no_check", False),
                      store=str(store_path(pkg)) if kw.get("resume", True) else None)
     return OrtLM.from_package(args)
 

@@ -56,6 +56,8 @@ class ModelArgs:
     max_gen_toks: int = 256
     gen_batch_size: int = 1  # greedy requests per batched Generator (1: one cursor that rewinds)
     seed: int = 1234
+    exact: bool = False  # invariance (ortevals.invariance): one row per pass, no prefix reuse
+    check: bool = True  # invariance canary before the first batched run
 
     @classmethod
     def parse(cls, args: dict[str, Any]) -> ModelArgs:
@@ -80,7 +82,7 @@ class ModelArgs:
             args["seed"] = _positive_int(args["seed"], "seed", allow_zero=True)
         if isinstance(args.get("provider_options"), str):
             args["provider_options"] = tuple(p for p in args["provider_options"].split(";") if p)
-        for key in ("add_bos_token", "prefix_cache", "scoring_graph"):
+        for key in ("add_bos_token", "prefix_cache", "scoring_graph", "exact", "check"):
             if isinstance(args.get(key), str):
                 args[key] = args[key].lower() in ("1", "true", "yes", "on")
         return cls(**args)
@@ -157,6 +159,7 @@ class OrtLM(TemplateLM):
             prefix_cache=args.prefix_cache and not package.windowed,
             prefix_budget_mb=args.prefix_budget_mb,
             kv_bytes_per_token=sum(2 * s.kv_heads * s.head_size * np.dtype(s.dtype).itemsize for s in package.kv),
+            exact=args.exact, check=args.check,  # invariance switches
         )
         if args.prefix_cache and package.windowed:
             log.info("prefix cache off: %s keeps a windowed sliding KV cache", package.root)
@@ -372,3 +375,4 @@ class OrtLM(TemplateLM):
             bar.close()
             self.stats["requests"] += len(token_reqs)
             self.stats["seconds"] += time.perf_counter() - start
+            self.stats["mode"] = getattr(self.engine, "mode", "incremental")  # which mode ran and why
