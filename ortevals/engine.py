@@ -145,6 +145,7 @@ class PrefillEngine:
         self.kv_bytes_per_token = settings.kv_bytes_per_token
         self.mode = "exact" if settings.exact else "batched"  # which mode runs and why, for the run's record
         self.canary: CanaryResult | None = None
+        self.canary_tokens = 0  # tokens of the canary's one-row reference passes (their scores are kept)
 
     def score(
         self,
@@ -178,7 +179,9 @@ class PrefillEngine:
         groups = plan_groups(requests, self.settings.max_length, self.settings.group_by_context)
         picked = sorted(i for gi in pick_canary([g.tokens for g in groups]) for i, _ in groups[gi].members)
         sub = [requests[i] for i in picked]
+        before = self.tokens_run
         exact = self.score_exact(sub)
+        self.canary_tokens += self.tokens_run - before
         configured = self._canary_configured(sub)
         self.canary = compare(np.array([s.logprob for s in configured]), np.array([s.logprob for s in exact]),
                               np.array([len(r.continuation) for r in sub]), self.settings.dtype)

@@ -172,7 +172,7 @@ class OrtLM(TemplateLM):
         if args.store:
             scope = {"package": package.fingerprint(), "ep": provider.name, "options": provider.options,
                      "max_length": settings.max_length, "add_bos_token": args.add_bos_token, "seed": args.seed,
-                     "max_gen_toks": args.max_gen_toks}
+                     "max_gen_toks": args.max_gen_toks, "exact": args.exact, "check": args.check}
             store = ResultStore.open(Path(args.store), scope)
         return cls(package, tokenizer, backends, args, store)
 

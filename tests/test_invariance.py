@@ -150,6 +150,34 @@ def test_model_args_parse_the_switches(tiny_pkg):
     assert ModelArgs.parse({"pkg": str(tiny_pkg)}).check is True
 
 
+@pytest.mark.parametrize("flags, mode", [([], "exact (DynamicQuantizeLinear x9)"),
+                                         (["--exact"], "exact (forced: exact=true)")])
+def test_cli_records_the_mode_in_results(dynquant, tmp_path, flags, mode):
+    from click.testing import CliRunner
+
+    from ortevals.cli import cli
+
+    out = tmp_path / "run"
+    result = CliRunner().invoke(cli, ["mmlu-pro", "--pkg", str(dynquant), "--data", "bundled", "--limit", "2",
+                                      "--output", str(out), "--no-resume", *flags], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "results.json").read_text())["ortevals"]["mode"] == mode
+    assert f"scoring mode: {mode}" in result.output
+
+
+def test_cli_no_check_skips_the_canary(shape_dependent, tmp_path):
+    from click.testing import CliRunner
+
+    from ortevals.cli import cli
+
+    out = tmp_path / "run"
+    result = CliRunner().invoke(cli, ["mmlu-pro", "--pkg", str(shape_dependent), "--data", "bundled", "--limit",
+                                      "2", "--output", str(out), "--no-resume", "--no-check", "--batch-size", "4"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "results.json").read_text())["ortevals"]["mode"].startswith("batched (check=false")
+
+
 # --- pure helpers ---------------------------------------------------------------------------------------
 
 
