@@ -105,8 +105,6 @@ def rows_for(settings: EngineSettings, seq_len: int) -> int:
     On CPU a long row already saturates the cores and extra rows only add memory
     traffic, so auto caps rows by ``token_budget`` as well as by the logits budget.
     """
-    if settings.exact:
-        return 1
     if settings.batch_size:
         return settings.batch_size
     per_row = seq_len * settings.vocab_size * 4 * 2  # logits + the float32 copy scoring makes
@@ -153,6 +151,8 @@ class PrefillEngine:
         on_done: Callable[[int, Score], None] | None = None,
     ) -> list[Score]:
         """Score every request; ``on_done(index, score)`` fires as each one finishes."""
+        if not requests:
+            return []
         if self.settings.exact:
             return self.score_exact(requests, on_done)
         if self.settings.check and self.canary is None and self._can_differ():
@@ -216,11 +216,11 @@ class PrefillEngine:
         self.settings = replace(self.settings, exact=True)
         self.mode = f"exact (canary: |diff| {c.max_diff:.3g} > {c.tolerance:.0e})"
         log.warning(
-            "invariance canary: request %d (%d context + %d continuation tokens) scores %.6f batched with prefix "
-            "reuse but %.6f run alone: |diff| %.3g > tolerance %.0e for %s logits; switching to exact mode (one "
-            "row per pass, no prefix reuse). exact=true (--exact) skips the check; check=false (--no-check) keeps "
-            "batching", picked[c.index], len(req.context), len(req.continuation), configured[c.index].logprob,
-            exact[c.index].logprob, c.max_diff, c.tolerance, self.settings.dtype)
+            "invariance canary: request %d (%d context + %d continuation tokens) scores %.6f the configured way "
+            "(batched, prefix reuse) but %.6f run alone: |diff| %.3g > tolerance %.0e for %s logits; switching to "
+            "exact mode (one row per pass, no prefix reuse). exact=true (--exact) skips the check; check=false "
+            "(--no-check) keeps batching", picked[c.index], len(req.context), len(req.continuation),
+            configured[c.index].logprob, exact[c.index].logprob, c.max_diff, c.tolerance, self.settings.dtype)
 
     def score_batched(
         self,
