@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ortevals.engine import EngineSettings, PrefillEngine
 from ortevals.errors import OrtEvalsError
@@ -67,7 +67,28 @@ class Backends:
     def prefill(self) -> PrefillEngine:
         from ortevals.runtime.sessions import DecoderRunner
 
-        return PrefillEngine(DecoderRunner.open(self.package, self.provider, self.derived_cache), self.settings)
+        settings, mode = self._prefill_settings()
+        # exact mode means the package's own decoder: the derived graph changes which rows the head sees
+        cache = None if settings.exact else self.derived_cache
+        engine = PrefillEngine(DecoderRunner.open(self.package, self.provider, cache), settings)
+        engine.mode = mode
+        return engine
+
+    def _prefill_settings(self) -> tuple[EngineSettings, str]:
+        """Settings for the prefill engine: exact mode when asked or when the graph mixes rows."""
+        from ortevals.invariance import detect
+
+        out = self.package.decoder.output(self.package.logits_name)
+        settings = replace(self.settings, dtype=out.dtype if out is not None else "float32")
+        if settings.exact:
+            return settings, "exact (forced: exact=true)"
+        models = [m.path for m in (self.package.embedding, self.package.decoder) if m is not None]
+        found = detect(models, [self.package.decoder.inputs.get("attention_mask", "attention_mask")])
+        if found.found:
+            log.warning("%s: this graph's numbers depend on what else is in a pass (%s); scoring in exact mode: "
+                        "one row per pass, no prefix reuse, full logits", self.package.decoder.path, found.reason)
+            return replace(settings, exact=True), f"exact ({found.reason})"
+        return settings, "batched" if settings.check else "batched (check=false: invariance not checked)"
 
     @functools.cached_property
     def genai(self):

@@ -7,7 +7,11 @@ Owns grouping, ordering and batching of log-likelihood requests:
 * inputs are sorted longest-first and right-padded with an attention mask
   (left padding is wrong under GroupQueryAttention);
 * ``batch_size=None`` ("auto") picks rows per batch from a memory budget for
-  the ``[B,S,V]`` logits the pass returns.
+  the ``[B,S,V]`` logits the pass returns;
+* exact mode (``exact=True``): one row per pass, no prefix reuse, full logits,
+  as if each input ran alone. Before the first batched run a canary scores a
+  few of the requests both ways (:mod:`ortevals.invariance`) and switches to
+  exact mode when they differ.
 
 The forward pass is passed in (a :class:`~ortevals.runtime.sessions.DecoderRunner`
 or anything with the same ``forward``), so the engine is tested with hand-made
@@ -18,12 +22,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
 
 from ortevals.errors import OrtEvalsError
+from ortevals.invariance import CanaryResult, compare, pick_canary
 from ortevals.prefix import PrefixPlan, plan_prefixes
 from ortevals.scoring import check_finite, continuation_logprob, input_window
 
@@ -65,6 +70,9 @@ class EngineSettings:
     # the prefix KV replicated across it. 1: one row per pass (CPU: onnxruntime's GroupQueryAttention
     # refuses batch > 1 with a multi-token input and past). 0: as many as rows_for allows (devices).
     prefix_batch: int = 1
+    exact: bool = False  # one row per pass, no prefix reuse, full logits: each input as if run alone
+    check: bool = True  # run the invariance canary before the first batched run
+    dtype: str = "float32"  # the logits' float type: sets the canary's tolerance
 
 
 @dataclass(frozen=True)
@@ -138,6 +146,9 @@ class PrefillEngine:
         self.forward_passes = 0
         self.tokens_run = 0
         self.kv_bytes_per_token = settings.kv_bytes_per_token
+        self.mode = "exact" if settings.exact else "batched"  # which mode runs and why, for the run's record
+        self.canary: CanaryResult | None = None
+        self.canary_tokens = 0  # tokens of the canary's one-row reference passes (their scores are kept)
 
     def score(
         self,
@@ -145,6 +156,87 @@ class PrefillEngine:
         on_done: Callable[[int, Score], None] | None = None,
     ) -> list[Score]:
         """Score every request; ``on_done(index, score)`` fires as each one finishes."""
+        if not requests:
+            return []
+        if self.settings.exact:
+            return self.score_exact(requests, on_done)
+        if self.settings.check and self.canary is None and self._can_differ():
+            return self._score_checked(requests, on_done)
+        return self.score_batched(requests, on_done)
+
+    def _can_differ(self) -> bool:
+        """Whether the configured way is anything but one full-logits row per pass."""
+        s = self.settings
+        return s.batch_size != 1 or s.prefix_cache
+
+    def score_exact(self, requests: Sequence[TokenRequest], on_done=None) -> list[Score]:
+        """One row per pass, no prefix reuse: each input as if run alone.
+
+        A derived graph still returns only the scored rows ([1,K,V], not [1,S,V]: 1 GB for a 900-token
+        prompt on a 262k vocabulary); a graph whose numbers depend on the pass is opened without one.
+        """
+        results: list[Score | None] = [None] * len(requests)
+        done = ScoreSink(requests, results, on_done)
+        for group in plan_groups(requests, self.settings.max_length, self.settings.group_by_context):
+            ids, mask = pad_right([group.tokens], self.settings.pad_token_id)
+            logits, ends = self._scored_forward(ids, mask, [group], [len(group.tokens)])
+            done.group(logits[0], group, ends[0])
+        return results  # type: ignore[return-value]
+
+    def _score_checked(self, requests: Sequence[TokenRequest], on_done=None) -> list[Score]:
+        """The canary, then the rest: a few requests scored both ways; their exact scores are kept."""
+        groups = plan_groups(requests, self.settings.max_length, self.settings.group_by_context)
+        picked = sorted(i for gi in pick_canary([g.tokens for g in groups]) for i, _ in groups[gi].members)
+        sub = [requests[i] for i in picked]
+        before = self.tokens_run
+        exact = self.score_exact(sub)
+        self.canary_tokens += self.tokens_run - before
+        configured = self._canary_configured(sub)
+        self.canary = compare(np.array([s.logprob for s in configured]), np.array([s.logprob for s in exact]),
+                              np.array([len(r.continuation) for r in sub]), self.settings.dtype)
+        self._canary_verdict(sub, configured, exact, picked)
+        results: list[Score | None] = [None] * len(requests)
+        for i, score in zip(picked, exact):
+            results[i] = score
+            if on_done is not None:
+                on_done(i, score)
+        rest = [i for i in range(len(requests)) if results[i] is None]
+        relay = None if on_done is None else (lambda k, score: on_done(rest[k], score))
+        for i, score in zip(rest, self.score([requests[i] for i in rest], relay)):
+            results[i] = score
+        return results  # type: ignore[return-value]
+
+    def _canary_configured(self, sub: list[TokenRequest]) -> list[Score]:
+        """The configured way, with any shared prefix reused (a handful of requests saves few tokens)."""
+        saved = self.settings
+        self.settings = replace(saved, prefix_min_saving=1)
+        try:
+            return self.score_batched(sub)
+        finally:
+            self.settings = saved
+
+    def _canary_verdict(self, sub, configured, exact, picked) -> None:
+        c = self.canary
+        if c.passed:
+            self.mode = f"batched (canary passed on {len(sub)} requests: max |diff| {c.max_diff:.1e})"
+            log.info("invariance canary: %s", self.mode)
+            return
+        req = sub[c.index]
+        self.settings = replace(self.settings, exact=True)
+        self.mode = f"exact (canary: |diff| {c.max_diff:.3g} > {c.tolerance:.0e})"
+        log.warning(
+            "invariance canary: request %d (%d context + %d continuation tokens) scores %.6f the configured way "
+            "(batched, prefix reuse) but %.6f run alone: |diff| %.3g > tolerance %.0e for %s logits; switching to "
+            "exact mode (one row per pass, no prefix reuse). exact=true (--exact) skips the check; check=false "
+            "(--no-check) keeps batching", picked[c.index], len(req.context), len(req.continuation),
+            configured[c.index].logprob, exact[c.index].logprob, c.max_diff, c.tolerance, self.settings.dtype)
+
+    def score_batched(
+        self,
+        requests: Sequence[TokenRequest],
+        on_done: Callable[[int, Score], None] | None = None,
+    ) -> list[Score]:
+        """The configured way: grouped, batched, shared prefixes reused."""
         groups = plan_groups(requests, self.settings.max_length, self.settings.group_by_context)
         results: list[Score | None] = [None] * len(requests)
         done = ScoreSink(requests, results, on_done)

@@ -74,7 +74,7 @@ def evaluate(lm, spec: RunSpec) -> RunOutcome:
         raise DataError("the data set is empty after filters (check --limit and the task names)")
     requests = lm.stats["requests"] - before["requests"]
     summary = summarize(results, requests, seconds, lm.stats["seconds"] - before["seconds"],
-                        lm.stats["reused"] - before["reused"])
+                        lm.stats["reused"] - before["reused"], lm.stats.get("mode", ""))
     files = tuple(write_outputs(spec.output, results, summary)) if spec.output else ()
     return RunOutcome(summary, results, files)
 

@@ -71,6 +71,7 @@ class OrtLM(TemplateLM):
             prefix_budget_mb=args.prefix_budget_mb,
             prefix_batch=0 if provider.on_device else 1,  # issue 10 §4: CPU GQA refuses batched continuations
             kv_bytes_per_token=kv_bytes_per_token(package),
+            exact=args.exact, check=args.check,  # invariance switches (ortevals/invariance.py)
         )
         if args.prefix_cache and package.windowed:
             log.info("prefix cache off: %s keeps a windowed sliding KV cache", package.root)
@@ -241,3 +242,4 @@ class OrtLM(TemplateLM):
             bar.close()
             self.stats["requests"] += len(token_reqs)
             self.stats["seconds"] += time.perf_counter() - start
+            self.stats["mode"] = getattr(self.engine, "mode", "incremental")  # which mode ran and why

@@ -132,6 +132,10 @@ OPTIONS: tuple[Option, ...] = (
            "Log-likelihood path: auto | prefill | incremental."),
     Option("store", text("store"), None, "SQLite result store: finished requests are reused on a rerun.",
            scoped=False),
+    Option("exact", boolean("exact"), False, "One row per pass, no prefix reuse: each input scored as if run "
+           "alone (chosen by itself when the graph's numbers depend on the batch).", flag="--exact"),
+    Option("check", boolean("check"), True, "Before a batched run, check on a few requests that batching and "
+           "prefix reuse match one row per pass (--no-check skips it).", flag="--check"),
     Option("max_gen_toks", positive_int("max_gen_toks"), 256, "Default cap on generated tokens."),
     Option("gen_batch_size", positive_int("gen_batch_size"), 1,
            "Greedy requests per batched Generator (1: one cursor that rewinds)."),

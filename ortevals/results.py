@@ -40,6 +40,7 @@ class RunSummary:
     model_seconds: float  # time inside the scoring engine
     peak_rss_mb: float = 0.0  # the process's peak resident memory
     reused: int = 0  # requests answered from the result store (a resumed run), not in ``requests``
+    mode: str = ""  # log-likelihood scoring mode and why: "batched (canary passed …)", "exact (…)"
 
     @property
     def requests_per_s(self) -> float:
@@ -48,7 +49,7 @@ class RunSummary:
 
 
 def summarize(results: dict[str, Any], requests: int, seconds: float, model_seconds: float,
-              reused: int = 0) -> RunSummary:
+              reused: int = 0, mode: str = "") -> RunSummary:
     """Build the summary from ``lm_eval.simple_evaluate``'s return value."""
     metrics = {}
     for task, values in results.get("results", {}).items():
@@ -63,7 +64,7 @@ def summarize(results: dict[str, Any], requests: int, seconds: float, model_seco
         values.extend(v for s in samples if (v := _sample_value(s)) is not None)
     overall = sum(values) / len(values) if values else None
     return RunSummary(metrics, tuple(categories), questions, requests, overall, seconds, model_seconds,
-                      peak_rss_mb(), reused)
+                      peak_rss_mb(), reused, mode)
 
 
 def peak_rss_mb() -> float:
@@ -116,6 +117,8 @@ def format_table(summary: RunSummary) -> str:
         f"scoring {summary.model_seconds:.1f} s  {summary.requests_per_s:.2f} req/s  "
         f"peak RSS {summary.peak_rss_mb:.0f} MiB"
     )
+    if summary.mode:
+        lines.append(f"scoring mode: {summary.mode}")
     return "\n".join(lines)
 
 
@@ -126,7 +129,7 @@ def write_outputs(out_dir: Path, results: dict[str, Any], summary: RunSummary) -
     body["ortevals"] = {"questions": summary.questions, "requests": summary.requests, "overall": summary.overall,
                         "seconds": summary.seconds, "model_seconds": summary.model_seconds,
                         "peak_rss_mb": summary.peak_rss_mb, "requests_per_s": summary.requests_per_s,
-                        "reused": summary.reused,
+                        "reused": summary.reused, "mode": summary.mode,
                         "categories": [c.__dict__ for c in summary.categories]}
     path = out_dir / "results.json"
     atomic_write(path, json.dumps(body, indent=2, default=str, ensure_ascii=False))

@@ -76,7 +76,8 @@ def test_scores_equal_unbatched_reference(batch_size, group, model):
 
 def test_one_forward_input_per_shared_context():
     model = CausalToyModel()
-    engine = PrefillEngine(model, EngineSettings(max_length=64, vocab_size=V, batch_size=1))
+    # check=False: count the configured path's own passes, without the invariance canary's
+    engine = PrefillEngine(model, EngineSettings(max_length=64, vocab_size=V, batch_size=1, check=False))
     engine.score(REQS)
     # the three one-token continuations of (1,2,3) share one input: 6 requests -> 4 inputs
     assert len(model.calls) == 4
@@ -132,7 +133,7 @@ def test_prefix_cache_gives_the_same_scores_with_fewer_tokens(budget_mb, model):
     ref = off.score(reqs)
     on = PrefillEngine(model(), EngineSettings(max_length=64, vocab_size=V, batch_size=1,
                                                         prefix_min_saving=8, prefix_budget_mb=budget_mb,
-                                                        kv_bytes_per_token=64))
+                                                        kv_bytes_per_token=64, check=False))  # no canary passes
     got = on.score(reqs)
     for a, b in zip(ref, got):
         assert a.logprob == pytest.approx(b.logprob, abs=1e-5) and a.greedy == b.greedy

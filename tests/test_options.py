@@ -23,7 +23,7 @@ def test_every_option_reaches_model_args():
     strings = {"pkg": "p", "ep": "cuda", "provider_options": "a=1;b=2", "threads": "3", "batch_size": "auto",
                "max_length": "64", "add_bos_token": "false", "memory_budget_mb": "10", "prefix_cache": "off",
                "prefix_budget_mb": "5", "scoring_graph": "0", "path": "incremental", "store": "s.sqlite",
-               "max_gen_toks": "7", "gen_batch_size": "2", "seed": "0"}
+               "max_gen_toks": "7", "gen_batch_size": "2", "seed": "0", "exact": "yes", "check": "no"}
     missing = fields - set(strings)
     assert not missing, f"add a string form for {missing}"
     args = parse_model_args(strings)

@@ -121,7 +121,8 @@ def test_a_version_bump_misses(name, tiny_pkg, tmp_path, monkeypatch):
 # a changed value for every ModelArgs field that can change a number (all but pkg and store, for now)
 CHANGED = {"ep": "cpu", "batch_size": 1, "max_length": 64, "threads": 1, "provider_options": ("use_arena=0",),
            "add_bos_token": False, "memory_budget_mb": 512, "prefix_cache": False, "prefix_budget_mb": 256,
-           "scoring_graph": False, "path": "incremental", "max_gen_toks": 32, "gen_batch_size": 2, "seed": 7}
+           "scoring_graph": False, "path": "incremental", "max_gen_toks": 32, "gen_batch_size": 2, "seed": 7,
+           "exact": True, "check": False}
 
 
 def test_every_scoped_model_argument_is_covered():
