@@ -287,7 +287,7 @@ class OrtLM(TemplateLM):
         return self._stored("generate_until", requests, lambda rs, keys: self._generate(rs, keys, disable_tqdm))
 
     def _generate(self, requests, keys: list[list], disable_tqdm: bool) -> list[str]:
-        from ortevals.generation import can_batch, generate, generate_batch
+        from ortevals.generation import can_batch, generate, generate_batch, request_name
 
         items = [self._gen_item(req.args) for req in requests]
         if not items:
@@ -306,26 +306,31 @@ class OrtLM(TemplateLM):
                 self.store.put("generate_until", keys[i], text)
             bar.update(1)
 
+        def name(i: int) -> str:  # a request in errors (non-finite logits)
+            return request_name(i, requests[i])
+
         width = self.args.gen_batch_size if runner.rewind_ok else 1  # batches only where og is exact
         pad = self.package.pad_token_id
         batched = [i for i in range(len(items)) if width > 1 and can_batch(*items[i], pad)]
         singles = sorted(set(range(len(items))) - set(batched), key=lambda i: items[i][0])
         log.info("generate_until: %d requests on the incremental path (%d in batches of up to %d)",
                  len(items), len(batched), width)
-        batched.sort(key=lambda i: len(items[i][0]))  # similar lengths: little padding
-        for chunk in (batched[j:j + width] for j in range(0, len(batched), width)):
-            outs = generate_batch(runner, self.tokenizer, [items[i][0] for i in chunk],
-                                  [items[i][1] for i in chunk], eos)
-            for i, (text, n) in zip(chunk, outs, strict=True):
-                finish(i, text, n)
-        if singles:
-            cursor = runner.cursor(max(len(items[i][0]) + items[i][1].max_gen_toks for i in singles))
-            # prompts sharing a prefix are adjacent: the cursor rewinds instead of re-running it
-            for i in singles:
-                ids, settings = items[i]
-                rng = np.random.default_rng([settings.seed, *stable_ints(keys[i])])
-                finish(i, *generate(cursor, self.tokenizer, ids, settings, eos, rng))
-        bar.close()
+        try:  # close the bar on an error too, so the CLI's one-line error starts its own line
+            batched.sort(key=lambda i: len(items[i][0]))  # similar lengths: little padding
+            for chunk in (batched[j:j + width] for j in range(0, len(batched), width)):
+                outs = generate_batch(runner, self.tokenizer, [items[i][0] for i in chunk],
+                                      [items[i][1] for i in chunk], eos, names=[name(i) for i in chunk])
+                for i, (text, n) in zip(chunk, outs, strict=True):
+                    finish(i, text, n)
+            if singles:
+                cursor = runner.cursor(max(len(items[i][0]) + items[i][1].max_gen_toks for i in singles))
+                # prompts sharing a prefix are adjacent: the cursor rewinds instead of re-running it
+                for i in singles:
+                    ids, settings = items[i]
+                    rng = np.random.default_rng([settings.seed, *stable_ints(keys[i])])
+                    finish(i, *generate(cursor, self.tokenizer, ids, settings, eos, rng, name=name(i)))
+        finally:
+            bar.close()
         self.stats["requests"] += len(items)
         self.stats["seconds"] += time.perf_counter() - start
         return results
