@@ -6,6 +6,15 @@ from a seeded numpy generator: reproducible, pure), stop sequences checked as
 tokens arrive (generation stops at once, the text is cut at the first stop),
 EOS as a stop, and the loop over a Generator cursor (runtime/genai.py), which
 rewinds to the prompt prefix shared with the previous request.
+
+Decoding policy (:data:`SEARCH_POLICY`): the request's gen_kwargs alone decide
+the tokens, as in lm-eval. The package's ``search`` section in
+genai_config.json (repetition_penalty, min_length, no_repeat_ngram_size, ...)
+is not applied on either path: the single-row path chooses tokens here from raw
+logits, and the batched path runs og's search with those options neutralised
+(runtime/genai.py ``NEUTRAL_SEARCH``) and checks every token it picks against
+the logits. Logits that are not finite end the run with an error naming the
+request and the step (:func:`check_logits`).
 """
 
 from __future__ import annotations
@@ -20,6 +29,9 @@ import numpy as np
 from ortevals.errors import OrtEvalsError
 
 log = logging.getLogger(__name__)
+
+# Part of the result-store scope: a change of policy must never serve stored generations.
+SEARCH_POLICY = "gen_kwargs-only/v1"
 
 
 @dataclass(frozen=True)
@@ -91,6 +103,35 @@ def choose_token(logits: np.ndarray, s: GenSettings, rng: np.random.Generator) -
     return int(rng.choice(p.shape[0], p=p))
 
 
+def check_logits(logits: np.ndarray, step: int, request: str) -> None:
+    """Raise if ``logits [V]`` hold a NaN or +inf, or no finite value (all -inf).
+
+    One reduction: max() is NaN if any value is, +inf if any is, -inf only if all are.
+    ``step`` counts generated tokens from 1; ``request`` names the request.
+    """
+    top = float(np.max(logits))
+    if np.isfinite(top):
+        return
+    what = "NaN" if np.isnan(top) else ("+inf" if top > 0 else "all -inf")
+    raise OrtEvalsError(f"non-finite logits ({what}) at generated token {step} for {request}; "
+                        "the model overflowed (fp16?) or its weights hold NaN/inf")
+
+
+def request_name(index: int, request=None, context: Sequence[int] = (), tokenizer=None) -> str:
+    """``request #3 (task gsm8k, doc 7; prompt 'The capital of…')``, on one line.
+
+    ``request``: lm-eval's Instance (its task, doc id and prompt text); without it the prompt is
+    decoded from ``context`` (which may be left-truncated)."""
+    task, doc = getattr(request, "task_name", None), getattr(request, "doc_id", None)
+    if request is not None:
+        text = str(request.args[0])
+    else:
+        text = tokenizer.decode(list(context[:24]), skip_special_tokens=True) if tokenizer else ""
+    text = " ".join(text.split())
+    where = f"task {task}, doc {doc}; " if task is not None else ""
+    return f"request #{index} ({where}prompt {text[:40] + ('…' if len(text) > 40 else '')!r})"
+
+
 def first_stop(text: str, until: Sequence[str], start: int = 0) -> int | None:
     """Index of the earliest stop sequence in ``text`` at or after ``start``, or None."""
     hits = [i for u in until if (i := text.find(u, start)) != -1]
@@ -130,13 +171,18 @@ class TextStream:
 
 
 def generate(cursor, tokenizer, context: Sequence[int], s: GenSettings, eos_ids: set[int],
-             rng: np.random.Generator) -> tuple[str, int]:
-    """Generate after ``context``; return (text cut at the first stop, tokens generated)."""
+             rng: np.random.Generator, name: str | None = None) -> tuple[str, int]:
+    """Generate after ``context``; return (text cut at the first stop, tokens generated).
+
+    ``name`` (see :func:`request_name`) names the request in errors."""
     stream = TextStream(tokenizer, s, eos_ids)
     logits = cursor.move_to(list(context))
-    while not stream.push(choose_token(logits, s, rng)):
+    while True:
+        if not np.isfinite(np.max(logits)):
+            check_logits(logits, len(stream.out) + 1, name or request_name(0, None, context, tokenizer))
+        if stream.push(choose_token(logits, s, rng)):
+            return stream.result
         logits = cursor.append([stream.out[-1]])
-    return stream.result
 
 
 def can_batch(context: Sequence[int], s: GenSettings, pad_id: int | None) -> bool:
@@ -146,14 +192,35 @@ def can_batch(context: Sequence[int], s: GenSettings, pad_id: int | None) -> boo
 
 
 def generate_batch(runner, tokenizer, contexts: Sequence[Sequence[int]], settings: Sequence[GenSettings],
-                   eos_ids: set[int]) -> list[tuple[str, int]]:
+                   eos_ids: set[int], names: Sequence[str] | None = None) -> list[tuple[str, int]]:
     """Greedy generation for several requests in one batched Generator; each row stops on its
-    own EOS, stop sequence or max_gen_toks, and the batch ends when every row has."""
+    own EOS, stop sequence or max_gen_toks, and the batch ends when every row has.
+
+    og's search picks the tokens; each row that is still running is checked: finite logits,
+    and a token that attains their maximum (what choose_token's argmax would pick), so no
+    search option og applies can make batched output differ from single-row output unseen."""
     streams = [TextStream(tokenizer, s, eos_ids) for s in settings]
     steps = runner.greedy_steps([list(c) for c in contexts], max(s.max_gen_toks for s in settings))
-    for tokens in steps:  # tokens: [B]
-        # a list, not a generator: every row must take its token before all() decides
-        if all([stream.push(int(t)) for stream, t in zip(streams, tokens, strict=True)]):
-            break
-    steps.close()
+    try:
+        for tokens, logits in steps:  # tokens: [B], logits: [B,V]
+            for row, stream in enumerate(streams):
+                if not stream.done:
+                    _check_row(logits[row], int(tokens[row]), len(stream.out) + 1,
+                               lambda r=row: names[r] if names else request_name(r, None, contexts[r], tokenizer))
+            # a list, not a generator: every row must take its token before all() decides
+            if all([stream.push(int(t)) for stream, t in zip(streams, tokens, strict=True)]):
+                break
+    finally:
+        steps.close()
     return [stream.result for stream in streams]
+
+
+def _check_row(logits: np.ndarray, token: int, step: int, name) -> None:
+    """One batched row's step: finite logits (else the NaN error), and og's token at their max."""
+    top = np.max(logits)
+    if not np.isfinite(top):
+        check_logits(logits, step, name())
+    if logits[token] != top:
+        raise OrtEvalsError(f"onnxruntime-genai's search chose token {token} (logit {float(logits[token]):.6g}) "
+                            f"over the maximum {float(top):.6g} at generated token {step} for {name()}; its "
+                            f"search is not plain greedy here: run with gen_batch_size=1")

@@ -53,6 +53,7 @@ class OrtLM(TemplateLM):
     def from_package(cls, args: ModelArgs) -> OrtLM:
         """Load the package and tokenizer; open the log-likelihood path now, generation on first use."""
         from ortevals.files import cache_root
+        from ortevals.generation import SEARCH_POLICY
         from ortevals.providers import from_package, parse_options
         from ortevals.runtime.sessions import kv_bytes_per_token
 
@@ -86,7 +87,7 @@ class OrtLM(TemplateLM):
             # and what they resolved to (raw sessions get the filtered provider options)
             settings_scope = scoped_settings(args) | {
                 "resolved_provider": provider.name, "resolved_provider_options": provider.raw_options,
-                "effective_max_length": settings.max_length}
+                "effective_max_length": settings.max_length, "search_policy": SEARCH_POLICY}
             store = ResultStore.open(Path(args.store), Scope.build("results", package, settings_scope))
         return cls(package, tokenizer, backends, args, store)
 
@@ -189,6 +190,7 @@ class OrtLM(TemplateLM):
         return self._stored("generate_until", requests, lambda rs, keys: self._generate(rs, keys, disable_tqdm))
 
     def _generate(self, requests, keys: list[list], disable_tqdm: bool) -> list[str]:
+        from ortevals.generation import request_name
         from ortevals.schedule import prompt_item, run_generation
 
         items = [prompt_item(self, req.args) for req in requests]
@@ -207,10 +209,14 @@ class OrtLM(TemplateLM):
                 self.store.put("generate_until", keys[i], text)
             bar.update(1)
 
+        def name(i: int) -> str:  # a request in errors (non-finite logits)
+            return request_name(i, requests[i])
+
         width = self.args.gen_batch_size if runner.rewind_ok else 1  # batches only where og is exact
         try:
             run_generation(runner, self.tokenizer, items, keys, {self.eot_token_id, *self.package.eos_token_ids},
-                           width, self.package.pad_token_id, finish)
+                           width, self.package.pad_token_id, finish,
+                           name=lambda i: request_name(i, requests[i]))  # errors name the request
         finally:
             bar.close()
             self.stats["requests"] += len(items)

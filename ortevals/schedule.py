@@ -48,10 +48,12 @@ def prompt_item(lm, args) -> tuple[list[int], object]:
 
 
 def run_generation(runner, tokenizer, items: Sequence[tuple[list[int], object]], keys: Sequence[list],
-                   eos: set[int], width: int, pad_id: int | None, finish: Callable[[int, str, int], None]) -> None:
+                   eos: set[int], width: int, pad_id: int | None, finish: Callable[[int, str, int], None],
+                   name: Callable[[int], str] = lambda i: f"request #{i}") -> None:
     """Generate every item; ``finish(index, text, tokens)`` fires as each one ends.
 
     width: greedy requests per batched Generator (1: all go through the rewinding cursor).
+    name: how an error names request i.
     """
     from ortevals.generation import can_batch, generate, generate_batch
 
@@ -61,7 +63,8 @@ def run_generation(runner, tokenizer, items: Sequence[tuple[list[int], object]],
              len(items), len(batched), width)
     batched.sort(key=lambda i: len(items[i][0]))  # similar lengths: little padding
     for chunk in (batched[j:j + width] for j in range(0, len(batched), width)):
-        outs = generate_batch(runner, tokenizer, [items[i][0] for i in chunk], [items[i][1] for i in chunk], eos)
+        outs = generate_batch(runner, tokenizer, [items[i][0] for i in chunk], [items[i][1] for i in chunk], eos,
+                              names=[name(i) for i in chunk])
         for i, (text, n) in zip(chunk, outs, strict=True):
             finish(i, text, n)
     if singles:
@@ -70,4 +73,4 @@ def run_generation(runner, tokenizer, items: Sequence[tuple[list[int], object]],
         for i in singles:
             ids, settings = items[i]
             rng = np.random.default_rng([settings.seed, *stable_ints(keys[i])])
-            finish(i, *generate(cursor, tokenizer, ids, settings, eos, rng))
+            finish(i, *generate(cursor, tokenizer, ids, settings, eos, rng, name=name(i)))

@@ -82,6 +82,45 @@ def test_batched_greedy_generation_equals_hf_backend(hflm, tiny):
     assert batched == cut == [f[:f.index(s)] for f, s in zip(free, stops, strict=True)]
 
 
+def with_search_options(pkg_dir, **options):
+    """The package with non-neutral `search` options in its genai_config.json."""
+    import json
+
+    cfg_path = pkg_dir / "genai_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["search"].update(options)
+    cfg_path.write_text(json.dumps(cfg))
+    return pkg_dir
+
+
+NON_NEUTRAL = {"repetition_penalty": 1.5, "min_length": 30, "no_repeat_ngram_size": 2}
+
+
+def test_package_search_options_never_decide_a_token(hflm, tiny, copy_pkg):
+    """SEARCH_POLICY: gen_kwargs alone decide. og's search on the batched path used to apply the
+    package's repetition_penalty / min_length / no_repeat_ngram_size, the single-row path not."""
+    pkg = with_search_options(copy_pkg(tiny[1]), **NON_NEUTRAL)
+    prompts = PROMPTS + ["one", "Question: what is the river of the city? Answer: the river"]
+    kwargs = {"until": [], "max_gen_toks": 20}
+    batched_lm = OrtLM.from_package(ModelArgs(pkg=str(pkg), max_length=256, gen_batch_size=4))
+    batched = gen(batched_lm, prompts, kwargs)
+    assert batched_lm.backends.genai.generators_created == 2  # really batched
+    single = gen(OrtLM.from_package(ModelArgs(pkg=str(pkg), max_length=256)), prompts, kwargs)
+    plain = gen(OrtLM.from_package(ModelArgs(pkg=str(tiny[1]), max_length=256, gen_batch_size=4)), prompts, kwargs)
+    assert batched == single == plain == gen(hflm, prompts, kwargs)
+
+
+def test_batched_tokens_are_checked_against_the_logits(tiny, copy_pkg, monkeypatch):
+    """The safety net: had og's search kept a package option, the batched run stops, naming the row."""
+    import ortevals.runtime.genai as genai
+
+    monkeypatch.setattr(genai, "NEUTRAL_SEARCH", {"do_sample": False})  # og keeps the package's options
+    pkg = with_search_options(copy_pkg(tiny[1]), repetition_penalty=1.5)
+    lm = OrtLM.from_package(ModelArgs(pkg=str(pkg), max_length=256, gen_batch_size=4))
+    with pytest.raises(OrtEvalsError, match=r"search chose token .* for request #\d \(prompt .*gen_batch_size=1"):
+        gen(lm, PROMPTS, {"until": [], "max_gen_toks": 20})
+
+
 def test_stop_sequences_cut_exactly(ortlm):
     free = gen(ortlm, PROMPTS[:1], {"until": [], "max_gen_toks": 24})[0]
     stop = free[len(free) // 2: len(free) // 2 + 3]
@@ -151,45 +190,60 @@ def test_rewind_is_refused_where_it_is_not_exact(gemma4, fixture_cache):
     assert not ok and "multimodal" in why
 
 
-class FakeGenerator:
-    """Records what a Cursor asks of an og.Generator; logits are the token count."""
-
-    def __init__(self, log):
-        self.log, self.n = log, 0
-
-    def append_tokens(self, ids):
-        self.n += ids.shape[1]
-        self.log.append(("append", ids.shape[1]))
-
-    def rewind_to(self, n):
-        self.n = n
-        self.log.append(("rewind", n))
-
-    def get_logits(self):
-        return np.full((1, 1, 4), float(self.n))
+def fresh_logits(runner, tokens):
+    """Logits ``[V]`` after ``tokens`` from a new Generator that ran them all (no rewind)."""
+    gen = runner._generator(128)
+    gen.append_tokens(np.asarray([tokens], dtype=np.int32))
+    return np.asarray(gen.get_logits())[0, -1]
 
 
-class FakeRunner:
-    def __init__(self, rewind_ok):
-        self.rewind_ok, self.log, self.created = rewind_ok, [], 0
+def open_runner(pkg_dir):
+    from ortevals.package import ModelPackage
+    from ortevals.providers import from_package
+    from ortevals.runtime.genai import GenaiRunner
 
-    def _generator(self, max_length):
-        self.created += 1
-        return FakeGenerator(self.log)
+    package = ModelPackage.load(pkg_dir)
+    return GenaiRunner.open(package, from_package(package.decoder.session_options))
 
 
-@pytest.mark.parametrize("rewind_ok", [True, False])
-def test_cursor_rewinds_only_where_exact(rewind_ok):
-    from ortevals.runtime.genai import Cursor
+# a 20-token header, then tails that move the cursor back past the 16-token sliding window
+_rng = np.random.default_rng(0)
+HEADER = [2] + _rng.integers(10, 500, 19).tolist()
+LONG, SHORT = _rng.integers(10, 500, 40).tolist(), _rng.integers(10, 500, 5).tolist()
+MOVES = (LONG, SHORT, SHORT[:2], LONG[:30])
 
-    runner = FakeRunner(rewind_ok)
-    cursor = Cursor(runner, max_length=100)
-    header = list(range(50))
-    for tail in ([60, 61], [70], [70, 71, 72]):
-        logits = cursor.move_to(header + tail)
-        assert logits[0] == len(header + tail)  # the generator holds exactly the new sequence
-    if rewind_ok:
-        assert runner.created == 1 and ("rewind", 50) in runner.log
-        assert sum(n for op, n in runner.log if op == "append") == 52 + 1 + 2  # the header ran once
-    else:  # windowed / multimodal: a fresh Generator per input, never a rewind
-        assert runner.created == 3 and not any(op == "rewind" for op, _ in runner.log)
+
+def cursor_errors(runner, oracle=None):
+    """Drive a real og cursor through MOVES; max |logits - a fresh Generator's| (and the oracle's) per move."""
+    cursor = runner.cursor(128)
+    errors = []
+    for tail in MOVES:
+        got = cursor.move_to(HEADER + tail)
+        errors.append(float(np.abs(got - fresh_logits(runner, HEADER + tail)).max()))
+        if oracle is not None:
+            errors.append(float(np.abs(got - oracle(HEADER + tail)[-1]).max()))
+    return cursor, errors
+
+
+def test_cursor_rewinds_only_where_exact(tiny, fixture_cache):
+    """Real og rewinds: reused on a text package, refused on a windowed one (where they are wrong)."""
+    from tests.fixtures.gemma4 import build_gemma4, ort_logits
+
+    text = open_runner(tiny[1])
+    cursor, errors = cursor_errors(text)
+    assert text.rewind_ok and max(errors) <= 1e-5
+    assert text.generators_created == 1 + len(MOVES)  # one cursor Generator; the rest are the references
+    # the header ran once: then only each move's suffix past the common prefix (at least one token)
+    assert cursor.tokens_run == 60 + 5 + 1 + 30
+
+    windowed_dir = build_gemma4(fixture_cache / "gemma4", windowed=True)[1]
+    windowed = open_runner(windowed_dir)
+    cursor, errors = cursor_errors(windowed, lambda ids: ort_logits(windowed_dir, ids))
+    assert not windowed.rewind_ok and max(errors) <= 1e-5
+    assert windowed.generators_created == 2 * len(MOVES)  # a fresh Generator per move
+    assert cursor.tokens_run == sum(len(HEADER + t) for t in MOVES)
+
+    # the refusal is needed: og's rewind_to past the window IS silently wrong on this package
+    windowed.rewind_ok = True
+    _, errors = cursor_errors(windowed)
+    assert max(errors) > 0.1

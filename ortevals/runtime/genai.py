@@ -6,6 +6,13 @@ counts set explicitly (og's defaults were 1.7x slower here), and a
 token sequence by ``rewind_to`` the common prefix and ``append_tokens`` of the
 rest, or by a fresh Generator where rewinding is not exact (windowed sliding
 KV caches, multimodal packages).
+
+Also owns two guarantees on what og is handed: a multimodal package is opened
+text-only (its vision and speech models are never loaded, see
+:func:`text_only`), and og's own search runs with every option that could
+change a token at its neutral value (:data:`NEUTRAL_SEARCH`), so the package's
+``search`` section never decides a token: decoding is defined by the request's
+gen_kwargs alone (``generation.SEARCH_POLICY``), batched or not.
 """
 
 from __future__ import annotations
@@ -23,6 +30,62 @@ from ortevals.providers import ProviderConfig
 from ortevals.runtime import import_og
 
 log = logging.getLogger(__name__)
+
+# og's search options that can change which token is chosen, at the values under which og's
+# search is plain greedy argmax. Set explicitly on every Generator: og otherwise starts from the
+# package's `search` section (repetition_penalty, min_length, no_repeat_ngram_size, ...), which
+# the single-row path (our own choose_token on get_logits) never applies. Checked after setting
+# with get_search_options(); og 0.18 accepts every key here (it has no frequency/presence penalty).
+NEUTRAL_SEARCH = {"do_sample": False, "num_beams": 1, "num_return_sequences": 1, "repetition_penalty": 1.0,
+                  "min_length": 0, "no_repeat_ngram_size": 0, "length_penalty": 1.0, "diversity_penalty": 0.0,
+                  "temperature": 1.0, "top_k": 0, "top_p": 1.0, "early_stopping": True}
+STUB_VISION = "ortevals-text-only-vision-stub.onnx"  # a name no package file has; held in memory only
+
+
+def text_only(package: ModelPackage) -> tuple[dict, dict[str, bytes]]:
+    """The og.Config overlay and in-memory models that open ``package`` for text requests only.
+
+    og 0.18 builds a model whose type is multimodal (gemma4, phi4mm, gemma3, phi3v, ...) with a
+    vision session whatever the request, and a text-only type name (gemma4_text) refuses a
+    separate embedding model outside og's Engine ("Decoder-only CPU embedding requires the
+    dynamic-batching Engine"). An empty vision filename makes og load the package folder itself.
+    So the vision model is replaced by a stub held in memory (``Config.add_model_data``): one
+    Constant per vision output, ``[0, hidden]``, never run because text requests carry no image.
+    Speech loads only when ``speech.filename`` and ``speech.config_filename`` are both set, so
+    both are blanked. og then never opens the package's vision or speech files (ortevals has no
+    image or audio requests). Returns ``({}, {})`` for a text-only package.
+    """
+    model = package.config["model"]
+    if package.embedding is None and not any(isinstance(model.get(k), dict) for k in ("vision", "speech")):
+        return {}, {}
+    vision = model.get("vision") if isinstance(model.get("vision"), dict) else {}
+    overlay = {"vision": {"filename": STUB_VISION}, "speech": {"filename": "", "config_filename": ""}}
+    return {"model": overlay}, {STUB_VISION: _stub_vision(package, vision)}
+
+
+def _stub_vision(package: ModelPackage, vision: dict) -> bytes:
+    """An ONNX model with no inputs whose outputs are empty ``[0, hidden]`` features."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    hidden = int(package.config["model"]["decoder"].get("hidden_size") or 1)
+    dtype = np.float32
+    if package.embedding is not None:
+        info = package.embedding.input(package.embedding.inputs.get("image_features", "image_features"))
+        if info is not None:
+            dtype = np.dtype(info.dtype)
+            hidden = info.shape[-1] if info.shape and isinstance(info.shape[-1], int) else hidden
+    names = [n for n in (vision.get("outputs") or {"image_features": "image_features"}).values()]
+    empty = np.zeros((0, hidden), dtype=dtype)
+    graph = helper.make_graph(
+        [helper.make_node("Constant", [], [n], value=numpy_helper.from_array(empty)) for n in names],
+        "ortevals_text_only_vision_stub", [],
+        [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(empty.dtype), [0, hidden])
+         for n in names])
+    stub = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="ortevals")
+    stub.ir_version = 8
+    onnx.checker.check_model(stub)
+    return stub.SerializeToString()
 
 
 def rewind_is_exact(package: ModelPackage) -> tuple[bool, str]:
@@ -66,6 +129,13 @@ class GenaiRunner:
         overlay = {"model": {s: {"session_options": threads} for s in ("decoder", "embedding")
                              if s in package.config["model"]}}
         config.overlay(json.dumps(overlay))
+        mm_overlay, stubs = text_only(package)
+        if mm_overlay:
+            config.overlay(json.dumps(mm_overlay))
+            for name, data in stubs.items():
+                config.add_model_data(name, data)
+            log.info("onnxruntime-genai opens %s text-only: %s not loaded", package.root,
+                     ", ".join(k for k in ("vision", "speech") if k in package.config["model"]) or "nothing")
         try:
             model = og.Model(config)
         except Exception as e:
@@ -80,27 +150,36 @@ class GenaiRunner:
         """A cursor whose Generators reserve KV for ``max_length`` tokens (never the whole context)."""
         return Cursor(self, max_length)
 
-    def greedy_steps(self, prompts: list[list[int]], max_new: int) -> Iterator[np.ndarray]:
-        """og's greedy search over a right-padded batch; yields each step's next tokens ``[B]``.
+    def greedy_steps(self, prompts: list[list[int]], max_new: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """og's greedy search over a right-padded batch; yields each step's ``(tokens [B], logits [B,V])``.
 
         A batched Generator takes one ``append_tokens`` (og 0.18), so decoding is og's own
-        ``generate_next_token``; og masks the trailing pad ids, so no prompt may end in one.
+        ``generate_next_token`` (with :data:`NEUTRAL_SEARCH`); og masks the trailing pad ids, so
+        no prompt may end in one. ``logits`` are the ones og chose from (read before each step:
+        get_logits computes them, generate_next_token then reuses them), so the caller can check
+        that each token is their argmax and that they are finite.
         """
         pad = self.package.pad_token_id
         width = max(len(p) for p in prompts)
-        params = self.og.GeneratorParams(self.model)
-        params.set_search_options(max_length=width + max_new, do_sample=False, batch_size=len(prompts))
-        self.generators_created += 1
-        gen = self.og.Generator(self.model, params)
+        gen = self._new_generator(width + max_new, len(prompts))
         gen.append_tokens(np.asarray([p + [pad] * (width - len(p)) for p in prompts], dtype=np.int32))
         while not gen.is_done():
+            logits = np.asarray(gen.get_logits())[:, -1]
             gen.generate_next_token()
-            yield np.asarray(gen.get_next_tokens())
+            yield np.asarray(gen.get_next_tokens()), logits
 
     def _generator(self, max_length: int):
+        # our own token choice reads get_logits(); og's search stays unused (and neutral)
+        return self._new_generator(max_length, 1)
+
+    def _new_generator(self, max_length: int, batch_size: int):
         params = self.og.GeneratorParams(self.model)
-        # our own token choice reads get_logits(); og's search stays greedy and unused
-        params.set_search_options(max_length=max_length, do_sample=False, batch_size=1)
+        params.set_search_options(max_length=max_length, batch_size=batch_size, **NEUTRAL_SEARCH)
+        got = params.get_search_options()
+        wrong = {k: got.get(k) for k, v in NEUTRAL_SEARCH.items() if k in got and got[k] != v}
+        if wrong:  # og ignored an option: its search would not be plain greedy
+            raise PackageError(f"{self.package.root}: onnxruntime-genai kept search options {wrong} "
+                               f"after they were set to {NEUTRAL_SEARCH}")
         self.generators_created += 1
         return self.og.Generator(self.model, params)
 
