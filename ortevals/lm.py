@@ -27,7 +27,8 @@ from tqdm import tqdm
 from ortevals.backends import Backends
 from ortevals.engine import EngineSettings, Score, TokenRequest
 from ortevals.errors import OrtEvalsError
-from ortevals.package import ModelPackage
+from ortevals.package import CONFIG_NAME, ModelPackage
+from ortevals.scoring import TRUNCATE_MODES, context_limit, describe_request, fits
 from ortevals.store import ResultStore
 from ortevals.tokenizer import Tokenizer
 
@@ -56,6 +57,7 @@ class ModelArgs:
     max_gen_toks: int = 256
     gen_batch_size: int = 1  # greedy requests per batched Generator (1: one cursor that rewinds)
     seed: int = 1234
+    truncate: str = "error"  # a request longer than the context: error | left (hf's left truncation)
 
     @classmethod
     def parse(cls, args: dict[str, Any]) -> ModelArgs:
@@ -80,6 +82,8 @@ class ModelArgs:
             args["seed"] = _positive_int(args["seed"], "seed", allow_zero=True)
         if isinstance(args.get("provider_options"), str):
             args["provider_options"] = tuple(p for p in args["provider_options"].split(";") if p)
+        if args.get("truncate", "error") not in TRUNCATE_MODES:  # issue 10 §6
+            raise OrtEvalsError(f"truncate must be one of {', '.join(TRUNCATE_MODES)}, got {args['truncate']!r}")
         for key in ("add_bos_token", "prefix_cache", "scoring_graph"):
             if isinstance(args.get(key), str):
                 args[key] = args[key].lower() in ("1", "true", "yes", "on")
@@ -169,7 +173,7 @@ class OrtLM(TemplateLM):
         if args.store:
             scope = {"package": package.fingerprint(), "ep": provider.name, "options": provider.options,
                      "max_length": settings.max_length, "add_bos_token": args.add_bos_token, "seed": args.seed,
-                     "max_gen_toks": args.max_gen_toks}
+                     "max_gen_toks": args.max_gen_toks, "truncate": args.truncate}
             store = ResultStore.open(Path(args.store), scope)
         return cls(package, tokenizer, backends, args, store)
 
@@ -205,6 +209,12 @@ class OrtLM(TemplateLM):
     @property
     def max_length(self) -> int:
         return self.engine.settings.max_length
+
+    @property
+    def context_limit(self):
+        """The context limit, where it came from (for the error) and the truncate policy."""
+        return context_limit(self.max_length, self.args.max_length, self.package.context_length,
+                             self.package.root / CONFIG_NAME, self.args.truncate)
 
     @property
     def tokenizer_name(self) -> str:
@@ -243,6 +253,14 @@ class OrtLM(TemplateLM):
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
         token_reqs = [TokenRequest(tuple(ctx), tuple(cont)) for _, ctx, cont in requests]
         keys = [r[0] for r in requests]
+        limit = self.context_limit  # too long: one clear error before anything runs, or counted truncation
+        cut = sum(not fits(len(r.context) + len(r.continuation) - 1, limit,
+                           f"loglikelihood request {i} {describe_request(*keys[i]) if keys[i] else '(rolling)'}")
+                  for i, r in enumerate(token_reqs))
+        if cut:
+            self.stats["truncated"] += cut
+            log.warning("truncate=left: %d of %d loglikelihood inputs left-truncated to %s", cut,
+                        len(token_reqs), limit.source)
 
         def record(index: int, score: Score) -> None:
             if keys[index] is not None:  # rolling windows are cached per document instead
@@ -341,7 +359,9 @@ class OrtLM(TemplateLM):
             raise OrtEvalsError(f"max_gen_toks={settings.max_gen_toks} leaves no room for a prompt within "
                                 f"max_length={self.max_length}")
         ids = self.tok_encode(context)
-        if len(ids) > room:  # left truncation, as lm-eval's hf backend does
+        what = f"generate_until request {describe_request(context)} (a prompt of {len(ids)} tokens + " \
+               f"max_gen_toks={settings.max_gen_toks})"
+        if not fits(len(ids) + settings.max_gen_toks, self.context_limit, what):  # truncate=left: as hf does
             self.stats["truncated"] += 1
             log.warning("prompt of %d tokens left-truncated to %d", len(ids), room)
             ids = ids[-room:]
