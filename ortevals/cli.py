@@ -69,6 +69,9 @@ def model_options(fn):
         click.option("--batch-size", default="auto", show_default=True, help="Rows per forward pass, or auto."),
         click.option("--max-length", type=click.IntRange(min=1), default=None,
                      help="Context length (default: the package's context_length)."),
+        # issue 10 §6: a prompt longer than the context is an error unless the user asks for truncation
+        click.option("--truncate", type=click.Choice(["error", "left"]), default="error", show_default=True,
+                     help="A request longer than the context: error, or left-truncate it as lm-eval's hf does."),
         click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug)."),
     ]
     for opt in reversed(opts):
@@ -122,7 +125,7 @@ def _load_lm(kw: dict):
     pkg = _package_path(kw["pkg"], kw["example"])
     args = ModelArgs(pkg=pkg, ep=kw["ep"], batch_size=parse_batch_size(kw["batch_size"]),
                      max_length=kw["max_length"], threads=kw["threads"],
-                     provider_options=tuple(kw["provider_options"]),
+                     provider_options=tuple(kw["provider_options"]), truncate=kw.get("truncate", "error"),
                      store=str(store_path(pkg)) if kw.get("resume", True) else None)
     return OrtLM.from_package(args)
 

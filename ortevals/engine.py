@@ -236,7 +236,7 @@ class ScoreSink:
         for index, n_cont in group.members:
             # row i predicts token i+1: the last n_cont input rows predict the continuation
             lp, greedy = continuation_logprob(logits[end - n_cont:end], self.requests[index].continuation)
-            score = Score(check_finite(lp, f"request {index}"), greedy)
+            score = Score(check_finite(lp, f"request {index}", index), greedy)
             self.results[index] = score
             if self.on_done is not None:
                 self.on_done(index, score)

@@ -28,7 +28,7 @@ from ortevals.backends import Backends
 from ortevals.engine import EngineSettings, Score, TokenRequest
 from ortevals.errors import OrtEvalsError
 from ortevals.package import CONFIG_NAME, ModelPackage
-from ortevals.scoring import TRUNCATE_MODES, context_limit, describe_request, fits
+from ortevals.scoring import TRUNCATE_MODES, NonFiniteScore, context_limit, describe_request, fits
 from ortevals.store import ResultStore
 from ortevals.tokenizer import Tokenizer
 
@@ -268,7 +268,13 @@ class OrtLM(TemplateLM):
                 if self.store is not None:
                     self.store.put("loglikelihood", list(keys[index]), [score.logprob, score.greedy])
 
-        scores = self._run(token_reqs, record, disable_tqdm)
+        try:
+            scores = self._run(token_reqs, record, disable_tqdm)
+        except NonFiniteScore as e:  # name the request by its text, not by an index into this batch
+            if e.index is None or keys[e.index] is None:
+                raise
+            raise NonFiniteScore(str(e).replace(f"request {e.index}", f"loglikelihood request "
+                                                f"{describe_request(*keys[e.index])}", 1), e.index) from None
         return [(s.logprob, s.greedy) for s in scores]
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:

@@ -103,12 +103,13 @@ def _provider(execution_providers) -> str | None:
 @Registry.register(NAME)
 class OrtEvalsEvaluator(OliveEvaluator):
     """Olive evaluator args: tasks, limit, batch_size, execution_provider, provider_options,
-    data, path, max_length, num_fewshot, max_gen_toks."""
+    data, path, max_length, num_fewshot, max_gen_toks, truncate."""
 
     def __init__(self, tasks: list[str] | str = ("mmlu-pro",), limit: int | None = None, batch_size: Any = "auto",
                  execution_provider: str | None = None, provider_options: dict | None = None,
                  data: str | None = None, path: str = "auto", max_length: int | None = None,
-                 num_fewshot: int | None = None, max_gen_toks: int | None = None, **kwargs) -> None:
+                 num_fewshot: int | None = None, max_gen_toks: int | None = None, truncate: str = "error",
+                 **kwargs) -> None:
         super().__init__(**kwargs)
         self.tasks = [tasks] if isinstance(tasks, str) else list(tasks)
         self.limit = limit
@@ -120,6 +121,7 @@ class OrtEvalsEvaluator(OliveEvaluator):
         self.max_length = max_length
         self.num_fewshot = num_fewshot
         self.max_gen_toks = max_gen_toks
+        self.truncate = truncate  # issue 10 §6: error | left, for prompts longer than the context
 
     def evaluate(self, model, metrics, device=None, execution_providers=None) -> MetricResult:
         try:
@@ -136,7 +138,7 @@ class OrtEvalsEvaluator(OliveEvaluator):
         pkg = package_dir(model)
         ep = self.execution_provider or _provider(execution_providers)
         args = ModelArgs(pkg=str(pkg), ep=ep, batch_size=parse_batch_size(self.batch_size),
-                         max_length=self.max_length, path=self.path,
+                         max_length=self.max_length, path=self.path, truncate=self.truncate,
                          provider_options=tuple(f"{k}={v}" for k, v in self.provider_options.items()))
         log.info("%s: %s on %s with %s", NAME, pkg, ep or "the package's provider", self.tasks)
         lm = OrtLM.from_package(args)

@@ -42,13 +42,20 @@ def continuation_logprob(rows: np.ndarray, targets: Sequence[int]) -> tuple[floa
     return float(picked.sum(dtype=np.float64)), greedy
 
 
-def check_finite(value: float, what: str) -> float:
+class NonFiniteScore(OrtEvalsError):
+    """A NaN/inf log-likelihood; ``index`` is the request's position in the scored list, if known."""
+
+    def __init__(self, message: str, index: int | None = None) -> None:
+        super().__init__(message)
+        self.index = index
+
+
+def check_finite(value: float, what: str, index: int | None = None) -> float:
     """Refuse NaN/inf scores (e.g. fp16 overflow) with the request named."""
     if not np.isfinite(value):
-        raise OrtEvalsError(
-            f"non-finite log-likelihood ({value}) for {what}; the model overflowed "
-            "(fp16?). No score was recorded for it"
-        )
+        raise NonFiniteScore(
+            f"non-finite log-likelihood ({value}) for {what}; the model returned NaN/inf logits "
+            "(an fp16 overflow?). No score was recorded for it", index)
     return value
 
 
