@@ -126,8 +126,10 @@ BAD_VALUES = [  # (edit of genai_config.json, the field the one line must name, 
 ]
 
 
-@pytest.mark.parametrize("edit,message", BAD_VALUES, ids=[m.split(" must")[0].split(": ")[0][-40:] + str(i)
-                                                          for i, (_, m) in enumerate(BAD_VALUES)])
+@pytest.mark.parametrize("edit,message", BAD_VALUES, ids=[
+    "provider_options list value", "provider_options not a list", "provider_options entry", "unknown provider",
+    "provider option value", "intra_op_num_threads string", "inter_op_num_threads negative",
+    "context_length 0", "context_length negative"])
 def test_bad_config_values_are_one_line_naming_the_field(tiny_pkg, copy_pkg, edit, message):
     """Before issue 10: AttributeError/ValueError from inside ortevals, or silently accepted."""
     pkg = copy_pkg(tiny_pkg)
