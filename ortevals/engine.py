@@ -189,7 +189,8 @@ class PrefillEngine:
         picked = sorted(i for gi in pick_canary([g.tokens for g in groups]) for i, _ in groups[gi].members)
         sub = [requests[i] for i in picked]
         before = self.tokens_run
-        exact = self.score_exact(sub)
+        # the exact scores are the results: report each as it finishes, so a crash keeps them
+        exact = self.score_exact(sub, None if on_done is None else (lambda k, score: on_done(picked[k], score)))
         self.canary_tokens += self.tokens_run - before
         configured = self._canary_configured(sub)
         self.canary = compare(np.array([s.logprob for s in configured]), np.array([s.logprob for s in exact]),
@@ -198,8 +199,6 @@ class PrefillEngine:
         results: list[Score | None] = [None] * len(requests)
         for i, score in zip(picked, exact):
             results[i] = score
-            if on_done is not None:
-                on_done(i, score)
         rest = [i for i in range(len(requests)) if results[i] is None]
         relay = None if on_done is None else (lambda k, score: on_done(rest[k], score))
         for i, score in zip(rest, self.score([requests[i] for i in rest], relay)):
@@ -384,7 +383,7 @@ class ScoreSink:
         for index, n_cont in group.members:
             # row i predicts token i+1: the last n_cont input rows predict the continuation
             lp, greedy = continuation_logprob(logits[end - n_cont:end], self.requests[index].continuation)
-            score = Score(check_finite(lp, f"request {index}"), greedy)
+            score = Score(check_finite(lp, f"request {index}", index), greedy)
             self.results[index] = score
             if self.on_done is not None:
                 self.on_done(index, score)

@@ -24,7 +24,8 @@ from ortevals.backends import Backends
 from ortevals.engine import EngineSettings, Score, TokenRequest
 from ortevals.errors import OrtEvalsError
 from ortevals.options import ModelArgs, parse_model_args, scoped_settings
-from ortevals.package import ModelPackage
+from ortevals.package import CONFIG_NAME, ModelPackage
+from ortevals.scoring import NonFiniteScore, context_limit, describe_request, fits
 from ortevals.store import ResultStore, Scope
 from ortevals.tokenizer import Tokenizer
 
@@ -125,6 +126,12 @@ class OrtLM(TemplateLM):
         return self.engine.settings.max_length
 
     @property
+    def context_limit(self):
+        """The context limit, where it came from (for the error) and the truncate policy."""
+        return context_limit(self.max_length, self.args.max_length, self.package.context_length,
+                             self.package.root / CONFIG_NAME, self.args.truncate)
+
+    @property
     def tokenizer_name(self) -> str:
         return str(self.package.root).replace("/", "__")
 
@@ -146,6 +153,14 @@ class OrtLM(TemplateLM):
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
         token_reqs = [TokenRequest(tuple(ctx), tuple(cont)) for _, ctx, cont in requests]
         keys = [r[0] for r in requests]
+        limit = self.context_limit  # too long: one clear error before anything runs, or counted truncation
+        cut = sum(not fits(len(r.context) + len(r.continuation) - 1, limit,
+                           f"loglikelihood request {i} {describe_request(*keys[i]) if keys[i] else '(rolling)'}")
+                  for i, r in enumerate(token_reqs))
+        if cut:
+            self.stats["truncated"] += cut
+            log.warning("truncate=left: %d of %d loglikelihood inputs left-truncated to %s", cut,
+                        len(token_reqs), limit.source)
 
         def record(index: int, score: Score) -> None:
             if keys[index] is not None:  # rolling windows are cached per document instead
@@ -153,7 +168,13 @@ class OrtLM(TemplateLM):
                 if self.store is not None:
                     self.store.put("loglikelihood", list(keys[index]), [score.logprob, score.greedy])
 
-        scores = self._run(token_reqs, record, disable_tqdm)
+        try:
+            scores = self._run(token_reqs, record, disable_tqdm)
+        except NonFiniteScore as e:  # name the request by its text, not by an index into this batch
+            if e.index is None or keys[e.index] is None:
+                raise
+            raise NonFiniteScore(str(e).replace(f"request {e.index}", f"loglikelihood request "
+                                                f"{describe_request(*keys[e.index])}", 1), e.index) from None
         return [(s.logprob, s.greedy) for s in scores]
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:

@@ -110,6 +110,7 @@ class OrtEvalsEvaluator(OliveEvaluator):
                  execution_provider: str | None = None, provider_options: dict | None = None,
                  data: str | None = None, path: str | None = None, max_length: int | None = None,
                  num_fewshot: int | None = None, max_gen_toks: int | None = None,
+                 truncate: str | None = None,
                  model_args: str | dict | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         self.model_args = model_args
@@ -123,6 +124,7 @@ class OrtEvalsEvaluator(OliveEvaluator):
         self.max_length = max_length
         self.num_fewshot = num_fewshot
         self.max_gen_toks = max_gen_toks
+        self.truncate = truncate  # issue 10 §6: error | left, for prompts longer than the context
 
     def evaluate(self, model, metrics, device=None, execution_providers=None) -> MetricResult:
         try:
@@ -141,7 +143,8 @@ class OrtEvalsEvaluator(OliveEvaluator):
         ep = self.execution_provider or _provider(execution_providers)
         raw = parse_arg_string(self.model_args) if isinstance(self.model_args, str) else dict(self.model_args or {})
         raw.update({k: v for k, v in {"pkg": str(pkg), "ep": ep, "batch_size": self.batch_size, "path": self.path,
-                                      "max_length": self.max_length}.items() if v is not None})
+                                      "max_length": self.max_length,
+                                      "truncate": self.truncate}.items() if v is not None})
         if self.provider_options:
             raw["provider_options"] = self.provider_options
         args = parse_model_args(raw)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ortevals.errors import OrtEvalsError
+from ortevals.scoring import TRUNCATE_MODES
 
 PKG_ALIASES = ("pretrained", "model")  # lm-eval spellings of the package folder
 IGNORED = ("device", "max_batch_size")  # lm-eval passes its torch device and batch cap; the EP is `ep`
@@ -57,7 +58,7 @@ def choice(name: str, values: tuple[str, ...]) -> Callable[[Any], str]:
     def parse(value: Any) -> str:
         text = str(value).strip().lower()
         if text not in values:
-            raise OrtEvalsError(f"{name} must be one of {'|'.join(values)}, got {value!r}")
+            raise OrtEvalsError(f"{name} must be one of {', '.join(values)}, got {value!r}")
         return text
 
     return parse
@@ -136,6 +137,9 @@ OPTIONS: tuple[Option, ...] = (
            "alone (chosen by itself when the graph's numbers depend on the batch).", flag="--exact"),
     Option("check", boolean("check"), True, "Before a batched run, check on a few requests that batching and "
            "prefix reuse match one row per pass (--no-check skips it).", flag="--check"),
+    Option("truncate", choice("truncate", TRUNCATE_MODES), "error",
+           "A request longer than the context: error (default), or left (lm-eval hf's left truncation, counted).",
+           flag="--truncate", metavar="error|left"),
     Option("max_gen_toks", positive_int("max_gen_toks"), 256, "Default cap on generated tokens."),
     Option("gen_batch_size", positive_int("gen_batch_size"), 1,
            "Greedy requests per batched Generator (1: one cursor that rewinds)."),

@@ -26,6 +26,7 @@ from typing import Any
 
 from ortevals.errors import PackageError
 from ortevals.graph import external_data_files, read_signature
+from ortevals.providers import check_session_options
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +228,7 @@ def _read_package(path: Path) -> ModelPackage:
         embedding=embedding,
         kv=_kv_specs(decoder, model["decoder"], where),
         vocab_size=vocab,
-        context_length=_optional_int(model, "context_length", where) or 0,
+        context_length=_context_length(model, where),
         bos_token_id=_optional_int(model, "bos_token_id", where),
         eos_token_ids=_token_ids(model.get("eos_token_id"), where),
         pad_token_id=_optional_int(model, "pad_token_id", where),
@@ -254,6 +255,14 @@ def _optional_int(section: dict, key: str, where: Path) -> int | None:
     return _field(section, key, int, where, f"model.{key}")
 
 
+def _context_length(model: dict, where: Path) -> int:
+    """``model.context_length``; 0 when absent (ortevals' default applies), never <= 0 when given."""
+    value = _optional_int(model, "context_length", where)
+    if value is not None and value <= 0:
+        raise PackageError(f"{where}: field model.context_length must be a positive int, got {value}")
+    return value or 0
+
+
 def _token_ids(value: Any, where: Path) -> tuple[int, ...]:
     if value is None:
         return ()
@@ -276,6 +285,7 @@ def _model_file(root: Path, model: dict, role: str, *, required: bool) -> ModelF
     for key in ("inputs", "outputs", "session_options"):
         if not isinstance(section.get(key, {}), dict):
             raise PackageError(f"{where}: field model.{role}.{key} must be an object, got {section[key]!r}")
+    check_session_options(section.get("session_options", {}), f"{where}: field model.{role}.session_options")
     for key in ("inputs", "outputs"):
         for name, value in section.get(key, {}).items():
             if not isinstance(value, str) or not value:

@@ -30,8 +30,10 @@ def stable_ints(key: list) -> list[int]:
 
 
 def prompt_item(lm, args) -> tuple[list[int], object]:
-    """(prompt ids, GenSettings) of one request; the prompt is left-truncated to leave room."""
+    """(prompt ids, GenSettings) of one request; a prompt that leaves no room for max_gen_toks is an
+    error naming the limit, or (truncate=left) left-truncated as lm-eval's hf backend does."""
     from ortevals.generation import parse_gen_kwargs
+    from ortevals.scoring import describe_request, fits
 
     context, gen_kwargs = args
     settings = parse_gen_kwargs(gen_kwargs, lm.max_gen_toks, lm.tok_decode([lm.eot_token_id]), lm.args.seed)
@@ -40,7 +42,9 @@ def prompt_item(lm, args) -> tuple[list[int], object]:
         raise OrtEvalsError(f"max_gen_toks={settings.max_gen_toks} leaves no room for a prompt within "
                             f"max_length={lm.max_length}")
     ids = lm.tok_encode(context)
-    if len(ids) > room:  # left truncation, as lm-eval's hf backend does
+    what = (f"generate_until request {describe_request(context)} (a prompt of {len(ids)} tokens + "
+            f"max_gen_toks={settings.max_gen_toks})")
+    if not fits(len(ids) + settings.max_gen_toks, lm.context_limit, what):  # truncate=left: as hf does
         lm.stats["truncated"] += 1
         log.warning("prompt of %d tokens left-truncated to %d", len(ids), room)
         ids = ids[-room:]

@@ -2,13 +2,15 @@
 
 Owns log-softmax, the log-probability of a continuation and lm-eval's greedy
 flag, computed only on the rows that are needed (one per continuation token),
-and the finite-ness check that turns an fp16 overflow into an error instead of
-a silently wrong average.
+the finite-ness check that turns an fp16 overflow into an error instead of
+a silently wrong average, and the context limit: a request longer than the
+model's context is an error unless the user opted into left truncation.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -40,13 +42,20 @@ def continuation_logprob(rows: np.ndarray, targets: Sequence[int]) -> tuple[floa
     return float(picked.sum(dtype=np.float64)), greedy
 
 
-def check_finite(value: float, what: str) -> float:
+class NonFiniteScore(OrtEvalsError):
+    """A NaN/inf log-likelihood; ``index`` is the request's position in the scored list, if known."""
+
+    def __init__(self, message: str, index: int | None = None) -> None:
+        super().__init__(message)
+        self.index = index
+
+
+def check_finite(value: float, what: str, index: int | None = None) -> float:
     """Refuse NaN/inf scores (e.g. fp16 overflow) with the request named."""
     if not np.isfinite(value):
-        raise OrtEvalsError(
-            f"non-finite log-likelihood ({value}) for {what}; the model overflowed "
-            "(fp16?). No score was recorded for it"
-        )
+        raise NonFiniteScore(
+            f"non-finite log-likelihood ({value}) for {what}; the model returned NaN/inf logits "
+            "(an fp16 overflow?). No score was recorded for it", index)
     return value
 
 
@@ -61,3 +70,55 @@ def input_window(context: Sequence[int], continuation: Sequence[int], max_length
     if len(continuation) > max_length:
         raise OrtEvalsError(f"continuation of {len(continuation)} tokens exceeds max_length {max_length}")
     return tuple((list(context) + list(continuation))[-(max_length + 1):][:-1])
+
+
+TRUNCATE_MODES = ("error", "left")
+
+
+@dataclass(frozen=True)
+class ContextLimit:
+    """The longest model input allowed, where that number came from, and what to do past it.
+
+    source: how the user should read the limit (``max_length=64`` or
+    ``model.context_length=1024 in …/genai_config.json``). truncate: ``error``
+    (a request that does not fit is a one-line error) or ``left`` (lm-eval
+    ``hf``'s left truncation, counted by the caller).
+    """
+
+    max_length: int
+    source: str
+    truncate: str = "error"
+
+
+def fits(n_tokens: int, limit: ContextLimit, what: str) -> bool:
+    """True when a model input of ``n_tokens`` fits; False when it will be left-truncated.
+
+    Raises the one-line error under ``truncate=error``. ``what`` names the request.
+    """
+    if n_tokens <= limit.max_length:
+        return True
+    if limit.truncate != "left":
+        raise OrtEvalsError(
+            f"{what} needs {n_tokens} tokens but the context is {limit.source}; pass the model arg "
+            "truncate=left to left-truncate it as lm-eval's hf backend does, or a larger max_length")
+    return False
+
+
+def describe_request(context: str, continuation: str = "") -> str:
+    """A short, one-line name for a request in errors: the start of its text."""
+    text = (context + continuation).replace("\n", " ")
+    return repr(text[:40] + ("…" if len(text) > 40 else ""))
+
+
+def context_limit(max_length: int, user_max_length: int | None, context_length: int, config: object,
+                  truncate: str = "error") -> ContextLimit:
+    """The limit in force and its origin: the user's max_length, else the package's context_length."""
+    if truncate not in TRUNCATE_MODES:
+        raise OrtEvalsError(f"truncate must be one of {', '.join(TRUNCATE_MODES)}, got {truncate!r}")
+    if user_max_length:
+        source = f"max_length={max_length}"
+    elif context_length:
+        source = f"model.context_length={max_length} in {config}"
+    else:
+        source = f"max_length={max_length} (ortevals' default: {config} has no model.context_length)"
+    return ContextLimit(max_length, source, truncate)

@@ -2,6 +2,7 @@
 
 import shutil
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -85,3 +86,99 @@ def test_unknown_model_args(tiny_pkg):
         OrtLM.create_from_arg_string(f"pkg={tiny_pkg},pkgg=1")
     with pytest.raises(OrtEvalsError, match="path must be one of"):
         OrtLM.create_from_arg_string(f"pkg={tiny_pkg},path=sideways")
+
+
+def assert_error_after_data(result, *needles):
+    """An error found while scoring: datasets' progress bars come first, then exactly one Error line."""
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert lines[-1].startswith("Error: ") and sum("Error" in ln for ln in lines) == 1, result.output
+    for n in needles:
+        assert n in lines[-1]
+
+
+def edit_config(pkg, fn):
+    import json
+
+    path = pkg / "genai_config.json"
+    cfg = json.loads(path.read_text())
+    fn(cfg)
+    path.write_text(json.dumps(cfg))
+
+
+BAD_VALUES = [  # (edit of genai_config.json, the field the one line must name, what it must say)
+    (lambda c: c["model"]["decoder"]["session_options"].update(provider_options=[{"cuda": ["x"]}]),
+     "model.decoder.session_options.provider_options[0].cuda must be an object of option values, got ['x']"),
+    (lambda c: c["model"]["decoder"]["session_options"].update(provider_options={"cuda": {}}),
+     "model.decoder.session_options.provider_options must be a list"),
+    (lambda c: c["model"]["decoder"]["session_options"].update(provider_options=["cuda"]),
+     "model.decoder.session_options.provider_options[0] must be an object mapping a provider name"),
+    (lambda c: c["model"]["decoder"]["session_options"].update(provider_options=[{"tpu": {}}]),
+     "model.decoder.session_options.provider_options[0]: unknown execution provider 'tpu'"),
+    (lambda c: c["model"]["decoder"]["session_options"].update(provider_options=[{"cuda": {"device_id": [0]}}]),
+     "model.decoder.session_options.provider_options[0].cuda.device_id must be a string or number"),
+    (lambda c: c["model"]["decoder"]["session_options"].update(intra_op_num_threads="four"),
+     "model.decoder.session_options.intra_op_num_threads must be an integer >= 0, got 'four'"),
+    (lambda c: c["model"]["decoder"]["session_options"].update(inter_op_num_threads=-1),
+     "model.decoder.session_options.inter_op_num_threads must be an integer >= 0, got -1"),
+    (lambda c: c["model"].update(context_length=0), "field model.context_length must be a positive int, got 0"),
+    (lambda c: c["model"].update(context_length=-5), "field model.context_length must be a positive int, got -5"),
+]
+
+
+@pytest.mark.parametrize("edit,message", BAD_VALUES, ids=[
+    "provider_options list value", "provider_options not a list", "provider_options entry", "unknown provider",
+    "provider option value", "intra_op_num_threads string", "inter_op_num_threads negative",
+    "context_length 0", "context_length negative"])
+def test_bad_config_values_are_one_line_naming_the_field(tiny_pkg, copy_pkg, edit, message):
+    """Before issue 10: AttributeError/ValueError from inside ortevals, or silently accepted."""
+    pkg = copy_pkg(tiny_pkg)
+    edit_config(pkg, edit)
+    with pytest.raises(OrtEvalsError) as err:
+        OrtLM.from_package(ModelArgs(pkg=str(pkg)))
+    assert message in str(err.value) and "genai_config.json" in str(err.value) and "\n" not in str(err.value)
+    assert_one_line_error(run("mmlu-pro", "--pkg", str(pkg), "--data", "bundled", "--limit", "1", "--no-resume"),
+                          message)
+
+
+def test_requests_longer_than_the_context_are_an_error_naming_the_limit(tiny_pkg, copy_pkg):
+    """Before issue 10 they were left-truncated in silence: a score of another text."""
+    from lm_eval.api.instance import Instance
+
+    pkg = copy_pkg(tiny_pkg)
+    edit_config(pkg, lambda c: c["model"].update(context_length=3))
+    reqs = [Instance("loglikelihood", {}, ("The capital of France is", " paris"), 0)]
+    with pytest.raises(OrtEvalsError, match=r"loglikelihood request 0 'The capital of France is paris' needs \d+ "
+                                            r"tokens but the context is model.context_length=3 in .*genai_config."
+                                            r"json; pass the model arg truncate=left") as err:
+        OrtLM.from_package(ModelArgs(pkg=str(pkg))).loglikelihood(reqs, disable_tqdm=True)
+    assert "\n" not in str(err.value)
+    # the user's max_length is named as the source when it is the limit
+    with pytest.raises(OrtEvalsError, match="but the context is max_length=4; "):
+        OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg), max_length=4)).loglikelihood(reqs, disable_tqdm=True)
+    assert_error_after_data(run("mmlu-pro", "--pkg", str(pkg), "--data", "bundled", "--limit", "1", "--no-resume"),
+                            "model.context_length=3 in", "truncate=left")
+    assert_error_after_data(run("mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--limit", "1",
+                                "--max-length", "16", "--no-resume"), "but the context is max_length=16")
+    with pytest.raises(OrtEvalsError, match="truncate must be one of error, left, got 'right'"):
+        OrtLM.create_from_arg_string(f"pkg={tiny_pkg},truncate=right")
+
+
+def test_left_truncation_when_asked_is_hf_truncation_and_counted(tiny_pkg):
+    """truncate=left scores the last max_length tokens, exactly what a full-context run gives for them."""
+    from lm_eval.api.instance import Instance
+
+    ctx, cont = "one two three four five six seven eight nine ten the of and", " paris"
+    lm = OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg), max_length=6, truncate="left", batch_size=1))
+    ((lp, _),) = lm.loglikelihood([Instance("loglikelihood", {}, (ctx, cont), 0)], disable_tqdm=True)
+    assert lm.stats["truncated"] == 1
+    full = OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg), batch_size=1))
+    c, w = full.tok_encode(ctx), full.tok_encode(cont, add_special_tokens=False)
+    window = (c + w)[-7:]  # hf: the last max_length + 1 tokens, the last one predicted only
+    (want,) = full._loglikelihood_tokens([(None, window[:-len(w)], w)], disable_tqdm=True)
+    assert lp == pytest.approx(want[0], abs=1e-5) and full.stats["truncated"] == 0
+    # rolling windows are built to fit max_length: never an error, never counted as truncated
+    rolling = OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg), max_length=8, batch_size=1))
+    (total,) = rolling.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (ctx * 3,), 0)],
+                                             disable_tqdm=True)
+    assert np.isfinite(total) and rolling.stats["truncated"] == 0

@@ -86,8 +86,9 @@ def test_real_process_prints_no_traceback(tmp_path):
 
 def test_mmlu_pro_on_tiny_package_writes_outputs(tiny_pkg, tmp_path):
     out = tmp_path / "run"
+    # MMLU-Pro prompts (~1800 tiny-tokenizer tokens) exceed the tiny model's 1024 context: truncate as hf does
     result = run("mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--limit", "3", "--output", str(out),
-                 "--no-resume")
+                 "--no-resume", "--truncate", "left")
     assert result.exit_code == 0, result.output
     assert "req/s" in result.output and "business" in result.output
     body = json.loads((out / "results.json").read_text())
@@ -117,6 +118,7 @@ def test_runs_without_torch(tiny_pkg, tmp_path, extra):
             "from ortevals.cli import main; sys.argv[0] = 'ortevals'; main()")
     # -S: the real site-packages (and its .pth files) stay off sys.path
     proc = subprocess.run([sys.executable, "-S", "-c", code, "mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled",
-                           "--limit", "1", "--no-resume", *extra], capture_output=True, text=True, timeout=600)
+                           "--limit", "1", "--no-resume", "--truncate", "left", *extra],
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "req/s" in proc.stdout and "torch" not in proc.stderr

@@ -10,28 +10,48 @@ V = 11
 
 
 class CausalToyModel:
-    """logits[b, i] depend on ids[b, :i+1] only (a running mean of embeddings), like a decoder."""
+    """A numpy decoder with known logits that reads the mask and positions as GroupQueryAttention does.
+
+    Like GQA it reads only each row's mask sum and assumes the real tokens are
+    a contiguous prefix: keys at index >= the sum are invisible (right padding
+    is exact; left padding or a mask off by one is not). Token t of a pass
+    sits at absolute position past_len + t, so a past of the wrong length
+    moves every position. Its "KV" is each token's embedding plus the sine
+    encoding of its position; hidden state at t is the mean of the visible KV
+    rows up to t plus t's own encoding; logits = 3 * hidden @ head.
+    """
 
     def __init__(self):
         rng = np.random.default_rng(0)
         self.emb = rng.normal(size=(V, 8)).astype(np.float32)
         self.head = rng.normal(size=(8, V)).astype(np.float32)
+        self.freq = rng.uniform(0.3, 1.7, size=8).astype(np.float32)
         self.calls = []
 
     gathers_positions = False
 
+    def encode_positions(self, pos):
+        return np.sin(pos[..., None] * self.freq).astype(np.float32)
+
     def forward(self, input_ids, attention_mask, past=None, want_present=False, positions=None):
         self.calls.append(input_ids.shape)
-        h = self.emb[input_ids]  # [B,S,8]
-        if past is not None:  # the toy's "KV" is every embedding seen so far
-            assert attention_mask.shape[1] == past.length + input_ids.shape[1]
-            h = np.concatenate([np.repeat(past.h, len(h), 0), h], axis=1)
-        mean = np.cumsum(h, axis=1) / np.arange(1, h.shape[1] + 1)[None, :, None]
-        hidden = mean[:, -input_ids.shape[1]:]
+        batch, seq = input_ids.shape
+        past_len = past.length if past is not None else 0
+        if attention_mask is None:
+            attention_mask = np.ones((batch, past_len + seq), np.int64)
+        assert attention_mask.shape == (batch, past_len + seq), (attention_mask.shape, past_len, seq)
+        total = attention_mask.sum(axis=1)  # [B]: all GQA reads of the mask
+        visible = (np.arange(past_len + seq)[None, :] < total[:, None]).astype(np.float32)  # [B, P+S]
+        enc = self.encode_positions(np.arange(past_len, past_len + seq, dtype=np.float32))[None]  # [1,S,8]
+        kv = self.emb[input_ids] + enc  # [B,S,8]
+        if past is not None:
+            kv = np.concatenate([np.repeat(past.h, batch // len(past.h), 0), kv], axis=1)
+        seen = np.cumsum(kv * visible[:, :, None], axis=1) / np.maximum(np.cumsum(visible, axis=1), 1)[:, :, None]
+        hidden = seen[:, past_len:] + enc
         if positions is not None:  # like the derived graph: the head only at these rows
             assert self.gathers_positions
             hidden = np.take_along_axis(hidden, positions[:, :, None], axis=1)
-        return (hidden @ self.head) * 3, ToyKV(h) if want_present else None
+        return (hidden @ self.head) * 3, ToyKV(kv) if want_present else None
 
 
 class GatheringToyModel(CausalToyModel):
@@ -41,6 +61,25 @@ class GatheringToyModel(CausalToyModel):
 class ToyKV:
     def __init__(self, h):
         self.h, self.length, self.nbytes = h, h.shape[1], h.nbytes
+
+
+def test_toy_model_sees_mask_and_positions():
+    """The toy can fail: right padding is exact, but a mask off by one or a shifted position is not."""
+    model = CausalToyModel()
+    ids = np.array([[4, 5, 6, 7, 8]])
+    ref, kv = model.forward(ids, np.ones((1, 5), np.int64), want_present=True)
+    padded = np.array([[4, 5, 6, 7, 8, 0, 0], [1, 2, 3, 0, 0, 0, 0]])
+    mask = (np.arange(7) < np.array([[5], [3]])).astype(np.int64)
+    got, _ = model.forward(padded, mask)
+    np.testing.assert_allclose(got[0, :5], ref[0], atol=1e-5)  # right padding: the real rows are exact
+    short, _ = model.forward(ids, np.array([[1, 1, 1, 1, 0]]))  # off by one: the last real token masked
+    assert np.abs(short[0, 4] - ref[0, 4]).max() > 0.1
+    left, _ = model.forward(np.array([[0, 4, 5, 6, 7, 8]]), np.array([[0, 1, 1, 1, 1, 1]]))
+    assert np.abs(left[0, 1:] - ref[0]).max() > 0.1  # left padding is wrong, as under GQA
+    tail, _ = model.forward(ids[:, 3:], np.ones((1, 5), np.int64), past=ToyKV(kv.h[:, :3]))
+    np.testing.assert_allclose(tail[0], ref[0, 3:], atol=1e-5)  # past + new tokens = one pass
+    shifted, _ = model.forward(ids[:, 3:], np.ones((1, 3), np.int64), past=ToyKV(kv.h[:, :1]))
+    assert np.abs(shifted[0] - ref[0, 3:]).max() > 0.1  # a past of the wrong length moves positions
 
 
 def reference(req: TokenRequest) -> tuple[float, bool]:

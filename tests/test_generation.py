@@ -140,9 +140,14 @@ def test_sampling_is_reproducible_by_seed(tiny):
     assert a[:3] != a[3:]  # repeats of a prompt draw different samples
 
 
-def test_left_truncation_of_long_prompts(tiny):
-    lm = OrtLM.from_package(ModelArgs(pkg=str(tiny[1]), max_length=64))
-    out = gen(lm, ["one two three four five " * 40], {"max_gen_toks": 8, "until": []})
+def test_long_prompts_are_an_error_unless_left_truncation_is_asked_for(tiny):
+    long = ["one two three four five " * 40]
+    with pytest.raises(OrtEvalsError, match=r"generate_until request 'one two.*needs \d+ tokens but the context is "
+                                            r"max_length=64; pass the model arg truncate=left") as err:
+        gen(OrtLM.from_package(ModelArgs(pkg=str(tiny[1]), max_length=64)), long, {"max_gen_toks": 8, "until": []})
+    assert "\n" not in str(err.value)
+    lm = OrtLM.from_package(ModelArgs(pkg=str(tiny[1]), max_length=64, truncate="left"))
+    out = gen(lm, long, {"max_gen_toks": 8, "until": []})
     assert lm.stats["truncated"] == 1 and isinstance(out[0], str)
 
 

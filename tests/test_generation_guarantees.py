@@ -105,7 +105,8 @@ def test_nan_logits_through_the_cli_exit_2_in_one_line(poisoned, tmp_path):
     from ortevals.cli import cli
 
     result = CliRunner().invoke(cli, ["mmlu-pro", "--pkg", str(poisoned), "--data", "bundled", "--limit", "1",
-                                      "--cot", "--max-gen-toks", "4", "--no-resume"], catch_exceptions=False)
+                                      "--cot", "--max-gen-toks", "4", "--no-resume", "--truncate", "left"],
+                                catch_exceptions=False)
     # progress bars and datasets' "Repo card metadata" lines come before it: the error is the last line
     lines = [ln for ln in result.output.splitlines() if ln.strip()]
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output

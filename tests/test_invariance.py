@@ -159,7 +159,8 @@ def test_cli_records_the_mode_in_results(dynquant, tmp_path, flags, mode):
 
     out = tmp_path / "run"
     result = CliRunner().invoke(cli, ["mmlu-pro", "--pkg", str(dynquant), "--data", "bundled", "--limit", "2",
-                                      "--output", str(out), "--no-resume", *flags], catch_exceptions=False)
+                                      "--output", str(out), "--no-resume", "--truncate", "left", *flags],
+                                catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert json.loads((out / "results.json").read_text())["ortevals"]["mode"] == mode
     assert f"scoring mode: {mode}" in result.output
@@ -172,7 +173,8 @@ def test_cli_no_check_skips_the_canary(shape_dependent, tmp_path):
 
     out = tmp_path / "run"
     result = CliRunner().invoke(cli, ["mmlu-pro", "--pkg", str(shape_dependent), "--data", "bundled", "--limit",
-                                      "2", "--output", str(out), "--no-resume", "--no-check", "--batch-size", "4"],
+                                      "2", "--output", str(out), "--no-resume", "--no-check", "--batch-size", "4",
+                                      "--truncate", "left"],
                                 catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert json.loads((out / "results.json").read_text())["ortevals"]["mode"].startswith("batched (check=false")

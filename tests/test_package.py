@@ -68,16 +68,25 @@ def test_bad_package_is_one_clear_error(tiny_pkg, copy_pkg, name, breaker, messa
     assert "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("key,value", [("head_size", 32), ("num_key_value_heads", 4)])
-def test_config_graph_mismatch_on_symbolic_dims_is_caught_at_open(tiny_pkg, copy_pkg, key, value):
-    """The tiny decoder declares its head size as the symbol 'kv_cache_dim': only a real pass shows it."""
+@pytest.mark.parametrize("key,value,message", [
+    # the graph's head size is the symbol 'kv_cache_dim': only a real pass can show the config is wrong
+    ("head_size", 32, r"layer 0 KV is \[heads=2, head_size=32\] by model.decoder.num_key_value_heads/head_size, "
+                      r"but model.onnx declares past_key_values.0.key as \['batch_size', 2, 'past_sequence_length', "
+                      r"'kv_cache_dim'\] and refused past KV of that shape in a probe pass \(.*got 32 expected 16\); "
+                      r"config and graph must agree"),
+    # KV heads are concrete in the graph: the load itself compares them
+    ("num_key_value_heads", 4, r"model.decoder.num_key_value_heads=4 but model.onnx declares \[2\] KV heads"),
+])
+def test_config_graph_mismatch_on_symbolic_dims_is_caught_at_open(tiny_pkg, copy_pkg, key, value, message):
+    """Before issue 10 the head-size case surfaced as ORT's generic GroupQueryAttention error."""
     from ortevals.runtime.sessions import DecoderRunner
 
     pkg = copy_pkg(tiny_pkg)
     edit_config(pkg, lambda c: c["model"]["decoder"].update({key: value}))
-    with pytest.raises(PackageError, match="config and graph must agree|does genai_config.json match") as err:
+    with pytest.raises(PackageError, match=message) as err:
         DecoderRunner.open(ModelPackage.load(pkg), from_package({}, "cpu"))
-    assert "genai_config.json" in str(err.value) and "\n" not in str(err.value)
+    assert str(err.value).startswith(str(pkg / "genai_config.json")) and "\n" not in str(err.value)
+    assert "onnxruntime failed to run" not in str(err.value)
 
 
 def test_symlinked_files_are_allowed_but_config_paths_may_not_escape(tiny_pkg, tmp_path):

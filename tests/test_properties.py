@@ -25,7 +25,24 @@ VALUES = st.one_of(st.none(), st.booleans(), st.integers(-5, 100000), st.text(ma
                                     "past_key_values.%d.key", "logits", 16, 2, 512, 3]),
                    st.lists(st.integers(0, 600), max_size=3), st.dictionaries(st.text(max_size=5), st.integers(),
                                                                               max_size=2))
-REQS = [("The capital of France is", " paris"), ("one two three", " four five")]
+REQS = [("The capital of France is", " paris"), ("one two three", " four five")]  # inputs of 7 and 5 tokens
+
+SESSION = ("model", "decoder", "session_options")
+# values aimed at the fields whose bad values used to slip through (issue 10 §6)
+TARGETED = st.one_of(
+    # context_length: around the requests' lengths (shorter ones must be the clear error), <= 0, huge
+    st.tuples(st.just(("model", "context_length")), st.integers(-2, 12) | st.sampled_from([1024, 10**6])),
+    # provider_options: malformed structures and real ones
+    st.tuples(st.just((*SESSION, "provider_options")), st.sampled_from([
+        [{"cuda": ["x"]}], {"cuda": {}}, ["cpu"], [{}], [{"tpu": {}}], [{"cuda": {"device_id": [0]}}], [None],
+        [{"cpu": {}}], [{"cpu": None}], [], None, "cuda", [{"cuda": {}}], [{"cpu": {"arena_extend_strategy": 1}}]])),
+    # integer session options given as strings, negatives, floats, booleans
+    st.tuples(st.sampled_from([(*SESSION, "intra_op_num_threads"), (*SESSION, "inter_op_num_threads"),
+                               (*SESSION, "log_severity_level")]),
+              st.sampled_from(["four", "4", -1, 1.5, True, 1, 2, None, [2]])),
+)
+EDIT = st.one_of(st.tuples(st.sampled_from(FIELDS), VALUES, st.booleans()),
+                 TARGETED.map(lambda t: (t[0], t[1], False)))
 
 
 def mutate(cfg, path, value, delete):
@@ -42,8 +59,11 @@ def mutate(cfg, path, value, delete):
 
 @settings(max_examples=150, deadline=None, derandomize=True,  # the same cases in every CI run
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(edits=st.lists(st.tuples(st.sampled_from(FIELDS), VALUES, st.booleans()), min_size=1, max_size=3),
-       cut=st.one_of(st.none(), st.integers(0, 1500)))
+# found in review (issue 10): silently truncated scores, and an internal AttributeError / ValueError
+@example(edits=[(("model", "context_length"), 3, False)], cut=None)
+@example(edits=[((*SESSION, "provider_options"), [{"cuda": ["x"]}], False)], cut=None)
+@example(edits=[((*SESSION, "intra_op_num_threads"), "four", False)], cut=None)
+@given(edits=st.lists(EDIT, min_size=1, max_size=3), cut=st.one_of(st.none(), st.integers(0, 1500)))
 def test_mutated_config_scores_right_or_fails_clearly(tiny_pkg, tmp_path_factory, reference_scores, edits, cut):
     pkg = tmp_path_factory.mktemp("pkg")
     for f in tiny_pkg.iterdir():

@@ -37,9 +37,60 @@ def test_row_count_must_match_targets():
         continuation_logprob(np.zeros((2, 3)), [1])
 
 
-def test_non_finite_is_an_error_naming_the_request():
-    with pytest.raises(OrtEvalsError, match="request 7"):
-        check_finite(float("nan"), "request 7")
+def poison_token(pkg, token_id: int) -> None:
+    """Set one row of the package's token-embedding table to NaN, in place in its external data."""
+    import onnx
+
+    model = onnx.load(str(pkg / "model.onnx"), load_external_data=False)
+    table = next(t for t in model.graph.initializer if t.name == "model.embed_tokens.weight")
+    info = {e.key: e.value for e in table.external_data}
+    assert table.data_type == onnx.TensorProto.FLOAT and info["location"] == "model.onnx.data"
+    row = table.dims[1] * 4
+    with open(pkg / info["location"], "r+b") as f:
+        f.seek(int(info.get("offset", 0)) + token_id * row)
+        f.write(np.full(table.dims[1], np.nan, np.float32).tobytes())
+
+
+THE = 353  # " the" in the tiny tokenizer
+GOOD = [("one two three four five six", " seven"), ("paris berlin rome madrid", " france")]
+POISONED = ("Answer the", " number")  # the shortest input: scored last, after both good ones
+
+
+def test_non_finite_is_an_error_naming_the_request(tiny_pkg, copy_pkg, tmp_path):
+    """A real NaN (one embedding row) through the engine, the store and the CLI.
+
+    The engine must refuse the request whose input holds the token, name it,
+    and record nothing for it; the requests scored before it keep their right
+    scores in the store.
+    """
+    from click.testing import CliRunner
+    from lm_eval.api.instance import Instance
+
+    from ortevals.cli import cli
+    from ortevals.lm import ModelArgs, OrtLM
+    from tests.test_badinputs import assert_error_after_data
+
+    pkg = copy_pkg(tiny_pkg)
+    poison_token(pkg, THE)
+    store = str(tmp_path / "store.sqlite")
+    args = ModelArgs(pkg=str(pkg), batch_size=1, store=store)
+    lm = OrtLM.from_package(args)
+    assert THE in lm.tok_encode(POISONED[0]) and not any(THE in lm.tok_encode(c + x) for c, x in GOOD)
+    reqs = [Instance("loglikelihood", {}, r, i) for i, r in enumerate([*GOOD, POISONED])]
+    with pytest.raises(OrtEvalsError, match=r"^non-finite log-likelihood \(nan\) for loglikelihood request "
+                                            r"'Answer the number'; .* No score was recorded for it$"):
+        lm.loglikelihood(reqs, disable_tqdm=True)
+    clean = OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg), batch_size=1))
+    want = clean.loglikelihood(reqs[:2], disable_tqdm=True)
+    reopened = OrtLM.from_package(args).store  # what a rerun would find
+    assert reopened.get("loglikelihood", list(POISONED)) is None
+    for r, (lp, greedy) in zip(GOOD, want):
+        stored = reopened.get("loglikelihood", list(r))
+        assert stored is not None and stored[0] == pytest.approx(lp, abs=1e-5) and bool(stored[1]) == greedy
+    # the CLI: an MMLU-Pro prompt holds " the": exit 2, one line naming the request, no traceback
+    result = CliRunner().invoke(cli, ["mmlu-pro", "--pkg", str(pkg), "--data", "bundled", "--limit", "1",
+                                      "--no-resume", "--truncate", "left"], catch_exceptions=False)
+    assert_error_after_data(result, "non-finite log-likelihood (nan) for loglikelihood request '", "No score")
     assert check_finite(-1.5, "x") == -1.5
 
 

@@ -194,9 +194,18 @@ class DecoderRunner:
         return runner
 
     def probe(self) -> None:
-        """One 2-token pass: symbolic dims are only checkable against real outputs."""
+        """One 2-token pass: symbolic dims are only checkable against real outputs.
+
+        Where the config filled a symbolic KV dim with a wrong value, onnxruntime
+        itself refuses the probe's past buffers (GroupQueryAttention checks them)
+        before any output exists: that failure is reported as the config-vs-graph
+        mismatch it is, naming the fields and the graph's symbolic dims.
+        """
         cfg = self.package.root / "genai_config.json"
-        logits, present = self.forward(np.zeros((1, 2), np.int64), np.ones((1, 2), np.int64), want_present=True)
+        try:
+            logits, present = self.forward(np.zeros((1, 2), np.int64), np.ones((1, 2), np.int64), want_present=True)
+        except PackageError as e:
+            raise symbolic_mismatch(self.package, getattr(e, "ort_message", None)) or e from None
         if logits.shape[-1] != self.package.vocab_size:
             raise PackageError(f"{cfg}: model.vocab_size={self.package.vocab_size} but the decoder returned "
                                f"logits of width {logits.shape[-1]}; config and graph must agree")
@@ -249,8 +258,10 @@ class DecoderRunner:
         try:
             outs = self._run_bound(names, feeds) if self.bind_device else self.decoder.run(names, feeds)
         except Exception as e:  # onnxruntime's own error types; name the model and the likely cause
-            raise PackageError(f"{self.package.decoder.path}: onnxruntime failed to run the decoder: "
-                               f"{first_line(e)} (does genai_config.json match the graph?)") from None
+            err = PackageError(f"{self.package.decoder.path}: onnxruntime failed to run the decoder: "
+                               f"{first_line(e)} (does genai_config.json match the graph?)")
+            err.ort_message = first_line(e)  # the probe turns it into a config-vs-graph message
+            raise err from None
         present = None
         if want_present:
             it = iter(outs[1:])
@@ -324,6 +335,30 @@ class DecoderRunner:
             feeds[spec.key_name] = k
             feeds[spec.value_name] = v
         return feeds
+
+
+def symbolic_mismatch(package: ModelPackage, ort_message: str | None) -> PackageError | None:
+    """The probe failed: name the config fields that filled the graph's symbolic KV dims, if any did.
+
+    Returns None when every KV dim is concrete in the graph (the load already
+    compared those with the config), so the generic failure stands.
+    """
+    if ort_message is None:
+        return None
+    for spec in package.kv:
+        graph = package.decoder.input(spec.key_name)
+        symbolic = [d for d in (graph.shape[1], graph.shape[3]) if not isinstance(d, int)] if graph else []
+        if symbolic:
+            break
+    else:
+        return None
+    reason = ort_message.split("Status Message:", 1)[-1].strip()
+    dims = ", ".join(repr(d) if isinstance(d, str) else str(d) for d in graph.shape)
+    return PackageError(
+        f"{package.root / 'genai_config.json'}: layer {spec.layer} KV is [heads={spec.kv_heads}, "
+        f"head_size={spec.head_size}] by model.decoder.num_key_value_heads/head_size, but "
+        f"{package.decoder.path.name} declares {spec.key_name} as [{dims}] and refused past KV of that shape in "
+        f"a probe pass ({reason}); config and graph must agree")
 
 
 def feeds_len(attention_mask: np.ndarray) -> int:
