@@ -13,6 +13,10 @@ multimodal output of the ModelBuilder pass), runs the tasks through
 lm-eval's higher-is-better flags and stderr. Any failure is raised as a
 ``ValueError`` (an :class:`~ortevals.errors.OrtEvalsError`): Olive re-raises
 those instead of logging "Failed to run Olive" and carrying on.
+
+Importing this module changes nothing in Olive or onnxruntime-genai beyond the evaluator registry: the
+builder shim that Olive 0.13's ModelBuilder needs lives in :mod:`ortevals.olive_builder` and applies
+only while that pass runs.
 """
 
 from __future__ import annotations
@@ -32,47 +36,6 @@ except ImportError as e:  # pragma: no cover - exercised without olive-ai
 
 log = logging.getLogger(__name__)
 NAME = "OrtEvalsEvaluator"
-
-
-def _model_builder_compat() -> None:
-    """Olive 0.13's ModelBuilder pass patches ``onnxruntime_genai.models.quantized_model``, which
-    onnxruntime-genai 0.18 no longer has, so the pass fails before building anything. The patch
-    only serves Olive-quantized inputs; where the module is gone it becomes a no-op."""
-    import importlib.util
-
-    if importlib.util.find_spec("onnxruntime_genai") is None:
-        return
-    try:
-        has_module = importlib.util.find_spec("onnxruntime_genai.models.quantized_model") is not None
-    except ModuleNotFoundError:
-        has_module = False
-    if has_module:
-        return
-    try:
-        from olive.passes.onnx.model_builder import ModelBuilder
-    except ImportError:
-        return
-    ModelBuilder.maybe_patch_quant = staticmethod(lambda: None)
-    # 0.18's create_model also wants options prepared by parse_extra_options, which Olive 0.13 skips
-    from onnxruntime_genai.models import builder
-
-    original = builder.create_model
-    if getattr(original, "_ortevals_compat", False):
-        return
-
-    def create_model(model_name, input_path, output_dir, precision, execution_provider, cache_dir, **extra):
-        if "hf_details" not in extra:
-            extra = builder.parse_extra_options(model_name, input_path, output_dir, precision, execution_provider,
-                                                cache_dir, [f"{k}={str(v).lower() if isinstance(v, bool) else v}"
-                                                            for k, v in extra.items()])
-        return original(model_name, input_path, output_dir, precision, execution_provider, cache_dir, **extra)
-
-    create_model._ortevals_compat = True
-    builder.create_model = create_model
-    log.debug("Olive ModelBuilder: adapted to onnxruntime-genai %s's builder API", getattr(builder, "__name__", ""))
-
-
-_model_builder_compat()
 
 
 def package_dir(model) -> Path:

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parent.parent
 LIMIT = 4
 
 
-def olive_run(work: Path, name: str, cfg: dict) -> tuple[subprocess.CompletedProcess, dict | None]:
+def olive_run(work: Path, name: str, cfg: dict, *extra: str) -> tuple[subprocess.CompletedProcess, dict | None]:
     from scripts.bench_olive import read_metrics
 
     path = work / f"{name}.json"
@@ -23,7 +23,7 @@ def olive_run(work: Path, name: str, cfg: dict) -> tuple[subprocess.CompletedPro
     path.write_text(json.dumps(cfg))
     # offline, Olive's telemetry waits 10 s at exit for an export that cannot happen
     env = {**os.environ, "OLIVE_DISABLE_TELEMETRY": "1"}
-    proc = subprocess.run([sys.executable, "-m", "olive", "run", "--config", str(path)], cwd=work,
+    proc = subprocess.run([sys.executable, "-m", "olive", "run", "--config", str(path), *extra], cwd=work,
                           capture_output=True, text=True, timeout=900, env=env)
     return proc, read_metrics(Path(cfg["output_dir"]))
 
@@ -63,12 +63,23 @@ def test_evaluate_package_config_equals_the_cli(work, tiny_pkg):
 
 
 def test_build_and_evaluate_config_runs(work, tiny):
+    """OrtEvalsModelBuilder (found through configs/olive_package.json) builds, then OrtEvalsEvaluator scores."""
     cfg = config("build_and_evaluate.json", tiny[0], limit=2)
-    proc, metrics = olive_run(work, "build", cfg)
+    proc, metrics = olive_run(work, "build", cfg, "--package-config", str(work / "configs" / "olive_package.json"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert metrics and any("acc" in k for k in metrics)
     built = list((work / "out-build").rglob("genai_config.json"))
     assert built, "the ModelBuilder pass wrote no package"
+
+
+def test_build_without_an_execution_provider_is_refused(work, tiny):
+    """Olive asks no provider of a pass outside olive.passes.onnx; the pass refuses rather than build for CPU."""
+    cfg = config("build_and_evaluate.json", tiny[0], limit=2)
+    cfg["systems"]["local_system"]["accelerators"] = [{"device": "cpu"}]
+    proc, metrics = olive_run(work, "noep", cfg, "--package-config", str(work / "configs" / "olive_package.json"))
+    assert proc.returncode != 0 and metrics is None
+    assert "OrtEvalsModelBuilder: no execution provider for the build" in proc.stderr
+    assert not list((work / "out-noep").rglob("genai_config.json"))
 
 
 def test_evaluation_error_fails_the_workflow(work, tiny_pkg):
@@ -95,3 +106,34 @@ def test_import_ortevals_needs_no_olive():
     code = "import sys, ortevals, ortevals.cli, ortevals.lm; print('olive' in sys.modules or 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ)
     assert out.stdout.strip() == "False"
+
+
+SHIM_PROBE = """
+import sys
+from olive.passes.onnx.model_builder import ModelBuilder
+from onnxruntime_genai.models import builder
+
+patch_quant, create_model = ModelBuilder.__dict__["maybe_patch_quant"], builder.create_model
+import ortevals.olive, ortevals.olive_builder
+from ortevals.olive_builder import builder_api
+
+untouched = ModelBuilder.__dict__["maybe_patch_quant"] is patch_quant and builder.create_model is create_model
+with builder_api():
+    inside = builder.create_model is not create_model
+try:
+    with builder_api():
+        raise KeyError("boom")
+except KeyError:
+    pass
+restored = builder.create_model is create_model
+print(untouched, inside, restored)
+"""
+
+
+def test_import_patches_nothing_and_the_builder_shim_is_scoped():
+    """Importing ortevals.olive leaves Olive's ModelBuilder and the builder's create_model as they were;
+    the shim replaces create_model only inside builder_api() and restores it on exit, also on error."""
+    out = subprocess.run([sys.executable, "-c", SHIM_PROBE], capture_output=True, text=True, env=os.environ,
+                         cwd=REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "True", "True"], out.stdout + out.stderr[-2000:]
