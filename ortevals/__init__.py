@@ -1,16 +1,16 @@
 """ortevals: fast, exact lm-eval benchmarks for ONNX Runtime GenAI model packages.
 
 Data flow: CLI (:mod:`ortevals.cli`) → presets/tasks (:mod:`ortevals.presets`)
-→ lm-eval → :class:`ortevals.lm.OrtLM` → scoring engine
-(:mod:`ortevals.engine`, math in :mod:`ortevals.scoring`) → ORT sessions
-(:mod:`ortevals.runtime`) → results (:mod:`ortevals.results`).
+→ lm-eval → :class:`ortevals.integrations.lm.OrtLM` → scoring engine
+(:mod:`ortevals.engine.prefill`, math in :mod:`ortevals.engine.scoring`) → ORT sessions
+(:mod:`ortevals.runtime`) → results (:mod:`ortevals.report.results`).
 
 Importing this package imports neither onnxruntime, lm-eval, Olive nor torch;
-lm-eval registration lives in :mod:`ortevals.lm_eval_plugin`.
+lm-eval registration lives in :mod:`ortevals.integrations.lm_eval_plugin`.
 """
 
 from ortevals.errors import OrtEvalsError, PackageError
-from ortevals.package import KVSpec, ModelPackage
+from ortevals.package.loader import KVSpec, ModelPackage
 
 __all__ = ["KVSpec", "ModelPackage", "OrtEvalsError", "PackageError"]
 __version__ = "0.1.0"

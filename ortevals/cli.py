@@ -116,7 +116,7 @@ def _setup_logging(verbose: int) -> None:
 
 def _package_path(pkg: Path | None, example: bool) -> str:
     if example:
-        from ortevals.examples import smollm2_package
+        from ortevals.package.examples import smollm2_package
 
         click.echo("Using the example package SmolLM2-135M-Instruct fp32 (built once, then cached)…", err=True)
         return str(smollm2_package("fp32"))
@@ -127,7 +127,7 @@ def _package_path(pkg: Path | None, example: bool) -> str:
 
 def _load_lm(kw: dict):
     from ortevals.files import store_path
-    from ortevals.lm import OrtLM
+    from ortevals.integrations.lm import OrtLM
     from ortevals.options import OPTIONS, parse_arg_string, parse_model_args
 
     raw = parse_arg_string(kw["model_args"])
@@ -152,7 +152,7 @@ def _evaluate(kw: dict, tasks, data: Path | None, **spec_kw) -> None:
     """
     from ortevals.evaluate import RunSpec, evaluate, task_manager
     from ortevals.presets import task_specs
-    from ortevals.results import format_table
+    from ortevals.report.results import format_table
 
     include = spec_kw.get("include_path")
     tm = task_manager(include) if include is not None else None
@@ -208,8 +208,8 @@ def run(tasks: str, num_fewshot, include_path, apply_chat_template, gen_kwargs, 
 @click.option("--example", is_flag=True, help="Describe the embedded SmolLM2 example package.")
 def info(pkg: Path | None, example: bool) -> None:
     """What the loader found: models, layers, KV shapes per layer, providers."""
-    from ortevals.describe import describe_package
-    from ortevals.package import ModelPackage
+    from ortevals.package.describe import describe_package
+    from ortevals.package.loader import ModelPackage
 
     click.echo(describe_package(ModelPackage.load(_package_path(pkg, example))))
 
@@ -218,7 +218,7 @@ def info(pkg: Path | None, example: bool) -> None:
 @click.option("--precision", type=click.Choice(["fp32", "int8", "int4"]), default="fp32", show_default=True)
 def example(precision: str) -> None:
     """Build (once) the SmolLM2-135M-Instruct example package and print its path."""
-    from ortevals.examples import smollm2_package
+    from ortevals.package.examples import smollm2_package
 
     click.echo(smollm2_package(precision))
 
@@ -244,8 +244,8 @@ def cache() -> None:
 @cache.command("info", epilog=EPILOG_CACHE)
 def cache_info() -> None:
     """The cache root; entries and bytes per kind; the scopes each result store holds."""
-    from ortevals.cache import info_text
     from ortevals.files import cache_root
+    from ortevals.report.cache import info_text
 
     click.echo(info_text(cache_root()))
 
@@ -257,8 +257,8 @@ def cache_info() -> None:
 @click.option("--all", "everything", is_flag=True, help="All of the above.")
 def cache_clear(runs: bool, derived: bool, examples: bool, everything: bool) -> None:
     """Remove cached entries; with no option, result stores and derived graphs."""
-    from ortevals.cache import KINDS, clear
     from ortevals.files import cache_root
+    from ortevals.report.cache import KINDS, clear
 
     chosen = {"runs": runs, "derived": derived, "examples": examples}
     kinds = KINDS if everything else tuple(k for k in KINDS if chosen[k]) or ("runs", "derived")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ortevals.errors import DataError, OrtEvalsError, first_line
-from ortevals.results import RunSummary, summarize, write_outputs
+from ortevals.report.results import RunSummary, summarize, write_outputs
 
 log = logging.getLogger(__name__)
 OFFLINE_HINTS = ("offline", "connection", "couldn't reach", "could not reach", "resolve", "localentrynotfound",
@@ -46,7 +46,7 @@ class RunOutcome:
 
 
 def evaluate(lm, spec: RunSpec) -> RunOutcome:
-    """Run lm-eval on ``lm`` (an :class:`~ortevals.lm.OrtLM`) and summarize."""
+    """Run lm-eval on ``lm`` (an :class:`~ortevals.integrations.lm.OrtLM`) and summarize."""
     import lm_eval
 
     if spec.limit is not None and spec.limit <= 0:

@@ -18,8 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ortevals.engine.scoring import TRUNCATE_MODES
 from ortevals.errors import OrtEvalsError
-from ortevals.scoring import TRUNCATE_MODES
 
 PKG_ALIASES = ("pretrained", "model")  # lm-eval spellings of the package folder
 IGNORED = ("device", "max_batch_size")  # lm-eval passes its torch device and batch cap; the EP is `ep`

@@ -30,9 +30,9 @@ def worker(args) -> None:
     import lm_eval
     from bench_mmlu_pro import build_lm, time_method
 
-    from ortevals.package import ModelPackage
+    from ortevals.package.loader import ModelPackage
+    from ortevals.package.tokenizer import Tokenizer
     from ortevals.presets import PRESETS, resolve_data, task_specs
-    from ortevals.tokenizer import Tokenizer
 
     preset = PRESETS["mmlu-pro-cot"]
     lm = build_lm(args.backend, args)
@@ -99,7 +99,7 @@ def main() -> None:
     args = p.parse_args()
     args.ortevals_args = json.loads(args.ortevals_args)
     if args.pkg is None or args.hf is None:
-        from ortevals.examples import smollm2_hf_dir, smollm2_package
+        from ortevals.package.examples import smollm2_hf_dir, smollm2_package
 
         args.pkg, args.hf = args.pkg or str(smollm2_package("fp32")), args.hf or str(smollm2_hf_dir())
     if args.worker:

@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 
 def build_lm(name: str, args) -> object:
     if name.startswith("ortevals"):
-        from ortevals.lm import OrtLM
+        from ortevals.integrations.lm import OrtLM
 
         extra = dict(kv.split("=", 1) for kv in args.ortevals_args.get(name, "").split(",") if kv)
         return OrtLM.create_from_arg_obj({"pkg": args.pkg, "ep": args.ep, **extra})
@@ -88,8 +88,8 @@ def worker(args) -> None:
 
 def prompt_tokens(samples, args) -> list[list[int]]:
     """Each question's model input (context + answer letter, minus its last token), package tokenizer."""
-    from ortevals.package import ModelPackage
-    from ortevals.tokenizer import Tokenizer
+    from ortevals.package.loader import ModelPackage
+    from ortevals.package.tokenizer import Tokenizer
 
     tok = Tokenizer.load(ModelPackage.load(args.pkg))
     return [tok.encode(s["arguments"][0][0] + s["arguments"][0][1])[:-1] for s in samples]
@@ -129,7 +129,7 @@ def main() -> None:
     p.add_argument("--out", default=str(REPO / "docs" / "bench"), help="folder for results.json and the plot")
     args = p.parse_args()
     if args.pkg is None or args.hf is None:
-        from ortevals.examples import smollm2_hf_dir, smollm2_package
+        from ortevals.package.examples import smollm2_hf_dir, smollm2_package
 
         args.pkg = args.pkg or str(smollm2_package("fp32"))
         args.hf = args.hf or str(smollm2_hf_dir())

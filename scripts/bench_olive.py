@@ -43,7 +43,7 @@ def workflow(pkg: Path, evaluator: dict, work: Path, name: str) -> dict:
     cfg = json.loads((REPO / "configs" / "evaluate_package.json").read_text())
     cfg["input_model"]["model_path"] = str(pkg)
     # Olive's ONNXModel checks that this file exists: name the package's own decoder
-    from ortevals.package import ModelPackage
+    from ortevals.package.loader import ModelPackage
 
     package = ModelPackage.load(pkg)
     cfg["input_model"]["onnx_file_name"] = str(package.decoder.path.relative_to(package.root))
@@ -116,7 +116,7 @@ def main() -> None:
     from ortevals.presets import BUNDLED
 
     if args.pkg is None:
-        from ortevals.examples import smollm2_package
+        from ortevals.package.examples import smollm2_package
 
         args.pkg = str(smollm2_package("fp32"))
     args.pkg = Path(args.pkg).resolve()

@@ -37,7 +37,7 @@ def add_flops(results: list[dict], args) -> None:
     """Effective GFLOP/s of each backend on the work that must be done, and its share of the peak."""
     from bench_flops import matmul_params, required_flops
 
-    from ortevals.package import ModelPackage
+    from ortevals.package.loader import ModelPackage
 
     pkg = ModelPackage.load(args.pkg)
     dec = pkg.config["model"]["decoder"]

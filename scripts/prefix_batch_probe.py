@@ -17,8 +17,8 @@ import time
 
 import numpy as np
 
-from ortevals.package import ModelPackage
-from ortevals.providers import from_package
+from ortevals.package.loader import ModelPackage
+from ortevals.runtime.providers import from_package
 from ortevals.runtime.sessions import DecoderRunner, KVCache
 
 

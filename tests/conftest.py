@@ -53,7 +53,7 @@ def gemma4(fixture_cache) -> tuple[Path, Path]:
 @pytest.fixture(scope="session")
 def smollm2() -> tuple[Path, Path]:
     """(hf_dir, package_dir) of the real SmolLM2-135M-Instruct, fp32."""
-    from ortevals.examples import smollm2_hf_dir, smollm2_package
+    from ortevals.package.examples import smollm2_hf_dir, smollm2_package
 
     return smollm2_hf_dir(), smollm2_package("fp32")
 
@@ -76,7 +76,7 @@ def reference_scores(tiny_pkg) -> list[float]:
     """Log-likelihoods of tests/test_properties.py's requests on the unmodified tiny package."""
     from lm_eval.api.instance import Instance
 
-    from ortevals.lm import ModelArgs, OrtLM
+    from ortevals.integrations.lm import ModelArgs, OrtLM
     from tests.test_properties import REQS
 
     lm = OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg), batch_size=1))

@@ -10,10 +10,10 @@ from click.testing import CliRunner
 
 from ortevals.cli import cli
 from ortevals.errors import DataError, OrtEvalsError, PackageError
-from ortevals.lm import ModelArgs, OrtLM
-from ortevals.package import ModelPackage
+from ortevals.integrations.lm import ModelArgs, OrtLM
+from ortevals.package.loader import ModelPackage
+from ortevals.package.tokenizer import Tokenizer
 from ortevals.presets import BUNDLED, PRESETS, validate_local
-from ortevals.tokenizer import Tokenizer
 from tests.test_cli import assert_one_line_error
 
 

@@ -17,10 +17,10 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from ortevals.engine import EngineSettings, PrefillEngine, TokenRequest
+from ortevals.engine.prefill import EngineSettings, PrefillEngine, TokenRequest
 from ortevals.errors import PackageError, ProviderError
-from ortevals.package import KVSpec, ModelPackage
-from ortevals.providers import from_package, raw_session_options
+from ortevals.package.loader import KVSpec, ModelPackage
+from ortevals.runtime.providers import from_package, raw_session_options
 from ortevals.runtime.replicate import Replicator
 from ortevals.runtime.sessions import DecoderRunner, KVCache, _nbytes, empty_past, host_float32, open_session
 
@@ -81,7 +81,7 @@ BUILDER_OPTIONS = {
 
 @pytest.mark.parametrize("ep", sorted(BUILDER_OPTIONS))
 def test_builder_options_are_kept_for_og_and_dropped_for_raw_sessions(ep, caplog):
-    with caplog.at_level(logging.INFO, logger="ortevals.providers"):
+    with caplog.at_level(logging.INFO, logger="ortevals.runtime.providers"):
         cfg = from_package({"provider_options": BUILDER_OPTIONS[ep]}, ep)
     package_opts = next(iter(BUILDER_OPTIONS[ep][0].values()))
     assert cfg.options == package_opts  # onnxruntime-genai's config is unchanged
@@ -101,7 +101,7 @@ def test_safe_package_options_and_user_options_survive():
 
 
 def test_unsafe_user_option_is_warned_and_kept_for_og_only(caplog):
-    with caplog.at_level(logging.INFO, logger="ortevals.providers"):
+    with caplog.at_level(logging.INFO, logger="ortevals.runtime.providers"):
         cfg = from_package({}, "cuda", {"enable_cuda_graph": "1", "device_id": "0"})
     assert cfg.options == {"enable_cuda_graph": "1", "device_id": "0"} and cfg.raw_options == {"device_id": "0"}
     warned = [r for r in caplog.records if r.levelno == logging.WARNING]
@@ -130,7 +130,7 @@ def test_raw_session_gets_the_filtered_options(copy_pkg, tiny_pkg, monkeypatch):
 
 
 def test_store_scope_records_the_filtered_options(tiny_pkg, tmp_path):
-    from ortevals.lm import ModelArgs, OrtLM
+    from ortevals.integrations.lm import ModelArgs, OrtLM
 
     scopes = [OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg), store=str(tmp_path / f"s{i}"),
                                            provider_options=opts)).store.scope
@@ -304,7 +304,7 @@ def test_cpu_refusal_of_a_batched_continuation_falls_back_to_one_row(which, tiny
     runner = DecoderRunner.open(pkg, from_package({}, "cpu"))
     reqs = _requests(pkg.vocab_size, seed=1)
     one, _ = _score(runner, pkg, 1, reqs)
-    with caplog.at_level(logging.WARNING, logger="ortevals.engine"):
+    with caplog.at_level(logging.WARNING, logger="ortevals.engine.prefill"):
         got, engine = _score(runner, pkg, 4, reqs)
     refused = [r.getMessage() for r in caplog.records if "batched pass refused" in r.getMessage()]
     assert len(refused) == 1 and "batch_size must be 1 when sequence_length > 1" in refused[0]

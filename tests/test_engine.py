@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from ortevals.engine import EngineSettings, PrefillEngine, TokenRequest, pad_right, plan_groups, rows_for
-from ortevals.scoring import continuation_logprob
+from ortevals.engine.prefill import EngineSettings, PrefillEngine, TokenRequest, pad_right, plan_groups, rows_for
+from ortevals.engine.scoring import continuation_logprob
 
 V = 11
 

@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from ortevals.lm import ModelArgs, OrtLM
-from ortevals.package import ModelPackage
-from ortevals.providers import from_package
+from ortevals.engine.scoring import log_softmax
+from ortevals.integrations.lm import ModelArgs, OrtLM
+from ortevals.package.loader import ModelPackage
+from ortevals.runtime.providers import from_package
 from ortevals.runtime.sessions import DecoderRunner
-from ortevals.scoring import log_softmax
 
 
 @pytest.fixture(scope="module")

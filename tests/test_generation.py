@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 from lm_eval.api.instance import Instance
 
+from ortevals.engine.generation import GenSettings, choose_token, first_stop, parse_gen_kwargs
 from ortevals.errors import OrtEvalsError
-from ortevals.generation import GenSettings, choose_token, first_stop, parse_gen_kwargs
-from ortevals.lm import ModelArgs, OrtLM
+from ortevals.integrations.lm import ModelArgs, OrtLM
 
 
 def test_gen_kwargs_aliases_and_defaults():
@@ -184,7 +184,7 @@ def test_pruned_lm_head_goes_incremental_and_matches(tiny, fixture_cache, ortlm)
 
 
 def test_rewind_is_refused_where_it_is_not_exact(gemma4, fixture_cache):
-    from ortevals.package import ModelPackage
+    from ortevals.package.loader import ModelPackage
     from ortevals.runtime.genai import rewind_is_exact
     from tests.fixtures.gemma4 import build_gemma4
 
@@ -203,9 +203,9 @@ def fresh_logits(runner, tokens):
 
 
 def open_runner(pkg_dir):
-    from ortevals.package import ModelPackage
-    from ortevals.providers import from_package
+    from ortevals.package.loader import ModelPackage
     from ortevals.runtime.genai import GenaiRunner
+    from ortevals.runtime.providers import from_package
 
     package = ModelPackage.load(pkg_dir)
     return GenaiRunner.open(package, from_package(package.decoder.session_options))

@@ -9,7 +9,7 @@ import pytest
 from lm_eval.api.instance import Instance
 
 from ortevals.errors import OrtEvalsError
-from ortevals.lm import ModelArgs, OrtLM
+from ortevals.integrations.lm import ModelArgs, OrtLM
 
 # each continues past the 16-token sliding window and changes token there (no single-token loop)
 GEMMA_PROMPTS = ["A. the\nB. of\nC.", "Question: what is the river of the city? Answer: the river",

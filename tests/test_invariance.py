@@ -18,8 +18,8 @@ import pytest
 from lm_eval.api.instance import Instance
 from onnx import TensorProto, helper, numpy_helper
 
-from ortevals.invariance import compare, detect, pick_canary, scan_graph
-from ortevals.lm import ModelArgs, OrtLM
+from ortevals.engine.invariance import compare, detect, pick_canary, scan_graph
+from ortevals.integrations.lm import ModelArgs, OrtLM
 from tests.fixtures.dynquant import build_dynquant, build_shape_dependent
 from tests.fixtures.tiny import WORDS
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from lm_eval.api.instance import Instance
 
-from ortevals.lm import ModelArgs, OrtLM
+from ortevals.integrations.lm import ModelArgs, OrtLM
 
 PAIRS = [
     ("The capital of France is", " paris"),
@@ -106,9 +106,9 @@ def test_cache_hook_receives_every_answer(ortlm):
 
 def test_io_binding_and_prefix_reuse_equal_plain_runs(tiny):
     """Long shared contexts: prefix KV reused (and kept as OrtValues under IOBinding) changes nothing."""
-    from ortevals.engine import EngineSettings, PrefillEngine, TokenRequest
-    from ortevals.package import ModelPackage
-    from ortevals.providers import from_package
+    from ortevals.engine.prefill import EngineSettings, PrefillEngine, TokenRequest
+    from ortevals.package.loader import ModelPackage
+    from ortevals.runtime.providers import from_package
     from ortevals.runtime.sessions import DecoderRunner
 
     pkg = ModelPackage.load(tiny[1])

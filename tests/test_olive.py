@@ -103,7 +103,8 @@ def test_changed_limit_is_never_served_from_olive_cache(work, tiny_pkg):
 
 
 def test_import_ortevals_needs_no_olive():
-    code = "import sys, ortevals, ortevals.cli, ortevals.lm; print('olive' in sys.modules or 'torch' in sys.modules)"
+    code = ("import sys, ortevals, ortevals.cli, ortevals.integrations.lm; "
+            "print('olive' in sys.modules or 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ)
     assert out.stdout.strip() == "False"
 
@@ -114,8 +115,8 @@ from olive.passes.onnx.model_builder import ModelBuilder
 from onnxruntime_genai.models import builder
 
 patch_quant, create_model = ModelBuilder.__dict__["maybe_patch_quant"], builder.create_model
-import ortevals.olive, ortevals.olive_builder
-from ortevals.olive_builder import builder_api
+import ortevals.integrations.olive, ortevals.integrations.olive_builder
+from ortevals.integrations.olive_builder import builder_api
 
 untouched = ModelBuilder.__dict__["maybe_patch_quant"] is patch_quant and builder.create_model is create_model
 with builder_api():
@@ -131,7 +132,7 @@ print(untouched, inside, restored)
 
 
 def test_import_patches_nothing_and_the_builder_shim_is_scoped():
-    """Importing ortevals.olive leaves Olive's ModelBuilder and the builder's create_model as they were;
+    """Importing ortevals.integrations.olive leaves Olive's ModelBuilder and the builder's create_model as they were;
     the shim replaces create_model only inside builder_api() and restores it on exit, also on error."""
     out = subprocess.run([sys.executable, "-c", SHIM_PROBE], capture_output=True, text=True, env=os.environ,
                          cwd=REPO)

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from ortevals.errors import PackageError, ProviderError
-from ortevals.package import ModelPackage
-from ortevals.providers import from_package, normalize, parse_options
+from ortevals.package.loader import ModelPackage
+from ortevals.runtime.providers import from_package, normalize, parse_options
 
 
 def edit_config(pkg: Path, fn) -> None:

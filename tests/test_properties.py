@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from lm_eval.api.instance import Instance
 
 from ortevals.errors import DataError, OrtEvalsError
-from ortevals.lm import ModelArgs, OrtLM
+from ortevals.integrations.lm import ModelArgs, OrtLM
 from ortevals.presets import MMLU_PRO_COLUMNS, _validate_table
 
 FIELDS = [("model", "type"), ("model", "vocab_size"), ("model", "context_length"), ("model", "bos_token_id"),

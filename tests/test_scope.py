@@ -15,11 +15,11 @@ import pytest
 from click.testing import CliRunner
 from lm_eval.api.instance import Instance
 
-from ortevals import scope as scope_mod
 from ortevals.cli import cli
 from ortevals.files import store_path
-from ortevals.lm import ModelArgs, OrtLM
-from ortevals.package import ModelPackage
+from ortevals.integrations.lm import ModelArgs, OrtLM
+from ortevals.package.loader import ModelPackage
+from ortevals.report import scope as scope_mod
 from ortevals.runtime.derive import derived_decoder, derived_path
 
 REQ = ("The city", " of")
@@ -205,3 +205,12 @@ def test_cache_info_and_clear(tiny_pkg, own_cache):
     assert out.exit_code == 0 and f"removed {own_cache / 'examples'}: 1 entries" in out.output
     assert not (own_cache / "examples").exists() and own_cache.is_dir()
     assert "nothing in" in runner.invoke(cli, ["cache", "clear", "--all"]).output
+
+
+def test_source_digest_covers_every_module_of_every_layer():
+    import ortevals
+
+    root = Path(ortevals.__file__).resolve().parent
+    hashed = {p.relative_to(root).as_posix() for p in scope_mod.source_files()}
+    modules = {p.relative_to(root).as_posix() for p in root.rglob("*.py")}
+    assert hashed == modules and {"cli.py", "engine/prefill.py", "runtime/derive.py", "report/store.py"} <= hashed

@@ -5,8 +5,8 @@ import math
 import numpy as np
 import pytest
 
+from ortevals.engine.scoring import check_finite, continuation_logprob, input_window, log_softmax
 from ortevals.errors import OrtEvalsError
-from ortevals.scoring import check_finite, continuation_logprob, input_window, log_softmax
 
 
 def test_log_softmax_matches_definition():
@@ -67,7 +67,7 @@ def test_non_finite_is_an_error_naming_the_request(tiny_pkg, copy_pkg, tmp_path)
     from lm_eval.api.instance import Instance
 
     from ortevals.cli import cli
-    from ortevals.lm import ModelArgs, OrtLM
+    from ortevals.integrations.lm import ModelArgs, OrtLM
     from tests.test_badinputs import assert_error_after_data
 
     pkg = copy_pkg(tiny_pkg)

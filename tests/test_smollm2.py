@@ -6,7 +6,7 @@ import lm_eval
 import pytest
 from lm_eval.api.instance import Instance
 
-from ortevals.lm import ModelArgs, OrtLM
+from ortevals.integrations.lm import ModelArgs, OrtLM
 from ortevals.presets import PRESETS, resolve_data, task_specs
 
 pytestmark = pytest.mark.slow

@@ -23,11 +23,11 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from ortevals.engine.prefix import common_prefix
 from ortevals.errors import PackageError, ProviderError, first_line
-from ortevals.package import ModelPackage
-from ortevals.prefix import common_prefix
-from ortevals.providers import ProviderConfig
+from ortevals.package.loader import ModelPackage
 from ortevals.runtime import import_og
+from ortevals.runtime.providers import ProviderConfig
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ortevals.providers import ProviderConfig
 from ortevals.runtime import import_ort
+from ortevals.runtime.providers import ProviderConfig
 
 
 class Replicator:

@@ -21,10 +21,10 @@ from pathlib import Path
 import numpy as np
 
 from ortevals.errors import PackageError, ProviderError, first_line
-from ortevals.package import KVSpec, ModelFile, ModelPackage
-from ortevals.providers import ProviderConfig
+from ortevals.package.loader import KVSpec, ModelFile, ModelPackage
 from ortevals.runtime import import_ort
 from ortevals.runtime.derive import POSITIONS, derived_decoder
+from ortevals.runtime.providers import ProviderConfig
 from ortevals.runtime.replicate import Replicator
 
 log = logging.getLogger(__name__)

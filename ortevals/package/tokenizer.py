@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ortevals.errors import PackageError
-from ortevals.package import ModelPackage
+from ortevals.package.loader import ModelPackage
 
 log = logging.getLogger(__name__)
 

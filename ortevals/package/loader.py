@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from ortevals.errors import PackageError
-from ortevals.graph import external_data_files, read_signature
-from ortevals.providers import check_session_options
+from ortevals.package.graph import external_data_files, read_signature
+from ortevals.runtime.providers import check_session_options
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ Olive 0.13's ``ModelBuilder`` pass does not run with onnxruntime-genai 0.18:
 This pass is ``ModelBuilder`` with both mended, and nothing changed outside its own run: the first by
 overriding ``maybe_patch_quant`` on the subclass, the second by :func:`builder_api`, a context manager
 that replaces ``builder.create_model`` only while the pass runs and restores it on exit. Importing this
-module (or :mod:`ortevals.olive`) changes neither Olive's ``ModelBuilder`` nor the builder.
+module (or :mod:`ortevals.integrations.olive`) changes neither Olive's ``ModelBuilder`` nor the builder.
 
 Olive finds a pass type only through its package config, which ``olive run`` reads before it imports
 any workflow ``user_script``; so a workflow names ``"type": "OrtEvalsModelBuilder"`` and is run with

@@ -1,6 +1,6 @@
 """The scope of anything ortevals reuses: what a stored score or a derived graph depends on.
 
-Owns :class:`Scope`, the one key behind the result store (:mod:`ortevals.store`,
+Owns :class:`Scope`, the one key behind the result store (:mod:`ortevals.report.store`,
 which exposes it) and the derived scoring-graph cache
 (:mod:`ortevals.runtime.derive`). A scope covers three things, and its
 ``digest`` changes when any of them does:
@@ -36,7 +36,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from ortevals.package import ModelPackage
+from ortevals.package.loader import ModelPackage
 
 FULL_HASH_LIMIT = 64 << 20  # files below this are hashed by content
 EDGE = 1 << 16  # bytes read at each end of a larger file
@@ -110,13 +110,20 @@ def ortevals_version() -> str:
     return __version__
 
 
+SOURCE_ROOT = Path(__file__).resolve().parents[1]  # the ortevals package, every layer
+
+
+def source_files() -> list[Path]:
+    """Every ``.py`` file of ortevals, in a stable order."""
+    return sorted(SOURCE_ROOT.rglob("*.py"))
+
+
 @functools.cache
 def source_digest() -> str:
     """sha256 over ortevals' own ``.py`` files (path and bytes); computed once per process (~1 ms)."""
-    root = Path(__file__).resolve().parent
     h = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        h.update(path.relative_to(root).as_posix().encode() + b"\0")
+    for path in source_files():
+        h.update(path.relative_to(SOURCE_ROOT).as_posix().encode() + b"\0")
         h.update(path.read_bytes() + b"\0")
     return h.hexdigest()
 

@@ -13,11 +13,11 @@ import functools
 import logging
 from dataclasses import dataclass, replace
 
-from ortevals.engine import EngineSettings, PrefillEngine
+from ortevals.engine.incremental import IncrementalEngine
+from ortevals.engine.prefill import EngineSettings, PrefillEngine
 from ortevals.errors import OrtEvalsError
-from ortevals.incremental import IncrementalEngine
-from ortevals.package import ModelPackage
-from ortevals.providers import NPU_PROVIDERS, ProviderConfig
+from ortevals.package.loader import ModelPackage
+from ortevals.runtime.providers import NPU_PROVIDERS, ProviderConfig
 
 log = logging.getLogger(__name__)
 PATHS = ("auto", "prefill", "incremental")
@@ -76,7 +76,7 @@ class Backends:
 
     def _prefill_settings(self) -> tuple[EngineSettings, str]:
         """Settings for the prefill engine: exact mode when asked or when the graph mixes rows."""
-        from ortevals.invariance import detect
+        from ortevals.engine.invariance import detect
 
         out = self.package.decoder.output(self.package.logits_name)
         settings = replace(self.settings, dtype=out.dtype if out is not None else "float32")

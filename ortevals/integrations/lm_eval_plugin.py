@@ -6,7 +6,7 @@ registers itself here. ``get_model()`` imports the built-in models only while
 the registry is empty; registering first would hide ``hf`` and friends, so the
 built-ins are imported before ``ortevals`` is added.
 
-``python -m ortevals.lm_eval_plugin ARGS`` is the stock ``lm_eval`` CLI with
+``python -m ortevals.integrations.lm_eval_plugin ARGS`` is the stock ``lm_eval`` CLI with
 ``--model ortevals`` available.
 """
 
@@ -23,7 +23,7 @@ def register() -> None:
     get_model("hf")  # forces the lazy built-in registry to populate
     missing = [n for n in NAMES if n not in set(model_registry.keys())]
     if missing:
-        from ortevals.lm import OrtLM
+        from ortevals.integrations.lm import OrtLM
 
         register_model(*missing)(OrtLM)
 

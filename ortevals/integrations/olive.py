@@ -15,7 +15,7 @@ lm-eval's higher-is-better flags and stderr. Any failure is raised as a
 those instead of logging "Failed to run Olive" and carrying on.
 
 Importing this module changes nothing in Olive or onnxruntime-genai beyond the evaluator registry: the
-builder shim that Olive 0.13's ModelBuilder needs lives in :mod:`ortevals.olive_builder` and applies
+builder shim that Olive 0.13's ModelBuilder needs lives in :mod:`ortevals.integrations.olive_builder` and applies
 only while that pass runs.
 """
 
@@ -99,7 +99,7 @@ class OrtEvalsEvaluator(OliveEvaluator):
 
     def _evaluate(self, model, execution_providers) -> MetricResult:
         from ortevals.evaluate import RunSpec, evaluate
-        from ortevals.lm import OrtLM
+        from ortevals.integrations.lm import OrtLM
         from ortevals.options import parse_arg_string, parse_model_args
 
         pkg = package_dir(model)

@@ -6,7 +6,7 @@ limit), the split between batched greedy Generators (``gen_batch_size``) and
 the one rewinding cursor (prompts sorted so those sharing a few-shot header
 are adjacent), the per-request sampling seed, and reporting each finished
 text (store, lm-eval's cache hook, progress bar). Token choice and stop
-sequences live in :mod:`ortevals.generation`.
+sequences live in :mod:`ortevals.engine.generation`.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ def stable_ints(key: list) -> list[int]:
 def prompt_item(lm, args) -> tuple[list[int], object]:
     """(prompt ids, GenSettings) of one request; a prompt that leaves no room for max_gen_toks is an
     error naming the limit, or (truncate=left) left-truncated as lm-eval's hf backend does."""
-    from ortevals.generation import parse_gen_kwargs
-    from ortevals.scoring import describe_request, fits
+    from ortevals.engine.generation import parse_gen_kwargs
+    from ortevals.engine.scoring import describe_request, fits
 
     context, gen_kwargs = args
     settings = parse_gen_kwargs(gen_kwargs, lm.max_gen_toks, lm.tok_decode([lm.eot_token_id]), lm.args.seed)
@@ -59,7 +59,7 @@ def run_generation(runner, tokenizer, items: Sequence[tuple[list[int], object]],
     width: greedy requests per batched Generator (1: all go through the rewinding cursor).
     name: how an error names request i.
     """
-    from ortevals.generation import can_batch, generate, generate_batch
+    from ortevals.engine.generation import can_batch, generate, generate_batch
 
     batched = [i for i in range(len(items)) if width > 1 and can_batch(*items[i], pad_id)]
     singles = sorted(set(range(len(items))) - set(batched), key=lambda i: items[i][0])

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ortevals.store import store_scopes
+from ortevals.report.store import store_scopes
 
 log = logging.getLogger(__name__)
 KINDS = ("runs", "derived", "examples")

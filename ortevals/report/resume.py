@@ -5,7 +5,7 @@ engines: store keys per request (for generation also which repeat of the same
 prompt it is, so repeats sample differently, resumed or not), the count of
 reused answers, and committing whatever finished when a run stops early
 (Ctrl-C, a crash). What a key covers beyond the request is the store's scope
-(:mod:`ortevals.store`).
+(:mod:`ortevals.report.store`).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ Owns grouping, ordering and batching of log-likelihood requests:
   the ``[B,S,V]`` logits the pass returns;
 * exact mode (``exact=True``): one row per pass, no prefix reuse, full logits,
   as if each input ran alone. Before the first batched run a canary scores a
-  few of the requests both ways (:mod:`ortevals.invariance`) and switches to
+  few of the requests both ways (:mod:`ortevals.engine.invariance`) and switches to
   exact mode when they differ.
 
 The forward pass is passed in (a :class:`~ortevals.runtime.sessions.DecoderRunner`
@@ -27,10 +27,10 @@ from typing import Protocol
 
 import numpy as np
 
+from ortevals.engine.invariance import CanaryResult, compare, pick_canary
+from ortevals.engine.prefix import PrefixPlan, plan_prefixes
+from ortevals.engine.scoring import check_finite, continuation_logprob, input_window
 from ortevals.errors import OrtEvalsError
-from ortevals.invariance import CanaryResult, compare, pick_canary
-from ortevals.prefix import PrefixPlan, plan_prefixes
-from ortevals.scoring import check_finite, continuation_logprob, input_window
 
 log = logging.getLogger(__name__)
 

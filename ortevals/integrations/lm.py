@@ -4,7 +4,7 @@ Owns the lm-eval contract: tokenization with the ``hf`` backend's BOS rules,
 turning ``loglikelihood`` / ``loglikelihood_rolling`` requests into token
 requests for the engine, ``cache_hook`` calls so ``--use_cache`` works, and a
 progress bar in requests/s. Registration with lm-eval's registry lives in
-:mod:`ortevals.lm_eval_plugin`; this module only defines the class.
+:mod:`ortevals.integrations.lm_eval_plugin`; this module only defines the class.
 
 ``OrtLM(...)`` does no I/O: build it with :meth:`OrtLM.from_package`, which is
 also what lm-eval's ``create_from_arg_string`` / ``create_from_arg_obj`` call.
@@ -19,15 +19,15 @@ from pathlib import Path
 from lm_eval.api.model import TemplateLM
 from tqdm import tqdm
 
-from ortevals import resume
-from ortevals.backends import Backends
-from ortevals.engine import EngineSettings, Score, TokenRequest
+from ortevals.engine.backends import Backends
+from ortevals.engine.prefill import EngineSettings, Score, TokenRequest
+from ortevals.engine.scoring import NonFiniteScore, context_limit, describe_request, fits
 from ortevals.errors import OrtEvalsError
 from ortevals.options import ModelArgs, parse_model_args, scoped_settings
-from ortevals.package import CONFIG_NAME, ModelPackage
-from ortevals.scoring import NonFiniteScore, context_limit, describe_request, fits
-from ortevals.store import ResultStore, Scope
-from ortevals.tokenizer import Tokenizer
+from ortevals.package.loader import CONFIG_NAME, ModelPackage
+from ortevals.package.tokenizer import Tokenizer
+from ortevals.report import resume
+from ortevals.report.store import ResultStore, Scope
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_LENGTH = 2048
@@ -53,9 +53,9 @@ class OrtLM(TemplateLM):
     @classmethod
     def from_package(cls, args: ModelArgs) -> OrtLM:
         """Load the package and tokenizer; open the log-likelihood path now, generation on first use."""
+        from ortevals.engine.generation import SEARCH_POLICY
         from ortevals.files import cache_root
-        from ortevals.generation import SEARCH_POLICY
-        from ortevals.providers import from_package, parse_options
+        from ortevals.runtime.providers import from_package, parse_options
         from ortevals.runtime.sessions import kv_bytes_per_token
 
         package = ModelPackage.load(args.pkg)
@@ -211,8 +211,8 @@ class OrtLM(TemplateLM):
         return self._stored("generate_until", requests, lambda rs, keys: self._generate(rs, keys, disable_tqdm))
 
     def _generate(self, requests, keys: list[list], disable_tqdm: bool) -> list[str]:
-        from ortevals.generation import request_name
-        from ortevals.schedule import prompt_item, run_generation
+        from ortevals.engine.generation import request_name
+        from ortevals.engine.schedule import prompt_item, run_generation
 
         items = [prompt_item(self, req.args) for req in requests]
         if not items:

@@ -2,7 +2,7 @@
 
 Owns a SQLite file (WAL journal, so a SIGKILL loses no committed row) that maps
 a key to a request's answer, and the :class:`Scope` every key is made in (defined
-in :mod:`ortevals.scope`, re-exported here). The key is
+in :mod:`ortevals.report.scope`, re-exported here). The key is
 ``sha256(scope digest, kind, request)``; the scope covers every package file
 that defines a number (config, models, external data, tokenizer files, chat
 template), every setting that can change a number, and the ortevals (source
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ortevals.scope import Scope
+from ortevals.report.scope import Scope
 
 __all__ = ["ResultStore", "Scope", "store_scopes"]
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ortevals.engine import EngineSettings, Score, ScoreSink, TokenRequest, plan_groups
+from ortevals.engine.prefill import EngineSettings, Score, ScoreSink, TokenRequest, plan_groups
 
 log = logging.getLogger(__name__)
 

@@ -7,11 +7,11 @@ and the providers the package asks for beside those this install has.
 
 from __future__ import annotations
 
-from ortevals.package import KVSpec, ModelPackage
+from ortevals.package.loader import KVSpec, ModelPackage
 
 
 def _size(path) -> str:
-    from ortevals.graph import external_data_files
+    from ortevals.package.graph import external_data_files
 
     total = path.stat().st_size + sum(f.stat().st_size for f in external_data_files(path))
     return f"{total / 2**20:.1f} MiB"
@@ -36,8 +36,8 @@ def _layer_runs(kv: tuple[KVSpec, ...]) -> list[str]:
 
 
 def describe_package(pkg: ModelPackage) -> str:
-    from ortevals.providers import from_package
     from ortevals.runtime import available_providers
+    from ortevals.runtime.providers import from_package
 
     lines = [f"package   {pkg.root}", f"type      {pkg.model_type}", "models:"]
     if pkg.embedding is not None:

@@ -1,0 +1,1 @@
+"""Requests to forward passes: grouping, prefixes, batching, scoring math, decoding, invariance checks."""

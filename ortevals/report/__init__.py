@@ -1,0 +1,1 @@
+"""What a run leaves behind: the result store and its scope, resume, result files, the cache."""
