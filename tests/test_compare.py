@@ -331,3 +331,23 @@ def test_olive_reference_adds_flip_rate_and_kl_mean(hf_and_ort_runs, tiny_pkg):
     assert flip.value == 0.0 and 0 <= kl.value < 1e-8
     assert not flip.higher_is_better and not kl.higher_is_better
     assert f"{TASK}-acc" in metrics.root
+
+
+def test_generation_task_text_and_answer_agreement(tmp_path):
+    def gen(i: int, text: str, extracted: str, score: float) -> dict:
+        return {"doc_id": i, "doc": {"category": "x"}, "target": "A", "arguments": [["Q?", {"until": ["\n"]}]],
+                "resps": [[text]], "filtered_resps": [extracted], "filter": "custom-extract",
+                "metrics": ["exact_match"], "exact_match": score, "doc_hash": f"d{i}", "prompt_hash": "p"}
+
+    ref = write_ortevals_run(tmp_path / "ref", [gen(0, "The answer is (A)", "A", 1),
+                                                gen(1, "The answer is (B)", "B", 0),
+                                                gen(2, "xyz", "[invalid]", 0)], task="cot")
+    run = write_ortevals_run(tmp_path / "run", [gen(0, "The answer is (A)", "A", 1),
+                                                gen(1, "The answer is (C)", "C", 0),
+                                                gen(2, "xyw", "[invalid]", 0)], task="cot")
+    (rec,) = compare_json(tmp_path, ref, run)
+    assert rec["kind"] == "generation" and "kl_mean" not in rec
+    assert rec["text_agreement"] == pytest.approx(1 / 3) and rec["agreement"] == pytest.approx(2 / 3)
+    assert rec["answer_changes"] == 1 and rec["flip_rate"] == 0.0
+    # outputs 1 and 2 first differ at character 15 ("(B" vs "(C") and 2 ("z" vs "w")
+    assert rec["first_divergence_char"]["p50"] == pytest.approx((15 + 2) / 2)
