@@ -351,3 +351,11 @@ def test_generation_task_text_and_answer_agreement(tmp_path):
     assert rec["answer_changes"] == 1 and rec["flip_rate"] == 0.0
     # outputs 1 and 2 first differ at character 15 ("(B" vs "(C") and 2 ("z" vs "w")
     assert rec["first_divergence_char"]["p50"] == pytest.approx((15 + 2) / 2)
+
+
+def test_a_question_without_score_is_a_user_error(tmp_path):
+    ref, _ = hand_runs(tmp_path)
+    recs = [record(i, loglik(a), category=c) for i, (a, c) in enumerate(zip(RUN_ANSWERS, CATS))]
+    del recs[3]["acc"]  # never counted as wrong
+    run = write_ortevals_run(tmp_path / "noscore", recs)
+    assert_one_line_error(invoke("--ref", str(ref), str(run)), "no 0/1 score", "doc_id 3")

@@ -121,14 +121,13 @@ def compare(ref: Run, runs: list[Run]) -> Comparison:
     skipped += [f"{t}: in {r.name} only" for r in runs for t in r.tasks if t not in ref.tasks]
     if not common:
         raise OrtEvalsError(f"runs {ref.path} and {', '.join(r.path for r in runs)} share no task")
-    results, changed = [], []
-    for t in common:
-        if ref.tasks[t].kind == "other" or np.isnan(ref.tasks[t].correct).all():
-            skipped.append(f"{t}: no per-question 0/1 score (acc or exact_match) to compare")
-            continue
+    unscored = [t for t in common if ref.tasks[t].kind == "other" or np.isnan(ref.tasks[t].correct).all()]
+    skipped += [f"{t}: no per-question 0/1 score (acc or exact_match) to compare" for t in unscored]
+    tasks = [t for t in common if t not in unscored]
+    for t in tasks:
         for r in runs:
             align(ref, r, t)
-    tasks = [t for t in common if not any(s.startswith(f"{t}:") for s in skipped)]
+    results, changed = [], []
     if not tasks:
         raise OrtEvalsError(f"no comparable task: {'; '.join(skipped)}")
     for r in runs:
@@ -156,6 +155,11 @@ def align(ref: Run, run: Run, task: str) -> None:
                             "(run both with the same --limit and data)")
     if a.kind != b.kind:
         raise OrtEvalsError(f"{where}: one is a {a.kind} task, the other a {b.kind} task")
+    for side, t in ((ref, a), (run, b)):
+        unscored = np.flatnonzero(np.isnan(t.correct))
+        if len(unscored):
+            raise OrtEvalsError(f"{where}: {side.path} has no 0/1 score (acc or exact_match) at doc_id "
+                                f"{t.doc_id[unscored[0]]}")
     for what, x, y in (("document", a.doc_key, b.doc_key), ("prompt", a.prompt_key, b.prompt_key),
                        ("choices", a.labels, b.labels)):
         bad = next((i for i in range(a.n) if x[i] != y[i]), None)
