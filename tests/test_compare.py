@@ -359,3 +359,18 @@ def test_a_question_without_score_is_a_user_error(tmp_path):
     del recs[3]["acc"]  # never counted as wrong
     run = write_ortevals_run(tmp_path / "noscore", recs)
     assert_one_line_error(invoke("--ref", str(ref), str(run)), "no 0/1 score", "doc_id 3")
+
+
+def test_stringified_index_target_is_resolved_by_the_stored_score():
+    """lm-eval's tracker writes an int target 2 as "2"; with choices "1","2","3" that string is also a label."""
+    from ortevals.report.runs import parse_task
+
+    def rec(doc_id: int, target, lls: list[float], acc: float) -> dict:
+        return {"doc_id": doc_id, "target": target, "arguments": [["Q", f" {c}"] for c in "123"],
+                "filtered_resps": [[str(v), "False"] for v in lls], "acc": acc}
+
+    run = parse_task("t", [rec(0, "2", [-3, -2, -1], 1.0),  # picks index 2 ("3"), right: gold is index 2
+                           rec(1, "2", [-3, -1, -2], 1.0),  # picks index 1 ("2"), right: gold is label "2"
+                           rec(2, 2, [-1, -2, -3], 0.0),  # ortevals keeps the int: an index
+                           rec(3, "2", [-1, -2, -3], 0.0)], "mem")["t"]  # wrong either way: unknown
+    assert run.gold.tolist() == [2, 1, 2, -1]

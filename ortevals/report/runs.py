@@ -184,24 +184,34 @@ def _choice(r: dict[str, Any], args: list[tuple[str, ...]], source: str, task: s
         raise OrtEvalsError(f"{source}: task {task} doc_id {r['doc_id']}: filtered_resps are not "
                             "(log-likelihood, greedy) pairs") from None
     labels = tuple(a[1].strip() if len(a) > 1 else "" for a in args)
-    gold = _gold(r.get("target"), labels)
     pick = int(np.argmax(ll))  # lm-eval's acc: argmax of the raw log-likelihoods, first on ties
     score = _score(r)
+    gold = _gold(r.get("target"), labels, pick, score)
     if gold >= 0 and not np.isnan(score) and "acc" in r and float(pick == gold) != score:
         raise OrtEvalsError(f"{source}: task {task} doc_id {r['doc_id']}: stored acc {score:g} disagrees with "
                             f"argmax of the log-likelihoods (choice {pick}, gold {gold})")
     return labels[pick], gold, ll, labels, ""
 
 
-def _gold(target: Any, labels: tuple[str, ...]) -> int:
-    """The gold choice index: the target's label among the choices, else an integer target; -1 if neither."""
-    if isinstance(target, str) and target.strip() in labels:
-        return labels.index(target.strip())
-    try:
-        value = int(str(target).strip())
-    except ValueError:
-        return -1
-    return value if 0 <= value < len(labels) else -1
+def _gold(target: Any, labels: tuple[str, ...], pick: int, score: float) -> int:
+    """The gold choice index, -1 where unknown.
+
+    An int target is an index; a str target is a choice's label, or an index that lm-eval's tracker
+    stringified ("2"). Where both readings exist and differ, the one the stored score agrees with wins;
+    if the score cannot tell them apart, the gold stays unknown rather than guessed.
+    """
+    if isinstance(target, int) and not isinstance(target, bool):
+        return target if 0 <= target < len(labels) else -1
+    text = str(target).strip()
+    readings = []
+    if text in labels:
+        readings.append(labels.index(text))
+    if text.isdigit() and int(text) < len(labels):
+        readings.append(int(text))
+    readings = list(dict.fromkeys(readings))
+    if len(readings) > 1 and not np.isnan(score):
+        readings = [g for g in readings if float(pick == g) == score] or readings
+    return readings[0] if len(readings) == 1 else -1
 
 
 def _other(r: dict[str, Any], kind: str):
