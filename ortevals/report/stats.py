@@ -174,7 +174,8 @@ def min_detectable(ref: np.ndarray, run: np.ndarray) -> float:
 
 
 def power_line(n: int, mde: float) -> str:
-    line = f"{n} questions detect a difference of {mde:.1%} (5% two-sided, 80% power)"
+    size = f"{mde:.1%}" if mde < 1 else "more than 100% (none)"
+    line = f"{n} questions detect a difference of {size} (5% two-sided, 80% power)"
     if n < FEW_QUESTIONS:
         line += f"; warning: under {FEW_QUESTIONS} questions, only large differences are visible"
     return line
