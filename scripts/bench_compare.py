@@ -48,7 +48,7 @@ print("acc", res["results"]["leaderboard_mmlu_pro"]["acc,none"])
 
 
 def step(name: str, cmd: list[str], timings: dict, log: Path) -> None:
-    print(f"{name}: {' '.join(cmd[:6])} …", flush=True)
+    print(f"{name} …", flush=True)
     start = time.perf_counter()
     with open(log, "a") as fh:
         fh.write(f"\n=== {name}\n")
