@@ -163,6 +163,7 @@ def _evaluate(kw: dict, tasks, data: Path | None, **spec_kw) -> None:
     click.echo(format_table(outcome.summary))
     for path in outcome.files:
         click.echo(f"wrote {path}")
+    return outcome
 
 
 @cli.command("mmlu-pro", epilog=EPILOG_MMLU)
@@ -171,7 +172,9 @@ def _evaluate(kw: dict, tasks, data: Path | None, **spec_kw) -> None:
 @click.option("--cot", is_flag=True, help="Chain-of-thought generation (lm-eval's mmlu_pro group, 14 subjects).")
 @click.option("--max-gen-toks", type=click.IntRange(min=1), default=None,
               help="With --cot: cap generated tokens (the task's default is 2048).")
-def mmlu_pro(cot: bool, max_gen_toks: int | None, **kw) -> None:
+@click.option("--compare-to", type=click.Path(path_type=Path), default=None,
+              help="Then compare with this run (ortevals --output or lm-eval --log_samples folder).")
+def mmlu_pro(cot: bool, max_gen_toks: int | None, compare_to: Path | None, **kw) -> None:
     """MMLU-Pro: 5-shot log-likelihood (leaderboard_mmlu_pro), or --cot generation (mmlu_pro)."""
     from ortevals.presets import PRESETS, resolve_data
 
@@ -179,7 +182,9 @@ def mmlu_pro(cot: bool, max_gen_toks: int | None, **kw) -> None:
     preset = PRESETS["mmlu-pro-cot" if cot else "mmlu-pro"]
     data = resolve_data(preset, kw["data"] or ("bundled" if kw["example"] else None))
     gen = {"max_gen_toks": max_gen_toks} if max_gen_toks else None
-    _evaluate(kw, preset, data, gen_kwargs=gen)
+    outcome = _evaluate(kw, preset, data, gen_kwargs=gen)
+    if compare_to is not None:  # compare (issue 12): this run, from memory, against the given one
+        _compare_outcome(compare_to, outcome, kw)
 
 
 @cli.command("run", epilog=EPILOG_RUN)
@@ -264,6 +269,51 @@ def cache_clear(runs: bool, derived: bool, examples: bool, everything: bool) -> 
     kinds = KINDS if everything else tuple(k for k in KINDS if chosen[k]) or ("runs", "derived")
     for line in clear(cache_root(), kinds):
         click.echo(line)
+
+
+# --- ortevals compare (issue 12): glue only; the logic is in ortevals/report/ ---
+EPILOG_COMPARE = """\b
+Examples:
+  ortevals compare --ref runs/hf runs/fp32 runs/int4            # lm-eval hf run as the reference
+  ortevals compare --ref runs/hf runs/int4 --report out/ --changed out/changed.jsonl
+  ortevals compare --ref runs/fp32 runs/int4 --max-flip-rate 0.05 --max-kl 0.01 --margin 0.02   # CI gates
+"""
+
+
+@cli.command("compare", epilog=EPILOG_COMPARE)
+@click.option("--ref", required=True, type=click.Path(path_type=Path), help="The reference run.")
+@click.argument("runs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--json", "json_path", type=click.Path(path_type=Path), help="One object per run and task.")
+@click.option("--report", "report_dir", type=click.Path(path_type=Path), help="Write report.md and report.html.")
+@click.option("--changed", "changed_path", type=click.Path(path_type=Path), help="The changed questions, JSONL.")
+@click.option("--max-flip-rate", type=float, help="Gate: fail when a flip rate exceeds this.")
+@click.option("--max-kl", type=float, help="Gate: fail when a kl_mean (nats) exceeds this.")
+@click.option("--margin", type=float, help="Gate: fail unless Δ accuracy's 95% lower bound is above -MARGIN.")
+def compare(ref, runs, json_path, report_dir, changed_path, max_flip_rate, max_kl, margin) -> None:
+    """Runs against a reference, question by question: flips, McNemar, KL, intervals; exit 1 on a failed gate.
+
+    A RUN is an ortevals --output folder, an lm-eval --output_path folder (with --log_samples) or one
+    samples_*.jsonl file."""
+    from ortevals.report.compare import Gates
+    from ortevals.report.output import compare_paths
+
+    _fail_gates(compare_paths(ref, list(runs), click.echo, json_path, report_dir, changed_path,
+                              Gates(max_flip_rate, max_kl, margin)))
+
+
+def _fail_gates(failed: list[str]) -> None:
+    for line in failed:
+        click.echo(line, err=True)
+    if failed:
+        sys.exit(1)
+
+
+def _compare_outcome(ref: Path, outcome, kw: dict) -> None:
+    from ortevals.report.output import compare_paths
+    from ortevals.report.runs import run_from_results
+
+    name = kw["output"].name if kw.get("output") else "this run"
+    _fail_gates(compare_paths(ref, [], click.echo, loaded=[run_from_results(outcome.results, name)]))
 
 
 def main() -> None:

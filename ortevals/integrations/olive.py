@@ -66,17 +66,19 @@ def _provider(execution_providers) -> str | None:
 @Registry.register(NAME)
 class OrtEvalsEvaluator(OliveEvaluator):
     """Olive evaluator args: tasks, limit, batch_size, execution_provider, provider_options,
-    data, path, max_length, num_fewshot, max_gen_toks, and model_args (a ``K=V,…`` string or an
+    data, path, max_length, num_fewshot, max_gen_toks, reference (a run folder to compare against:
+    adds ``<task>-flip_rate`` and ``<task>-kl_mean``, lower is better), and model_args (a ``K=V,…`` string or an
     object) for any other ortevals model argument (the options table, ortevals/options.py)."""
 
     def __init__(self, tasks: list[str] | str = ("mmlu-pro",), limit: int | None = None, batch_size: Any = None,
                  execution_provider: str | None = None, provider_options: dict | None = None,
                  data: str | None = None, path: str | None = None, max_length: int | None = None,
                  num_fewshot: int | None = None, max_gen_toks: int | None = None,
-                 truncate: str | None = None,
-                 model_args: str | dict | None = None, **kwargs) -> None:
+                 truncate: str | None = None, model_args: str | dict | None = None,
+                 reference: str | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         self.model_args = model_args
+        self.reference = reference  # a run folder: adds flip_rate and kl_mean per task (issue 12)
         self.tasks = [tasks] if isinstance(tasks, str) else list(tasks)
         self.limit = limit
         self.batch_size = batch_size
@@ -115,7 +117,11 @@ class OrtEvalsEvaluator(OliveEvaluator):
         lm = OrtLM.from_package(args)
         spec = RunSpec(tasks=tuple(self._task_specs()), limit=self.limit, num_fewshot=self.num_fewshot,
                        gen_kwargs={"max_gen_toks": self.max_gen_toks} if self.max_gen_toks else None)
-        return to_metric_result(evaluate(lm, spec).results)
+        results = evaluate(lm, spec).results
+        metrics = to_metric_result(results)
+        if self.reference:
+            metrics = MetricResult.model_validate({**metrics.root, **reference_metrics(results, self.reference)})
+        return metrics
 
     def _task_specs(self) -> list:
         from ortevals.presets import PRESETS, resolve_data, resolve_local, task_specs
@@ -147,3 +153,17 @@ def to_metric_result(results: dict[str, Any]) -> MetricResult:
         if subs:
             metrics[task] = MetricResult.model_validate(subs)
     return flatten_metric_result(metrics)
+
+
+def reference_metrics(results: dict[str, Any], reference: str) -> dict[str, SubMetricResult]:
+    """``<task>-flip_rate`` and, for log-likelihood tasks, ``<task>-kl_mean`` against a reference run."""
+    from ortevals.report.compare import compare
+    from ortevals.report.runs import load_run, run_from_results
+
+    cmp = compare(load_run(reference), [run_from_results(results, "candidate")])
+    subs = {}
+    for c in cmp.tasks:
+        subs[f"{c.task}-flip_rate"] = SubMetricResult(value=c.flip_rate, priority=-1, higher_is_better=False)
+        if c.choice is not None:
+            subs[f"{c.task}-kl_mean"] = SubMetricResult(value=c.choice.kl.mean, priority=-1, higher_is_better=False)
+    return subs

@@ -1,0 +1,138 @@
+"""A comparison as text, as ``--json`` records and as the changed-questions JSONL.
+
+The ``--json`` schema (one object per run and task) is documented in
+``docs/compare.md``; its field names are a public interface.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from ortevals.files import atomic_write
+from ortevals.report.compare import Comparison, TaskComparison
+
+
+def task_record(c: TaskComparison) -> dict[str, Any]:
+    """The ``--json`` object of one run and task."""
+    rec: dict[str, Any] = {
+        "run": c.run, "ref": c.ref, "task": c.task, "kind": c.kind, "n": c.n,
+        "accuracy": c.accuracy.estimate, "accuracy_ci": [c.accuracy.low, c.accuracy.high],
+        "ref_accuracy": c.ref_accuracy.estimate, "ref_accuracy_ci": [c.ref_accuracy.low, c.ref_accuracy.high],
+        "delta": c.delta.estimate, "delta_se": c.delta.se, "delta_ci": [c.delta.low, c.delta.high],
+        "delta_clusters": c.clusters, "delta_bootstrap_ci": [c.delta_bootstrap.low, c.delta_bootstrap.high],
+        "correct_to_wrong": c.flips.correct_to_wrong, "wrong_to_correct": c.flips.wrong_to_correct,
+        "flip_rate": c.flip_rate, "answer_changes": c.flips.answer_changes, "agreement": c.flips.agreement,
+        "mcnemar_p": c.mcnemar_p, "mcnemar_p_holm": c.mcnemar_p_holm, "min_detectable_delta": c.min_detectable,
+        "categories": [{"category": k.category, "n": k.n, "ref_accuracy": k.ref_accuracy, "accuracy": k.accuracy,
+                        "delta": k.delta.estimate, "delta_ci": [k.delta.low, k.delta.high]} for k in c.categories],
+    }
+    if c.choice is not None:
+        ch = c.choice
+        rec.update({"kl_mean": ch.kl.mean, "kl": asdict(ch.kl), "kl_reverse": asdict(ch.kl_reverse),
+                    "dp_gold": asdict(ch.dp_gold) if ch.dp_gold else None,
+                    "margin_bins": [{"low": b.low, "high": b.high, "n": b.n, "answer_changes": b.answer_changes,
+                                     "flips": b.flips} for b in ch.margin_bins]})
+    if c.generation is not None:
+        g = c.generation
+        rec.update({"text_agreement": g.text_agreement,
+                    "first_divergence_char": asdict(g.first_divergence) if g.first_divergence else None})
+    return _finite(rec)
+
+
+def write_json(cmp: Comparison, path: Path) -> None:
+    atomic_write(Path(path), json.dumps([task_record(c) for c in cmp.tasks], indent=2, ensure_ascii=False) + "\n")
+
+
+def write_changed(cmp: Comparison, path: Path) -> None:
+    lines = (json.dumps(_finite(asdict(q)), ensure_ascii=False) + "\n" for q in cmp.changed)
+    atomic_write(Path(path), "".join(lines))
+
+
+def _finite(x: Any) -> Any:
+    """NaN/inf are not JSON: they become null."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
+
+
+def format_text(cmp: Comparison) -> str:
+    """What ``ortevals compare`` prints: one block per run and task, then the agreement matrix."""
+    lines = [f"reference: {cmp.ref}"]
+    for c in cmp.tasks:
+        lines += [""] + task_lines(c)
+    if len(cmp.agreement_labels) > 2:
+        lines += ["", "answer agreement: " + "  ".join(
+            f"{a}~{b} {cmp.agreement[i, j]:.3f}" for i, a in enumerate(cmp.agreement_labels)
+            for j, b in enumerate(cmp.agreement_labels) if j > i)]
+    for s in cmp.skipped:
+        lines.append(f"not compared: {s}")
+    return "\n".join(lines)
+
+
+def task_lines(c: TaskComparison) -> list[str]:
+    f = c.flips
+    clustered = f", clustered by {c.clusters} categories" if c.clusters else ""
+    lines = [
+        f"{c.run} vs {c.ref} · {c.task} ({c.n} questions)",
+        f"  accuracy {c.accuracy.estimate:.4f} [{c.accuracy.low:.4f}, {c.accuracy.high:.4f}]  "
+        f"ref {c.ref_accuracy.estimate:.4f} [{c.ref_accuracy.low:.4f}, {c.ref_accuracy.high:.4f}]  (Wilson 95%)",
+        f"  delta {c.delta.estimate:+.4f} [{c.delta.low:+.4f}, {c.delta.high:+.4f}] (paired 95%{clustered}; "
+        f"bootstrap [{c.delta_bootstrap.low:+.4f}, {c.delta_bootstrap.high:+.4f}])",
+        f"  flips: correct->wrong {f.correct_to_wrong}, wrong->correct {f.wrong_to_correct} "
+        f"(flip rate {c.flip_rate:.4f}); answer changes {f.answer_changes}; agreement {f.agreement:.4f}; "
+        f"McNemar exact p {c.mcnemar_p:.3g}" + (f" (Holm {c.mcnemar_p_holm:.3g})" if c.mcnemar_p_holm != c.mcnemar_p
+                                                 else ""),
+    ]
+    if c.choice is not None:
+        k, r = c.choice.kl, c.choice.kl_reverse
+        lines.append(f"  KL(ref||run) mean {k.mean:.3g} ± {k.se:.2g} nats, p50 {k.p50:.3g}, p90 {k.p90:.3g}, "
+                     f"p99 {k.p99:.3g}, max {k.max:.3g}; KL(run||ref) mean {r.mean:.3g} ± {r.se:.2g}")
+        if c.choice.dp_gold is not None:
+            d = c.choice.dp_gold
+            lines.append(f"  dp(gold) mean {d.mean:+.3g} ± {d.se:.2g}, rms {d.rms:.3g}, max {d.max:+.3g}")
+        bins = [b for b in c.choice.margin_bins if b.n]
+        lines.append("  answer changes by ref margin: " + ", ".join(
+            f"[{b.low:g},{b.high:g}) {b.answer_changes}/{b.n}" for b in bins))
+    if c.generation is not None:
+        g = c.generation
+        lines.append(f"  identical text {g.text_agreement:.4f}; extracted-answer agreement {f.agreement:.4f}"
+                     + (f"; first differing character median {g.first_divergence.p50:.0f}"
+                        if g.first_divergence else ""))
+    lines.append(f"  power: {c.power}")
+    return lines
+
+
+def compare_paths(ref: str | Path, runs: list[str | Path], echo, json_path: Path | None = None,
+                  report_dir: Path | None = None, changed_path: Path | None = None, gates=None,
+                  loaded: list | None = None) -> list[str]:
+    """What ``ortevals compare`` does: load, compare, print with ``echo``, write the files asked for.
+
+    ``loaded``: runs already in memory (``--compare-to``), compared after ``runs``. Returns the lines
+    of the failed gates (empty when every gate passes).
+    """
+    from ortevals.report.compare import Gates, check_gates, compare
+    from ortevals.report.runs import load_run
+
+    cmp = compare(load_run(ref), [load_run(r) for r in runs] + list(loaded or []))
+    failed = check_gates(cmp, gates or Gates())
+    echo(format_text(cmp))
+    if json_path is not None:
+        write_json(cmp, json_path)
+        echo(f"wrote {json_path}")
+    if changed_path is not None:
+        write_changed(cmp, changed_path)
+        echo(f"wrote {changed_path} ({len(cmp.changed)} questions)")
+    if report_dir is not None:
+        from ortevals.report.html import write_report
+
+        for path in write_report(cmp, report_dir)[:2]:
+            echo(f"wrote {path}")
+    return failed

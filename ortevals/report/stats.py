@@ -1,0 +1,192 @@
+"""Pure statistics on per-question arrays: intervals, paired differences, flips, KL.
+
+Every function takes numpy arrays of per-question values (N questions, C
+choices) and returns numbers or frozen dataclasses; nothing here reads files.
+scipy provides the exact binomial (McNemar, Wilson) and the paired bootstrap;
+the cluster-robust standard error follows Miller (2024), "Adding Error Bars to
+Evals", eq. 4: SE² = (1/n²) Σ_clusters (Σ_{i∈c} (d_i − d̄))², which is the
+ordinary CLT standard error when every question is its own cluster.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+Z95 = 1.959963984540054  # two-sided 95%
+Z80 = 0.8416212335729143  # one-sided 80% power
+FEW_QUESTIONS = 300  # under this, the power line warns
+MARGIN_BINS = (0.0, 1e-4, 1e-3, 1e-2, 0.05, 0.1, 0.2, 0.5, 1.0)  # edges on the reference's top-1 margin
+
+
+@dataclass(frozen=True)
+class Interval:
+    estimate: float
+    low: float
+    high: float
+    se: float = float("nan")
+
+
+@dataclass(frozen=True)
+class Flips:
+    correct_to_wrong: int
+    wrong_to_correct: int
+    answer_changes: int  # any different answer, wrong -> other wrong included
+    agreement: float  # share of questions with the same answer
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """Mean ± SE (questions independent) and percentiles of a per-question quantity."""
+
+    mean: float
+    se: float
+    p50: float
+    p90: float
+    p99: float
+    max: float
+    rms: float
+
+
+@dataclass(frozen=True)
+class MarginBin:
+    low: float
+    high: float
+    n: int
+    answer_changes: int
+    flips: int  # correctness changed
+
+    @property
+    def change_rate(self) -> float:
+        return self.answer_changes / self.n if self.n else float("nan")
+
+
+def wilson(k: int, n: int) -> Interval:
+    """Accuracy k/n with its 95% Wilson score interval (scipy's binomtest)."""
+    from scipy.stats import binomtest
+
+    ci = binomtest(int(k), int(n)).proportion_ci(confidence_level=0.95, method="wilson")
+    return Interval(k / n, float(ci.low), float(ci.high))
+
+
+def paired_delta(ref: np.ndarray, run: np.ndarray, clusters: np.ndarray | None = None) -> Interval:
+    """Δ accuracy (run − ref) with a 95% cluster-robust interval.
+
+    ref, run: [N] 0/1 scores of the same questions; clusters: [N] labels (categories), or None for
+    one cluster per question.
+    """
+    d = np.asarray(run, dtype=np.float64) - np.asarray(ref, dtype=np.float64)
+    n = len(d)
+    resid = d - d.mean()
+    if clusters is None:
+        sums = resid
+    else:
+        _, inverse = np.unique(np.asarray(clusters, dtype=object).astype(str), return_inverse=True)
+        sums = np.bincount(inverse, weights=resid)
+    se = float(np.sqrt(np.sum(sums**2)) / n)
+    return Interval(float(d.mean()), float(d.mean() - Z95 * se), float(d.mean() + Z95 * se), se)
+
+
+def bootstrap_delta(ref: np.ndarray, run: np.ndarray, resamples: int = 2000, seed: int = 0) -> Interval:
+    """Δ accuracy with scipy's paired percentile bootstrap: a check on the analytic interval."""
+    from scipy.stats import bootstrap
+
+    d = np.asarray(run, dtype=np.float64) - np.asarray(ref, dtype=np.float64)
+    if len(d) < 2 or np.all(d == d[0]):  # no spread: the bootstrap distribution is a point
+        return Interval(float(d.mean()), float(d.mean()), float(d.mean()), 0.0)
+    res = bootstrap((np.asarray(ref, float), np.asarray(run, float)), lambda a, b, axis=-1: np.mean(b - a, axis=axis),
+                    paired=True, vectorized=True, n_resamples=resamples, method="percentile",
+                    random_state=np.random.default_rng(seed))
+    ci = res.confidence_interval
+    return Interval(float(d.mean()), float(ci.low), float(ci.high), float(res.standard_error))
+
+
+def mcnemar_p(correct_to_wrong: int, wrong_to_correct: int) -> float:
+    """McNemar's exact two-sided p: the discordant pairs against Binomial(b + c, 1/2)."""
+    from scipy.stats import binomtest
+
+    b, c = int(correct_to_wrong), int(wrong_to_correct)
+    if b + c == 0:
+        return 1.0
+    return float(min(1.0, binomtest(min(b, c), b + c, 0.5).pvalue))
+
+
+def flips(ref_correct: np.ndarray, run_correct: np.ndarray, ref_answer, run_answer) -> Flips:
+    """Counts over [N] questions: correctness flips both ways, answer changes and agreement."""
+    rc, uc = np.asarray(ref_correct) == 1, np.asarray(run_correct) == 1
+    same = np.array([a == b for a, b in zip(ref_answer, run_answer)], dtype=bool)
+    return Flips(int(np.sum(rc & ~uc)), int(np.sum(~rc & uc)), int(np.sum(~same)),
+                 float(same.mean()) if len(same) else float("nan"))
+
+
+def log_softmax(loglik: np.ndarray) -> np.ndarray:
+    """[N, C] per-choice log-likelihoods (-inf pads) -> log-probabilities of the choice distribution."""
+    top = np.max(loglik, axis=1, keepdims=True)
+    shifted = loglik - top
+    return shifted - np.log(np.sum(np.exp(shifted), axis=1, keepdims=True))
+
+
+def kl(logp: np.ndarray, logq: np.ndarray) -> np.ndarray:
+    """KL(p‖q) per question, nats: [N, C] log-probabilities (-inf pads in the same places) -> [N]."""
+    p = np.exp(logp)
+    live = p > 0
+    safe_p, safe_q = np.where(live, logp, 0.0), np.where(np.isfinite(logq), logq, 0.0)  # no 0·inf
+    out = np.sum(np.where(live, p * (safe_p - safe_q), 0.0), axis=1)
+    bad = np.any(live & ~np.isfinite(logq), axis=1)  # q gives zero mass where p does not
+    return np.where(bad, np.inf, np.maximum(out, 0.0))
+
+
+def distribution(x: np.ndarray) -> Distribution:
+    """Mean ± SE and percentiles of [N] per-question values."""
+    x = np.asarray(x, dtype=np.float64)
+    se = float(np.std(x, ddof=1) / np.sqrt(len(x))) if len(x) > 1 else float("nan")
+    p50, p90, p99 = (float(v) for v in np.percentile(x, [50, 90, 99]))
+    return Distribution(float(x.mean()), se, p50, p90, p99, float(x.max()), float(np.sqrt(np.mean(x**2))))
+
+
+def top1_margin(logp: np.ndarray) -> np.ndarray:
+    """[N, C] log-probabilities -> [N] probability of the top choice minus the runner-up's."""
+    p = np.sort(np.exp(logp), axis=1)
+    return p[:, -1] - (p[:, -2] if p.shape[1] > 1 else 0.0)
+
+
+def margin_bins(margin: np.ndarray, changed: np.ndarray, flipped: np.ndarray,
+                edges: tuple[float, ...] = MARGIN_BINS) -> tuple[MarginBin, ...]:
+    """Answer changes and correctness flips per bin of the reference's margin ([N] each)."""
+    idx = np.clip(np.searchsorted(edges, margin, side="right") - 1, 0, len(edges) - 2)
+    return tuple(MarginBin(edges[b], edges[b + 1], int(np.sum(idx == b)), int(np.sum(changed[idx == b])),
+                           int(np.sum(flipped[idx == b]))) for b in range(len(edges) - 1))
+
+
+def min_detectable(ref: np.ndarray, run: np.ndarray) -> float:
+    """Smallest |Δ accuracy| a paired test on these N questions detects at 5% (two-sided) with 80% power.
+
+    Uses the observed spread of the paired differences; with no discordant pair at all, the
+    unpaired bound 2·p(1−p) of the reference accuracy p stands in (it is the larger one).
+    """
+    d = np.asarray(run, dtype=np.float64) - np.asarray(ref, dtype=np.float64)
+    var = float(np.var(d))
+    if var == 0.0:
+        p = float(np.mean(ref))
+        var = 2 * p * (1 - p) or 0.5  # accuracy 0 or 1: the worst case p = 1/2
+    return (Z95 + Z80) * float(np.sqrt(var / len(d)))
+
+
+def power_line(n: int, mde: float) -> str:
+    size = f"{mde:.1%}" if mde < 1 else "more than 100% (none)"
+    line = f"{n} questions detect a difference of {size} (5% two-sided, 80% power)"
+    if n < FEW_QUESTIONS:
+        line += f"; warning: under {FEW_QUESTIONS} questions, only large differences are visible"
+    return line
+
+
+def holm(pvalues: list[float] | np.ndarray) -> np.ndarray:
+    """Holm–Bonferroni adjusted p-values, in the input order."""
+    p = np.asarray(pvalues, dtype=np.float64)
+    m = len(p)
+    order = np.argsort(p)
+    adjusted = np.maximum.accumulate(np.minimum(1.0, (m - np.arange(m)) * p[order]))
+    out = np.empty(m)
+    out[order] = adjusted
+    return out
