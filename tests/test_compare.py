@@ -292,7 +292,8 @@ def hf_and_ort_runs(tiny, tmp_path_factory):
         tracker.save_results_samples(task_name=task, samples=rows)
     ort = base / "ort"
     result = CliRunner().invoke(cli, ["mmlu-pro", "--pkg", str(pkg_dir), "--data", "bundled", "--limit", "3",
-                                      "--max-length", "1024", "--output", str(ort), "--no-resume"])
+                                      "--max-length", "1024", "--truncate", "left", "--output", str(ort),
+                                      "--no-resume"])
     assert result.exit_code == 0, result.output
     return base / "hf", ort
 
@@ -312,7 +313,7 @@ def test_real_lm_eval_hf_samples_file_against_ortevals(hf_and_ort_runs, tmp_path
 def test_mmlu_pro_compare_to(hf_and_ort_runs, tiny_pkg):
     hf, _ = hf_and_ort_runs
     result = CliRunner().invoke(cli, ["mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--limit", "3",
-                                      "--max-length", "1024", "--compare-to", str(hf)])
+                                      "--max-length", "1024", "--truncate", "left", "--compare-to", str(hf)])
     assert result.exit_code == 0, result.output
     assert "vs org__model" not in result.output and "answer changes 0" in result.output
     assert re.search(r"KL\(ref\|\|run\) mean \S+ ± ", result.output)
@@ -325,7 +326,8 @@ def test_olive_reference_adds_flip_rate_and_kl_mean(hf_and_ort_runs, tiny_pkg):
     from ortevals.integrations.olive import OrtEvalsEvaluator
 
     hf, _ = hf_and_ort_runs
-    evaluator = OrtEvalsEvaluator(tasks=["mmlu-pro"], limit=3, data="bundled", max_length=1024, reference=str(hf))
+    evaluator = OrtEvalsEvaluator(tasks=["mmlu-pro"], limit=3, data="bundled", max_length=1024, truncate="left",
+                                  reference=str(hf))
     metrics = evaluator.evaluate(SimpleNamespace(model_path=str(tiny_pkg / "model.onnx")), [])
     flip, kl = metrics.root[f"{TASK}-flip_rate"], metrics.root[f"{TASK}-kl_mean"]
     assert flip.value == 0.0 and 0 <= kl.value < 1e-8
