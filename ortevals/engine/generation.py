@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from ortevals.engine.scoring import describe_request
 from ortevals.errors import OrtEvalsError
 
 log = logging.getLogger(__name__)
@@ -127,9 +128,8 @@ def request_name(index: int, request=None, context: Sequence[int] = (), tokenize
         text = str(request.args[0])
     else:
         text = tokenizer.decode(list(context[:24]), skip_special_tokens=True) if tokenizer else ""
-    text = " ".join(text.split())
     where = f"task {task}, doc {doc}; " if task is not None else ""
-    return f"request #{index} ({where}prompt {text[:40] + ('…' if len(text) > 40 else '')!r})"
+    return f"request #{index} ({where}prompt {describe_request(' '.join(text.split()))})"
 
 
 def first_stop(text: str, until: Sequence[str], start: int = 0) -> int | None:

@@ -142,12 +142,18 @@ def plot_delta(cmp: Comparison) -> bytes:
     return _png(plt, fig)
 
 
-def plot_margin(cmp: Comparison) -> bytes:
-    """Answer-change rate per bin of the reference's top-1 probability margin, per run and task."""
-    plt, fig, ax = _figure()
+def _choice_series(cmp: Comparison, ax) -> list:
+    """The log-likelihood task comparisons (they have choice statistics); a note on the axes if none."""
     series = [c for c in cmp.tasks if c.choice is not None]
     if not series:
         ax.text(0.5, 0.5, "no log-likelihood task", ha="center", va="center")
+    return series
+
+
+def plot_margin(cmp: Comparison) -> bytes:
+    """Answer-change rate per bin of the reference's top-1 probability margin, per run and task."""
+    plt, fig, ax = _figure()
+    series = _choice_series(cmp, ax)
     for j, c in enumerate(series):
         bins = c.choice.margin_bins
         x = np.arange(len(bins)) + (j - (len(series) - 1) / 2) * 0.8 / len(series)
@@ -164,9 +170,7 @@ def plot_margin(cmp: Comparison) -> bytes:
 def plot_kl(cmp: Comparison) -> bytes:
     """Histogram of log10 KL(ref‖run) per question (KL below 1e-16 shown at −16)."""
     plt, fig, ax = _figure()
-    series = [c for c in cmp.tasks if c.choice is not None]
-    if not series:
-        ax.text(0.5, 0.5, "no log-likelihood task", ha="center", va="center")
+    series = _choice_series(cmp, ax)
     for c in series:
         x = np.log10(np.maximum(c.choice.kl_values[np.isfinite(c.choice.kl_values)], 1e-16))
         ax.hist(x, bins=40, alpha=0.6, label=f"{c.run} {c.task} (mean {c.choice.kl.mean:.2g})")
