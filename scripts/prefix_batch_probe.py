@@ -18,8 +18,9 @@ import time
 import numpy as np
 
 from ortevals.package.loader import ModelPackage
+from ortevals.runtime.buffers import KVCache
 from ortevals.runtime.providers import from_package
-from ortevals.runtime.sessions import DecoderRunner, KVCache
+from ortevals.runtime.sessions import DecoderRunner
 
 
 def main() -> None:

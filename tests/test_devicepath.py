@@ -20,9 +20,10 @@ from onnx import TensorProto, helper
 from ortevals.engine.prefill import EngineSettings, PrefillEngine, TokenRequest
 from ortevals.errors import PackageError, ProviderError
 from ortevals.package.loader import KVSpec, ModelPackage
+from ortevals.runtime.buffers import KVCache, _nbytes, empty_past, host_float32
 from ortevals.runtime.providers import from_package, raw_session_options
 from ortevals.runtime.replicate import Replicator
-from ortevals.runtime.sessions import DecoderRunner, KVCache, _nbytes, empty_past, host_float32, open_session
+from ortevals.runtime.sessions import DecoderRunner, open_session
 
 CPU_ONLY = ["AzureExecutionProvider", "CPUExecutionProvider"]
 

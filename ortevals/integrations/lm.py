@@ -55,8 +55,8 @@ class OrtLM(TemplateLM):
         """Load the package and tokenizer; open the log-likelihood path now, generation on first use."""
         from ortevals.engine.generation import SEARCH_POLICY
         from ortevals.files import cache_root
+        from ortevals.runtime.buffers import kv_bytes_per_token
         from ortevals.runtime.providers import from_package, parse_options
-        from ortevals.runtime.sessions import kv_bytes_per_token
 
         package = ModelPackage.load(args.pkg)
         tokenizer = Tokenizer.load(package, add_bos_token=args.add_bos_token)

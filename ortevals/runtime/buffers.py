@@ -1,0 +1,110 @@
+"""Host and device buffers for raw sessions: past KV, element types, sizes.
+
+Owns :class:`KVCache` (one pass's present KV), the empty past of a first pass
+(numpy on the host for numpy's dtypes, else an ``OrtValue`` of the graph's
+element type where the session runs: numpy has no bfloat16), element-type
+tables and byte sizes, bfloat16 logits as float32, and zero-size inputs for
+optional multimodal embedding inputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ortevals.errors import PackageError
+from ortevals.package.loader import KVSpec, ModelFile, ModelPackage
+from ortevals.runtime import import_ort
+
+
+@dataclass(frozen=True)
+class KVCache:
+    """Present KV of a forward pass: one (key, value) pair per layer, ``[B, heads, T, head]``.
+
+    ``length`` is the number of tokens it holds; windowed layers hold fewer.
+    """
+
+    layers: tuple[tuple, ...]  # numpy arrays, or OrtValues left on the device by IOBinding
+    length: int
+
+    @property
+    def nbytes(self) -> int:
+        return sum(_nbytes(t) for pair in self.layers for t in pair)
+
+
+def _nbytes(t) -> int:
+    if isinstance(t, np.ndarray):
+        return t.nbytes
+    if hasattr(t, "tensor_size_in_bytes"):  # OrtValue, onnxruntime >= 1.20
+        return int(t.tensor_size_in_bytes())
+    dtype = t.data_type().removeprefix("tensor(").removesuffix(")")
+    return int(np.prod(t.shape())) * ITEMSIZE[ONNX_NAMES.get(dtype, dtype)]
+
+
+# numpy dtype names (as ModelPackage reports them) -> ONNX TensorProto element type and size
+ONNX_TYPES = {"float32": 1, "uint8": 2, "int8": 3, "int32": 6, "int64": 7, "bool": 9, "float16": 10, "float64": 11,
+              "bfloat16": 16, "float8_e4m3fn": 17, "float8_e5m2": 19}
+ITEMSIZE = {"float32": 4, "uint8": 1, "int8": 1, "int32": 4, "int64": 8, "bool": 1, "float16": 2, "float64": 8,
+            "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
+ONNX_NAMES = {"float": "float32", "double": "float64"}  # OrtValue.data_type() spellings
+
+
+def kv_bytes_per_token(package: ModelPackage) -> int:
+    """All layers' K and V for one token (numpy has no bfloat16, so sizes come from the table)."""
+    return sum(2 * s.kv_heads * s.head_size * ITEMSIZE[s.dtype] for s in package.kv)
+NUMPY_NATIVE = frozenset({"float32", "float16", "float64", "int64", "int32", "int8", "uint8", "bool"})
+
+
+def feeds_len(attention_mask: np.ndarray) -> int:
+    """Tokens covered by a pass: the mask spans past + new tokens."""
+    return int(attention_mask.shape[1])
+
+
+def empty_past(spec: KVSpec, batch: int, device: str | None = None, device_id: int = 0):
+    """Past buffer ``[batch, kv_heads, window or 0, head_size]`` for a first pass.
+
+    Zero length; for windowed layers a zero buffer of window capacity (its contents
+    are ignored, but GQA refuses a smaller one). A numpy array on the host for
+    numpy's dtypes without a device; otherwise an ``OrtValue`` of the graph's
+    element type made where the session runs (numpy has no bfloat16).
+    """
+    shape = (batch, spec.kv_heads, spec.window or 0, spec.head_size)
+    if device is None and spec.dtype in NUMPY_NATIVE:
+        return np.zeros(shape, dtype=spec.dtype)
+    if spec.dtype not in ONNX_TYPES:
+        raise PackageError(f"{spec.key_name}: past KV element type {spec.dtype} is not supported")
+    value = import_ort().OrtValue.ortvalue_from_shape_and_type(list(shape), ONNX_TYPES[spec.dtype],
+                                                                device or "cpu", device_id)
+    if spec.window:  # fresh memory is not zeroed; all-zero bits are 0.0 in every float format
+        value.update_inplace(np.zeros(shape, dtype=_BITS[ITEMSIZE[spec.dtype]]))
+    return value
+
+
+_BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def host_float32(value) -> np.ndarray:
+    """An OrtValue on the host as a numpy array; bfloat16 becomes float32 (exactly)."""
+    if value.data_type() != "tensor(bfloat16)":
+        return value.numpy()
+    bits = np.empty(value.shape(), dtype=np.uint16)
+    import_ort().OrtValue.ortvalue_from_numpy_with_onnx_type(bits, ONNX_TYPES["bfloat16"]).update_inplace(value)
+    return (bits.astype(np.uint32) << 16).view(np.float32)  # bfloat16 is the top half of a float32
+
+
+def empty_like_input(inp, cfg: ModelFile) -> np.ndarray:
+    """A zero-size tensor for an optional multimodal input (no images in text tasks)."""
+    dims = [d if isinstance(d, int) and d > 0 else 0 for d in inp.shape]
+    if not dims:
+        raise PackageError(f"{cfg.path}: embedding input {inp.name!r} is a scalar; ortevals cannot leave it empty")
+    dtype = _ORT_TO_NP.get(inp.type)
+    if dtype is None:
+        raise PackageError(f"{cfg.path}: embedding input {inp.name!r} has unsupported type {inp.type}")
+    return np.zeros(dims, dtype=dtype)
+
+
+_ORT_TO_NP = {
+    "tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32, "tensor(bool)": np.bool_, "tensor(uint8)": np.uint8,
+}
