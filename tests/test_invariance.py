@@ -251,3 +251,19 @@ def test_detection_on_real_graphs(tiny_pkg, dynquant, gemma4):
     assert found.ops == (("DynamicQuantizeLinear", 9),) and found.reason == "DynamicQuantizeLinear x9"
     model = onnx.load(str(dynquant / "model.onnx"), load_external_data=False)
     assert sum(n.op_type == "MatMulInteger" for n in model.graph.node) == 11  # really dynamically quantized
+
+
+def test_canary_inputs_are_cut_short_and_keep_their_shared_prefix():
+    from ortevals.engine.invariance import CANARY_TOKENS, SHARED_KEEP, shorten
+    from ortevals.engine.prefix import common_prefix
+
+    header = tuple(range(1000, 1500))  # a 500-token few-shot header
+    pairs = [(header + (1, 2, 3), (7,)), (header + (4, 5), (8,)), (header + (6,), (9, 9)),
+             (tuple(range(2000, 2400)), (5,)), ((3, 4), (6,))]
+    cut = shorten(pairs)
+    assert [x for _, x in cut] == [x for _, x in pairs]  # continuations untouched
+    assert all(c == p[-len(c):] for (c, _), (p, _) in zip(cut, pairs))  # only leading context dropped
+    group = [c + x for c, x in cut[:3]]
+    assert common_prefix(group[0], group[1]) == common_prefix(group[0], group[2]) == SHARED_KEEP
+    assert len(cut[3][0]) + 1 == CANARY_TOKENS and cut[4] == pairs[4]  # the long one cut, the short one kept
+    assert all(len(c) >= 1 for c, _ in shorten([((1,), (2,) * 300)]))  # a context keeps one token

@@ -30,6 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ortevals.engine.prefix import common_prefix
+
 log = logging.getLogger(__name__)
 
 DYNAMIC_QUANT = {"DynamicQuantizeLinear", "DynamicQuantizeMatMul", "DynamicQuantizeLSTM"}
@@ -198,13 +200,17 @@ def tolerance(dtype: str, tokens: int) -> float:
     return TOLERANCE.get(dtype, TOLERANCE["float16"]) * max(1.0, math.sqrt(tokens))
 
 
+CANARY_TOKENS = 256  # canary inputs are cut to about this many tokens (see shorten)
+SHARED_KEEP = 64  # tokens the shared-prefix canary inputs still share after cutting
+
+
 def pick_canary(inputs: Sequence[tuple[int, ...]], k: int = 6) -> list[int]:
     """Indices of up to ``k`` distinct inputs: the three that share the longest prefix, then the
     longest and the shortest (batched together they pad), then others spread over the set."""
     if len(inputs) <= k:
         return list(range(len(inputs)))
     order = sorted(range(len(inputs)), key=lambda i: inputs[i])
-    shared = [_lcp(inputs[order[j]], inputs[order[j + 1]]) for j in range(len(order) - 1)]
+    shared = [common_prefix(inputs[order[j]], inputs[order[j + 1]]) for j in range(len(order) - 1)]
     best = max(range(len(shared) - 1), key=lambda j: min(shared[j], shared[j + 1]))
     picked = [order[best], order[best + 1], order[best + 2]]
     by_len = sorted(range(len(inputs)), key=lambda i: len(inputs[i]))
@@ -214,13 +220,29 @@ def pick_canary(inputs: Sequence[tuple[int, ...]], k: int = 6) -> list[int]:
     return picked
 
 
-def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+def shorten(pairs: Sequence[tuple[tuple[int, ...], tuple[int, ...]]], budget: int = CANARY_TOKENS,
+            keep_shared: int = SHARED_KEEP) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Canary inputs cut to about ``budget`` tokens: (context, continuation) pairs with leading context dropped.
+
+    The check is about the graph (does batching or prefix reuse change a number?), not about the text, so
+    the canary need not pay for 900-token prompts. Inputs that share the longest prefix with the first one
+    (``pick_canary`` puts that group first) drop the same number of tokens, so they still share
+    ``keep_shared`` of it and prefix reuse is still exercised; the others keep their last ``budget``.
+    A context keeps at least one token; continuations are never cut.
+    """
+    if not pairs:
+        return []
+    inputs = [c + x for c, x in pairs]
+    shared = [common_prefix(inputs[0], t) for t in inputs[1:]]
+    top = max(shared, default=0)
+    group_drop = max(0, top - keep_shared)
+    out = []
+    for i, (ctx, cont) in enumerate(pairs):
+        in_group = i == 0 or (top > keep_shared and shared[i - 1] >= top)
+        drop = group_drop if in_group else len(ctx) + len(cont) - budget
+        drop = min(max(drop, 0), len(ctx) - 1)
+        out.append((ctx[drop:], cont))
+    return out
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,9 @@ from typing import Protocol
 
 import numpy as np
 
-from ortevals.engine.invariance import CanaryResult, compare, pick_canary
+from ortevals.engine.invariance import CanaryResult, compare, pick_canary, shorten, tolerance
 from ortevals.engine.prefix import PrefixPlan, plan_prefixes
-from ortevals.engine.scoring import check_finite, continuation_logprob, input_window
+from ortevals.engine.scoring import NonFiniteScore, check_finite, continuation_logprob, input_window
 from ortevals.errors import OrtEvalsError
 
 log = logging.getLogger(__name__)
@@ -184,26 +184,25 @@ class PrefillEngine:
         return results  # type: ignore[return-value]
 
     def _score_checked(self, requests: Sequence[TokenRequest], on_done=None) -> list[Score]:
-        """The canary, then the rest: a few requests scored both ways; their exact scores are kept."""
+        """The canary on a few inputs cut short (``invariance.shorten``), then the run in the mode it chose.
+
+        A non-finite canary score trips it too: the exact run then names the request that has it.
+        """
         groups = plan_groups(requests, self.settings.max_length, self.settings.group_by_context)
-        picked = sorted(i for gi in pick_canary([g.tokens for g in groups]) for i, _ in groups[gi].members)
-        sub = [requests[i] for i in picked]
+        picked = [requests[groups[gi].members[0][0]] for gi in pick_canary([g.tokens for g in groups])]
+        sub = [TokenRequest(c, x) for c, x in shorten([(r.context, r.continuation) for r in picked])]
         before = self.tokens_run
-        # the exact scores are the results: report each as it finishes, so a crash keeps them
-        exact = self.score_exact(sub, None if on_done is None else (lambda k, score: on_done(picked[k], score)))
+        try:
+            exact = self.score_exact(sub)
+            configured = self._canary_configured(sub)
+            self.canary = compare(np.array([s.logprob for s in configured]), np.array([s.logprob for s in exact]),
+                                  np.array([len(r.continuation) for r in sub]), self.settings.dtype)
+        except NonFiniteScore as e:
+            exact = configured = None
+            self.canary = CanaryResult(False, float("nan"), e.index or 0, tolerance(self.settings.dtype, 1))
         self.canary_tokens += self.tokens_run - before
-        configured = self._canary_configured(sub)
-        self.canary = compare(np.array([s.logprob for s in configured]), np.array([s.logprob for s in exact]),
-                              np.array([len(r.continuation) for r in sub]), self.settings.dtype)
-        self._canary_verdict(sub, configured, exact, picked)
-        results: list[Score | None] = [None] * len(requests)
-        for i, score in zip(picked, exact):
-            results[i] = score
-        rest = [i for i in range(len(requests)) if results[i] is None]
-        relay = None if on_done is None else (lambda k, score: on_done(rest[k], score))
-        for i, score in zip(rest, self.score([requests[i] for i in rest], relay)):
-            results[i] = score
-        return results  # type: ignore[return-value]
+        self._canary_verdict(sub, configured, exact)
+        return self.score(requests, on_done)
 
     def _canary_configured(self, sub: list[TokenRequest]) -> list[Score]:
         """The configured way, with any shared prefix reused (a handful of requests saves few tokens)."""
@@ -214,7 +213,7 @@ class PrefillEngine:
         finally:
             self.settings = saved
 
-    def _canary_verdict(self, sub, configured, exact, picked) -> None:
+    def _canary_verdict(self, sub, configured, exact) -> None:
         c = self.canary
         if c.passed:
             self.mode = f"batched (canary passed on {len(sub)} requests: max |diff| {c.max_diff:.1e})"
@@ -222,12 +221,17 @@ class PrefillEngine:
             return
         req = sub[c.index]
         self.settings = replace(self.settings, exact=True)
+        if exact is None:
+            self.mode = "exact (canary: non-finite score)"
+            log.warning("invariance canary: a non-finite score (%d context + %d continuation tokens); switching "
+                        "to exact mode, which names the request that has it", len(req.context), len(req.continuation))
+            return
         self.mode = f"exact (canary: |diff| {c.max_diff:.3g} > {c.tolerance:.0e})"
         log.warning(
-            "invariance canary: request %d (%d context + %d continuation tokens) scores %.6f the configured way "
+            "invariance canary: an input of %d context + %d continuation tokens scores %.6f the configured way "
             "(batched, prefix reuse) but %.6f run alone: |diff| %.3g > tolerance %.0e for %s logits; switching to "
             "exact mode (one row per pass, no prefix reuse). exact=true (--exact) skips the check; check=false "
-            "(--no-check) keeps batching", picked[c.index], len(req.context), len(req.continuation),
+            "(--no-check) keeps batching", len(req.context), len(req.continuation),
             configured[c.index].logprob, exact[c.index].logprob, c.max_diff, c.tolerance, self.settings.dtype)
 
     def score_batched(
