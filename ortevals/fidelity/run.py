@@ -46,6 +46,8 @@ class FidelityReport:
     summary: dict
     stats: TokenStats = field(repr=False)
     clusters: np.ndarray = field(repr=False)
+    plan: WindowPlan | None = None
+    text_ids: np.ndarray | None = field(default=None, repr=False)  # [T] the tokens the windows cover
     files: tuple[Path, ...] = ()
 
 
@@ -202,7 +204,7 @@ def run_fidelity(o: FidelityOptions) -> FidelityReport:
 
         atomic_write(Path(o.json), json.dumps(summary, indent=2) + "\n")
         files.append(Path(o.json))
-    return FidelityReport(summary, stats, clusters, tuple(files))
+    return FidelityReport(summary, stats, clusters, plan, ids, tuple(files))
 
 
 def _tee(refs, kept: list):
