@@ -58,6 +58,10 @@ def _check_options(o: FidelityOptions) -> None:
         raise OrtEvalsError("pass --ref PATH (a GenAI package, a transformers checkpoint folder or a reference file)")
     if o.text is not None and o.data is not None:
         raise OrtEvalsError("pass --text FILE or --data, not both")
+    if o.ctx is not None and (o.ctx < 4 or o.ctx % 2):
+        raise OrtEvalsError(f"--ctx must be an even number >= 4, got {o.ctx}")
+    if o.tokens is not None and o.tokens < 1:
+        raise OrtEvalsError(f"--tokens must be >= 1, got {o.tokens}")
     if o.top_k is not None and not 64 <= o.top_k <= 256:
         raise OrtEvalsError(f"--top-k must be between 64 and 256, got {o.top_k}")
 
@@ -121,7 +125,8 @@ def _saved_side(o, package, tok, cand_hash):
     if saved.vocab_size != package.vocab_size:
         raise OrtEvalsError(f"{saved.path}: reference vocabulary {saved.vocab_size}, candidate "
                             f"{package.vocab_size} ({o.pkg})")
-    if p.bos_id != (-1 if bos_for_windows(tok) is None else bos_for_windows(tok)):
+    bos = bos_for_windows(tok)
+    if p.bos_id != (-1 if bos is None else bos):
         raise _mismatch("BOS rule", str(saved.path), saved.tokenizer_sha256, o.pkg, cand_hash)
     used = p.n_windows * p.text_per_window
     if o.text is not None or o.data is not None:
