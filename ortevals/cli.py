@@ -240,7 +240,7 @@ Examples:
 @click.option("--text", type=click.Path(path_type=Path), default=None, help="UTF-8 text file to score.")
 @click.option("--data", default=None, help="'bundled' (default) or an MMLU-Pro folder: questions + worked answers.")
 @click.option("--tokens", type=int, default=None,
-              help="Cap on scored tokens (default 32768; a reference file: its own).")
+              help="Cap on scored tokens (default 32768; with a reference file, at most what it holds).")
 @click.option("--ctx", type=int, default=None, help="Window length n_ctx (default 512); the second half is scored.")
 @click.option("--top-k", type=int, default=None, help="Reference top-k kept per token, 64-256 (default 128).")
 @click.option("--save-ref", type=click.Path(path_type=Path), default=None, help="Write the reference to FILE (.npz).")

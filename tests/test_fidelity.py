@@ -203,6 +203,10 @@ def test_saved_reference_gives_the_same_statistics(tiny, vs_torch):
     for key in ("mean", "p50", "p99", "max"):
         assert reused.summary["kl"][key] == pytest.approx(direct.summary["kl"][key], abs=1e-10)
     assert reused.summary["ppl"]["ratio"] == pytest.approx(direct.summary["ppl"]["ratio"], abs=1e-6)
+    prefix = run_fidelity(FidelityOptions(pkg=tiny[1], ref=str(ref_file), tokens=100))  # the first 100 tokens
+    assert prefix.summary["tokens"] == 100 and prefix.summary["windows"] == 4
+    np.testing.assert_allclose(prefix.stats.kl, direct.stats.kl[:100], atol=1e-10)
+    np.testing.assert_array_equal(prefix.stats.lp_cand, reused.stats.lp_cand[:100])
     with np.load(ref_file, allow_pickle=False) as z:
         assert z["topk_ids"].dtype == np.int32 and z["topk_logp"].dtype == np.float32
         assert z["topk_ids"].shape == (direct.summary["tokens"], 128)
@@ -226,6 +230,8 @@ def test_saved_reference_with_another_text_is_one_line(tiny, vs_torch, tmp_path)
     text.write_text("The river of the city is a number. " * 400)
     with pytest.raises(OrtEvalsError, match="token ids of the text"):
         run_fidelity(FidelityOptions(pkg=tiny[1], ref=str(ref_file), text=text))
+    with pytest.raises(OrtEvalsError, match="scored tokens; got --tokens 1000000"):
+        run_fidelity(FidelityOptions(pkg=tiny[1], ref=str(ref_file), tokens=10**6))
     with pytest.raises(OrtEvalsError, match="saved with --ctx 64; got --ctx 128"):
         run_fidelity(FidelityOptions(pkg=tiny[1], ref=str(ref_file), ctx=128))
 

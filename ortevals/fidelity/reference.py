@@ -80,6 +80,14 @@ class SavedReference:
     text_ids: np.ndarray
     tokens: RefTokens
 
+    def first(self, n: int) -> SavedReference:
+        """The first ``n`` scored tokens (what a direct run with ``--tokens n`` scores)."""
+        p = self.plan
+        plan = WindowPlan(p.n_ctx, p.bos_id, -(-n // p.scored_per_window), n)
+        tokens = RefTokens(*(getattr(self.tokens, f)[:n] for f in ARRAYS))
+        return SavedReference(self.path, self.description, self.tokenizer_sha256, plan, self.vocab_size,
+                              self.text_ids[:plan.n_windows * plan.text_per_window], tokens)
+
     def windows(self) -> Iterator[RefTokens]:
         """The stored statistics cut back into windows, in order."""
         start = 0

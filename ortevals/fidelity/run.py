@@ -117,9 +117,12 @@ def _saved_side(o, package, tok, cand_hash):
     saved = load_reference(Path(o.ref).expanduser())
     if saved.tokenizer_sha256 != cand_hash:
         raise _mismatch("tokenizer.json hash", str(saved.path), saved.tokenizer_sha256, o.pkg, cand_hash)
+    if o.tokens is not None and o.tokens > saved.plan.n_scored:
+        raise OrtEvalsError(f"{saved.path}: holds {saved.plan.n_scored} scored tokens; got --tokens {o.tokens}")
+    if o.tokens is not None:  # a prefix of the saved windows: what a direct run with --tokens scores
+        saved = saved.first(o.tokens)
     p = saved.plan
-    for name, given, stored in (("--ctx", o.ctx, p.n_ctx), ("--tokens", o.tokens, p.n_scored),
-                                ("--top-k", o.top_k, saved.tokens.topk_ids.shape[1])):
+    for name, given, stored in (("--ctx", o.ctx, p.n_ctx), ("--top-k", o.top_k, saved.tokens.topk_ids.shape[1])):
         if given is not None and given != stored:
             raise OrtEvalsError(f"{saved.path}: saved with {name} {stored}; got {name} {given}")
     if saved.vocab_size != package.vocab_size:
