@@ -63,6 +63,9 @@ def main() -> None:
                     help="examples root (holds examples/smollm2-135m-instruct-{hf,fp32,int8,int4}); default: the cache")
     ap.add_argument("--work", type=Path, default=Path("/tmp/bench-fidelity"))
     ap.add_argument("--out", type=Path, default=None, help="JSON file for every run's summary")
+    ap.add_argument("--compare-tokens", type=int, default=None,
+                    help="score only the first N tokens of the saved reference in the runs against it")
+    ap.add_argument("--reuse", action="store_true", help="reuse the reference file and first run from --out")
     args = ap.parse_args()
     if args.one:
         return one(args)
@@ -73,11 +76,15 @@ def main() -> None:
     pkgs = {p: smollm2_package(p, args.root) for p in ("fp32", "int8", "int4")}
     args.work.mkdir(parents=True, exist_ok=True)
     ref_file = args.work / f"smollm2-ref-{tokens}.npz"
-    runs = {"fp32 vs pytorch (saving the reference)": child(pkgs["fp32"], str(hf), tokens, ref_file)}
+    first = "fp32 vs pytorch (saving the reference)"
+    if args.reuse and ref_file.is_file() and args.out is not None and args.out.is_file():
+        runs = {first: json.loads(args.out.read_text())[first]}  # the saved reference of an earlier run
+    else:
+        runs = {first: child(pkgs["fp32"], str(hf), tokens, ref_file)}
     for p in ("int8", "int4", "fp32"):
         if args.out is not None:  # partial results survive an interrupted run
             args.out.write_text(json.dumps(runs, indent=2) + "\n")
-        runs[f"{p} vs reference file"] = child(pkgs[p], str(ref_file), None)
+        runs[f"{p} vs reference file"] = child(pkgs[p], str(ref_file), args.compare_tokens)
     print(f"{'run':<40} {'tokens':>7} {'mean KL':>11} {'± SE':>9} {'p99 KL':>9} {'top-1 %':>8} "
           f"{'PPL ratio':>10} {'seconds':>8} {'peak MiB':>9}")
     for name, s in runs.items():

@@ -216,8 +216,10 @@ def run_fidelity(o: FidelityOptions) -> FidelityReport:
 
 
 def _tee(refs, kept: list):
+    """Pass each window's reference statistics on (float64) and keep a copy in the file's dtypes."""
     for r in refs:
-        kept.append(r)
+        kept.append(RefTokens(r.topk_ids.astype(np.int32), r.topk_logp.astype(np.float32),
+                              r.tail_logp.astype(np.float32), r.actual_logp.astype(np.float32)))
         yield r
 
 
