@@ -316,6 +316,41 @@ def _compare_outcome(ref: Path, outcome, kw: dict) -> None:
     _fail_gates(compare_paths(ref, [], click.echo, loaded=[run_from_results(outcome.results, name)]))
 
 
+# --- fidelity (issue 12 §2): all logic lives in ortevals/fidelity/ ---
+EPILOG_FIDELITY = """\b
+Examples:
+  ortevals fidelity --pkg ./smollm2-int4 --ref ./smollm2-hf                 # PyTorch checkpoint (torch extra)
+  ortevals fidelity --pkg ./smollm2-int4 --ref ./smollm2-fp32 --tokens 100000
+  ortevals fidelity --pkg ./smollm2-int8 --ref ./smollm2-hf --save-ref ref.npz   # store the reference once
+  ortevals fidelity --pkg ./smollm2-int4 --ref ref.npz --json int4.json          # reuse it, no reference model
+"""
+
+
+@cli.command("fidelity", epilog=EPILOG_FIDELITY)
+@click.option("--pkg", type=click.Path(path_type=Path), default=None, help="Candidate GenAI package folder.")
+@click.option("--ref", default=None, help="Reference: a GenAI package, a transformers checkpoint folder "
+              "(config.json; needs the torch extra) or a file from --save-ref.")
+@click.option("--text", type=click.Path(path_type=Path), default=None, help="UTF-8 text file to score.")
+@click.option("--data", default=None, help="'bundled' (default) or an MMLU-Pro folder: questions + worked answers.")
+@click.option("--tokens", type=int, default=None,
+              help="Cap on scored tokens (default 32768; with a reference file, at most what it holds).")
+@click.option("--ctx", type=int, default=None, help="Window length n_ctx (default 512); the second half is scored.")
+@click.option("--top-k", type=int, default=None, help="Reference top-k kept per token, 64-256 (default 128).")
+@click.option("--save-ref", type=click.Path(path_type=Path), default=None, help="Write the reference to FILE (.npz).")
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the summary as JSON.")
+@click.option("--ep", default=None, help="Execution provider for the packages (default: the package's).")
+@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+def fidelity(verbose: int, json_path: Path | None, **kw) -> None:
+    """Token-level distance of a package from a reference on real text: KL, top-1, Δp, PPL ratio."""
+    from ortevals.fidelity.run import FidelityOptions, format_report, run_fidelity
+
+    _setup_logging(verbose)
+    report = run_fidelity(FidelityOptions(json=json_path, **kw))
+    click.echo(format_report(report.summary))
+    for path in report.files:
+        click.echo(f"wrote {path}")
+
+
 def main() -> None:
     cli(prog_name="ortevals")
 
