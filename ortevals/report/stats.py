@@ -122,9 +122,9 @@ def flips(ref_correct: np.ndarray, run_correct: np.ndarray, ref_answer, run_answ
 
 def log_softmax(loglik: np.ndarray) -> np.ndarray:
     """[N, C] per-choice log-likelihoods (-inf pads) -> log-probabilities of the choice distribution."""
-    top = np.max(loglik, axis=1, keepdims=True)
-    shifted = loglik - top
-    return shifted - np.log(np.sum(np.exp(shifted), axis=1, keepdims=True))
+    from scipy.special import log_softmax as _log_softmax
+
+    return _log_softmax(np.asarray(loglik, dtype=np.float64), axis=1)
 
 
 def kl(logp: np.ndarray, logq: np.ndarray) -> np.ndarray:
