@@ -34,7 +34,9 @@ def one(args) -> None:
                                           save_ref=Path(args.save_ref) if args.save_ref else None))
     s = dict(report.summary)
     s["seconds"] = time.perf_counter() - start
-    s["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    s["peak_rss_mib"] = usage.ru_maxrss / 1024
+    s["cpu_seconds"] = usage.ru_utime + usage.ru_stime  # wall time depends on what else the machine runs
     print(format_report(report.summary), file=sys.stderr)
     print(json.dumps(s))
 
@@ -86,11 +88,11 @@ def main() -> None:
             args.out.write_text(json.dumps(runs, indent=2) + "\n")
         runs[f"{p} vs reference file"] = child(pkgs[p], str(ref_file), args.compare_tokens)
     print(f"{'run':<40} {'tokens':>7} {'mean KL':>11} {'± SE':>9} {'p99 KL':>9} {'top-1 %':>8} "
-          f"{'PPL ratio':>10} {'seconds':>8} {'peak MiB':>9}")
+          f"{'PPL ratio':>10} {'seconds':>8} {'CPU s':>8} {'peak MiB':>9}")
     for name, s in runs.items():
         print(f"{name:<40} {s['tokens']:>7} {s['kl']['mean']:>11.3g} {s['kl']['se']:>9.2g} {s['kl']['p99']:>9.3g} "
               f"{100 * s['same_top1']['mean']:>8.3f} {s['ppl']['ratio']:>10.5f} {s['seconds']:>8.0f} "
-              f"{s['peak_rss_mib']:>9.0f}")
+              f"{s.get('cpu_seconds', float('nan')):>8.0f} {s['peak_rss_mib']:>9.0f}")
     f = runs["fp32 vs pytorch (saving the reference)"]
     print(f"reference file: {f['reference_file']['bytes_per_token']:.0f} bytes per token; llama.cpp "
           f"{f['reference_file']['llama_cpp_bytes_per_token']}")
