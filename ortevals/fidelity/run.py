@@ -227,9 +227,12 @@ def _progress(plan: WindowPlan):
     from tqdm.auto import tqdm
 
     bar = tqdm(total=plan.n_windows, desc="fidelity", unit="window", disable=None, leave=False)
+    every = max(1, plan.n_windows // 20)  # the bar is hidden off a terminal: log progress there instead
 
     def step(w: int) -> None:
         bar.update(1)
+        if bar.disable and ((w + 1) % every == 0 or w == plan.n_windows - 1):
+            log.info("fidelity: window %d/%d", w + 1, plan.n_windows)
         if w == plan.n_windows - 1:
             bar.close()
 
