@@ -27,8 +27,11 @@ REPO = Path(__file__).resolve().parent.parent
 
 def one(args) -> None:
     """Child: one fidelity run; prints its summary plus seconds and peak RSS as JSON."""
+    import logging
+
     from ortevals.fidelity.run import FidelityOptions, format_report, run_fidelity
 
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")  # window progress on stderr
     start = time.perf_counter()
     report = run_fidelity(FidelityOptions(pkg=Path(args.pkg), ref=args.ref, tokens=args.tokens,
                                           save_ref=Path(args.save_ref) if args.save_ref else None))
