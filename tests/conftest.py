@@ -60,6 +60,14 @@ def gemma4_mm(fixture_cache) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="session")
+def gemma4_mm_windowed(fixture_cache) -> tuple[Path, Path]:
+    """gemma4_mm on the builder's windowed sliding KV cache (rewinding is not exact there)."""
+    from tests.fixtures.gemma4_mm import build_gemma4_mm
+
+    return build_gemma4_mm(fixture_cache / "gemma4", windowed=True)
+
+
+@pytest.fixture(scope="session")
 def smollm2() -> tuple[Path, Path]:
     """(hf_dir, package_dir) of the real SmolLM2-135M-Instruct, fp32."""
     from ortevals.package.examples import smollm2_hf_dir, smollm2_package
