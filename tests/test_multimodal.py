@@ -322,3 +322,21 @@ def test_bad_media_is_one_line(obj, needle):
     with pytest.raises(OrtEvalsError) as e:
         to_media(obj)
     assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_info_shows_vision_speech_and_processor_without_opening(gemma4_mm, copy_pkg):
+    from click.testing import CliRunner
+
+    from ortevals.cli import cli
+
+    pkg_dir = copy_pkg(gemma4_mm[1])
+    for name in ("vision.onnx", "speech.onnx"):  # garbage: info must not open them
+        (pkg_dir / name).write_bytes(b"not an onnx model")
+    out = CliRunner().invoke(cli, ["info", "--pkg", str(pkg_dir)], catch_exceptions=False).output
+    assert "vision    vision.onnx" in out and "inputs: pixel_values, pixel_position_ids" in out
+    assert "config processor_config.json: DecodeImage, Gemma4ImageTransform(max_soft_tokens=16" in out
+    assert "speech    speech.onnx" in out and "Gemma4LogMel(sampling_rate=16000" in out
+    assert "media     images and audio via onnxruntime-genai's processor; markers <|image|> <|audio|>" in out
+    (pkg_dir / "processor_config.json").unlink()
+    out = CliRunner().invoke(cli, ["info", "--pkg", str(pkg_dir)], catch_exceptions=False).output
+    assert "config processor_config.json: missing" in out and "image/audio requests cannot run:" in out
