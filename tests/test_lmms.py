@@ -1,0 +1,208 @@
+"""ortevals as an lmms-eval 0.7.x model: registration, the two traps, and end-to-end offline runs.
+
+The oracle is lm-eval's ``hf`` backend (PyTorch) on the tiny model's own weights: the
+multiple-choice pick must be the choice with the highest PyTorch log-likelihood, and the
+generated texts must be PyTorch's greedy texts. lmms-eval is imported once per module (slow).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("lmms_eval")
+
+from lm_eval.api.instance import Instance as LmInstance  # noqa: E402
+from lmms_eval.api.instance import Instance, unwrap_generation_output  # noqa: E402
+
+from ortevals.errors import OrtEvalsError  # noqa: E402
+from ortevals.integrations.lmms import OrtLMMS, OrtLMMSChat  # noqa: E402
+from tests.fixtures.lmms_tasks import CHOICES, IMAGES, write_image_parquet, write_tasks  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def tasks(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    """(task folder, {kind: task name}) of the text-only tasks over the image parquet."""
+    root = tmp_path_factory.mktemp("lmms")
+    parquet = write_image_parquet(root / "data" / "images.parquet")
+    return root / "tasks", write_tasks(root / "tasks", parquet, "ortevals_text", visual=False)
+
+
+def evaluate(lm, folder: Path, names: list[str]) -> dict:
+    from lmms_eval.evaluator import simple_evaluate
+    from lmms_eval.tasks import TaskManager
+
+    os.environ["HF_DATASETS_OFFLINE"] = os.environ["HF_HUB_OFFLINE"] = "1"
+    tm = TaskManager(include_path=str(folder), include_defaults=False)
+    return simple_evaluate(model=lm, tasks=names, task_manager=tm, log_samples=True, bootstrap_iters=0)
+
+
+@pytest.fixture(scope="module")
+def simple_lm(tiny_pkg) -> OrtLMMS:
+    # built as lmms-eval builds it: the model args string plus its batch_size/device extras
+    return OrtLMMS.create_from_arg_string(f"pretrained={tiny_pkg},max_length=256",
+                                          {"batch_size": 1, "max_batch_size": None, "device": "cuda"})
+
+
+@pytest.fixture(scope="module")
+def run(simple_lm, tasks) -> dict:
+    folder, names = tasks
+    return evaluate(simple_lm, folder, [names["gen"], names["mc"]])
+
+
+@pytest.fixture(scope="module")
+def hflm(tiny):
+    from lm_eval.models.huggingface import HFLM
+
+    return HFLM(pretrained=str(tiny[0]), device="cpu", batch_size=1, dtype="float32", max_length=256)
+
+
+def hf_loglikelihoods(hflm, pairs) -> list[float]:
+    reqs = [LmInstance("loglikelihood", {}, p, i) for i, p in enumerate(pairs)]
+    return [lp for lp, _ in hflm.loglikelihood(reqs, disable_tqdm=True)]
+
+
+# --- registration --------------------------------------------------------------------
+def test_manifest_resolves_chat_by_default_and_simple_on_request():
+    from lmms_eval.models.registry_v2 import ModelRegistryV2
+
+    from ortevals.integrations.lmms_plugin import MANIFEST
+
+    registry = ModelRegistryV2()
+    registry.register_manifest(MANIFEST)
+    assert registry.get_model_class("ortevals") is OrtLMMSChat  # also checks is_simple against the kind
+    assert registry.get_model_class("ortevals", force_simple=True) is OrtLMMS
+
+
+def test_pyproject_entry_point_loads_the_manifest():
+    """CI catches a wrong path here even where the package is not installed with its metadata."""
+    from lmms_eval.models.registry_v2 import ModelManifest
+
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+
+    eps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]["lmms_eval.models"]
+    module, _, attr = eps["ortevals"].partition(":")
+    manifest = getattr(importlib.import_module(module), attr)
+    assert isinstance(manifest, ModelManifest) and manifest.model_id == "ortevals"
+    for path in (manifest.simple_class_path, manifest.chat_class_path):
+        mod, _, cls = path.rpartition(".")
+        assert getattr(importlib.import_module(mod), cls) in (OrtLMMS, OrtLMMSChat)
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(r.startswith("lmms-eval") for r in extras["lmms"])
+
+
+def test_installed_entry_point_is_found_by_lmms_eval():
+    from importlib.metadata import entry_points
+
+    if not any(ep.name == "ortevals" for ep in entry_points(group="lmms_eval.models")):
+        pytest.skip("ortevals is installed without the lmms_eval.models entry point (reinstall with pip install -e)")
+    from lmms_eval import models
+
+    assert models.get_model("ortevals") is OrtLMMSChat
+    assert models.get_model("ortevals", force_simple=True) is OrtLMMS
+
+
+def test_entry_point_module_imports_neither_torch_nor_ortevals_engine():
+    import subprocess
+
+    code = ("import sys, ortevals.integrations.lmms_plugin; "
+            "print([m for m in ('torch', 'onnxruntime', 'lm_eval', 'ortevals.integrations.lmms') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_model_args_are_ortevals_options(tiny_pkg):
+    with pytest.raises(OrtEvalsError, match=r"unknown ortevals model_args \['temprature'\]"):
+        OrtLMMS.create_from_arg_string(f"pretrained={tiny_pkg},temprature=0")
+    with pytest.raises(OrtEvalsError, match="model_args needs pkg=PATH"):
+        OrtLMMS.create_from_arg_string("max_length=64", {"batch_size": 1})
+    with pytest.raises(OrtEvalsError, match="must look like key=value"):
+        OrtLMMS.create_from_arg_string(f"pretrained={tiny_pkg},oops")
+
+
+# --- the two traps ------------------------------------------------------------------
+def test_unwrap_trap_exists_upstream_and_the_wrapped_pair_survives_it(simple_lm):
+    # lmms-eval 0.7.3 turns a bare (float, bool) into a string: this is why the pair is wrapped
+    assert isinstance(unwrap_generation_output((-1.5, True))[0], str)
+    simple_lm.task_dict = {"t": {"test": [{}]}}
+    req = Instance("loglikelihood", ("The capital of France is", " paris", None, 0, "t", "test"), 0,
+                   {"task": "t", "doc_id": 0, "repeats": 1})
+    value, _ = unwrap_generation_output(simple_lm.loglikelihood([req])[0])
+    assert isinstance(value, tuple) and isinstance(value[0], float) and isinstance(value[1], bool)
+    assert value[0] > 0  # a negative log-likelihood
+
+
+def test_multiple_choice_picks_the_lowest_nll_which_is_pytorchs_most_likely_choice(run, hflm):
+    samples = run["samples"]["ortevals_text_mc"]
+    assert len(samples) == len(IMAGES)
+    picks_differ = 0
+    for s in samples:
+        args = s["arguments"]  # (ctx, continuation, doc_id, task, split) per choice
+        pairs = [(args[i], args[i + 1]) for i in range(0, len(args), 5)]
+        assert [c.strip() for _, c in pairs] == CHOICES
+        ref = hf_loglikelihoods(hflm, pairs)
+        nll = [r[0] for r in s["filtered_resps"]]
+        np.testing.assert_allclose(nll, -np.asarray(ref), atol=1e-4)  # negative log-likelihoods
+        pred = int(np.argmax(ref))
+        assert s["acc"] == float(pred == s["target"])  # lmms-eval's argmin picked PyTorch's argmax
+        picks_differ += int(np.argmin(ref) != pred)
+    assert picks_differ == len(samples)  # returning +log p would have picked another choice every time
+    assert run["results"]["ortevals_text_mc"]["acc,none"] == np.mean([s["acc"] for s in samples])
+
+
+def test_generate_until_gives_pytorchs_greedy_texts(run, hflm):
+    samples = run["samples"]["ortevals_text_gen"]
+    reqs = [LmInstance("generate_until", {}, (s["arguments"][0], dict(s["arguments"][1])), i)
+            for i, s in enumerate(samples)]
+    ref = hflm.generate_until(reqs, disable_tqdm=True)
+    assert [s["resps"][0][0] for s in samples] == ref
+    assert all(len(t) > 3 for t in ref)
+
+
+def test_chat_model_without_a_template_generates_what_the_simple_model_does(tiny_pkg, tasks, run):
+    folder, names = tasks
+    chat = OrtLMMSChat.create_from_arg_string(f"pretrained={tiny_pkg},max_length=256", {"batch_size": 1})
+    out = evaluate(chat, folder, [names["gen"]])
+    simple = [s["resps"][0][0] for s in run["samples"]["ortevals_text_gen"]]
+    assert [s["resps"][0][0] for s in out["samples"]["ortevals_text_gen"]] == simple
+
+
+def test_multi_round_calls_doc_to_text_per_round(simple_lm, hflm):
+    calls = []
+
+    def doc_to_text(doc, previous_output=None, round_idx=None, previous_round_info=None):
+        calls.append((doc["q"], list(previous_output), round_idx, previous_round_info))
+        if round_idx == 2:
+            return None, None, True, previous_output, None
+        return None, f"{doc['q']} then {previous_output[-1]}", False, previous_output, {"round": round_idx}
+
+    docs = [{"q": "The capital of France is"}, {"q": "Question: one two three. Answer:"}]
+    simple_lm.task_dict = {"t": {"test": docs}}
+    gen = {"until": ["\n\n"], "max_new_tokens": 6}
+    reqs = [Instance("generate_until_multi_round", (d["q"], dict(gen), None, doc_to_text, i, "t", "test"), 0,
+                     {"task": "t", "doc_id": i, "repeats": 1}) for i, d in enumerate(docs)]
+    out = simple_lm.generate_until_multi_round(reqs)
+
+    def hf(ctx):
+        return hflm.generate_until([LmInstance("generate_until", {}, (ctx, dict(gen)), 0)], disable_tqdm=True)[0]
+
+    for doc, rounds in zip(docs, out):
+        first = hf(doc["q"])
+        assert rounds == [first, hf(f"{doc['q']} then {first}")]
+        assert unwrap_generation_output(rounds)[0] == rounds  # a list of rounds passes through unchanged
+    # rounds run in lockstep over the requests; round 2 got round 1's info back
+    assert [(c[2], c[3]) for c in calls] == [(1, None), (1, None), (2, {"round": 1}), (2, {"round": 1})]
+
+
+def test_a_missing_document_is_one_line(simple_lm):
+    simple_lm.task_dict = {}
+    req = Instance("generate_until", ("x", {}, None, 3, "nope", "test"), 0, {"task": "nope", "doc_id": 3, "repeats": 1})
+    with pytest.raises(OrtEvalsError, match=r"task 'nope' split 'test' doc 3: no such document"):
+        simple_lm.generate_until([req])
