@@ -51,6 +51,23 @@ def gemma4(fixture_cache) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="session")
+def gemma4_mm(fixture_cache) -> tuple[Path, Path]:
+    """(hf_dir, package_dir) of the tiny Gemma-4 multimodal package (vision + speech; og's processor
+    runs on it). Built in about a second from the gemma4 fixture (issue 13)."""
+    from tests.fixtures.gemma4_mm import build_gemma4_mm
+
+    return build_gemma4_mm(fixture_cache / "gemma4")
+
+
+@pytest.fixture(scope="session")
+def gemma4_mm_windowed(fixture_cache) -> tuple[Path, Path]:
+    """gemma4_mm on the builder's windowed sliding KV cache (rewinding is not exact there)."""
+    from tests.fixtures.gemma4_mm import build_gemma4_mm
+
+    return build_gemma4_mm(fixture_cache / "gemma4", windowed=True)
+
+
+@pytest.fixture(scope="session")
 def smollm2() -> tuple[Path, Path]:
     """(hf_dir, package_dir) of the real SmolLM2-135M-Instruct, fp32."""
     from ortevals.package.examples import smollm2_hf_dir, smollm2_package

@@ -39,6 +39,9 @@ class OrtLM(TemplateLM):
     """lm-eval model backed by ONNX Runtime; see the module docstring."""
 
     backend = "causal"
+    # issue 13: lm-eval's multimodal tasks; requests carrying media go to the media engine (lm_media.py),
+    # all others to the text path unchanged (it never opens a vision or speech model)
+    MULTIMODAL = True
 
     def __init__(self, package: ModelPackage, tokenizer: Tokenizer, backends: Backends, args: ModelArgs,
                  store: ResultStore | None = None) -> None:
@@ -49,6 +52,9 @@ class OrtLM(TemplateLM):
         self.args = args
         self.store = store
         self.stats = {"requests": 0, "seconds": 0.0, "generated_tokens": 0, "truncated": 0, "reused": 0}
+        from ortevals.integrations.lm_media import MediaRouter
+
+        self.media = MediaRouter(self)  # issue 13: opens nothing until a request carries media
 
     @classmethod
     def from_package(cls, args: ModelArgs) -> OrtLM:
@@ -144,10 +150,15 @@ class OrtLM(TemplateLM):
     # --- scoring --------------------------------------------------------------
     def _stored(self, kind: str, requests, compute, decode=lambda v: v) -> list:
         """Answers from the store where it has them; ``compute(todo, keys)`` runs (and stores) the rest."""
-        return resume.answer(self.store, kind, requests, compute, decode, self.stats)
+        try:
+            return resume.answer(self.store, kind, requests, compute, decode, self.stats, self.media.key_args)
+        finally:
+            self.media.done()
 
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-        return self._stored("loglikelihood", requests, lambda rs, _: super(OrtLM, self).loglikelihood(rs, disable_tqdm),
+        text = lambda rs: super(OrtLM, self).loglikelihood(rs, disable_tqdm)  # noqa: E731
+        return self._stored("loglikelihood", requests,
+                            lambda rs, keys: self.media.loglikelihood(rs, keys, text, disable_tqdm),  # issue 13
                             lambda v: (float(v[0]), bool(v[1])))
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
@@ -208,7 +219,8 @@ class OrtLM(TemplateLM):
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """Greedy or sampled generation on the incremental path (see generation.py)."""
         # the key holds the occurrence of a repeated prompt: repeats sample differently, resumed or not
-        return self._stored("generate_until", requests, lambda rs, keys: self._generate(rs, keys, disable_tqdm))
+        return self._stored("generate_until", requests, lambda rs, keys: self.media.generate(  # issue 13: media split
+            rs, keys, lambda r, k: self._generate(r, k, disable_tqdm), disable_tqdm))
 
     def _generate(self, requests, keys: list[list], disable_tqdm: bool) -> list[str]:
         from ortevals.engine.generation import request_name

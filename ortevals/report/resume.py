@@ -18,26 +18,30 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
-def request_keys(kind: str, requests) -> list[list]:
-    """Store keys: the request's args; for generation also which repeat of the same prompt it is."""
+def request_keys(kind: str, requests, key_args: Callable[[Any], list] = list) -> list[list]:
+    """Store keys: the request's args; for generation also which repeat of the same prompt it is.
+
+    ``key_args`` turns a request's args into JSON-able key parts (media: their content hashes)."""
     if kind != "generate_until":
-        return [list(r.args) for r in requests]
+        return [key_args(r.args) for r in requests]
     seen: dict[str, int] = {}
     keys = []
     for r in requests:
-        ident = json.dumps(r.args, sort_keys=True, default=str)
-        keys.append([*r.args, seen.get(ident, 0)])
+        args = key_args(r.args)
+        ident = json.dumps(args, sort_keys=True, default=str)
+        keys.append([*args, seen.get(ident, 0)])
         seen[ident] = seen.get(ident, 0) + 1
     return keys
 
 
 def answer(store, kind: str, requests: Sequence, compute: Callable[[list, list[list]], list],
-           decode: Callable[[Any], Any] = lambda v: v, stats: dict | None = None) -> list:
+           decode: Callable[[Any], Any] = lambda v: v, stats: dict | None = None,
+           key_args: Callable[[Any], list] = list) -> list:
     """Answers in request order: stored ones decoded, the rest from ``compute(todo, todo_keys)``.
 
     ``store`` None computes everything. ``compute`` stores its own answers as they finish.
     """
-    keys = request_keys(kind, requests)
+    keys = request_keys(kind, requests, key_args)
     if store is None:
         return compute(list(requests), keys)
     found = [store.get(kind, k) for k in keys]
