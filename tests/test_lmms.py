@@ -73,23 +73,23 @@ def hf_loglikelihoods(hflm, pairs) -> list[float]:
 def test_manifest_resolves_chat_by_default_and_simple_on_request():
     from lmms_eval.models.registry_v2 import ModelRegistryV2
 
-    from ortevals.integrations.lmms_plugin import MANIFEST
+    from ortevals.integrations.lmms_plugin import manifest
 
     registry = ModelRegistryV2()
-    registry.register_manifest(MANIFEST)
+    registry.register_manifest(manifest())
     assert registry.get_model_class("ortevals") is OrtLMMSChat  # also checks is_simple against the kind
     assert registry.get_model_class("ortevals", force_simple=True) is OrtLMMS
 
 
 def test_pyproject_entry_point_loads_the_manifest():
     """CI catches a wrong path here even where the package is not installed with its metadata."""
-    from lmms_eval.models.registry_v2 import ModelManifest
+    from lmms_eval.models.registry_v2 import ModelManifest, ModelRegistryV2
 
     tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
 
     eps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]["lmms_eval.models"]
     module, _, attr = eps["ortevals"].partition(":")
-    manifest = getattr(importlib.import_module(module), attr)
+    manifest = ModelRegistryV2()._coerce_payload_to_manifests(getattr(importlib.import_module(module), attr))[0]
     assert isinstance(manifest, ModelManifest) and manifest.model_id == "ortevals"
     for path in (manifest.simple_class_path, manifest.chat_class_path):
         mod, _, cls = path.rpartition(".")
@@ -112,10 +112,16 @@ def test_installed_entry_point_is_found_by_lmms_eval():
 def test_entry_point_module_imports_neither_torch_nor_ortevals_engine():
     import subprocess
 
+    # imported first (before lmms_eval.models), then resolved through lmms-eval's registry
     code = ("import sys, ortevals.integrations.lmms_plugin; "
-            "print([m for m in ('torch', 'onnxruntime', 'lm_eval', 'ortevals.integrations.lmms') if m in sys.modules])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
+            "print([m for m in ('torch', 'onnxruntime', 'lm_eval', 'lmms_eval', 'ortevals.integrations.lmms') "
+            "if m in sys.modules]); "
+            "from lmms_eval.models.registry_v2 import ModelRegistryV2; r = ModelRegistryV2(); "
+            "r.register_manifest(ortevals.integrations.lmms_plugin.manifest()); "
+            "print(r.resolve('ortevals').class_path)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["[]", "ortevals.integrations.lmms.OrtLMMSChat"]
+    assert "Failed to load" not in out.stdout + out.stderr
 
 
 def test_model_args_are_ortevals_options(tiny_pkg):
@@ -206,3 +212,97 @@ def test_a_missing_document_is_one_line(simple_lm):
     req = Instance("generate_until", ("x", {}, None, 3, "nope", "test"), 0, {"task": "nope", "doc_id": 3, "repeats": 1})
     with pytest.raises(OrtEvalsError, match=r"task 'nope' split 'test' doc 3: no such document"):
         simple_lm.generate_until([req])
+
+
+# --- images: the tiny Gemma-4 multimodal package --------------------------------------------------
+@pytest.fixture(scope="module")
+def image_tasks(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    """(task folder, {kind: task name}) of the same tasks with ``doc_to_visual: image``."""
+    root = tmp_path_factory.mktemp("lmms-img")
+    parquet = write_image_parquet(root / "data" / "images.parquet")
+    return root / "tasks", write_tasks(root / "tasks", parquet, "ortevals_img", visual=True)
+
+
+@pytest.fixture(scope="module")
+def mm_engine(gemma4_mm):
+    from ortevals.engine.multimodal import MediaEngine
+    from ortevals.package.loader import ModelPackage
+    from ortevals.package.tokenizer import Tokenizer
+
+    pkg = ModelPackage.load(gemma4_mm[1])
+    return MediaEngine.open(pkg, Tokenizer.load(pkg))
+
+
+@pytest.fixture(scope="module")
+def image_run(gemma4_mm, image_tasks) -> tuple[OrtLMMS, dict]:
+    folder, names = image_tasks
+    lm = OrtLMMS.create_from_arg_string(f"pretrained={gemma4_mm[1]}", {"batch_size": 1, "device": "cpu"})
+    return lm, evaluate(lm, folder, [names["gen"], names["mc"]])
+
+
+def image_of(doc_id: int):
+    from ortevals.package.media import to_media
+    from tests.fixtures.gemma4_mm import image_path
+
+    return (to_media(image_path(f"{IMAGES[doc_id]}.png")),)
+
+
+def test_image_multiple_choice_picks_the_lowest_nll_the_raw_ort_oracle_agrees(image_run, mm_engine):
+    from ortevals.engine.multimodal import MediaRequest
+    from tests.test_multimodal import TOL, oracle_loglikelihood
+
+    lm, run = image_run
+    samples = run["samples"]["ortevals_img_mc"]
+    assert len(samples) == len(IMAGES)
+    for s in samples:
+        args = s["arguments"]
+        pairs = [(args[i], args[i + 1]) for i in range(0, len(args), 5)]
+        ref = [oracle_loglikelihood(mm_engine, MediaRequest(ctx, cont, image_of(s["doc_id"])))[0]
+               for ctx, cont in pairs]
+        nll = [r[0] for r in s["filtered_resps"]]
+        np.testing.assert_allclose(nll, -np.asarray(ref), atol=TOL)  # -log p with the image, raw-ORT oracle
+        assert s["acc"] == float(int(np.argmax(ref)) == s["target"])
+        assert np.argmin(ref) != np.argmax(ref)
+    assert lm.lm.stats["media_requests"] == len(IMAGES) * (len(CHOICES) + 1)  # every request saw its image
+    assert "genai" not in vars(lm.lm.backends)  # the text-only path never opened
+
+
+def test_image_generate_until_gives_the_engines_texts(image_run, mm_engine):
+    from ortevals.engine.multimodal import MediaRequest
+    from ortevals.integrations.lm_media import prompt_settings
+
+    lm, run = image_run
+    samples = run["samples"]["ortevals_img_gen"]
+    reqs = [MediaRequest(s["arguments"][0], None, image_of(s["doc_id"]), prompt_settings(lm.lm, s["arguments"][1]))
+            for s in samples]
+    ref = mm_engine.generate(reqs)
+    assert [s["resps"][0][0] for s in samples] == ref
+    assert len(set(ref)) > 1  # the image changes the answer
+
+
+def test_chat_model_renders_the_packages_template_with_its_image_marker(gemma4_mm, image_tasks, mm_engine):
+    from ortevals.engine.multimodal import MediaRequest
+    from ortevals.integrations.lm_media import prompt_settings
+
+    folder, names = image_tasks
+    chat = OrtLMMSChat.create_from_arg_string(f"pretrained={gemma4_mm[1]}", {"batch_size": 1})
+    samples = evaluate(chat, folder, [names["gen"]])["samples"]["ortevals_img_gen"]
+    for s in samples:
+        question = f"What is in the picture of the {IMAGES[s['doc_id']]}?"
+        prompt = chat.lm.tokenizer.render_chat(
+            [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}])
+        assert prompt.count("<|image|>") == 1
+        ref = mm_engine.generate([MediaRequest(prompt, None, image_of(s["doc_id"]),
+                                               prompt_settings(chat.lm, s["arguments"][1]))])
+        assert s["resps"][0][0] == ref[0]
+
+
+def test_video_and_unreadable_media_are_one_line(image_run):
+    lm, _ = image_run
+    lm.task_dict = {"t": {"test": [{"v": "/data/clip.mp4"}, {"v": b"not an image"}]}}
+    for doc_id, needle in ((0, "video is not supported"), (1, "not a recognised image or audio format")):
+        req = Instance("generate_until", ("x", {}, lambda d: [d["v"]], doc_id, "t", "test"), 0,
+                       {"task": "t", "doc_id": doc_id, "repeats": 1})
+        with pytest.raises(OrtEvalsError, match=f"task 't' doc {doc_id}: .*{needle}") as e:
+            lm.generate_until([req])
+        assert "\n" not in str(e.value)

@@ -74,7 +74,6 @@ class OrtLMMS(lmms):
     def __init__(self, lm: OrtLM) -> None:
         super().__init__()
         self.lm = lm
-        self._media_engine = None
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str | Mapping | None, additional_config: dict | None = None):
@@ -100,23 +99,12 @@ class OrtLMMS(lmms):
         flat = [v for v in _flatten(visuals) if v is not None]
         if not flat:
             return ()
-        from ortevals.package.media import to_media
+        from ortevals.package.media import to_media  # converted here so an error names the task and doc
 
         try:
             return tuple(to_media(v) for v in flat)
         except OrtEvalsError as e:
             raise OrtEvalsError(f"{where}: {e}") from None
-
-    def _media_requests(self):
-        """The multimodal engine (opened on the first request with media)."""
-        if self._media_engine is None:
-            try:
-                from ortevals.engine.multimodal import MediaEngine
-            except ImportError:
-                raise OrtEvalsError("requests with images or audio need ortevals' multimodal engine "
-                                    "(ortevals.engine.multimodal), which this install lacks") from None
-            self._media_engine = MediaEngine.open(self.lm)
-        return self._media_engine
 
     # --- the three request kinds ---------------------------------------------------
     def loglikelihood(self, requests) -> list[GenerationResult]:
@@ -195,40 +183,14 @@ class OrtLMMS(lmms):
                 state[i]["outputs"].append(text)
         return [list(s["outputs"]) for s in state]
 
-    # --- routing: text to OrtLM, media to the multimodal engine ------------------------
+    # --- to OrtLM: text requests to its text path, requests with media to its media engine ----------
     def _score(self, items: Sequence[tuple[str, str, tuple]], requests) -> list[tuple[float, bool]]:
-        out: list = [None] * len(items)
-        text = [i for i, (_, _, media) in enumerate(items) if not media]
-        if text:
-            insts = [_lm_instance("loglikelihood", items[i][:2], requests[i], n) for n, i in enumerate(text)]
-            for i, score in zip(text, self.lm.loglikelihood(insts, disable_tqdm=self.rank != 0)):
-                out[i] = score
-        media = [i for i, (_, _, m) in enumerate(items) if m]
-        if media:
-            from ortevals.engine.multimodal import MediaRequest
-
-            reqs = [MediaRequest(context=items[i][0], continuation=items[i][1], media=items[i][2], gen=None)
-                    for i in media]
-            for i, score in zip(media, self._media_requests().loglikelihood(reqs)):
-                out[i] = score
-        return out
+        insts = [_lm_instance("loglikelihood", item, req, i) for i, (item, req) in enumerate(zip(items, requests))]
+        return self.lm.loglikelihood(insts, disable_tqdm=self.rank != 0)
 
     def _generate(self, items: Sequence[tuple[str, dict, tuple]], requests) -> list[str]:
-        out: list = [None] * len(items)
-        text = [i for i, (_, _, media) in enumerate(items) if not media]
-        if text:
-            insts = [_lm_instance("generate_until", items[i][:2], requests[i], n) for n, i in enumerate(text)]
-            for i, answer in zip(text, self.lm.generate_until(insts, disable_tqdm=self.rank != 0)):
-                out[i] = answer
-        media = [i for i, (_, _, m) in enumerate(items) if m]
-        if media:
-            from ortevals.engine.multimodal import MediaRequest
-
-            reqs = [MediaRequest(context=items[i][0], continuation=None, media=items[i][2], gen=items[i][1])
-                    for i in media]
-            for i, answer in zip(media, self._media_requests().generate(reqs)):
-                out[i] = answer
-        return out
+        insts = [_lm_instance("generate_until", item, req, i) for i, (item, req) in enumerate(zip(items, requests))]
+        return self.lm.generate_until(insts, disable_tqdm=self.rank != 0)
 
 
 class OrtLMMSChat(OrtLMMS):
@@ -313,7 +275,11 @@ def _flatten(value: Any) -> list:
     return [value]
 
 
-def _lm_instance(kind: str, args: tuple, request, index: int) -> LmInstance:
-    """An lm-eval Instance with the lmms-eval request's task and doc id (for the store's keys and errors)."""
+def _lm_instance(kind: str, item: tuple, request, index: int) -> LmInstance:
+    """``(context, continuation | gen_kwargs, media)`` as lm-eval's own request: media go in its multimodal
+    argument (``{"visual": [...]}``, which OrtLM routes to its media engine), text-only requests carry none.
+    The lmms-eval request's task and doc id come along for the store and for errors."""
+    context, target, media = item
+    args = (context, target, {"visual": list(media)}) if media else (context, target)
     meta = (getattr(request, "task_name", None), getattr(request, "doc_id", None), getattr(request, "repeats", 1))
-    return LmInstance(kind, {}, tuple(args), index, meta)
+    return LmInstance(kind, {}, args, index, meta)
