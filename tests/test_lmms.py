@@ -133,6 +133,31 @@ def test_model_args_are_ortevals_options(tiny_pkg):
         OrtLMMS.create_from_arg_string(f"pretrained={tiny_pkg},oops")
 
 
+def test_lmms_eval_cli_runs_ortevals_offline_through_its_entry_point(tiny_pkg, tasks, run, tmp_path):
+    """`lmms-eval eval --model ortevals --model_args pretrained=PKG`: no wrapper, the entry point only."""
+    import json
+    import subprocess
+    from importlib.metadata import entry_points
+
+    if not any(ep.name == "ortevals" for ep in entry_points(group="lmms_eval.models")):
+        pytest.skip("ortevals is installed without the lmms_eval.models entry point (reinstall with pip install -e)")
+    folder, names = tasks
+    cli = "import sys; from lmms_eval.cli.dispatch import main; sys.argv[0] = 'lmms-eval'; sys.exit(main())"
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    subprocess.run([sys.executable, "-c", cli, "eval", "--model", "ortevals", "--force_simple",
+                    "--model_args", f"pretrained={tiny_pkg},max_length=256", "--tasks", names["mc"],
+                    "--include_path", str(folder), "--limit", "2", "--log_samples", "--output_path", str(tmp_path)],
+                   env=env, check=True, capture_output=True, text=True, timeout=600)
+    [samples] = list(tmp_path.rglob(f"*_samples_{names['mc']}.jsonl"))
+    rows = map(json.loads, samples.read_text().splitlines())  # lmms-eval's logger writes the numbers as text
+    got = {d["doc_id"]: [float(r[0]) for r in d["filtered_resps"]] for d in rows}
+    want = {s["doc_id"]: [r[0] for r in s["filtered_resps"]] for s in run["samples"][names["mc"]]}
+    assert sorted(got) == [0, 1]
+    for doc_id, nll in got.items():
+        np.testing.assert_allclose(nll, want[doc_id], atol=1e-6)  # the CLI run is the in-process run
+
+
 # --- the two traps ------------------------------------------------------------------
 def test_unwrap_trap_exists_upstream_and_the_wrapped_pair_survives_it(simple_lm):
     # lmms-eval 0.7.3 turns a bare (float, bool) into a string: this is why the pair is wrapped
