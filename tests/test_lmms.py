@@ -331,3 +331,10 @@ def test_video_and_unreadable_media_are_one_line(image_run):
         with pytest.raises(OrtEvalsError, match=f"task 't' doc {doc_id}: .*{needle}") as e:
             lm.generate_until([req])
         assert "\n" not in str(e.value)
+
+
+def test_mutual_info_is_refused_in_one_line(simple_lm):
+    # lmms-eval's unconditional request for acc_mutual_info: its argmax over loss differences would be wrong
+    req = Instance("loglikelihood", ("", "a cat"), 0, {"task": "t", "doc_id": 0, "repeats": 1})
+    with pytest.raises(OrtEvalsError, match="task 't': metric acc_mutual_info is not supported"):
+        simple_lm.loglikelihood([req])

@@ -111,6 +111,10 @@ class OrtLMMS(lmms):
         """``GenerationResult(text=(-log-likelihood, is_greedy))`` per request (see the module docstring)."""
         items = []
         for req in requests:
+            if len(req.args) == 2:  # ("", choice): the unconditional request lmms-eval adds for acc_mutual_info
+                raise OrtEvalsError(f"task {req.task_name!r}: metric acc_mutual_info is not supported: lmms-eval "
+                                    "0.7.3 takes argmax of differences of what loglikelihood returns, which is "
+                                    "a loss (argmin elsewhere), so it would pick the least likely choice")
             ctx, target, doc_to_visual, doc_id, task, split = req.args
             doc = self._doc(task, split, doc_id)
             cont = target if isinstance(target, str) else target(doc)
