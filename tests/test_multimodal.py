@@ -32,14 +32,21 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def engine(gemma4_mm):
+    """onnxruntime-genai's own pipeline (processor → vision/speech → embedding → decoder)."""
     pkg = ModelPackage.load(gemma4_mm[1])
-    return MediaEngine.open(pkg, Tokenizer.load(pkg))
+    return MediaEngine.open(pkg, Tokenizer.load(pkg), path="og")
+
+
+@pytest.fixture(scope="module")
+def fast_engine(gemma4_mm):
+    pkg = ModelPackage.load(gemma4_mm[1])
+    return MediaEngine.open(pkg, Tokenizer.load(pkg), path="fast")
 
 
 @pytest.fixture(scope="module")
 def windowed_engine(gemma4_mm_windowed):
     pkg = ModelPackage.load(gemma4_mm_windowed[1])
-    return MediaEngine.open(pkg, Tokenizer.load(pkg))
+    return MediaEngine.open(pkg, Tokenizer.load(pkg))  # auto: the windowed cache keeps it on og's path
 
 
 def oracle_loglikelihood(engine: MediaEngine, req: MediaRequest) -> tuple[float, bool]:
@@ -322,3 +329,50 @@ def test_bad_media_is_one_line(obj, needle):
     with pytest.raises(OrtEvalsError) as e:
         to_media(obj)
     assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_info_shows_vision_speech_and_processor_without_opening(gemma4_mm, copy_pkg):
+    from click.testing import CliRunner
+
+    from ortevals.cli import cli
+
+    pkg_dir = copy_pkg(gemma4_mm[1])
+    for name in ("vision.onnx", "speech.onnx"):  # garbage: info must not open them
+        (pkg_dir / name).write_bytes(b"not an onnx model")
+    out = CliRunner().invoke(cli, ["info", "--pkg", str(pkg_dir)], catch_exceptions=False).output
+    assert "vision    vision.onnx" in out and "inputs: pixel_values, pixel_position_ids" in out
+    assert "config processor_config.json: DecodeImage, Gemma4ImageTransform(max_soft_tokens=16" in out
+    assert "speech    speech.onnx" in out and "Gemma4LogMel(sampling_rate=16000" in out
+    assert "media     images and audio via onnxruntime-genai's processor; markers <|image|> <|audio|>" in out
+    (pkg_dir / "processor_config.json").unlink()
+    out = CliRunner().invoke(cli, ["info", "--pkg", str(pkg_dir)], catch_exceptions=False).output
+    assert "config processor_config.json: missing" in out and "image/audio requests cannot run:" in out
+
+
+# --- the fast path (issue 13 §3) -------------------------------------------------------------------
+
+
+def test_fast_path_equals_og_path_and_reuses_the_text_prefix(engine, fast_engine, windowed_engine):
+    from ortevals.engine.multimodal_fast import FastMediaEngine
+
+    assert type(fast_engine) is FastMediaEngine and type(windowed_engine) is MediaEngine
+    header = "You answer questions about pictures. Be brief and exact.\n\n"
+    imgs = [to_media(image_path(n)) for n in ("astronaut.png", "chelsea.png", "camera.png")]
+    reqs = [MediaRequest(f"{header}<image>Question: what is it?\nAnswer:", c, (img,))
+            for img in imgs for c in (" the", " a cat", " a man in a white suit")]
+    reqs.append(MediaRequest("Listen: <|audio|> Words:", " hello there", (to_media(chirp_wav(0.4)),)))
+    reqs.append(MediaRequest(f"{header}<image><image>Both?", " yes they are", tuple(imgs[:2])))
+    og_scores, fast_scores = engine.loglikelihood(reqs), fast_engine.loglikelihood(reqs)
+    for (a, ga), (b, gb) in zip(og_scores, fast_scores, strict=True):
+        assert abs(a - b) <= TOL and ga == gb
+    # the header (+ BOS, "\n\n<|image>") ran once for the four image contexts; the audio prompt has its own
+    assert fast_engine.prefixes.misses == 2 and fast_engine.prefixes.hits == 3
+    gen = [MediaRequest(f"{header}<image>Describe:", None, (imgs[1],), GenSettings(max_gen_toks=6)),
+           MediaRequest(f"{header}<image>Describe:", None, (imgs[1],), GenSettings(max_gen_toks=6, do_sample=True))]
+    assert engine.generate(gen) == fast_engine.generate(gen)
+
+
+def test_fast_path_refused_where_the_layout_does_not_allow(gemma4_mm_windowed):
+    pkg = ModelPackage.load(gemma4_mm_windowed[1])
+    with pytest.raises(OrtEvalsError, match=r"media_path=fast: .* cannot take the fast media path \(a windowed"):
+        MediaEngine.open(pkg, Tokenizer.load(pkg), path="fast")

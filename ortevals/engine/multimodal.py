@@ -80,11 +80,28 @@ class MediaEngine:
 
     @classmethod
     def open(cls, package: ModelPackage, tokenizer, provider=None, max_length: int | None = None,
-             eos_ids: set[int] | None = None) -> MediaEngine:
-        """Validate the package for media (one-line errors naming the field); no model is opened yet."""
+             eos_ids: set[int] | None = None, path: str = "auto") -> MediaEngine:
+        """Validate the package for media (one-line errors naming the field); no model is opened yet.
+
+        ``path``: "og" (onnxruntime-genai's pipeline), "fast" (og's processor, then raw onnxruntime with
+        shared text-prefix KV: :mod:`ortevals.engine.multimodal_fast`) or "auto" (fast where the layout
+        allows)."""
         from ortevals.runtime.providers import from_package
 
         spec = multimodal_spec(package)
+        if path not in ("auto", "og", "fast"):
+            raise OrtEvalsError(f"media_path must be auto, og or fast, got {path!r}")
+        if path != "og" and cls is MediaEngine:
+            from ortevals.engine.multimodal_fast import FastMediaEngine, fast_layout
+
+            ok, why = fast_layout(package)
+            if ok:
+                cls = FastMediaEngine
+            elif path == "fast":
+                raise OrtEvalsError(f"media_path=fast: {package.root} cannot take the fast media path ({why}); "
+                                    "use media_path=og or auto")
+            else:
+                log.info("media path: onnxruntime-genai's pipeline (%s)", why)
         provider = provider or from_package(package.decoder.session_options)
         eos = set(eos_ids or ()) | set(package.eos_token_ids)
         if tokenizer.special.eos_id is not None:

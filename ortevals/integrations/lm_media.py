@@ -50,7 +50,7 @@ class MediaRouter:
 
             lm = self.lm
             self._engine = MediaEngine.open(lm.package, lm.tokenizer, lm.backends.provider, lm.max_length,
-                                            {lm.eot_token_id})
+                                            {lm.eot_token_id}, lm.args.media_path)
         return self._engine
 
     def media(self, args) -> tuple[Media, ...]:

@@ -35,6 +35,64 @@ def _layer_runs(kv: tuple[KVSpec, ...]) -> list[str]:
     return lines
 
 
+def _media_lines(pkg: ModelPackage) -> list[str]:
+    """The vision and speech models (name, size) and their processor configs (the operations listed),
+    never opened; then whether image/audio requests can run, or the one-line reason they cannot."""
+    from ortevals.errors import OrtEvalsError
+    from ortevals.package.multimodal import DEFAULT_VISION_CONFIG, multimodal_spec
+
+    lines = []
+    model = pkg.config["model"]
+    for role, default in (("vision", DEFAULT_VISION_CONFIG), ("speech", None)):
+        section = model.get(role)
+        if not isinstance(section, dict) or not section.get("filename"):
+            continue
+        path = pkg.root / section["filename"]
+        size = _file_size(path) if path.is_file() else "missing"
+        conf_name = section.get("config_filename") or default
+        lines.append(f"  {role:<9} {section['filename']} ({size}), not opened; inputs: "
+                     + ", ".join((section.get("inputs") or {}).values()))
+        if conf_name:
+            lines.append(f"            config {conf_name}: {_config_ops(pkg.root / conf_name)}")
+    try:
+        spec = multimodal_spec(pkg)
+        kinds = [k for k, ok in (("images", spec.takes_images), ("audio", spec.takes_audio)) if ok]
+        markers = [spec.image_marker] + ([spec.audio_marker] if spec.takes_audio else [])
+        lines.append(f"  media     {' and '.join(kinds)} via onnxruntime-genai's processor; "
+                     f"markers {' '.join(markers)}")
+    except OrtEvalsError as e:
+        lines.append(f"  media     image/audio requests cannot run: {e}")
+    return lines
+
+
+def _file_size(path) -> str:
+    """Size of a model and its usual external-data files, without parsing the model."""
+    extra = [path.with_name(path.name + ".data"), path.with_name(path.name + "_data"), path.with_suffix(".onnx.data")]
+    total = path.stat().st_size + sum(f.stat().st_size for f in set(extra) if f.is_file())
+    return f"{total / 2**20:.1f} MiB"
+
+
+def _config_ops(path) -> str:
+    """``DecodeImage, Gemma4ImageTransform(max_soft_tokens=16, ...)`` from an ort-extensions config."""
+    import json
+
+    if not path.is_file():
+        return "missing"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        return "not valid JSON"
+    body = next((v for v in data.values() if isinstance(v, dict)), {}) if isinstance(data, dict) else {}
+    steps = body.get("transforms") or body.get("sequence") or []
+    ops = []
+    for step in steps:
+        op = step.get("operation", {}) if isinstance(step, dict) else {}
+        attrs = op.get("attrs") or {}
+        keys = [k for k in ("max_soft_tokens", "patch_size", "sampling_rate", "feature_size") if k in attrs]
+        ops.append(str(op.get("type", "?")) + (f"({', '.join(f'{k}={attrs[k]}' for k in keys)})" if keys else ""))
+    return ", ".join(ops) or "no operations"
+
+
 def describe_package(pkg: ModelPackage) -> str:
     from ortevals.runtime import available_providers
     from ortevals.runtime.providers import from_package
@@ -47,6 +105,7 @@ def describe_package(pkg: ModelPackage) -> str:
                  + ", ".join(i.name for i in pkg.decoder.graph_inputs if not i.name.startswith("past_")))
     if pkg.skipped_models:
         lines.append(f"  not opened for text benchmarks: {', '.join(pkg.skipped_models)}")
+        lines.extend(_media_lines(pkg))  # issue 13: vision/speech + processor configs, read as files only
     lines.append(f"logits    {pkg.logits_name} [B, {pkg.logits_positions}, {pkg.logits_width}]  "
                  f"vocab_size {pkg.vocab_size}  context_length {pkg.context_length}")
     lines.append(f"tokens    bos {pkg.bos_token_id}  eos {list(pkg.eos_token_ids)}  pad {pkg.pad_token_id}")
