@@ -338,3 +338,12 @@ def test_mutual_info_is_refused_in_one_line(simple_lm):
     req = Instance("loglikelihood", ("", "a cat"), 0, {"task": "t", "doc_id": 0, "repeats": 1})
     with pytest.raises(OrtEvalsError, match="task 't': metric acc_mutual_info is not supported"):
         simple_lm.loglikelihood([req])
+
+
+def test_a_multi_round_doc_to_text_of_the_wrong_shape_is_one_line(simple_lm):
+    simple_lm.task_dict = {"t": {"test": [{"q": "The capital of France is"}]}}
+    req = Instance("generate_until_multi_round", ("The capital of France is", {"max_new_tokens": 2}, None,
+                                                  lambda doc, **kw: "just text", 0, "t", "test"), 0,
+                   {"task": "t", "doc_id": 0, "repeats": 1})
+    with pytest.raises(OrtEvalsError, match=r"task 't' doc 0: doc_to_text\(round_idx=1\) must return \(visuals, "):
+        simple_lm.generate_until_multi_round([req])
