@@ -347,3 +347,38 @@ def test_a_multi_round_doc_to_text_of_the_wrong_shape_is_one_line(simple_lm):
                    {"task": "t", "doc_id": 0, "repeats": 1})
     with pytest.raises(OrtEvalsError, match=r"task 't' doc 0: doc_to_text\(round_idx=1\) must return \(visuals, "):
         simple_lm.generate_until_multi_round([req])
+
+
+def chirp_dict(seconds: float = 0.5, rate: int = 16000) -> dict:
+    """Audio as lmms-eval's audio tasks hand it over (``datasets`` Audio, decoded)."""
+    t = np.arange(int(seconds * rate)) / rate
+    return {"array": (0.5 * np.sin(2 * np.pi * (200 * t + 400 * t * t))).astype(np.float32), "sampling_rate": rate}
+
+
+def test_audio_documents_score_as_the_oracle_on_both_models(image_run, mm_engine):
+    """An audio dict from doc_to_visual (simple) or in a message part lmms-eval labels "video" (chat)."""
+    from ortevals.engine.multimodal import MediaRequest
+    from ortevals.integrations.lm_media import prompt_settings
+    from ortevals.package.media import to_media
+    from tests.test_multimodal import TOL, oracle_loglikelihood
+
+    lm, _ = image_run
+    clip = chirp_dict()
+    lm.task_dict = {"a": {"test": [{"audio": clip}]}}
+    req = Instance("loglikelihood", ("What is this sound?", " a chirp", lambda d: [d["audio"]], 0, "a", "test"), 0,
+                   {"task": "a", "doc_id": 0, "repeats": 1})
+    [value] = [unwrap_generation_output(r)[0] for r in lm.loglikelihood([req])]
+    ref, greedy = oracle_loglikelihood(mm_engine, MediaRequest("What is this sound?", " a chirp", (to_media(clip),)))
+    assert abs(value[0] + ref) <= TOL and value[1] == greedy
+
+    chat = OrtLMMSChat(lm.lm)
+    chat.task_dict = lm.task_dict
+    messages = [{"role": "user", "content": [{"type": "video", "url": clip}, {"type": "text", "text": "Hear?"}]}]
+    gen = {"max_new_tokens": 4, "until": ["\n\n"]}
+    req = Instance("generate_until", ("Hear?", lambda d: messages, dict(gen), 0, "a", "test"), 0,
+                   {"task": "a", "doc_id": 0, "repeats": 1})
+    [text] = [r.text for r in chat.generate_until([req])]
+    prompt = chat.lm.tokenizer.render_chat([{"role": "user", "content": [{"type": "audio"},
+                                                                          {"type": "text", "text": "Hear?"}]}])
+    assert "<|audio|>" in prompt
+    assert text == mm_engine.generate([MediaRequest(prompt, None, (to_media(clip),), prompt_settings(lm.lm, gen))])[0]

@@ -243,28 +243,36 @@ class OrtLMMSChat(OrtLMMS):
         return (prompt, dict(s["gen"]), media), outputs, info
 
     def _render(self, messages: list[dict], where: str) -> tuple[str, tuple]:
-        """(prompt, media): the chat template over the messages, media in the order they appear."""
-        turns, visuals = [], []
+        """(prompt, media): the chat template over the messages, media in the order they appear.
+
+        A media part's type is what its content is: lmms-eval labels a dict visual "video" unless it
+        says otherwise, so an audio ``{"array", "sampling_rate"}`` arrives as "video"; real video is
+        refused by ``to_media`` in one line. The template sees ``{"type": "image" | "audio"}``."""
+        turns, media = [], []
         for m in messages:
             content = m.get("content")
             parts = [{"type": "text", "text": content}] if isinstance(content, str) else list(content or [])
+            typed = []
             for part in parts:
                 kind = part.get("type")
-                if kind in ("image", "audio"):
-                    visuals.append(part.get("url"))
-                elif kind == "video":
-                    raise OrtEvalsError(f"{where}: video is not supported (images and audio only)")
-                elif kind != "text":
+                if kind in ("image", "audio", "video"):
+                    [item] = self._media(lambda _, p=part: [p.get("url")], {}, where) or [None]
+                    if item is None:
+                        raise OrtEvalsError(f"{where}: a message {kind} part holds no media ('url' is empty)")
+                    media.append(item)
+                    typed.append({"type": item.kind})
+                elif kind == "text":
+                    typed.append({"type": "text", "text": part.get("text", "")})
+                else:
                     raise OrtEvalsError(f"{where}: unknown message content type {kind!r}")
-            turns.append((m.get("role", "user"), parts))
+            turns.append((m.get("role", "user"), typed))
         # a multimodal template places its own markers from the typed parts; text-only messages get
         # plain string content, which every template renders
-        plain = [{"role": role, "content": parts if visuals else _text_of(parts)} for role, parts in turns]
-        media = self._media(lambda _: visuals, {}, where)
+        plain = [{"role": role, "content": parts if media else _text_of(parts)} for role, parts in turns]
         if self.lm.tokenizer.chat_template:
-            return self.lm.tokenizer.render_chat(plain, add_generation_prompt=True), media
+            return self.lm.tokenizer.render_chat(plain, add_generation_prompt=True), tuple(media)
         log.debug("%s ships no chat template: the messages' text is the prompt", self.lm.package.root)
-        return "\n".join(_text_of(m["content"]) for m in plain), media
+        return "\n".join(_text_of(m["content"]) for m in plain), tuple(media)
 
 
 def _text_of(content: str | list[dict]) -> str:
