@@ -382,3 +382,21 @@ def test_audio_documents_score_as_the_oracle_on_both_models(image_run, mm_engine
                                                                           {"type": "text", "text": "Hear?"}]}])
     assert "<|audio|>" in prompt
     assert text == mm_engine.generate([MediaRequest(prompt, None, (to_media(clip),), prompt_settings(lm.lm, gen))])[0]
+
+
+def test_store_resumes_text_and_image_answers(gemma4_mm, tmp_path):
+    """`store=PATH`: a second model on the same store answers from it (media keyed by content)."""
+    from PIL import Image
+
+    from tests.fixtures.gemma4_mm import image_path
+
+    docs = [{"image": Image.open(image_path("coffee.png"))}, {"image": None}]
+    reqs = [Instance("loglikelihood", ("What is shown?", " a cup", lambda d: [d["image"]], i, "t", "test"), 0,
+                     {"task": "t", "doc_id": i, "repeats": 1}) for i in range(2)]
+    answers = []
+    for _ in range(2):
+        lm = OrtLMMS.create_from_arg_string(f"pretrained={gemma4_mm[1]},store={tmp_path / 'store.db'}")
+        lm.task_dict = {"t": {"test": docs}}
+        answers.append([unwrap_generation_output(r)[0] for r in lm.loglikelihood(reqs)])
+    assert lm.lm.stats["reused"] == 2 and "media_requests" not in lm.lm.stats  # nothing recomputed
+    assert answers[0] == answers[1] and answers[0][0] != answers[0][1]  # the image changes the score
