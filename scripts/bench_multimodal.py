@@ -4,9 +4,10 @@
     python scripts/bench_multimodal.py --docs 24 --out docs/bench-multimodal
 
 On the tiny Gemma-4 multimodal fixture (tests/fixtures/gemma4_mm.py; built in about a second),
-two workloads shaped like an MMMU-style benchmark: each document is a shared instruction header,
+three workloads shaped like an MMMU-style benchmark: each document is a shared instruction header,
 one real image (scikit-image's astronaut, chelsea, coffee, camera, text, rocket), a question;
-``mc``: four multi-token answer choices scored by log-likelihood; ``gen``: greedy generation
+``mc``: four multi-token answer choices scored by log-likelihood; ``mc N-shot``: the same with N
+worked text examples after the header (a longer shared text prefix); ``gen``: greedy generation
 (16 tokens, no stop). Three backends on the same request lists:
 
 * ``fast``: :class:`ortevals.engine.multimodal_fast.FastMediaEngine` (og's processor, then raw
@@ -44,20 +45,22 @@ CHOICES = [" a man in a white space suit", " a small striped cat", " a cup of co
 IMAGES = ["astronaut.png", "chelsea.png", "coffee.png", "camera.png", "text.png", "rocket.jpg"]
 
 
-def workloads(docs: int):
+def workloads(docs: int, shots: int):
     from ortevals.engine.generation import GenSettings
     from ortevals.engine.multimodal import MediaRequest
     from ortevals.package.media import to_media
     from tests.fixtures.gemma4_mm import image_path
 
     media = [to_media(image_path(n)) for n in IMAGES]
-    mc, gen = [], []
+    worked = "".join(f"Question: {q}\nAnswer:{c}\n\n" for q, c in zip(QUESTIONS * shots, CHOICES * shots))
+    mc, fewshot, gen = [], [], []
     for d in range(docs):
-        context = f"{HEADER}<image>Question {d + 1}: {QUESTIONS[d % len(QUESTIONS)]}\nAnswer:"
+        question = f"<image>Question {d + 1}: {QUESTIONS[d % len(QUESTIONS)]}\nAnswer:"
         img = (media[d % len(media)],)
-        mc.extend(MediaRequest(context, c, img) for c in CHOICES)
-        gen.append(MediaRequest(context, None, img, GenSettings(max_gen_toks=16)))
-    return mc, gen
+        mc.extend(MediaRequest(HEADER + question, c, img) for c in CHOICES)
+        fewshot.extend(MediaRequest(HEADER + worked + question, c, img) for c in CHOICES)
+        gen.append(MediaRequest(HEADER + question, None, img, GenSettings(max_gen_toks=16)))
+    return {"mc": mc, f"mc {shots}-shot": fewshot, "gen": gen}
 
 
 def naive_loglikelihood(engine, reqs) -> list[float]:
@@ -89,7 +92,7 @@ def timed(fn) -> tuple[float, object]:
     return time.perf_counter() - start, result
 
 
-def run(docs: int, threads: int, out: Path) -> dict:
+def run(docs: int, shots: int, threads: int, out: Path) -> dict:
     from ortevals.engine.multimodal import MediaEngine
     from ortevals.package.loader import ModelPackage
     from ortevals.package.tokenizer import Tokenizer
@@ -101,16 +104,17 @@ def run(docs: int, threads: int, out: Path) -> dict:
     pkg = ModelPackage.load(pkg_dir)
     tok = Tokenizer.load(pkg)
     provider = from_package(pkg.decoder.session_options, threads=threads)
-    mc, gen = workloads(docs)
+    work = workloads(docs, shots)
     engines = {name: MediaEngine.open(pkg, tok, provider, path=path)
                for name, path in (("fast", "fast"), ("og", "og"), ("naive", "og"))}
-    results: dict = {"docs": docs, "threads": threads, "machine": platform.processor() or platform.machine(),
-                     "package": str(pkg_dir), "workloads": {}}
-    for wl, reqs in (("mc", mc), ("gen", gen)):
+    results: dict = {"docs": docs, "shots": shots, "threads": threads,
+                     "machine": platform.processor() or platform.machine(), "package": str(pkg_dir), "workloads": {}}
+    for wl, reqs in work.items():
         rows, answers = {}, {}
         for name, engine in engines.items():
-            warm = reqs[:4] if wl == "mc" else reqs[:1]
-            if wl == "mc":
+            scoring = wl.startswith("mc")
+            warm = reqs[:4] if scoring else reqs[:1]
+            if scoring:
                 call = (lambda e=engine, r=reqs: naive_loglikelihood(e, r)) if name == "naive" else \
                     (lambda e=engine, r=reqs: [lp for lp, _ in e.loglikelihood(r)])
                 (naive_loglikelihood(engine, warm) if name == "naive" else engine.loglikelihood(warm))
@@ -125,7 +129,7 @@ def run(docs: int, threads: int, out: Path) -> dict:
                   flush=True)
         for name in rows:
             rows[name]["vs_naive"] = round(rows[name]["requests_per_s"] / rows["naive"]["requests_per_s"], 2)
-            if wl == "mc":
+            if wl.startswith("mc"):
                 rows[name]["max_abs_diff_vs_og"] = float(np.max(np.abs(np.subtract(answers[name], answers["og"]))))
             else:
                 rows[name]["same_text_as_og"] = sum(a == b for a, b in zip(answers[name], answers["og"]))
@@ -175,10 +179,11 @@ def plot(results: dict, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--docs", type=int, default=24)
+    parser.add_argument("--shots", type=int, default=5, help="worked examples before each question (few-shot)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "bench-multimodal")
     args = parser.parse_args()
-    run(args.docs, args.threads, args.out)
+    run(args.docs, args.shots, args.threads, args.out)
 
 
 if __name__ == "__main__":

@@ -376,3 +376,45 @@ def test_fast_path_refused_where_the_layout_does_not_allow(gemma4_mm_windowed):
     pkg = ModelPackage.load(gemma4_mm_windowed[1])
     with pytest.raises(OrtEvalsError, match=r"media_path=fast: .* cannot take the fast media path \(a windowed"):
         MediaEngine.open(pkg, Tokenizer.load(pkg), path="fast")
+
+
+def test_ortlm_routes_media_and_keeps_text_on_the_text_path(gemma4_mm, engine):
+    """Instances with media go to the media engine; text ones (also with lm-eval's empty media argument)
+    to the text path, which opens no vision or speech model."""
+    from lm_eval.api.instance import Instance
+    from PIL import Image
+
+    from ortevals.integrations.lm import ModelArgs, OrtLM
+
+    lm = OrtLM.from_package(ModelArgs(pkg=str(gemma4_mm[1])))
+    text = [Instance("loglikelihood", {}, ("The cat sat on the", " mat"), 0),
+            Instance("loglikelihood", {}, ("The cat sat on the", " mat", {"visual": []}), 1)]
+    a, b = lm.loglikelihood(text, disable_tqdm=True)
+    assert a == b and lm.media._engine is None  # no media: the media engine was never built
+    pil = Image.open(image_path("chelsea.png"))
+    mixed = [*text, Instance("loglikelihood", {}, ("<image>What is it?\nAnswer:", " a cat", {"visual": [pil]}), 2)]
+    got = lm.loglikelihood(mixed, disable_tqdm=True)
+    assert got[:2] == [a, b]
+    ref = oracle_loglikelihood(engine, MediaRequest("What is it?\nAnswer:", " a cat", (to_media(pil),)))
+    assert abs(got[2][0] - ref[0]) <= TOL and got[2][1] == ref[1]
+
+
+def test_media_answers_are_stored_by_content_and_resumed(gemma4_mm, tmp_path):
+    from lm_eval.api.instance import Instance
+    from PIL import Image
+
+    from ortevals.integrations.lm import ModelArgs, OrtLM
+
+    def run(path: str):
+        lm = OrtLM.from_package(ModelArgs(pkg=str(gemma4_mm[1]), store=str(tmp_path / "s.sqlite")))
+        img = Image.open(image_path(path))  # a new PIL object each run: the key is the pixels, not the object
+        reqs = [Instance("generate_until", {}, ("<image>Say:", {"until": ["\n"], "max_gen_toks": 4},
+                                                {"visual": [img]}), 0),
+                Instance("loglikelihood", {}, ("<image>Say:", " a cat", {"visual": [img]}), 1)]
+        return lm.generate_until(reqs[:1], disable_tqdm=True), lm.loglikelihood(reqs[1:], disable_tqdm=True), lm
+
+    gen1, ll1, lm1 = run("chelsea.png")
+    gen2, ll2, lm2 = run("chelsea.png")
+    assert (gen1, ll1) == (gen2, ll2) and lm1.stats["reused"] == 0 and lm2.stats["reused"] == 2
+    _, ll3, lm3 = run("coffee.png")  # another image: same text, new key
+    assert lm3.stats["reused"] == 0 and ll3 != ll1
