@@ -400,3 +400,15 @@ def test_store_resumes_text_and_image_answers(gemma4_mm, tmp_path):
         answers.append([unwrap_generation_output(r)[0] for r in lm.loglikelihood(reqs)])
     assert lm.lm.stats["reused"] == 2 and "media_requests" not in lm.lm.stats  # nothing recomputed
     assert answers[0] == answers[1] and answers[0][0] != answers[0][1]  # the image changes the score
+
+
+def test_a_multi_round_task_that_never_ends_is_one_line(simple_lm, monkeypatch):
+    import ortevals.integrations.lmms as lmms_module
+
+    monkeypatch.setattr(lmms_module, "MAX_ROUNDS", 2)
+    simple_lm.task_dict = {"t": {"test": [{}]}}
+    never = lambda doc, previous_output=None, **kw: (None, "again", False, previous_output, None)  # noqa: E731
+    req = Instance("generate_until_multi_round", ("Once", {"max_new_tokens": 1}, None, never, 0, "t", "test"), 0,
+                   {"task": "t", "doc_id": 0, "repeats": 1})
+    with pytest.raises(OrtEvalsError, match="task 't' doc 0: generate_until_multi_round still not terminal after 2"):
+        simple_lm.generate_until_multi_round([req])

@@ -42,7 +42,7 @@ from ortevals.integrations.lm import OrtLM
 from ortevals.options import parse_arg_string
 
 log = logging.getLogger(__name__)
-MAX_ROUNDS = 64  # generate_until_multi_round: a task whose doc_to_text never says "terminal" stops here
+MAX_ROUNDS = 1000  # generate_until_multi_round: a task whose doc_to_text never says "terminal" is an error
 
 
 class NegLogLikelihood(tuple):
@@ -178,10 +178,9 @@ class OrtLMMS(lmms):
                 active = still
             if not active:
                 break
-            if round_idx == MAX_ROUNDS:
-                log.warning("generate_until_multi_round: %d requests still open after %d rounds; stopped",
-                            len(active), MAX_ROUNDS)
-                break
+            if round_idx == MAX_ROUNDS:  # never cut the answers short quietly
+                raise OrtEvalsError(f"{state[active[0]]['where']}: generate_until_multi_round still not terminal "
+                                    f"after {MAX_ROUNDS} rounds; its doc_to_text never returns terminal=True")
             texts = self._generate([state[i]["item"] for i in active], [requests[i] for i in active])
             for i, text in zip(active, texts):
                 state[i]["outputs"].append(text)
