@@ -144,6 +144,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("gen_batch_size", positive_int("gen_batch_size"), 1,
            "Greedy requests per batched Generator (1: one cursor that rewinds)."),
     Option("seed", positive_int("seed", allow_zero=True), 1234, "Sampling seed."),
+    # issue 15, data parallel on Ray (integrations/ray.py): where requests run, never what they give
+    Option("workers", positive_int("workers"), None, "Data-parallel workers on Ray (a local cluster unless "
+           "--ray-address); needs the ray extra.", scoped=False, flag="--workers", metavar="N"),
+    Option("ray_address", text("ray_address"), None, "Run the workers on this Ray cluster (ray start --head "
+           "prints it); default: all its GPUs, or one worker per node on CPU.", scoped=False, flag="--ray-address",
+           metavar="ADDR"),
 )
 BY_NAME = {o.name: o for o in OPTIONS}
 
