@@ -105,11 +105,10 @@ class Worker:
         from ortevals.options import parse_model_args
 
         self.lm = OrtLM.from_package(parse_model_args(model_args))
-        self.device_id = model_args.get("device_id")
 
     def where(self) -> tuple[str | None, str | None]:
         """(CUDA_VISIBLE_DEVICES Ray gave this actor, the device id its session uses)."""
-        return os.environ.get("CUDA_VISIBLE_DEVICES"), self.device_id
+        return os.environ.get("CUDA_VISIBLE_DEVICES"), self.lm.backends.provider.options.get("device_id")
 
     def _maybe_crash(self) -> None:
         marker = os.environ.get(CRASH_MARKER)
