@@ -148,6 +148,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("media_path", choice("media_path", ("auto", "og", "fast")), "auto",
            "Image/audio requests: og (onnxruntime-genai's pipeline), fast (its processor, then raw onnxruntime "
            "with shared text-prefix KV), or auto (fast where the layout allows)."),
+    # issue 15, data parallel on Ray (integrations/ray.py): where requests run, never what they give
+    Option("workers", positive_int("workers"), None, "Data-parallel workers on Ray (a local cluster unless "
+           "--ray-address); needs the ray extra.", scoped=False, flag="--workers", metavar="N"),
+    Option("ray_address", text("ray_address"), None, "Run the workers on this Ray cluster (ray start --head "
+           "prints it); default: all its GPUs, or one worker per node on CPU.", scoped=False, flag="--ray-address",
+           metavar="ADDR"),
 )
 BY_NAME = {o.name: o for o in OPTIONS}
 

@@ -24,13 +24,14 @@ def test_every_option_reaches_model_args():
                "max_length": "64", "add_bos_token": "false", "memory_budget_mb": "10", "prefix_cache": "off",
                "prefix_budget_mb": "5", "scoring_graph": "0", "path": "incremental", "store": "s.sqlite",
                "max_gen_toks": "7", "gen_batch_size": "2", "seed": "0", "exact": "yes", "check": "no",
-               "truncate": "left", "media_path": "og"}
+               "truncate": "left", "media_path": "og", "workers": "2", "ray_address": "10.0.0.1:6379"}
     missing = fields - set(strings)
     assert not missing, f"add a string form for {missing}"
     args = parse_model_args(strings)
     assert (args.threads, args.batch_size, args.add_bos_token, args.prefix_cache, args.path) == \
         (3, None, False, False, "incremental")
     assert args.provider_options == ("a=1", "b=2")
+    assert (args.workers, args.ray_address) == (2, "10.0.0.1:6379")
 
 
 @pytest.mark.parametrize("text,needle", [

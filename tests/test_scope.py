@@ -125,8 +125,18 @@ CHANGED = {"ep": "cpu", "batch_size": 1, "max_length": 64, "threads": 1, "provid
            "exact": True, "check": False, "truncate": "left", "media_path": "og"}
 
 
+NOT_SCOPED = {"pkg", "store", "workers", "ray_address"}  # where requests run never changes a number (issue 15)
+
+
 def test_every_scoped_model_argument_is_covered():
-    assert set(CHANGED) == {f.name for f in dataclasses.fields(ModelArgs)} - {"pkg", "store"}
+    assert set(CHANGED) == {f.name for f in dataclasses.fields(ModelArgs)} - NOT_SCOPED
+
+
+def test_where_requests_run_is_not_in_the_scope():
+    from ortevals.options import scoped_settings
+
+    assert scoped_settings(ModelArgs(pkg="x", workers=8, ray_address="10.0.0.1:6379")) == \
+        scoped_settings(ModelArgs(pkg="x"))
 
 
 @pytest.fixture(scope="module")

@@ -51,6 +51,7 @@ class OrtLM(TemplateLM):
         self.backends = backends
         self.args = args
         self.store = store
+        self.pool = None  # issue 15: a Ray WorkerPool when workers/ray_address is set (integrations/ray.py)
         self.stats = {"requests": 0, "seconds": 0.0, "generated_tokens": 0, "truncated": 0, "reused": 0}
         from ortevals.integrations.lm_media import MediaRouter
 
@@ -96,7 +97,17 @@ class OrtLM(TemplateLM):
                 "resolved_provider": provider.name, "resolved_provider_options": provider.raw_options,
                 "effective_max_length": settings.max_length, "search_policy": SEARCH_POLICY}
             store = ResultStore.open(Path(args.store), Scope.build("results", package, settings_scope))
-        return cls(package, tokenizer, backends, args, store)
+        lm = cls(package, tokenizer, backends, args, store)
+        if args.workers or args.ray_address:  # issue 15: data parallel on Ray; the cluster starts on first use
+            from ortevals.integrations.ray import WorkerPool
+
+            lm.pool = WorkerPool(args, provider.on_device)
+        return lm
+
+    def _commit(self) -> None:
+        """After each chunk a worker returns: its answers are on disk (issue 15)."""
+        if self.store is not None:
+            self.store.commit()
 
     @property
     def engine(self):
@@ -229,7 +240,7 @@ class OrtLM(TemplateLM):
         items = [prompt_item(self, req.args) for req in requests]
         if not items:
             return []
-        runner = self.backends.genai
+        runner = self.backends.genai if self.pool is None else None  # with workers the driver opens no og model
         results: list[str] = [""] * len(items)
         bar = tqdm(total=len(items), desc="ortevals generate", unit="req", disable=disable_tqdm, dynamic_ncols=True)
         start = time.perf_counter()
@@ -245,8 +256,11 @@ class OrtLM(TemplateLM):
         def name(i: int) -> str:  # a request in errors (non-finite logits)
             return request_name(i, requests[i])
 
-        width = self.args.gen_batch_size if runner.rewind_ok else 1  # batches only where og is exact
+        width = self.args.gen_batch_size if runner is not None and runner.rewind_ok else 1  # og batches where exact
         try:
+            if self.pool is not None:  # issue 15: workers on Ray; identical prompts stay on one worker
+                return self.pool.generate([r.args for r in requests], keys, [it[0] for it in items],
+                                          lambda i, text: finish(i, text, 0), self._commit)
             run_generation(runner, self.tokenizer, items, keys, {self.eot_token_id, *self.package.eos_token_ids},
                            width, self.package.pad_token_id, finish,
                            name=lambda i: request_name(i, requests[i]))  # errors name the request
@@ -276,9 +290,12 @@ class OrtLM(TemplateLM):
 
         start = time.perf_counter()
         try:
+            if self.pool is not None:  # issue 15: workers on Ray; answers come back (and are stored) here
+                return self.pool.score(token_reqs, self.max_length, done, self._commit)
             return self.engine.score(token_reqs, done)
         finally:
             bar.close()
             self.stats["requests"] += len(token_reqs)
             self.stats["seconds"] += time.perf_counter() - start
-            self.stats["mode"] = getattr(self.engine, "mode", "incremental")  # which mode ran and why
+            self.stats["mode"] = (self.pool.modes or ["batched"])[0] if self.pool is not None else \
+                getattr(self.engine, "mode", "incremental")  # which mode ran and why

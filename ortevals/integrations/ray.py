@@ -1,0 +1,274 @@
+"""Data-parallel evaluation on Ray: a pool of actors, each opening the package once.
+
+Owns the only ``import ray`` (lazy, with an install hint). ``OrtLM`` hands its token requests
+(``_run``) and generation requests (``_generate``) to :class:`WorkerPool` when ``workers`` or
+``ray_address`` is set; lm-eval itself keeps ``world_size`` 1 (the vLLM backend's pattern), so
+its rank split and padding never apply on top.
+
+* **Cluster**: ``ray_address`` joins an existing cluster; otherwise a local one is started on
+  first use and stopped at exit (a cluster already started in this process, as the tests do,
+  is used and left running). ``ray.init`` takes over SIGTERM: the handler in place before it
+  is put back.
+* **Resources first**: ``ray.cluster_resources()`` is read before any actor is created; GPUs or
+  CPUs asked for but missing are a one-line error, never a wait.
+* **Workers**: one actor per worker, built per call (no actor outlives the request list it
+  served). Device providers: ``num_gpus=1``; Ray sets ``CUDA_VISIBLE_DEVICES``, so the session
+  uses ``device_id=0``. CPU: ``num_cpus=k`` and ``threads=k`` (``threads``, else the cluster's
+  CPUs split evenly). Every other model argument is the driver's, so every worker computes in
+  the same scope; workers never open the result store.
+* **Sharding**: :mod:`ortevals.engine.shard` plans chunks (a question's choices together; a
+  shared few-shot header to as few workers as possible); free workers pull chunks; the prefix
+  KV a worker computed last is kept between its chunks (:class:`WarmPrefix`).
+* **Nothing lost**: the driver is the only writer of the store; ``on_done`` stores each answer
+  and ``after_chunk`` commits as each chunk returns. A worker that dies is restarted
+  (``max_restarts``) and its chunk goes back to the queue; duplicates are dropped by
+  :func:`ortevals.engine.shard.merge`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+from ortevals.engine.shard import Dispatcher, merge, plan_shards
+from ortevals.errors import OrtEvalsError
+
+log = logging.getLogger(__name__)
+MAX_RESTARTS = 3  # per actor: a worker that keeps dying is a bug, not bad luck
+CRASH_MARKER = "ORTEVALS_RAY_CRASH_MARKER"  # tests: a worker that finds this file deletes it and exits mid-chunk
+
+
+def import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise OrtEvalsError("workers/ray_address need Ray: pip install 'ortevals[ray]'") from None
+    return ray
+
+
+@dataclass(frozen=True)
+class Placement:
+    """What one worker asks Ray for and how its session is opened."""
+
+    num_cpus: float
+    num_gpus: float
+    overrides: dict  # model args that differ from the driver's (threads on CPU, device_id on devices)
+
+
+def placement(on_device: bool, workers: int, threads: int | None, cluster_cpus: float) -> Placement:
+    """Device providers: one GPU, the session on device 0 (Ray sets CUDA_VISIBLE_DEVICES). CPU: k cores, k threads."""
+    if on_device:
+        return Placement(1, 1, {"device_id": "0"})
+    k = threads or max(1, int(cluster_cpus // workers))
+    return Placement(k, 0, {"threads": k})
+
+
+def check_resources(resources: dict, workers: int, place: Placement, where: str) -> None:
+    """One line when the cluster lacks what ``workers`` workers need (Ray itself would wait forever)."""
+    for key, per in (("GPU", place.num_gpus), ("CPU", place.num_cpus)):
+        need, have = per * workers, float(resources.get(key, 0))
+        if need > have:
+            raise OrtEvalsError(f"workers={workers} needs {need:g} {key}s ({per:g} per worker) but the Ray cluster "
+                                f"{where} has {have:g}")
+
+
+class WarmPrefix:
+    """A runner whose last prefix pass (no past, KV wanted) is kept: a worker's next chunk under the same
+    few-shot header reuses it instead of recomputing it. Same ids, same KV: numbers cannot change."""
+
+    def __init__(self, runner) -> None:
+        self._runner = runner
+        self._key: bytes | None = None
+        self._value = None
+
+    def __getattr__(self, name):
+        return getattr(self._runner, name)
+
+    def forward(self, input_ids, attention_mask, past=None, want_present=False, *rest):
+        if past is not None or not want_present or rest:
+            return self._runner.forward(input_ids, attention_mask, past, want_present, *rest)
+        key = input_ids.tobytes() + attention_mask.tobytes() + str(input_ids.shape).encode()
+        if key != self._key:
+            self._key, self._value = key, self._runner.forward(input_ids, attention_mask, past, want_present)
+        return self._value
+
+
+class Worker:
+    """The actor body: one OrtLM without a store; scores or generates one chunk per call."""
+
+    def __init__(self, model_args: dict) -> None:
+        from ortevals.integrations.lm import OrtLM
+        from ortevals.options import parse_model_args
+
+        self.lm = OrtLM.from_package(parse_model_args(model_args))
+
+    def where(self) -> tuple[str | None, str | None]:
+        """(CUDA_VISIBLE_DEVICES Ray gave this actor, the device id its session uses)."""
+        return os.environ.get("CUDA_VISIBLE_DEVICES"), self.lm.backends.provider.options.get("device_id")
+
+    def _maybe_crash(self) -> None:
+        marker = os.environ.get(CRASH_MARKER)
+        if marker and os.path.exists(marker):
+            os.unlink(marker)
+            os._exit(1)
+
+    def score(self, requests: list[tuple[tuple, tuple]]):
+        from ortevals.engine.prefill import TokenRequest
+        from ortevals.engine.scoring import NonFiniteScore
+
+        self._maybe_crash()
+        engine = self.lm.engine
+        if hasattr(engine, "runner") and not isinstance(engine.runner, WarmPrefix):
+            engine.runner = WarmPrefix(engine.runner)
+        try:
+            scores = engine.score([TokenRequest(c, x) for c, x in requests])
+        except NonFiniteScore as e:
+            return "nonfinite", str(e), e.index
+        except OrtEvalsError as e:
+            return "error", str(e), None
+        return "ok", [(s.logprob, s.greedy) for s in scores], getattr(engine, "mode", "incremental")
+
+    def generate(self, args: list[tuple], keys: list[list]):
+        self._maybe_crash()
+        try:
+            return "ok", self.lm._generate([_Req(a) for a in args], keys, True), self.lm.stats["generated_tokens"]
+        except OrtEvalsError as e:
+            return "error", str(e), None
+
+
+@dataclass(frozen=True)
+class _Req:
+    """What ``OrtLM._generate`` reads of an lm-eval Instance."""
+
+    args: tuple
+
+
+class WorkerPool:
+    """The driver's side: cluster, actors per call, dispatch, merge; see the module docstring."""
+
+    def __init__(self, args, on_device: bool) -> None:
+        self.args = args
+        self.on_device = on_device
+        self.modes: list[str] = []
+
+    # --- cluster ---------------------------------------------------------------
+    def _ray(self):
+        ray = import_ray()
+        if not ray.is_initialized():
+            before = signal.getsignal(signal.SIGTERM)
+            if self.args.ray_address:
+                ray.init(address=self.args.ray_address, logging_level=logging.WARNING)
+            else:
+                os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local cluster of this process only
+                ray.init(include_dashboard=False, logging_level=logging.WARNING)
+                atexit.register(ray.shutdown)
+            signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
+        return ray
+
+    def _actors(self, ray):
+        resources = ray.cluster_resources()
+        workers = self.args.workers or (int(resources.get("GPU", 0)) if self.on_device else
+                                        len([n for n in ray.nodes() if n.get("Alive")]))
+        place = placement(self.on_device, max(workers, 1), self.args.threads, float(resources.get("CPU", 0)))
+        check_resources(resources, max(workers, 1), place, self.args.ray_address or "(local)")
+        model_args = {k: v for k, v in asdict(self.args).items() if v not in (None, ())}
+        model_args.update(store=None, workers=None, ray_address=None, **place.overrides)
+        if "device_id" in place.overrides:  # a provider option, not a model arg
+            model_args.pop("device_id")
+            model_args["provider_options"] = (*self.args.provider_options, "device_id=0")
+        env = {CRASH_MARKER: os.environ[CRASH_MARKER]} if os.environ.get(CRASH_MARKER) else {}
+        remote = ray.remote(Worker).options(num_cpus=place.num_cpus, num_gpus=place.num_gpus,
+                                            max_restarts=MAX_RESTARTS, runtime_env={"env_vars": env})
+        return [remote.remote(model_args) for _ in range(workers)]
+
+    # --- work --------------------------------------------------------------------
+    def score(self, requests: Sequence, max_length: int, on_done: Callable, after_chunk: Callable[[], None]) -> list:
+        """``Score``s of token requests in order; ``on_done(index, Score)`` as each chunk returns."""
+        from ortevals.engine.prefill import Score
+        from ortevals.engine.scoring import NonFiniteScore, input_window
+
+        inputs = [input_window(r.context, r.continuation, max_length) for r in requests]  # what the engine runs
+        units = [r.context for r in requests]  # a question's choices: one context, never split
+        payload = [(r.context, r.continuation) for r in requests]
+
+        def finish(chunk, reply):
+            status, value, extra = reply
+            if status == "nonfinite":
+                raise NonFiniteScore(value.replace(f"request {extra}", f"request {chunk.requests[extra]}", 1),
+                                     chunk.requests[extra])
+            if status == "error":
+                raise OrtEvalsError(value)
+            self.modes.append(extra)
+            out = []
+            for index, (lp, greedy) in zip(chunk.requests, value):
+                out.append((index, Score(lp, greedy)))
+                on_done(index, out[-1][1])
+            return out
+
+        out = self._run(inputs, units, lambda a, c: a.score.remote([payload[i] for i in c.requests]), finish,
+                        after_chunk, len(requests))
+        if len(set(self.modes)) > 1:  # each worker ran its own invariance canary: say so if they disagreed
+            log.warning("workers ran in different modes: %s", sorted(set(self.modes)))
+        return out
+
+    def generate(self, args: Sequence[tuple], keys: Sequence[list], prompts: Sequence[Sequence[int]],
+                 on_done: Callable[[int, str], None], after_chunk: Callable[[], None]) -> list[str]:
+        """Generated texts in order; identical prompts (samples of one prompt) stay in one chunk."""
+        def finish(chunk, reply):
+            status, value, _ = reply
+            if status == "error":
+                raise OrtEvalsError(value)
+            for index, text in zip(chunk.requests, value):
+                on_done(index, text)
+            return list(zip(chunk.requests, value))
+
+        return self._run([tuple(p) for p in prompts], [tuple(p) for p in prompts],
+                         lambda a, c: a.generate.remote([args[i] for i in c.requests], [keys[i] for i in c.requests]),
+                         finish, after_chunk, len(args))
+
+    def _run(self, inputs, units, submit, finish, after_chunk, n: int) -> list:
+        if not n:
+            return []
+        ray = self._ray()
+        actors = self._actors(ray)
+        try:
+            return merge(n, self._loop(ray, actors, plan_shards(inputs, len(actors), units), submit, finish,
+                                       after_chunk))
+        finally:
+            for a in actors:
+                ray.kill(a)
+
+    def _loop(self, ray, actors, plan, submit, finish, after_chunk):
+        """Pull loop: each free actor gets its next chunk; a dead actor's chunk is queued again."""
+        dispatch = Dispatcher(plan.chunks)
+        pending: dict = {}
+        lost = 0
+
+        def give(w: int) -> None:
+            chunk = dispatch.next(w)
+            if chunk is not None:
+                pending[submit(actors[w], chunk)] = (w, chunk)
+
+        for w in range(len(actors)):
+            give(w)
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            w, chunk = pending.pop(ready[0])
+            try:
+                reply = ray.get(ready[0])
+            except ray.exceptions.RayActorError as e:
+                lost += 1
+                if lost > MAX_RESTARTS * len(actors):
+                    raise OrtEvalsError(f"Ray workers died {lost} times; last: {e}") from None
+                log.warning("worker %d died mid-chunk (%d requests); the chunk goes back to the queue", w,
+                            len(chunk.requests))
+                dispatch.requeue(chunk)
+                give(w)  # the restarted actor (max_restarts) takes work again
+                continue
+            yield from finish(chunk, reply)
+            after_chunk()
+            give(w)

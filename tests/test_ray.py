@@ -1,0 +1,131 @@
+"""Data parallel on Ray (integrations/ray.py): the same numbers as one process, nothing lost.
+
+One local cluster for the whole session (2 CPUs, 2 fake GPUs); skipped only where Ray is missing.
+"""
+
+import json
+import os
+import sqlite3
+import time
+
+import pytest
+from click.testing import CliRunner
+from lm_eval.api.instance import Instance
+
+pytest.importorskip("ray")
+
+from ortevals.cli import cli  # noqa: E402
+from ortevals.errors import OrtEvalsError  # noqa: E402
+from ortevals.integrations.lm import OrtLM  # noqa: E402
+from ortevals.integrations.ray import CRASH_MARKER, WorkerPool  # noqa: E402
+from ortevals.options import parse_model_args  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    import ray
+
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False)
+    yield ray
+    ray.shutdown()
+
+
+def ll_requests(n=10):
+    """Questions under two shared headers, four one-token choices each (a few-shot benchmark's shape)."""
+    heads = ["Header one: the answer follows each question. " * 12, "Header two, another subject entirely. " * 12]
+    return [Instance("loglikelihood", {}, (heads[q % 2] + f"Question {q} about {q * 7}?\nAnswer:", f" {c}"), q)
+            for q in range(n) for c in "ABCD"]
+
+
+def run_cli(args):
+    result = CliRunner().invoke(cli, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def test_two_workers_give_the_same_results_json_and_samples(ray_cluster, tiny_pkg, tmp_path):
+    base = ["mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--limit", "6", "--truncate", "left",
+            "--no-resume"]
+    run_cli(base + ["--output", str(tmp_path / "one")])
+    run_cli(base + ["--output", str(tmp_path / "two"), "--workers", "2"])
+    one, two = (json.loads((tmp_path / d / "results.json").read_text()) for d in ("one", "two"))
+    assert one["results"] == two["results"]
+    s1, s2 = ((tmp_path / d / "samples_leaderboard_mmlu_pro.jsonl").read_text() for d in ("one", "two"))
+    assert s1 == s2 and len(s1.splitlines()) == 6
+
+
+def test_generation_on_two_workers_equals_one_process(ray_cluster, tiny_pkg):
+    prompts = ["one two three four", "one two three five", "seven eight", "one two three four"]
+    reqs = [Instance("generate_until", {}, (p, {"until": ["\n\n"], "max_gen_toks": 6}), i)
+            for i, p in enumerate(prompts)]
+    reqs += [Instance("generate_until", {}, ("nine ten", {"do_sample": True, "temperature": 1.0, "max_gen_toks": 6}),
+                      10 + i) for i in range(3)]  # three samples of one prompt: seeds by occurrence, kept together
+    one = OrtLM.from_package(parse_model_args({"pkg": str(tiny_pkg)})).generate_until(reqs, disable_tqdm=True)
+    two = OrtLM.from_package(parse_model_args({"pkg": str(tiny_pkg), "workers": 2})).generate_until(
+        reqs, disable_tqdm=True)
+    assert one == two
+    assert len(set(one[-3:])) > 1  # the samples differ from one another, identically in both runs
+
+
+def store_rows(path) -> list:
+    with sqlite3.connect(path) as conn:
+        return conn.execute("SELECT key FROM answers").fetchall()
+
+
+def test_a_worker_that_dies_mid_chunk_leaves_complete_results(ray_cluster, tiny_pkg, tmp_path, monkeypatch, caplog):
+    reqs = ll_requests()
+    ref = OrtLM.from_package(parse_model_args({"pkg": str(tiny_pkg)})).loglikelihood(reqs, disable_tqdm=True)
+    marker = tmp_path / "crash-once"
+    marker.write_text("")
+    monkeypatch.setenv(CRASH_MARKER, str(marker))
+    store = tmp_path / "store.sqlite"
+    lm = OrtLM.from_package(parse_model_args({"pkg": str(tiny_pkg), "workers": 2, "store": str(store)}))
+    got = lm.loglikelihood(reqs, disable_tqdm=True)
+    assert not marker.exists()  # a worker found it and exited
+    assert "died mid-chunk" in caplog.text
+    assert got == ref
+    keys = store_rows(store)
+    assert len(keys) == len(keys) == len({k for (k,) in keys}) == len(reqs)  # no duplicate, none missing
+
+
+def test_interrupted_driver_resumes_from_the_store(ray_cluster, tiny_pkg, tmp_path):
+    reqs = ll_requests(12)
+    ref = OrtLM.from_package(parse_model_args({"pkg": str(tiny_pkg)})).loglikelihood(reqs, disable_tqdm=True)
+    args = parse_model_args({"pkg": str(tiny_pkg), "workers": 2, "store": str(tmp_path / "s.sqlite")})
+    lm = OrtLM.from_package(args)
+    commit = lm._commit
+
+    def die_after_first_chunk():
+        commit()
+        raise KeyboardInterrupt  # the driver stops: what the chunk returned is already on disk
+
+    lm._commit = die_after_first_chunk
+    with pytest.raises(KeyboardInterrupt):
+        lm.loglikelihood(reqs, disable_tqdm=True)
+    kept = len(store_rows(tmp_path / "s.sqlite"))
+    assert 0 < kept < len(reqs)
+    again = OrtLM.from_package(args)
+    assert again.loglikelihood(reqs, disable_tqdm=True) == ref
+    assert again.stats["reused"] == kept and again.stats["requests"] == len(reqs) - kept
+
+
+def test_fake_gpus_distinct_devices_each_session_on_device_zero(ray_cluster, tiny_pkg):
+    pool = WorkerPool(parse_model_args({"pkg": str(tiny_pkg), "workers": 2}), on_device=True)
+    actors = pool._actors(ray_cluster)
+    try:
+        seen = ray_cluster.get([a.where.remote() for a in actors])
+    finally:
+        for a in actors:
+            ray_cluster.kill(a)
+    assert sorted(cvd for cvd, _ in seen) == ["0", "1"]
+    assert [dev for _, dev in seen] == ["0", "0"]
+
+
+def test_more_gpus_than_the_cluster_has_is_one_line_at_once(ray_cluster, tiny_pkg):
+    pool = WorkerPool(parse_model_args({"pkg": str(tiny_pkg), "workers": 3}), on_device=True)
+    start = time.perf_counter()
+    with pytest.raises(OrtEvalsError) as e:
+        pool._actors(ray_cluster)
+    assert time.perf_counter() - start < 5
+    assert str(e.value) == "workers=3 needs 3 GPUs (1 per worker) but the Ray cluster (local) has 2"
