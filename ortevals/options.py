@@ -144,6 +144,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("gen_batch_size", positive_int("gen_batch_size"), 1,
            "Greedy requests per batched Generator (1: one cursor that rewinds)."),
     Option("seed", positive_int("seed", allow_zero=True), 1234, "Sampling seed."),
+    # issue 14 (engine/sampler.py): which engine generates; raw = shared-prompt sampling on onnxruntime
+    Option("gen_path", choice("gen_path", ("auto", "raw", "og")), "auto",
+           "generate_until path: auto (raw where the package has full logits and a plain KV cache), raw "
+           "(shared-prompt sampling on onnxruntime), og (onnxruntime-genai Generators)."),
+    # not scoped: the store keys each sample by request + sample index, so raising K reuses the first K
+    Option("samples", positive_int("samples"), None, "Samples per question: overrides the tasks' repeats and "
+           "reports maj@k, pass@k and best-of-k for k = 1, 2, 4, … K (sampling at temperature 0.7 unless "
+           "--gen-kwargs sets it).", scoped=False, flag="--samples", metavar="K"),
 )
 BY_NAME = {o.name: o for o in OPTIONS}
 

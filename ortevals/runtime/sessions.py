@@ -260,11 +260,28 @@ class DecoderRunner:
         """
         if batch == 1:
             return past
+        layers = tuple(tuple(np.repeat(t, batch, axis=0) if isinstance(t, np.ndarray)
+                             else self._replicator().expand(t, batch) for t in pair) for pair in past.layers)
+        return KVCache(layers, past.length)
+
+    def keep_rows(self, past: KVCache, rows) -> KVCache:
+        """Rows ``rows`` of a ``[B,H,T,D]`` past (finished samples leave a decode batch), where it lives."""
+        return KVCache(tuple(tuple(np.ascontiguousarray(t[rows]) if isinstance(t, np.ndarray)
+                                   else self._replicator().gather(t, rows) for t in pair)
+                             for pair in past.layers), past.length)
+
+    def narrow_past(self, past: KVCache, length: int) -> KVCache:
+        """The first ``length`` tokens of a past (a shared prompt prefix); not for windowed layers."""
+        if length == past.length:
+            return past
+        return KVCache(tuple(tuple(np.ascontiguousarray(t[:, :, :length]) if isinstance(t, np.ndarray)
+                                   else self._replicator().narrow(t, length) for t in pair)
+                             for pair in past.layers), length)
+
+    def _replicator(self) -> Replicator:
         if self.replicator is None:
             self.replicator = Replicator(ProviderConfig("cpu"), self.bind_device or "cpu", self.device_id)
-        layers = tuple(tuple(np.repeat(t, batch, axis=0) if isinstance(t, np.ndarray)
-                             else self.replicator.expand(t, batch) for t in pair) for pair in past.layers)
-        return KVCache(layers, past.length)
+        return self.replicator
 
     def _token_feeds(self, input_ids: np.ndarray) -> dict[str, np.ndarray]:
         ids_name = self.package.decoder.inputs.get("input_ids", "input_ids")
