@@ -49,11 +49,13 @@ class Job:
 
 @dataclass(frozen=True)
 class Sample:
-    """One finished row: text cut at the first stop, tokens generated, their summed model log-prob."""
+    """One finished row: text cut at the first stop, tokens generated, their summed model log-prob
+    (EOS excluded), and the token ids (EOS excluded)."""
 
     text: str
     tokens: int
     logprob: float
+    ids: tuple[int, ...] = ()
 
 
 def plan_jobs(items: Sequence[tuple[Sequence[int], GenSettings]]) -> list[Job]:
@@ -118,7 +120,7 @@ class SharedPromptSampler:
         self.prefix_min = prefix_min  # shared tokens worth a cut of the held KV
         self.kv_budget = kv_budget_mb * 2**20
         self.stats = {"prompts": 0, "prompt_tokens": 0, "reused_tokens": 0, "decode_passes": 0,
-                      "generated_tokens": 0}
+                      "row_steps": 0, "generated_tokens": 0}
         self._held: tuple[tuple[int, ...], object] | None = None  # last prompt and its one-row KV
 
     def run(self, jobs: Sequence[Job], rng: Callable[[int], np.random.Generator],
@@ -192,8 +194,9 @@ class SharedPromptSampler:
             ids = tokens[keep][:, None]
             step_logits, past = last_logits(self.runner, ids, np.ones((len(live), past.length + 1), np.int64), past)
             self.stats["decode_passes"] += 1
+            self.stats["row_steps"] += len(live)
         self.stats["generated_tokens"] += sum(len(s.out) for s in streams)
-        return [Sample(*s.result, float(lp)) for s, lp in zip(streams, logprob, strict=True)]
+        return [Sample(*s.result, float(lp), tuple(s.out)) for s, lp in zip(streams, logprob, strict=True)]
 
 
 class RawStepModel:
