@@ -17,8 +17,9 @@ def test_gen_kwargs_aliases_and_defaults():
     assert not parse_gen_kwargs({"temperature": 0.0}, 256).do_sample
     with pytest.raises(OrtEvalsError, match="unknown gen_kwargs"):
         parse_gen_kwargs({"frobnicate": 1}, 256)
-    with pytest.raises(OrtEvalsError, match="num_beams"):
-        parse_gen_kwargs({"num_beams": 4}, 256)
+    with pytest.raises(OrtEvalsError, match="num_beams"):  # num_beams is supported since SEARCH_POLICY v2
+        parse_gen_kwargs({"num_beams": 0}, 256)
+    assert parse_gen_kwargs({"num_beams": 4}, 256).num_beams == 4
 
 
 def test_choose_token_rules():

@@ -1,0 +1,221 @@
+"""Token choice for R rows at once: logits processors, Mirostat v2 and per-row seeded draws.
+
+Owns the pure numpy logits processors on ``[R, V]`` arrays (R rows = samples or beams of one
+prompt), each equal to the transformers processor of the same name (tests/test_sampling.py
+checks them against transformers on random logits):
+
+- penalties (greedy and sampling): :func:`repetition_penalty` (RepetitionPenaltyLogitsProcessor,
+  over each row's prompt + generated ids), :func:`no_repeat_ngram` (NoRepeatNGramLogitsProcessor);
+- warpers (sampling only): :func:`temperature` (TemperatureLogitsWarper), :func:`top_k`,
+  :func:`top_p`, :func:`min_p`, :func:`typical` (TopK/TopP/MinP/TypicalLogitsWarper);
+- :func:`mirostat_v2` (Basu et al. 2021; not in transformers): truncate the tokens whose surprise
+  exceeds the row's mu, sample, then mu -= eta * (surprise - tau).
+
+:func:`choose_tokens` applies them in transformers' order (penalties, temperature, top-k, top-p,
+min-p, typical; Mirostat after temperature, in place of the truncating warpers) and draws one
+token per row from that row's own ``np.random.Generator``; :func:`row_rng` seeds it from
+(seed, request key, sample index), so a sample's text never depends on the batch it ran in.
+No onnxruntime here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from ortevals.engine.generation import GenSettings
+
+NEG = -np.inf
+
+
+def row_rng(seed: int, request_key: str, sample_index: int) -> np.random.Generator:
+    """The generator of one sample: a function of (seed, request key, sample index) only."""
+    from ortevals.engine.schedule import stable_ints
+
+    return np.random.default_rng([int(seed), *stable_ints([str(request_key), int(sample_index)])])
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    """Row-wise softmax of ``[R, V]`` (float64); -inf entries get probability 0."""
+    z = np.exp(x - np.max(x, axis=-1, keepdims=True))
+    return z / z.sum(axis=-1, keepdims=True)
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    """Row-wise log-softmax of ``[R, V]`` (float64)."""
+    top = np.max(x, axis=-1, keepdims=True)
+    return x - top - np.log(np.exp(x - top).sum(axis=-1, keepdims=True))
+
+
+def temperature(x: np.ndarray, t: float) -> np.ndarray:
+    """TemperatureLogitsWarper: ``x / t``."""
+    return x / t
+
+
+def top_k(x: np.ndarray, k: int) -> np.ndarray:
+    """TopKLogitsWarper: -inf below the k-th largest value of each row (ties at it kept)."""
+    if k <= 0 or k >= x.shape[-1]:
+        return x
+    kth = np.partition(x, -k, axis=-1)[:, -k:].min(axis=-1, keepdims=True)
+    return np.where(x < kth, NEG, x)
+
+
+def _scatter(sorted_mask: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """A mask over sorted positions back to vocabulary positions."""
+    out = np.empty_like(sorted_mask)
+    np.put_along_axis(out, order, sorted_mask, axis=-1)
+    return out
+
+
+def top_p(x: np.ndarray, p: float) -> np.ndarray:
+    """TopPLogitsWarper: keep the smallest set of most likely tokens whose mass reaches p.
+
+    As transformers: sort ascending, drop the tokens whose cumulative mass is <= 1 - p, always
+    keep the most likely one."""
+    if p >= 1.0:
+        return x
+    order = np.argsort(x, axis=-1, kind="stable")
+    cum = np.cumsum(softmax(np.take_along_axis(x, order, axis=-1)), axis=-1)
+    drop = cum <= 1 - p
+    drop[:, -1] = False
+    return np.where(_scatter(drop, order), NEG, x)
+
+
+def min_p(x: np.ndarray, p: float) -> np.ndarray:
+    """MinPLogitsWarper: drop tokens whose probability is below ``p`` times the row's top probability."""
+    if p <= 0.0:
+        return x
+    probs = softmax(x)
+    drop = probs < p * probs.max(axis=-1, keepdims=True)
+    drop[np.arange(x.shape[0]), np.argmax(probs, axis=-1)] = False
+    return np.where(drop, NEG, x)
+
+
+def typical(x: np.ndarray, mass: float) -> np.ndarray:
+    """TypicalLogitsWarper (Meister et al. 2023): keep the tokens whose surprise is closest to the
+    row's entropy until their mass reaches ``mass``."""
+    if mass >= 1.0:
+        return x
+    logp = log_softmax(x)
+    with np.errstate(invalid="ignore"):
+        ent = -np.nansum(logp * np.exp(logp), axis=-1, keepdims=True)
+    shifted = np.abs(-logp - ent)
+    order = np.argsort(shifted, axis=-1, kind="stable")
+    sorted_scores = np.take_along_axis(shifted, order, axis=-1)
+    cum = np.cumsum(softmax(np.take_along_axis(x, order, axis=-1)), axis=-1)
+    last = np.minimum((cum < mass).sum(axis=-1), x.shape[-1] - 1)
+    drop = sorted_scores > np.take_along_axis(sorted_scores, last[:, None], axis=-1)
+    drop[:, 0] = False
+    return np.where(_scatter(drop, order), NEG, x)
+
+
+def repetition_penalty(x: np.ndarray, penalty: float, histories: Sequence[Sequence[int]]) -> np.ndarray:
+    """RepetitionPenaltyLogitsProcessor: every id in a row's history (prompt + generated) has its
+    score divided by ``penalty`` if positive, multiplied if negative."""
+    if penalty == 1.0:
+        return x
+    x = x.copy()
+    for r, hist in enumerate(histories):
+        ids = np.unique(np.asarray(hist, dtype=np.int64))
+        ids = ids[(ids >= 0) & (ids < x.shape[-1])]
+        s = x[r, ids]
+        x[r, ids] = np.where(s < 0, s * penalty, s / penalty)
+    return x
+
+
+def no_repeat_ngram(x: np.ndarray, n: int, histories: Sequence[Sequence[int]]) -> np.ndarray:
+    """NoRepeatNGramLogitsProcessor: ban each token that would repeat an n-gram already in the row."""
+    if n <= 0:
+        return x
+    x = x.copy()
+    for r, hist in enumerate(histories):
+        h = np.asarray(hist, dtype=np.int64)
+        if h.shape[0] < n:
+            continue
+        windows = np.lib.stride_tricks.sliding_window_view(h, n)
+        prefix = h[h.shape[0] - (n - 1):]
+        banned = windows[(windows[:, :-1] == prefix).all(axis=-1), -1]
+        x[r, banned[banned < x.shape[-1]]] = NEG
+    return x
+
+
+def mirostat_v2(x: np.ndarray, mu: np.ndarray, tau: float, eta: float,
+                rngs: Sequence[np.random.Generator]) -> np.ndarray:
+    """Mirostat v2 (Basu et al. 2021, "Mirostat: a neural text decoding algorithm that directly
+    controls perplexity", Alg. 2): per row, keep the tokens with surprise ``-log2 p <= mu`` (at
+    least the most likely one), renormalise, sample, then ``mu -= eta * (s - tau)`` where ``s`` is
+    the sampled token's surprise under the untruncated distribution (the paper's S(X); llama.cpp
+    uses the truncated one). ``x [R, V]`` scores, ``mu [R]`` updated in place; returns tokens ``[R]``."""
+    probs = softmax(x)
+    out = np.empty(x.shape[0], dtype=np.int64)
+    for r in range(x.shape[0]):
+        with np.errstate(divide="ignore"):
+            surprise = -np.log2(probs[r])
+        keep = surprise <= mu[r]
+        keep[np.argmax(probs[r])] = True
+        q = np.where(keep, probs[r], 0.0)
+        out[r] = rngs[r].choice(q.shape[0], p=q / q.sum())
+        mu[r] -= eta * (surprise[out[r]] - tau)
+    return out
+
+
+def penalised(x: np.ndarray, s: GenSettings, histories: Sequence[Sequence[int]]) -> np.ndarray:
+    """The processors transformers applies in every mode (greedy, sampling, beam): repetition
+    penalty, then no-repeat n-gram. ``x [R, V]`` float64."""
+    return no_repeat_ngram(repetition_penalty(x, s.repetition_penalty, histories), s.no_repeat_ngram_size,
+                           histories)
+
+
+def warped(x: np.ndarray, s: GenSettings) -> np.ndarray:
+    """The sampling warpers in transformers' order: temperature, top-k, top-p, min-p, typical."""
+    if s.temperature != 1.0:
+        x = temperature(x, s.temperature)
+    return typical(min_p(top_p(top_k(x, s.top_k), s.top_p), s.min_p), s.typical_p)
+
+
+def choose_tokens(logits: np.ndarray, s: GenSettings, histories: Sequence[Sequence[int]],
+                  rngs: Sequence[np.random.Generator], mu: np.ndarray | None = None) -> np.ndarray:
+    """One token per row: ``logits [R, V]`` → ``tokens [R]`` (int64).
+
+    histories: each row's prompt + generated ids (used only by the penalties). rngs: one
+    generator per row (:func:`row_rng`), each consumed by its own row only. mu ``[R]``: the
+    Mirostat state, updated in place (required when ``s.mirostat_tau > 0``; see :class:`Sampler`).
+    """
+    x = np.asarray(logits)
+    if not s.plain or s.do_sample:
+        x = penalised(x.astype(np.float64), s, histories)
+    if not s.do_sample:
+        return np.argmax(x, axis=-1).astype(np.int64)
+    if s.mirostat_tau > 0:
+        if mu is None:
+            raise ValueError("mirostat needs the per-row state mu: use Sampler")
+        return mirostat_v2(temperature(x, s.temperature), mu, s.mirostat_tau, s.mirostat_eta, rngs)
+    probs = softmax(warped(x, s))
+    return np.array([rngs[r].choice(probs.shape[-1], p=probs[r]) for r in range(probs.shape[0])], dtype=np.int64)
+
+
+class Sampler:
+    """Token choice for a fixed set of rows across steps (holds Mirostat's mu per row).
+
+    rngs: one generator per row. :meth:`choose` takes the logits of all rows, or of a subset
+    ``rows`` (indices into the sampler's rows) when finished rows were dropped from the batch.
+    """
+
+    def __init__(self, settings: GenSettings, rngs: Sequence[np.random.Generator]) -> None:
+        self.settings = settings
+        self.rngs = list(rngs)
+        self.mu = np.full(len(self.rngs), 2.0 * settings.mirostat_tau)  # the paper's initial mu = 2 tau
+
+    def choose(self, logits: np.ndarray, histories: Sequence[Sequence[int]],
+               rows: Sequence[int] | None = None) -> np.ndarray:
+        """``logits [len(rows), V]`` → tokens ``[len(rows)]``."""
+        if rows is None:
+            return choose_tokens(logits, self.settings, histories, self.rngs, self.mu)
+        idx = np.asarray(rows, dtype=np.int64)
+        mu = self.mu[idx]
+        out = choose_tokens(logits, self.settings, histories, [self.rngs[i] for i in idx], mu)
+        self.mu[idx] = mu
+        return out
