@@ -142,3 +142,23 @@ def test_store_reuses_the_first_k_samples_when_k_grows(tiny_pkg, tmp_path):
     assert lm.stats["reused"] == 2 and four[:2] == two
     assert four == run(4, store=None)[0]  # the new samples are those a fresh K=4 run draws
     assert lm.store.get("generate_until/logprob", [PROMPT, SAMPLED, 3])[1] == 16  # best-of-k's input kept
+
+
+def test_beam_search_on_the_raw_runner_equals_transformers(raw, tiny):
+    """RawStepModel (prompt KV replicated, rows reordered by parents on the runner) under
+    engine/search.py gives transformers' generate(num_beams=4) tokens; generate_until routes it."""
+    from transformers import AutoModelForCausalLM
+
+    from ortevals.engine.sampler import RawStepModel
+    from ortevals.engine.search import beam_search
+    from tests.test_search import hf_beams
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny[0]), dtype="float32").eval()
+    prompt = raw.tok_encode(PROMPT)
+    eos = raw.eot_token_id
+    settings = parse_gen_kwargs({"num_beams": 4, "max_gen_toks": 12, "until": []}, 12)
+    found = beam_search(RawStepModel(raw._sampler().runner), prompt, settings, {eos})
+    assert list(found.best.tokens) == hf_beams(model, prompt, eos, num_beams=4, max_new_tokens=12)
+    [text] = raw.generate_until(repeats([PROMPT], {"num_beams": 4, "max_gen_toks": 12, "until": []}, 1),
+                                disable_tqdm=True)
+    assert text == raw.tok_decode([t for t in found.best.tokens if t != eos], skip_special_tokens=True)

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ortevals.engine.generation import GenSettings, TextStream, check_logits, choose_token
+from ortevals.engine.generation import GenSettings, TextStream, check_logits
+from ortevals.errors import OrtEvalsError
 
 log = logging.getLogger(__name__)
 
@@ -127,15 +128,42 @@ class SharedPromptSampler:
             finish: Callable[[int, Sample], None], name: Callable[[int], str]) -> None:
         """Every job's rows; ``rng(i)``: request i's generator; ``finish(i, sample)`` as each row ends."""
         for job in jobs:
+            if job.settings.num_beams > 1:  # deterministic: one search serves every row
+                sample = self.beam(job.prompt, job.settings)
+                for i in job.members:
+                    finish(i, sample)
+                continue
+            if job.settings.mbr_samples > 1:
+                raise OrtEvalsError(f"gen_kwargs mbr_samples={job.settings.mbr_samples}: MBR decoding is not "
+                                    "wired into the raw path yet")
             logits, past = self.prompt(job.prompt)
             members = job.members if job.settings.do_sample else job.members[:1]  # greedy rows are equal
             for chunk in self._chunks(members, past):
-                done = self.decode(logits, past, job.settings, [rng(i) for i in chunk], [name(i) for i in chunk])
+                done = self.decode(logits, past, job.settings, [rng(i) for i in chunk], [name(i) for i in chunk],
+                                   job.prompt)
                 for i, sample in zip(chunk, done, strict=True):
                     finish(i, sample)
                     if not job.settings.do_sample:
                         for twin in job.members[1:]:
                             finish(twin, sample)
+
+    def beam(self, prompt: tuple[int, ...], settings: GenSettings) -> Sample:
+        """Beam / diverse beam search (engine/search.py) on this runner; the best hypothesis, cut at a stop."""
+        from ortevals.engine.search import beam_search
+
+        def is_stop(seq) -> bool:
+            text = self.tokenizer.decode(list(seq), skip_special_tokens=True)
+            return any(u in text for u in settings.until)
+
+        found = beam_search(RawStepModel(self.runner), prompt, settings, self.eos_ids, is_stop).best
+        stream = TextStream(self.tokenizer, settings, self.eos_ids)
+        for tok in found.tokens:
+            if stream.push(int(tok)):
+                break
+        self.stats["prompts"] += 1
+        self.stats["prompt_tokens"] += len(prompt)
+        self.stats["generated_tokens"] += len(stream.out)
+        return Sample(*stream.result, float(found.logprob), tuple(stream.out))
 
     def _chunks(self, members: Sequence[int], past) -> list[Sequence[int]]:
         """Rows per decode batch: one in exact mode, else as many as the KV budget holds."""
@@ -162,23 +190,28 @@ class SharedPromptSampler:
         return logits[0], kv
 
     def decode(self, logits: np.ndarray, past, settings: GenSettings, rngs: Sequence[np.random.Generator],
-               names: Sequence[str]) -> list[Sample]:
-        """Rows that continue one prompt: ``logits [V]`` after it, ``past`` its one-row KV.
+               names: Sequence[str], prompt: Sequence[int] = ()) -> list[Sample]:
+        """Rows that continue one prompt: ``logits [V]`` after it, ``past`` its one-row KV, ``prompt`` its
+        ids (the repetition penalties look at them).
 
         Each row draws from its own ``rngs[r]``; a finished row leaves the batch before the next pass.
         """
+        from ortevals.engine.sampling import Sampler
+
         rows = len(rngs)
         streams = [TextStream(self.tokenizer, settings, self.eos_ids) for _ in range(rows)]
+        chooser = Sampler(settings, rngs)  # per-row generators (and Mirostat state), consumed by their row only
+        needs_history = settings.repetition_penalty != 1.0 or settings.no_repeat_ngram_size > 0
         logprob = np.zeros(rows)
         live = list(range(rows))  # rows still running, in batch order
         step_logits = np.broadcast_to(logits, (rows, logits.shape[-1]))
         past = self.runner.repeat_past(past, rows)
         while True:
-            tokens = np.empty(len(live), dtype=np.int64)
-            for b, r in enumerate(live):
-                if not np.isfinite(np.max(step_logits[b])):
-                    check_logits(step_logits[b], len(streams[r].out) + 1, names[r])
-                tokens[b] = choose_token(step_logits[b], settings, rngs[r])
+            top = np.max(step_logits, axis=1)
+            for b in np.flatnonzero(~np.isfinite(top)):
+                check_logits(step_logits[b], len(streams[live[b]].out) + 1, names[live[b]])
+            histories = [[*prompt, *streams[r].out] for r in live] if needs_history else [()] * len(live)
+            tokens = chooser.choose(step_logits, histories, live)
             chosen = token_logprob(step_logits, tokens)
             keep = []
             for b, r in enumerate(live):
