@@ -30,15 +30,21 @@ def repeats(prompts, kwargs, k):
             for _ in range(k)]
 
 
-def sampler(lm, **kw) -> SharedPromptSampler:
+def sampler(lm, kv: str = "auto", **kw) -> SharedPromptSampler:
+    """A fresh sampler on lm's runner; kv: auto (in place where checked), or copy (a new cache per pass)."""
+    from ortevals.engine.kvrows import CopyKV
+
     base = lm._sampler()
-    return SharedPromptSampler(base.runner, lm.tokenizer, base.eos_ids, **kw)
+    s = SharedPromptSampler(base.runner, lm.tokenizer, base.eos_ids, **kw)
+    if kv == "copy":
+        s._kv_rows = CopyKV(base.runner)
+    return s
 
 
 def rows(s: SharedPromptSampler, lm, prompt: str, kwargs: dict, seeds: list[int]):
     """The rows of one prompt decoded together, row r drawing from default_rng(seeds[r])."""
     settings = parse_gen_kwargs(kwargs, 16, lm.tok_decode([lm.eot_token_id]))
-    logits, past = s.prompt(tuple(lm.tok_encode(prompt)))
+    logits, past = s.prompt(tuple(lm.tok_encode(prompt)), settings.max_gen_toks)
     return s.decode(logits, past, settings, [np.random.default_rng(x) for x in seeds], ["r"] * len(seeds))
 
 
@@ -53,11 +59,14 @@ def oracle_logprob(lm, prompt: str, ids) -> float:
     return float(lp[np.arange(len(ids)), ids].sum())
 
 
-def test_k_rows_equal_each_sample_run_alone(raw):
-    s = sampler(raw)
+@pytest.mark.parametrize("kv", ["auto", "copy"])
+def test_k_rows_equal_each_sample_run_alone(raw, kv):
+    s = sampler(raw, kv)
+    assert s.kv_rows.name == ("in-place" if kv == "auto" else "copy")  # the builder's GQA shares the buffer
     together = rows(s, raw, PROMPT, SAMPLED, [11, 12, 13, 14])
-    alone = [rows(s, raw, PROMPT, SAMPLED, [seed])[0] for seed in (11, 12, 13, 14)]
-    assert [t.ids for t in together] == [a.ids for a in alone]
+    alone = [rows(sampler(raw, other), raw, PROMPT, SAMPLED, [seed])[0] for seed in (11, 12, 13, 14)
+             for other in ("auto", "copy")]
+    assert [t.ids for t in together] * 1 == [a.ids for a in alone][::2] == [a.ids for a in alone][1::2]
     assert len({t.ids for t in together}) == 4 and all(len(t.ids) == 16 for t in together)  # really sampled
     for t in together:  # the model's own log-prob of each sample, against a pass without KV
         assert abs(t.logprob - oracle_logprob(raw, PROMPT, t.ids)) < 1e-3
@@ -117,7 +126,7 @@ def test_prefix_reuse_gives_the_same_tokens(raw):
     prompts = [header + "Question: the city of Paris? Answer:", header + "Question: the river Seine? Answer:"]
     got = {}
     for cache in (True, False):
-        s = sampler(raw, prefix_cache=cache)
+        s = sampler(raw, prefix_cache=cache)  # in place: the prefix is copied into the next prompt's buffer
         got[cache] = [tuple(r.ids for r in rows(s, raw, p, SAMPLED, [1, 2, 3])) for p in prompts]
         assert (s.stats["reused_tokens"] > 16) == cache
     assert got[True] == got[False]

@@ -95,20 +95,6 @@ def token_logprob(logits: np.ndarray, tokens: np.ndarray) -> np.ndarray:
     return x[np.arange(len(tokens)), tokens] - lse
 
 
-def last_logits(runner, ids: np.ndarray, mask: np.ndarray, past, last: bool = False):
-    """One pass → (logits ``[B,V]`` of each row's last position, present KV).
-
-    ``last``: a multi-token pass whose other positions are not wanted; a derived graph then
-    runs the LM head at the last position only.
-    """
-    if last and getattr(runner, "gathers_positions", False):
-        positions = np.full((ids.shape[0], 1), ids.shape[1] - 1, dtype=np.int64)
-        logits, kv = runner.forward(ids, mask, past, want_present=True, positions=positions)
-    else:
-        logits, kv = runner.forward(ids, mask, past, want_present=True)
-    return logits[:, -1, :], kv
-
-
 class SharedPromptSampler:
     """Runs :class:`Job` s on a DecoderRunner. ``stats`` counts prompt tokens run and reused,
     decode passes and generated tokens."""
@@ -123,6 +109,17 @@ class SharedPromptSampler:
         self.stats = {"prompts": 0, "prompt_tokens": 0, "reused_tokens": 0, "decode_passes": 0,
                       "row_steps": 0, "generated_tokens": 0}
         self._held: tuple[tuple[int, ...], object] | None = None  # last prompt and its one-row KV
+        self._kv_rows = None
+
+    @property
+    def kv_rows(self):
+        """How rows' KV is kept (engine/kvrows.py): in place on the host where the graph allows it."""
+        if self._kv_rows is None:
+            from ortevals.engine.kvrows import choose_kv
+
+            self._kv_rows = choose_kv(self.runner)
+            log.info("raw path: KV kept %s", self._kv_rows.name)
+        return self._kv_rows
 
     def run(self, jobs: Sequence[Job], rng: Callable[[int], np.random.Generator],
             finish: Callable[[int, Sample], None], name: Callable[[int], str]) -> None:
@@ -136,7 +133,7 @@ class SharedPromptSampler:
             if job.settings.mbr_samples > 1:
                 raise OrtEvalsError(f"gen_kwargs mbr_samples={job.settings.mbr_samples}: MBR decoding is not "
                                     "wired into the raw path yet")
-            logits, past = self.prompt(job.prompt)
+            logits, past = self.prompt(job.prompt, job.settings.max_gen_toks)
             members = job.members if job.settings.do_sample else job.members[:1]  # greedy rows are equal
             for chunk in self._chunks(members, past):
                 done = self.decode(logits, past, job.settings, [rng(i) for i in chunk], [name(i) for i in chunk],
@@ -167,22 +164,24 @@ class SharedPromptSampler:
 
     def _chunks(self, members: Sequence[int], past) -> list[Sequence[int]]:
         """Rows per decode batch: one in exact mode, else as many as the KV budget holds."""
-        per_row = max(past.nbytes, 1) * 2  # past and present live together for a pass
+        per_row = max(past.nbytes, 1) * 2  # copy: past and present live together for a pass
         width = 1 if self.exact else max(1, min(len(members), self.kv_budget // per_row))
         return [members[j:j + width] for j in range(0, len(members), width)]
 
-    def prompt(self, tokens: tuple[int, ...]) -> tuple[np.ndarray, object]:
-        """One prompt pass → (logits ``[V]`` after the last token, one-row KV of the whole prompt).
+    def prompt(self, tokens: tuple[int, ...], max_new: int = 0) -> tuple[np.ndarray, object]:
+        """One prompt pass → (logits ``[V]`` after the last token, one-row KV of the whole prompt, with
+        room for ``max_new`` more tokens where the KV is kept in place).
 
         The tokens shared with the previous prompt are not run again: its KV, cut to them, is the past.
         """
-        base, past = 0, None
+        kv_rows = self.kv_rows
+        capacity = len(tokens) + max_new + 1
+        base, past = 0, kv_rows.empty(1, capacity)
         if self.prefix_cache and self._held is not None:
             shared = min(common_prefix(self._held[0], tokens), len(tokens) - 1)  # one new token at least
             if shared >= self.prefix_min:
-                base, past = shared, self.runner.narrow_past(self._held[1], shared)
-        ids = np.asarray([tokens[base:]], dtype=np.int64)
-        logits, kv = last_logits(self.runner, ids, np.ones((1, len(tokens)), np.int64), past, last=True)
+                base, past = shared, kv_rows.prefix(self._held[1], shared, capacity)
+        logits, kv = kv_rows.run(np.asarray([tokens[base:]], dtype=np.int64), past, last=True)
         self.stats["prompts"] += 1
         self.stats["prompt_tokens"] += len(tokens) - base
         self.stats["reused_tokens"] += base
@@ -205,7 +204,7 @@ class SharedPromptSampler:
         logprob = np.zeros(rows)
         live = list(range(rows))  # rows still running, in batch order
         step_logits = np.broadcast_to(logits, (rows, logits.shape[-1]))
-        past = self.runner.repeat_past(past, rows)
+        past = self.kv_rows.repeat(past, rows)
         while True:
             top = np.max(step_logits, axis=1)
             for b in np.flatnonzero(~np.isfinite(top)):
@@ -222,10 +221,10 @@ class SharedPromptSampler:
             if not keep:
                 break
             if len(keep) < len(live):  # finished rows stop costing at once
-                past = self.runner.keep_rows(past, keep)
+                past = self.kv_rows.keep(past, keep)
             live = [live[b] for b in keep]
             ids = tokens[keep][:, None]
-            step_logits, past = last_logits(self.runner, ids, np.ones((len(live), past.length + 1), np.int64), past)
+            step_logits, past = self.kv_rows.run(ids, past)
             self.stats["decode_passes"] += 1
             self.stats["row_steps"] += len(live)
         self.stats["generated_tokens"] += sum(len(s.out) for s in streams)
@@ -238,20 +237,19 @@ class RawStepModel:
     ``tokens``. Logits are float32 ``[rows, V]``."""
 
     def __init__(self, runner) -> None:
-        self.runner = runner
+        from ortevals.engine.kvrows import CopyKV
+
+        self.kv_rows = CopyKV(runner)  # every step gathers rows by parents: a new cache each step anyway
         self.past = None
 
     def start(self, prompt: Sequence[int], rows: int) -> np.ndarray:
-        ids = np.asarray([list(prompt)], dtype=np.int64)
-        logits, kv = last_logits(self.runner, ids, np.ones_like(ids), None, last=True)
-        self.past = self.runner.repeat_past(kv, rows)
+        logits, kv = self.kv_rows.run(np.asarray([list(prompt)], dtype=np.int64), None, last=True)
+        self.past = self.kv_rows.repeat(kv, rows)
         return np.repeat(logits, rows, axis=0)
 
     def step(self, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
-        tokens = np.asarray(tokens, dtype=np.int64)
-        past = self.runner.keep_rows(self.past, np.asarray(parents, dtype=np.int64))
-        logits, self.past = last_logits(self.runner, tokens[:, None],
-                                        np.ones((len(tokens), past.length + 1), np.int64), past)
+        past = self.kv_rows.keep(self.past, np.asarray(parents, dtype=np.int64))
+        logits, self.past = self.kv_rows.run(np.asarray(tokens, dtype=np.int64)[:, None], past)
         return logits
 
 

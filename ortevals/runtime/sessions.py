@@ -253,6 +253,40 @@ class DecoderRunner:
         outs = binding.get_outputs()
         return [host_float32(outs[0]), *outs[1:]]
 
+    def forward_inplace(self, input_ids: np.ndarray, past: KVCache, positions: np.ndarray | None = None):
+        """One pass whose new tokens' KV is written into ``past``'s own buffers (GroupQueryAttention's
+        shared past/present buffer, as onnxruntime-genai runs it): no copy of the whole cache per pass.
+
+        past: host numpy ``[B,H,capacity,D]`` per layer holding ``past.length`` valid tokens (capacity
+        >= length + S). input_ids ``[B,S]``, no padding. Returns logits ``[B,S,V]`` (or ``[B,K,V]``
+        with ``positions``); the caller's cache then holds ``past.length + S`` tokens. Only graphs whose
+        attention shares the buffer can run it: the sampler checks that once against :meth:`forward`.
+        """
+        ort = import_ort()
+        mask = np.ones((input_ids.shape[0], past.length + input_ids.shape[1]), dtype=np.int64)
+        feeds = self._token_feeds(input_ids)
+        if self.gathers_positions:
+            if positions is None:
+                positions = np.broadcast_to(np.arange(input_ids.shape[1], dtype=np.int64), input_ids.shape)
+            feeds[POSITIONS] = np.ascontiguousarray(positions, dtype=np.int64)[:, :, None]
+        feeds.update(self._mask_feeds(input_ids.shape, mask, past))
+        binding = self.decoder.io_binding()
+        binding.bind_output(self.package.logits_name, "cpu")
+        for name, value in feeds.items():
+            binding.bind_cpu_input(name, np.ascontiguousarray(value))
+        for spec in self.package.kv:
+            for i, (inp, out) in enumerate(((spec.key_name, spec.present_key_name),
+                                            (spec.value_name, spec.present_value_name))):
+                value = ort.OrtValue.ortvalue_from_numpy(past.layers[spec.layer][i])  # shares the memory
+                binding.bind_ortvalue_input(inp, value)
+                binding.bind_ortvalue_output(out, value)
+        try:
+            self.decoder.run_with_iobinding(binding)
+        except Exception as e:
+            raise PackageError(f"{self.package.decoder.path}: onnxruntime failed to run the decoder with a "
+                               f"shared KV buffer: {first_line(e)}") from None
+        return host_float32(binding.get_outputs()[0])
+
     def repeat_past(self, past: KVCache, batch: int) -> KVCache:
         """``past`` of one row (``[1,H,T,D]`` per layer) replicated to ``[batch,H,T,D]``.
 
