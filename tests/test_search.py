@@ -32,19 +32,26 @@ class TorchStepModel:
 
 @pytest.fixture(scope="module")
 def tiny_model(tiny):
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: threads only contend (20x faster on a shared 2-core box)
     model = AutoModelForCausalLM.from_pretrained(str(tiny[0]), dtype="float32").eval()
-    return model, AutoTokenizer.from_pretrained(str(tiny[0]))
+    yield model, AutoTokenizer.from_pretrained(str(tiny[0]))
+    torch.set_num_threads(threads)
 
 
 def hf_beams(model, prompt, eos, **kw):
+    """transformers' tokens after the prompt, up to the first EOS (eos: an id or a list of ids)."""
     import torch
 
-    out = model.generate(torch.tensor([prompt]), do_sample=False, eos_token_id=eos, pad_token_id=eos,
+    eos_list = eos if isinstance(eos, list) else [eos]
+    out = model.generate(torch.tensor([prompt]), do_sample=False, eos_token_id=eos, pad_token_id=eos_list[0],
                          attention_mask=torch.ones(1, len(prompt), dtype=torch.long), **kw)
     gen = out[0, len(prompt):].tolist()
-    return gen[:gen.index(eos) + 1] if eos in gen else gen  # padding after the EOS dropped
+    ends = [i for i, t in enumerate(gen) if t in eos_list]
+    return gen[:ends[0] + 1] if ends else gen  # the padding after the EOS dropped
 
 
 CASES = [  # (num_beams, max_new_tokens, length_penalty, early_stopping, eos from the greedy run at index)
@@ -74,6 +81,26 @@ def test_beam_search_equals_transformers(tiny_model, beams, new, lp, early, eos_
         assert list(got.best.tokens) == want, (text, eos)
         assert len(got.nbest) == beams and got.nbest[0] == got.best
         assert all(a.score >= b.score for a, b in zip(got.nbest, got.nbest[1:]))
+
+
+def test_beam_search_early_termination_equals_transformers(tiny_model):
+    """64 EOS ids (n_eos > 1: 65 × num_beams continuations a step): hypotheses finish every few steps,
+    the finished list fills, and the search stops before max_gen_toks through early_stopping=True
+    or the can-no-longer-improve heuristic, exactly where transformers stops."""
+    model, tok = tiny_model
+    eos = list(range(5, 512, 8))
+    early_stops = 0
+    for text in ["The capital of France is", "Question: one two three. Answer:"]:
+        prompt = tok(text)["input_ids"]
+        for lp, early in [(1.0, False), (1.0, True), (0.5, "never"), (0.0, False), (2.0, False)]:
+            want = hf_beams(model, prompt, eos, num_beams=4, max_new_tokens=12, length_penalty=lp,
+                            early_stopping=early)
+            got = beam_search(TorchStepModel(model), prompt,
+                              GenSettings(max_gen_toks=12, num_beams=4, length_penalty=lp, early_stopping=early),
+                              set(eos))
+            assert list(got.best.tokens) == want, (text, lp, early)
+            early_stops += got.steps < 11
+    assert early_stops >= 4
 
 
 def test_beam_search_with_repetition_penalty_equals_transformers(tiny_model):

@@ -1,0 +1,201 @@
+"""Inference-time scaling estimators over K samples per question: maj@k, pass@k, best-of-k.
+
+Owns the statistics of ``--samples K`` (docs/decoding.md): for each k in 1, 2, 4, …, K, the
+expected accuracy when k of the K samples are drawn without replacement, averaged over every
+size-k subset (exact, never one random draw):
+
+- ``pass@k``: at least one of the k is correct: ``1 - C(n - c, k) / C(n, k)`` (Chen et al. 2021).
+- ``maj@k`` (self-consistency, Wang et al. 2023): the most frequent extracted answer among the k
+  is correct. Samples with no extracted answer (None) do not vote; a subset with no vote is wrong.
+  Ties among the most frequent answers are broken uniformly at random, so a subset where the
+  right answer ties with t others counts 1/(t + 1). Exact combinatorics (a DP over answer
+  classes), no enumeration.
+- ``best@k``: the sample with the highest mean log-prob among the k (the model's own confidence)
+  is correct; equal log-probs are ranked by sample index. Sample r in the descending order is
+  chosen in C(K - 1 - r, k - 1) of the C(K, k) subsets.
+
+Per-question values are averaged over questions; the interval is a percentile bootstrap over
+questions (scipy.stats.bootstrap), the stderr the clustered one (questions are the clusters:
+std of the per-question values / sqrt(n)). Pure numpy/scipy; :func:`curve_plot` imports matplotlib.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from math import comb
+from pathlib import Path
+
+import numpy as np
+
+from ortevals.errors import OrtEvalsError
+
+ESTIMATORS = ("maj", "pass", "best")
+
+
+@dataclass(frozen=True)
+class QuestionSamples:
+    """The K samples of one question."""
+
+    answers: tuple[Hashable | None, ...]  # [K] the task's extracted answer (None: nothing extracted)
+    correct: tuple[bool, ...]  # [K] the task's metric on each sample
+    mean_logprob: tuple[float, ...] | None = None  # [K] mean log-prob per generated token (best-of-k)
+    tokens: tuple[int, ...] | None = None  # [K] generated tokens per sample
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    estimator: str  # maj | pass | best
+    k: int
+    value: float  # mean over questions
+    stderr: float  # clustered by question
+    low: float  # 95% percentile-bootstrap interval over questions
+    high: float
+    tokens: float  # expected generated tokens per question for k samples (k × mean per sample)
+
+
+def ks_for(k_max: int) -> list[int]:
+    """1, 2, 4, … up to K, and K itself."""
+    ks = [1 << i for i in range(k_max.bit_length()) if 1 << i <= k_max]
+    return ks + ([k_max] if ks[-1] != k_max else [])
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased estimator 1 - C(n-c, k) / C(n, k) (Chen et al. 2021)."""
+    return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+def best_at_k(correct: Sequence[bool], score: Sequence[float], k: int) -> float:
+    """P(the highest-scoring of a random k-subset is correct); ties ranked by sample index."""
+    n = len(correct)
+    order = sorted(range(n), key=lambda i: (-score[i], i))
+    return sum(comb(n - 1 - r, k - 1) for r, i in enumerate(order) if correct[i]) / comb(n, k)
+
+
+def _classes(q: QuestionSamples) -> tuple[list[int], list[bool], int]:
+    """(count per answer class, whether each class is correct, number of non-voting samples)."""
+    counts: dict[Hashable, int] = {}
+    right: dict[Hashable, bool] = {}
+    for a, c in zip(q.answers, q.correct, strict=True):
+        if a is None:
+            continue
+        counts[a] = counts.get(a, 0) + 1
+        if right.setdefault(a, bool(c)) != bool(c):
+            raise OrtEvalsError(f"answer {a!r} is scored both right and wrong among one question's samples")
+    return list(counts.values()), [right[a] for a in counts], q.answers.count(None)
+
+
+def _ways_others(counts: Sequence[int], abstain: int, k: int, m: int) -> np.ndarray:
+    """``[k+1, T+1]``: ways to take j samples from the other classes (each at most m) and the
+    non-voters, by j and by the number t of other classes taken exactly m times."""
+    ways = np.zeros((k + 1, len(counts) + 1))
+    ways[:, 0] = [comb(abstain, j) for j in range(k + 1)]
+    for n_o in counts:
+        nxt = np.zeros_like(ways)
+        for j in range(min(n_o, m) + 1):
+            shifted = np.zeros_like(ways)
+            shifted[j:] = ways[:k + 1 - j]
+            if j == m:
+                shifted = np.roll(shifted, 1, axis=1)  # t + 1 (the last column is always empty)
+            nxt += comb(n_o, j) * shifted
+        ways = nxt
+    return ways
+
+
+def maj_at_k(q: QuestionSamples, k: int) -> float:
+    """P(majority vote of a random k-subset is right), ties broken uniformly (see the module doc)."""
+    counts, right, abstain = _classes(q)
+    total = 0.0
+    for c, (n_c, ok) in enumerate(zip(counts, right, strict=True)):
+        if not ok:
+            continue
+        others = counts[:c] + counts[c + 1:]
+        for m in range(1, min(n_c, k) + 1):
+            ways = _ways_others(others, abstain, k, m)[k - m]
+            total += comb(n_c, m) * float(np.sum(ways / np.arange(1, len(others) + 2)))
+    return total / comb(len(q.answers), k)
+
+
+def per_question(questions: Sequence[QuestionSamples], estimator: str, k: int) -> np.ndarray:
+    """``[Q]`` the expected value of one estimator at k for each question."""
+    if estimator == "pass":
+        return np.array([pass_at_k(len(q.correct), sum(map(bool, q.correct)), k) for q in questions])
+    if estimator == "maj":
+        return np.array([maj_at_k(q, k) for q in questions])
+    if estimator == "best":
+        if any(q.mean_logprob is None for q in questions):
+            raise OrtEvalsError("best-of-k needs each sample's mean log-prob")
+        return np.array([best_at_k(q.correct, q.mean_logprob, k) for q in questions])
+    raise OrtEvalsError(f"unknown estimator {estimator!r}; expected one of {', '.join(ESTIMATORS)}")
+
+
+def interval(values: np.ndarray, seed: int = 0) -> tuple[float, float, float]:
+    """(stderr, low, high) of the mean over questions: clustered SE and a 95% percentile bootstrap."""
+    from scipy.stats import bootstrap
+
+    if len(values) < 2:
+        return float("nan"), float("nan"), float("nan")
+    se = float(np.std(values, ddof=1) / np.sqrt(len(values)))
+    if np.ptp(values) == 0:
+        return se, float(values[0]), float(values[0])
+    ci = bootstrap((values,), np.mean, confidence_level=0.95, n_resamples=2000, method="percentile",
+                   random_state=np.random.default_rng(seed)).confidence_interval
+    return se, float(ci.low), float(ci.high)
+
+
+def scaling_curves(questions: Sequence[QuestionSamples],
+                   estimators: Sequence[str] = ESTIMATORS) -> list[CurvePoint]:
+    """Every estimator at k = 1, 2, 4, …, K (K: the samples per question, the same for all)."""
+    sizes = {len(q.answers) for q in questions}
+    if len(sizes) != 1 or any(len(q.correct) != len(q.answers) for q in questions):
+        raise OrtEvalsError(f"every question needs the same number of samples; got {sorted(sizes)}")
+    k_max = sizes.pop()
+    per_sample = float(np.mean([np.mean(q.tokens) for q in questions])) if all(q.tokens for q in questions) \
+        else float("nan")
+    points = []
+    for est in estimators:
+        if est == "best" and any(q.mean_logprob is None for q in questions):
+            continue
+        for k in ks_for(k_max):
+            v = per_question(questions, est, k)
+            points.append(CurvePoint(est, k, float(v.mean()), *interval(v), tokens=k * per_sample))
+    return points
+
+
+def lm_eval_metrics(points: Sequence[CurvePoint], filter_name: str | None = None) -> dict[str, float]:
+    """lm-eval's results layout: one metric per k, ``maj@4`` and ``maj@4_stderr`` (``,filter`` appended)."""
+    tail = f",{filter_name}" if filter_name else ""
+    out: dict[str, float] = {}
+    for p in points:
+        out[f"{p.estimator}@{p.k}{tail}"] = p.value
+        out[f"{p.estimator}@{p.k}_stderr{tail}"] = p.stderr
+    return out
+
+
+def curve_plot(points: Sequence[CurvePoint], path: str | Path, title: str = "") -> Path:
+    """Accuracy against k (log2 axis) and against generated tokens per question; 95% intervals as bands."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for est in ESTIMATORS:
+        pts = [p for p in points if p.estimator == est]
+        if not pts:
+            continue
+        for ax, xs in ((axes[0], [p.k for p in pts]), (axes[1], [p.tokens for p in pts])):
+            ax.plot(xs, [p.value for p in pts], marker="o", label=f"{est}@k")
+            ax.fill_between(xs, [p.low for p in pts], [p.high for p in pts], alpha=0.2)
+    axes[0].set_xscale("log", base=2)
+    axes[0].set_xlabel("k (samples)")
+    axes[1].set_xlabel("generated tokens per question")
+    axes[0].set_ylabel("accuracy")
+    axes[0].legend()
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
