@@ -171,3 +171,19 @@ def test_beam_search_on_the_raw_runner_equals_transformers(raw, tiny):
     [text] = raw.generate_until(repeats([PROMPT], {"num_beams": 4, "max_gen_toks": 12, "until": []}, 1),
                                 disable_tqdm=True)
     assert text == raw.tok_decode([t for t in found.best.tokens if t != eos], skip_special_tokens=True)
+
+
+def test_mbr_returns_the_candidate_closest_to_the_others(raw):
+    """mbr_samples=4: the answer is one of the 4 candidates (the same seeds decoded as plain samples),
+    the one engine/mbr.py picks from them."""
+    from ortevals.engine.mbr import mbr_select
+    from ortevals.engine.schedule import stable_ints
+
+    kwargs = {**SAMPLED, "mbr_samples": 4, "mbr_metric": "chrf"}
+    [text] = raw.generate_until(repeats([PROMPT], kwargs, 1), disable_tqdm=True)
+    seed = parse_gen_kwargs(kwargs, 16).seed
+    key = [PROMPT, kwargs, 0]
+    cands = rows(sampler(raw), raw, PROMPT, SAMPLED,
+                 [[seed, *stable_ints([*key, "mbr", j])] for j in range(4)])
+    texts = [c.text for c in cands]
+    assert len(set(texts)) == 4 and text == texts[mbr_select(texts, "chrf").index]

@@ -34,7 +34,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from ortevals.engine.generation import GenSettings, TextStream, check_logits
-from ortevals.errors import OrtEvalsError
 
 log = logging.getLogger(__name__)
 
@@ -121,19 +120,20 @@ class SharedPromptSampler:
             log.info("raw path: KV kept %s", self._kv_rows.name)
         return self._kv_rows
 
-    def run(self, jobs: Sequence[Job], rng: Callable[[int], np.random.Generator],
+    def run(self, jobs: Sequence[Job], rng: Callable[..., np.random.Generator],
             finish: Callable[[int, Sample], None], name: Callable[[int], str]) -> None:
-        """Every job's rows; ``rng(i)``: request i's generator; ``finish(i, sample)`` as each row ends."""
+        """Every job's rows; ``rng(i)``: request i's generator (``rng(i, j)``: its MBR candidate j);
+        ``finish(i, sample)`` as each row ends."""
         for job in jobs:
             if job.settings.num_beams > 1:  # deterministic: one search serves every row
                 sample = self.beam(job.prompt, job.settings)
                 for i in job.members:
                     finish(i, sample)
                 continue
-            if job.settings.mbr_samples > 1:
-                raise OrtEvalsError(f"gen_kwargs mbr_samples={job.settings.mbr_samples}: MBR decoding is not "
-                                    "wired into the raw path yet")
             logits, past = self.prompt(job.prompt, job.settings.max_gen_toks)
+            if job.settings.mbr_samples > 1:
+                self._mbr(job, logits, past, rng, finish, name)
+                continue
             members = job.members if job.settings.do_sample else job.members[:1]  # greedy rows are equal
             for chunk in self._chunks(members, past):
                 done = self.decode(logits, past, job.settings, [rng(i) for i in chunk], [name(i) for i in chunk],
@@ -143,6 +143,17 @@ class SharedPromptSampler:
                     if not job.settings.do_sample:
                         for twin in job.members[1:]:
                             finish(twin, sample)
+
+    def _mbr(self, job: Job, logits, past, rng, finish, name) -> None:
+        """MBR (engine/mbr.py): per request, ``mbr_samples`` candidates decoded together from the shared
+        prompt (candidate j of request i draws from ``rng(i, j)``); the one closest to the others wins."""
+        from ortevals.engine.mbr import mbr_select
+
+        m = job.settings.mbr_samples
+        for i in job.members:
+            cands = self.decode(logits, past, job.settings, [rng(i, j) for j in range(m)], [name(i)] * m,
+                                job.prompt)
+            finish(i, cands[mbr_select([c.text for c in cands], job.settings.mbr_metric).index])
 
     def beam(self, prompt: tuple[int, ...], settings: GenSettings) -> Sample:
         """Beam / diverse beam search (engine/search.py) on this runner; the best hypothesis, cut at a stop."""
@@ -264,7 +275,11 @@ def run_sampling(sampler: SharedPromptSampler, items: Sequence[tuple[Sequence[in
     log.info("generate_until: %d requests (%d prompts, up to %d samples each) on the raw shared-prompt path "
              "(onnxruntime%s)", len(items), len(jobs), max((len(j.members) for j in jobs), default=0),
              ", exact mode: one row per pass" if sampler.exact else "")
-    sampler.run(jobs, lambda i: np.random.default_rng([items[i][1].seed, *stable_ints(keys[i])]), finish, name)
+    def rng(i: int, candidate: int | None = None) -> np.random.Generator:
+        key = keys[i] if candidate is None else [*keys[i], "mbr", candidate]
+        return np.random.default_rng([items[i][1].seed, *stable_ints(key)])
+
+    sampler.run(jobs, rng, finish, name)
     s = sampler.stats
     log.info("raw path: %d prompt tokens run, %d reused from a shared prefix, %d decode passes, %d tokens "
              "generated", s["prompt_tokens"], s["reused_tokens"], s["decode_passes"], s["generated_tokens"])
