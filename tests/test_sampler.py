@@ -42,10 +42,11 @@ def sampler(lm, kv: str = "auto", **kw) -> SharedPromptSampler:
 
 
 def rows(s: SharedPromptSampler, lm, prompt: str, kwargs: dict, seeds: list[int]):
-    """The rows of one prompt decoded together, row r drawing from default_rng(seeds[r])."""
+    """The rows of one prompt decoded together, row r drawing from seeds[r] (a seed, or a Generator)."""
     settings = parse_gen_kwargs(kwargs, 16, lm.tok_decode([lm.eot_token_id]))
     logits, past = s.prompt(tuple(lm.tok_encode(prompt)), settings.max_gen_toks)
-    return s.decode(logits, past, settings, [np.random.default_rng(x) for x in seeds], ["r"] * len(seeds))
+    rngs = [x if isinstance(x, np.random.Generator) else np.random.default_rng(x) for x in seeds]
+    return s.decode(logits, past, settings, rngs, ["r"] * len(seeds))
 
 
 def oracle_logprob(lm, prompt: str, ids) -> float:
@@ -177,13 +178,13 @@ def test_mbr_returns_the_candidate_closest_to_the_others(raw):
     """mbr_samples=4: the answer is one of the 4 candidates (the same seeds decoded as plain samples),
     the one engine/mbr.py picks from them."""
     from ortevals.engine.mbr import mbr_select
-    from ortevals.engine.schedule import stable_ints
+    from ortevals.engine.schedule import sample_rng
 
     kwargs = {**SAMPLED, "mbr_samples": 4, "mbr_metric": "chrf"}
     [text] = raw.generate_until(repeats([PROMPT], kwargs, 1), disable_tqdm=True)
     seed = parse_gen_kwargs(kwargs, 16).seed
     key = [PROMPT, kwargs, 0]
     cands = rows(sampler(raw), raw, PROMPT, SAMPLED,
-                 [[seed, *stable_ints([*key, "mbr", j])] for j in range(4)])
+                 [sample_rng(seed, key, j) for j in range(4)])
     texts = [c.text for c in cands]
     assert len(set(texts)) == 4 and text == texts[mbr_select(texts, "chrf").index]

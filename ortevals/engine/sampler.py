@@ -269,17 +269,13 @@ def run_sampling(sampler: SharedPromptSampler, items: Sequence[tuple[Sequence[in
     """generate_until's raw path: ``items[i]`` = (prompt ids, settings) of request i, ``keys[i]`` its store
     key (request + sample index: resume.request_keys); request i draws from the generator the og path
     would give it (engine/schedule.py), so a sample is the same whichever rows ran beside it."""
-    from ortevals.engine.schedule import stable_ints
+    from ortevals.engine.schedule import sample_rng
 
     jobs = plan_jobs(items)
     log.info("generate_until: %d requests (%d prompts, up to %d samples each) on the raw shared-prompt path "
              "(onnxruntime%s)", len(items), len(jobs), max((len(j.members) for j in jobs), default=0),
              ", exact mode: one row per pass" if sampler.exact else "")
-    def rng(i: int, candidate: int | None = None) -> np.random.Generator:
-        key = keys[i] if candidate is None else [*keys[i], "mbr", candidate]
-        return np.random.default_rng([items[i][1].seed, *stable_ints(key)])
-
-    sampler.run(jobs, rng, finish, name)
+    sampler.run(jobs, lambda i, candidate=None: sample_rng(items[i][1].seed, keys[i], candidate), finish, name)
     s = sampler.stats
     log.info("raw path: %d prompt tokens run, %d reused from a shared prefix, %d decode passes, %d tokens "
              "generated", s["prompt_tokens"], s["reused_tokens"], s["decode_passes"], s["generated_tokens"])
