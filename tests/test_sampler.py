@@ -188,3 +188,19 @@ def test_mbr_returns_the_candidate_closest_to_the_others(raw):
                  [sample_rng(seed, key, j) for j in range(4)])
     texts = [c.text for c in cands]
     assert len(set(texts)) == 4 and text == texts[mbr_select(texts, "chrf").index]
+
+
+@pytest.mark.slow
+def test_smollm2_greedy_raw_equals_og_and_rows_equal_alone(smollm2):
+    pkg = str(smollm2[1])
+    prompts = ["The capital of France is a city that", "The three primary colors are"]
+    kwargs = {"until": ["\n\n"], "max_gen_toks": 24, "do_sample": False}
+    raw = OrtLM.from_package(ModelArgs(pkg=pkg, gen_path="raw"))
+    og = OrtLM.from_package(ModelArgs(pkg=pkg, gen_path="og"))
+    greedy = raw.generate_until(repeats(prompts, kwargs, 1), disable_tqdm=True)
+    assert greedy == og.generate_until(repeats(prompts, kwargs, 1), disable_tqdm=True)
+    assert all(len(g) > 20 for g in greedy)
+    seeds = [1, 2, 3, 4]
+    sampled = {**kwargs, "do_sample": True, "temperature": 0.7}
+    together = rows(sampler(raw), raw, prompts[1], sampled, seeds)
+    assert [t.ids for t in together] == [rows(sampler(raw), raw, prompts[1], sampled, [x])[0].ids for x in seeds]
