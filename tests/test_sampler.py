@@ -204,3 +204,18 @@ def test_smollm2_greedy_raw_equals_og_and_rows_equal_alone(smollm2):
     sampled = {**kwargs, "do_sample": True, "temperature": 0.7}
     together = rows(sampler(raw), raw, prompts[1], sampled, seeds)
     assert [t.ids for t in together] == [rows(sampler(raw), raw, prompts[1], sampled, [x])[0].ids for x in seeds]
+
+
+def test_packages_without_full_logits_generate_on_og(fixture_cache, caplog):
+    """auto goes to og (and says so); gen_path=raw is a one-line error naming why."""
+    from ortevals.errors import OrtEvalsError
+    from tests.fixtures.tiny import build_tiny_pruned
+
+    pkg = str(build_tiny_pruned(fixture_cache))
+    with caplog.at_level("INFO", logger="ortevals"):
+        [text] = OrtLM.from_package(ModelArgs(pkg=pkg, max_length=256)).generate_until(
+            repeats([PROMPT], SAMPLED, 1), disable_tqdm=True)
+    assert text and "generate_until goes to the onnxruntime-genai path (the LM head is pruned" in caplog.text
+    with pytest.raises(OrtEvalsError, match=r"^gen_path=raw is impossible for this package: the LM head is pruned"):
+        OrtLM.from_package(ModelArgs(pkg=pkg, max_length=256, gen_path="raw")).generate_until(
+            repeats([PROMPT], SAMPLED, 1), disable_tqdm=True)
