@@ -56,13 +56,19 @@ def evaluate(lm, spec: RunSpec) -> RunOutcome:
         from lm_eval.api.model import CachingLM
 
         model = CachingLM(lm, str(spec.use_cache))
+    tasks, gen_kwargs = list(spec.tasks), spec.gen_kwargs
+    k = getattr(getattr(lm, "args", None), "samples", None)
+    if k:  # --samples K (issue 14 §3, report/samples.py): repeats K, sampling unless a temperature is given
+        from ortevals.report.samples import sampling_gen_kwargs, with_samples
+
+        tasks, gen_kwargs = with_samples(tasks, k, _run_task_manager(spec)), sampling_gen_kwargs(gen_kwargs)
     start = time.perf_counter()
     before = dict(lm.stats)
     try:
         results = lm_eval.simple_evaluate(
-            model=model, tasks=list(spec.tasks), limit=spec.limit, num_fewshot=spec.num_fewshot,
+            model=model, tasks=tasks, limit=spec.limit, num_fewshot=spec.num_fewshot,
             log_samples=True, task_manager=_run_task_manager(spec),
-            apply_chat_template=spec.apply_chat_template, gen_kwargs=spec.gen_kwargs, **spec.extra,
+            apply_chat_template=spec.apply_chat_template, gen_kwargs=gen_kwargs, **spec.extra,
         )
     except OrtEvalsError:
         raise
@@ -72,6 +78,10 @@ def evaluate(lm, spec: RunSpec) -> RunOutcome:
     seconds = time.perf_counter() - start
     if not results or not results.get("samples"):
         raise DataError("the data set is empty after filters (check --limit and the task names)")
+    if k:
+        from ortevals.report.samples import add_scaling
+
+        add_scaling(results, tasks, lm, spec.output)
     requests = lm.stats["requests"] - before["requests"]
     summary = summarize(results, requests, seconds, lm.stats["seconds"] - before["seconds"],
                         lm.stats["reused"] - before["reused"], lm.stats.get("mode", ""))

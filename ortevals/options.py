@@ -154,6 +154,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("ray_address", text("ray_address"), None, "Run the workers on this Ray cluster (ray start --head "
            "prints it); default: all its GPUs, or one worker per node on CPU.", scoped=False, flag="--ray-address",
            metavar="ADDR"),
+    # issue 14 (engine/sampler.py): which engine generates; raw = shared-prompt sampling on onnxruntime
+    Option("gen_path", choice("gen_path", ("auto", "raw", "og")), "auto",
+           "generate_until path: auto (raw where the package has full logits and a plain KV cache), raw "
+           "(shared-prompt sampling on onnxruntime), og (onnxruntime-genai Generators)."),
+    # not scoped: the store keys each sample by request + sample index, so raising K reuses the first K
+    Option("samples", positive_int("samples"), None, "Samples per question: overrides the tasks' repeats and "
+           "reports maj@k, pass@k and best-of-k for k = 1, 2, 4, … K (sampling at temperature 0.7 unless "
+           "--gen-kwargs sets it).", scoped=False, flag="--samples", metavar="K"),
 )
 BY_NAME = {o.name: o for o in OPTIONS}
 

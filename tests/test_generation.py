@@ -71,7 +71,7 @@ def test_greedy_generation_equals_hf_backend(hflm, ortlm):
 
 def test_batched_greedy_generation_equals_hf_backend(hflm, tiny):
     """Rows of different lengths in one batched Generator (right-padded), each stopping on its own."""
-    lm = OrtLM.from_package(ModelArgs(pkg=str(tiny[1]), max_length=256, gen_batch_size=4))
+    lm = OrtLM.from_package(ModelArgs(pkg=str(tiny[1]), max_length=256, gen_batch_size=4, gen_path="og"))
     prompts = PROMPTS + ["one", "Question: what is the river of the city? Answer: the river"]
     free = gen(lm, prompts, {"until": [], "max_gen_toks": 20})
     assert free == gen(hflm, prompts, {"until": [], "max_gen_toks": 20})
@@ -103,12 +103,14 @@ def test_package_search_options_never_decide_a_token(hflm, tiny, copy_pkg):
     pkg = with_search_options(copy_pkg(tiny[1]), **NON_NEUTRAL)
     prompts = PROMPTS + ["one", "Question: what is the river of the city? Answer: the river"]
     kwargs = {"until": [], "max_gen_toks": 20}
-    batched_lm = OrtLM.from_package(ModelArgs(pkg=str(pkg), max_length=256, gen_batch_size=4))
+    batched_lm = OrtLM.from_package(ModelArgs(pkg=str(pkg), max_length=256, gen_batch_size=4, gen_path="og"))
     batched = gen(batched_lm, prompts, kwargs)
     assert batched_lm.backends.genai.generators_created == 2  # really batched
-    single = gen(OrtLM.from_package(ModelArgs(pkg=str(pkg), max_length=256)), prompts, kwargs)
-    plain = gen(OrtLM.from_package(ModelArgs(pkg=str(tiny[1]), max_length=256, gen_batch_size=4)), prompts, kwargs)
-    assert batched == single == plain == gen(hflm, prompts, kwargs)
+    single = gen(OrtLM.from_package(ModelArgs(pkg=str(pkg), max_length=256, gen_path="og")), prompts, kwargs)
+    raw = gen(OrtLM.from_package(ModelArgs(pkg=str(pkg), max_length=256, gen_path="raw")), prompts, kwargs)
+    plain = gen(OrtLM.from_package(ModelArgs(pkg=str(tiny[1]), max_length=256, gen_batch_size=4, gen_path="og")),
+                prompts, kwargs)
+    assert batched == single == raw == plain == gen(hflm, prompts, kwargs)
 
 
 def test_batched_tokens_are_checked_against_the_logits(tiny, copy_pkg, monkeypatch):
@@ -117,7 +119,7 @@ def test_batched_tokens_are_checked_against_the_logits(tiny, copy_pkg, monkeypat
 
     monkeypatch.setattr(genai, "NEUTRAL_SEARCH", {"do_sample": False})  # og keeps the package's options
     pkg = with_search_options(copy_pkg(tiny[1]), repetition_penalty=1.5)
-    lm = OrtLM.from_package(ModelArgs(pkg=str(pkg), max_length=256, gen_batch_size=4))
+    lm = OrtLM.from_package(ModelArgs(pkg=str(pkg), max_length=256, gen_batch_size=4, gen_path="og"))
     with pytest.raises(OrtEvalsError, match=r"search chose token .* for request #\d \(prompt .*gen_batch_size=1"):
         gen(lm, PROMPTS, {"until": [], "max_gen_toks": 20})
 

@@ -84,19 +84,23 @@ def poisoned(tiny_pkg, copy_pkg) -> Path:
 
 
 @pytest.mark.parametrize("kwargs", [{"do_sample": False}, {"do_sample": True, "temperature": 0.8},
-                                    {"do_sample": False, "gen_batch_size": 4}],
-                         ids=["greedy", "sampled", "batched"])
+                                    {"do_sample": False, "gen_batch_size": 4},
+                                    {"do_sample": True, "temperature": 0.8, "gen_path": "raw"}],
+                         ids=["greedy", "sampled", "batched", "raw-sampled"])
 def test_nan_logits_stop_generation_naming_the_request(poisoned, kwargs, caplog):
     kwargs = dict(kwargs)
     width = kwargs.pop("gen_batch_size", 1)
-    lm = OrtLM.from_package(ModelArgs(pkg=str(poisoned), max_length=256, gen_batch_size=width))
+    path = kwargs.pop("gen_path", "og")
+    lm = OrtLM.from_package(ModelArgs(pkg=str(poisoned), max_length=256, gen_batch_size=width, gen_path=path))
     assert gen(lm, [PROMPTS[0], PROMPTS[2]], {"until": [], "max_gen_toks": 4, **kwargs})  # clean prompts run
     with pytest.raises(OrtEvalsError) as err, caplog.at_level("INFO", logger="ortevals"):
         gen(lm, PROMPTS, {"until": [], "max_gen_toks": 4, **kwargs})
     message = str(err.value)
     assert "\n" not in message
     assert message.startswith("non-finite logits (NaN) at generated token 1 for request #1 (prompt 'Question: one")
-    assert f"({3 if width > 1 else 0} in batches of up to {width})" in caplog.text  # the path meant
+    meant = "on the raw shared-prompt path" if path == "raw" else \
+        f"({3 if width > 1 else 0} in batches of up to {width})"
+    assert meant in caplog.text  # the path meant
 
 
 def test_nan_logits_through_the_cli_exit_2_in_one_line(poisoned, tmp_path):

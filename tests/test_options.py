@@ -24,7 +24,8 @@ def test_every_option_reaches_model_args():
                "max_length": "64", "add_bos_token": "false", "memory_budget_mb": "10", "prefix_cache": "off",
                "prefix_budget_mb": "5", "scoring_graph": "0", "path": "incremental", "store": "s.sqlite",
                "max_gen_toks": "7", "gen_batch_size": "2", "seed": "0", "exact": "yes", "check": "no",
-               "truncate": "left", "media_path": "og", "workers": "2", "ray_address": "10.0.0.1:6379"}
+               "truncate": "left", "media_path": "og", "workers": "2", "ray_address": "10.0.0.1:6379",
+               "gen_path": "og", "samples": "8"}
     missing = fields - set(strings)
     assert not missing, f"add a string form for {missing}"
     args = parse_model_args(strings)
@@ -32,6 +33,7 @@ def test_every_option_reaches_model_args():
         (3, None, False, False, "incremental")
     assert args.provider_options == ("a=1", "b=2")
     assert (args.workers, args.ray_address) == (2, "10.0.0.1:6379")
+    assert (args.gen_path, args.samples) == ("og", 8)
 
 
 @pytest.mark.parametrize("text,needle", [
@@ -41,6 +43,8 @@ def test_every_option_reaches_model_args():
     ("pkg=x,provider_options=novalue", "provider option 'novalue' must look like key=value"),
     ("pkg=x,gen_batch_size=0", "gen_batch_size must be > 0, got 0"),
     ("pkg=x,media_path=gpu", "media_path must be one of auto, og, fast"),
+    ("pkg=x,gen_path=gpu", "gen_path must be one of auto, raw, og, got 'gpu'"),
+    ("pkg=x,samples=0", "samples must be > 0, got 0"),
 ])
 def test_bad_values_name_the_option(text, needle):
     with pytest.raises(OrtEvalsError, match=needle):

@@ -122,10 +122,11 @@ def test_a_version_bump_misses(name, tiny_pkg, tmp_path, monkeypatch):
 CHANGED = {"ep": "cpu", "batch_size": 1, "max_length": 64, "threads": 1, "provider_options": ("use_arena=0",),
            "add_bos_token": False, "memory_budget_mb": 512, "prefix_cache": False, "prefix_budget_mb": 256,
            "scoring_graph": False, "path": "incremental", "max_gen_toks": 32, "gen_batch_size": 2, "seed": 7,
-           "exact": True, "check": False, "truncate": "left", "media_path": "og"}
+           "exact": True, "check": False, "truncate": "left", "media_path": "og", "gen_path": "og"}
 
 
-NOT_SCOPED = {"pkg", "store", "workers", "ray_address"}  # where requests run never changes a number (issue 15)
+NOT_SCOPED = {"pkg", "store", "workers", "ray_address",  # where requests run never changes a number (issue 15)
+              "samples"}  # the store keys each sample, so raising K reuses the first K (issue 14)
 
 
 def test_every_scoped_model_argument_is_covered():
@@ -224,3 +225,10 @@ def test_source_digest_covers_every_module_of_every_layer():
     hashed = {p.relative_to(root).as_posix() for p in scope_mod.source_files()}
     modules = {p.relative_to(root).as_posix() for p in root.rglob("*.py")}
     assert hashed == modules and {"cli.py", "engine/prefill.py", "runtime/derive.py", "report/store.py"} <= hashed
+
+
+def test_samples_leaves_the_scope_alone(base_store, tiny_pkg):
+    """--samples K only sets the tasks' repeats: stored samples stay reusable when K grows."""
+    store, base = base_store
+    _, lm = score(tiny_pkg, store, samples=8)
+    assert lm.store.scope.digest == base and lm.store.hits == 1

@@ -29,6 +29,15 @@ def stable_ints(key: list) -> list[int]:
     return [int.from_bytes(digest[i:i + 4], "little") for i in range(0, 16, 4)]
 
 
+def sample_rng(seed: int, key: list, candidate: int | None = None) -> np.random.Generator:
+    """The generator of one sample (docs/decoding.md, Seeding): ``key`` is the store key, the request's
+    args + its sample index (report/resume.request_keys); ``candidate``: an MBR candidate of it."""
+    from ortevals.engine.sampling import row_rng
+
+    request = json.dumps(key[:-1], sort_keys=True, default=str)
+    return row_rng(seed, request if candidate is None else f"{request}/mbr/{candidate}", int(key[-1]))
+
+
 def prompt_item(lm, args) -> tuple[list[int], object]:
     """(prompt ids, GenSettings) of one request; a prompt that leaves no room for max_gen_toks is an
     error naming the limit, or (truncate=left) left-truncated as lm-eval's hf backend does."""
@@ -76,5 +85,5 @@ def run_generation(runner, tokenizer, items: Sequence[tuple[list[int], object]],
         # prompts sharing a prefix are adjacent: the cursor rewinds instead of re-running it
         for i in singles:
             ids, settings = items[i]
-            rng = np.random.default_rng([settings.seed, *stable_ints(keys[i])])
+            rng = sample_rng(settings.seed, keys[i])
             finish(i, *generate(cursor, tokenizer, ids, settings, eos, rng, name=name(i)))

@@ -12,6 +12,7 @@ also what lm-eval's ``create_from_arg_string`` / ``create_from_arg_obj`` call.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
@@ -56,6 +57,7 @@ class OrtLM(TemplateLM):
         from ortevals.integrations.lm_media import MediaRouter
 
         self.media = MediaRouter(self)  # issue 13: opens nothing until a request carries media
+        self.sample_logprobs: dict[str, tuple[float, int]] = {}  # store key (JSON) → (log-prob, tokens)
 
     @classmethod
     def from_package(cls, args: ModelArgs) -> OrtLM:
@@ -240,27 +242,38 @@ class OrtLM(TemplateLM):
         items = [prompt_item(self, req.args) for req in requests]
         if not items:
             return []
-        runner = self.backends.genai if self.pool is None else None  # with workers the driver opens no og model
+        path = self._generation_path()
+        runner = self.backends.genai if path == "og" and self.pool is None else None  # workers: the driver opens no og
         results: list[str] = [""] * len(items)
         bar = tqdm(total=len(items), desc="ortevals generate", unit="req", disable=disable_tqdm, dynamic_ncols=True)
         start = time.perf_counter()
 
-        def finish(i: int, text: str, n: int) -> None:
+        def finish(i: int, text: str, n: int, logprob: float | None = None) -> None:
             results[i] = text
             self.stats["generated_tokens"] += n
             self.cache_hook.add_partial("generate_until", requests[i].args, text)
             if self.store is not None:
                 self.store.put("generate_until", keys[i], text)
+                if logprob is not None:  # best-of-k (report/samples.py) reads it back, resumed or not
+                    self.store.put("generate_until/logprob", keys[i], [logprob, n])
+            if logprob is not None:
+                self.sample_logprobs[json.dumps(keys[i], default=str)] = (logprob, n)
             bar.update(1)
 
         def name(i: int) -> str:  # a request in errors (non-finite logits)
             return request_name(i, requests[i])
 
-        width = self.args.gen_batch_size if runner is not None and runner.rewind_ok else 1  # og batches where exact
         try:
             if self.pool is not None:  # issue 15: workers on Ray; identical prompts stay on one worker
                 return self.pool.generate([r.args for r in requests], keys, [it[0] for it in items],
                                           lambda i, text: finish(i, text, 0), self._commit)
+            if path == "raw":  # issue 14: one prompt pass, K rows decoded together (engine/sampler.py)
+                from ortevals.engine.sampler import run_sampling
+
+                run_sampling(self._sampler(), items, keys, lambda i, s: finish(i, s.text, s.tokens, s.logprob),
+                             name=lambda i: request_name(i, requests[i]))
+                return results
+            width = self.args.gen_batch_size if runner.rewind_ok else 1  # batches only where og is exact
             run_generation(runner, self.tokenizer, items, keys, {self.eot_token_id, *self.package.eos_token_ids},
                            width, self.package.pad_token_id, finish,
                            name=lambda i: request_name(i, requests[i]))  # errors name the request
@@ -269,6 +282,29 @@ class OrtLM(TemplateLM):
             self.stats["requests"] += len(items)
             self.stats["seconds"] += time.perf_counter() - start
         return results
+
+    def _generation_path(self) -> str:
+        """raw (engine/sampler.py) or og, from gen_path and what the package allows."""
+        from ortevals.engine.sampler import can_serve
+
+        ok, why = can_serve(self.package, self.backends.capability)
+        if self.args.gen_path == "raw" and not ok:
+            raise OrtEvalsError(f"gen_path=raw is impossible for this package: {why}")
+        path = self.args.gen_path if self.args.gen_path != "auto" else ("raw" if ok else "og")
+        if path == "og":
+            log.info("generate_until goes to the onnxruntime-genai path%s", f" ({why})" if why else "")
+        return path
+
+    def _sampler(self):
+        """The raw path's sampler, on the log-likelihood path's runner (opened once)."""
+        if getattr(self, "_raw_sampler", None) is None:
+            from ortevals.engine.sampler import SharedPromptSampler
+
+            prefill = self.backends.prefill
+            self._raw_sampler = SharedPromptSampler(
+                prefill.runner, self.tokenizer, {self.eot_token_id, *self.package.eos_token_ids},
+                exact=prefill.settings.exact, prefix_cache=self.args.prefix_cache)
+        return self._raw_sampler
 
     def chat_template(self, chat_template: bool | str = False) -> str | None:
         if chat_template is False or chat_template is None:

@@ -5,7 +5,10 @@ the session's own provider and device: a ``[1,H,T,D]`` OrtValue becomes
 ``[B,H,T,D]`` without a round trip through the host. GroupQueryAttention needs
 the past of a batch as one contiguous tensor, so binding one OrtValue per row is
 not an option. Host (numpy) past is repeated with ``np.repeat`` by the caller.
-One session per element type, made on first use.
+The sampler (engine/sampler.py) also keeps only some rows of a past (``Gather``
+on axis 0: finished samples leave the batch) and cuts a past to its first
+tokens (``Slice`` on axis 2: a shared prompt prefix), the same way.
+One session per (op, element type), made on first use.
 """
 
 from __future__ import annotations
@@ -23,38 +26,49 @@ class Replicator:
         self.provider = provider
         self.device = device
         self.device_id = device_id
-        self._sessions: dict[int, object] = {}
+        self._sessions: dict[tuple[str, int], object] = {}
 
     def expand(self, value, batch: int):
         """value: OrtValue ``[1, ...]``; returns a new OrtValue ``[batch, ...]`` on the same device."""
         shape = list(value.shape())
         if shape[0] != 1:
             raise ValueError(f"only a one-row past can be replicated, got shape {shape}")
-        session = self._session(value.element_type())
+        return self._run("Expand", value, np.asarray([batch, *shape[1:]], dtype=np.int64))
+
+    def gather(self, value, rows) -> object:
+        """value: OrtValue ``[B, ...]``; returns rows ``rows`` (in that order) as a new OrtValue."""
+        return self._run("Gather", value, np.asarray(rows, dtype=np.int64))
+
+    def narrow(self, value, length: int) -> object:
+        """value: OrtValue ``[B,H,T,D]``; returns ``[B,H,:length,D]`` as a new OrtValue."""
+        return self._run("Slice", value, np.asarray([0, length, 2], dtype=np.int64))
+
+    def _run(self, op: str, value, arg: np.ndarray):
+        session = self._session(op, value.element_type())
         binding = session.io_binding()
         binding.bind_ortvalue_input("x", value)
-        binding.bind_cpu_input("shape", np.asarray([batch, *shape[1:]], dtype=np.int64))
+        binding.bind_cpu_input("arg", arg)
         binding.bind_output("y", self.device, self.device_id)
         session.run_with_iobinding(binding)
         return binding.get_outputs()[0]
 
-    def _session(self, elem_type: int):
-        if elem_type not in self._sessions:
-            self._sessions[elem_type] = self._open(elem_type)
-        return self._sessions[elem_type]
+    def _session(self, op: str, elem_type: int):
+        if (op, elem_type) not in self._sessions:
+            self._sessions[op, elem_type] = self._open(op, elem_type)
+        return self._sessions[op, elem_type]
 
-    def _open(self, elem_type: int):
+    def _open(self, op: str, elem_type: int):
         from onnx import TensorProto, helper  # only when a batch of prefix continuations is run
 
         from ortevals.runtime.sessions import check_provider
 
         ort = import_ort()
         graph = helper.make_graph(
-            [helper.make_node("Expand", ["x", "shape"], ["y"])], "replicate_past",
+            _nodes(op), f"past_{op.lower()}",
             [helper.make_tensor_value_info("x", elem_type, ["one", "h", "t", "d"]),
-             helper.make_tensor_value_info("shape", TensorProto.INT64, [4])],
+             helper.make_tensor_value_info("arg", TensorProto.INT64, [None])],
             [helper.make_tensor_value_info("y", elem_type, ["b", "h", "t", "d"])])
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
         model.ir_version = 8  # readable by every onnxruntime ortevals supports
         so = ort.SessionOptions()
         so.log_severity_level = 2
@@ -65,3 +79,15 @@ class Replicator:
         session = ort.InferenceSession(model.SerializeToString(), so, providers=providers)
         check_provider(session, self.provider, "replicate_past (built-in graph)")
         return session
+
+
+def _nodes(op: str) -> list:
+    """Expand(x, arg=shape) · Gather(x, arg=rows, axis 0) · Slice(x, arg=[start, end, axis])."""
+    from onnx import helper
+
+    if op == "Expand":
+        return [helper.make_node("Expand", ["x", "arg"], ["y"])]
+    if op == "Gather":
+        return [helper.make_node("Gather", ["x", "arg"], ["y"], axis=0)]
+    return [helper.make_node("Split", ["arg"], ["s", "e", "a"], axis=0, num_outputs=3),
+            helper.make_node("Slice", ["x", "s", "e", "a"], ["y"])]

@@ -253,6 +253,40 @@ class DecoderRunner:
         outs = binding.get_outputs()
         return [host_float32(outs[0]), *outs[1:]]
 
+    def forward_inplace(self, input_ids: np.ndarray, past: KVCache, positions: np.ndarray | None = None):
+        """One pass whose new tokens' KV is written into ``past``'s own buffers (GroupQueryAttention's
+        shared past/present buffer, as onnxruntime-genai runs it): no copy of the whole cache per pass.
+
+        past: host numpy ``[B,H,capacity,D]`` per layer holding ``past.length`` valid tokens (capacity
+        >= length + S). input_ids ``[B,S]``, no padding. Returns logits ``[B,S,V]`` (or ``[B,K,V]``
+        with ``positions``); the caller's cache then holds ``past.length + S`` tokens. Only graphs whose
+        attention shares the buffer can run it: the sampler checks that once against :meth:`forward`.
+        """
+        ort = import_ort()
+        mask = np.ones((input_ids.shape[0], past.length + input_ids.shape[1]), dtype=np.int64)
+        feeds = self._token_feeds(input_ids)
+        if self.gathers_positions:
+            if positions is None:
+                positions = np.broadcast_to(np.arange(input_ids.shape[1], dtype=np.int64), input_ids.shape)
+            feeds[POSITIONS] = np.ascontiguousarray(positions, dtype=np.int64)[:, :, None]
+        feeds.update(self._mask_feeds(input_ids.shape, mask, past))
+        binding = self.decoder.io_binding()
+        binding.bind_output(self.package.logits_name, "cpu")
+        for name, value in feeds.items():
+            binding.bind_cpu_input(name, np.ascontiguousarray(value))
+        for spec in self.package.kv:
+            for i, (inp, out) in enumerate(((spec.key_name, spec.present_key_name),
+                                            (spec.value_name, spec.present_value_name))):
+                value = ort.OrtValue.ortvalue_from_numpy(past.layers[spec.layer][i])  # shares the memory
+                binding.bind_ortvalue_input(inp, value)
+                binding.bind_ortvalue_output(out, value)
+        try:
+            self.decoder.run_with_iobinding(binding)
+        except Exception as e:
+            raise PackageError(f"{self.package.decoder.path}: onnxruntime failed to run the decoder with a "
+                               f"shared KV buffer: {first_line(e)}") from None
+        return host_float32(binding.get_outputs()[0])
+
     def repeat_past(self, past: KVCache, batch: int) -> KVCache:
         """``past`` of one row (``[1,H,T,D]`` per layer) replicated to ``[batch,H,T,D]``.
 
@@ -260,11 +294,28 @@ class DecoderRunner:
         """
         if batch == 1:
             return past
+        layers = tuple(tuple(np.repeat(t, batch, axis=0) if isinstance(t, np.ndarray)
+                             else self._replicator().expand(t, batch) for t in pair) for pair in past.layers)
+        return KVCache(layers, past.length)
+
+    def keep_rows(self, past: KVCache, rows) -> KVCache:
+        """Rows ``rows`` of a ``[B,H,T,D]`` past (finished samples leave a decode batch), where it lives."""
+        return KVCache(tuple(tuple(np.ascontiguousarray(t[rows]) if isinstance(t, np.ndarray)
+                                   else self._replicator().gather(t, rows) for t in pair)
+                             for pair in past.layers), past.length)
+
+    def narrow_past(self, past: KVCache, length: int) -> KVCache:
+        """The first ``length`` tokens of a past (a shared prompt prefix); not for windowed layers."""
+        if length == past.length:
+            return past
+        return KVCache(tuple(tuple(np.ascontiguousarray(t[:, :, :length]) if isinstance(t, np.ndarray)
+                                   else self._replicator().narrow(t, length) for t in pair)
+                             for pair in past.layers), length)
+
+    def _replicator(self) -> Replicator:
         if self.replicator is None:
             self.replicator = Replicator(ProviderConfig("cpu"), self.bind_device or "cpu", self.device_id)
-        layers = tuple(tuple(np.repeat(t, batch, axis=0) if isinstance(t, np.ndarray)
-                             else self.replicator.expand(t, batch) for t in pair) for pair in past.layers)
-        return KVCache(layers, past.length)
+        return self.replicator
 
     def _token_feeds(self, input_ids: np.ndarray) -> dict[str, np.ndarray]:
         ids_name = self.package.decoder.inputs.get("input_ids", "input_ids")

@@ -1,0 +1,281 @@
+"""The shared-prompt sampling engine: K samples of a prompt for little more than the cost of one.
+
+Owns generate_until on raw onnxruntime (the :class:`~ortevals.runtime.sessions.DecoderRunner`
+the log-likelihood path uses), for packages whose decoder returns logits for any position
+and keeps a plain (not windowed) KV cache:
+
+* identical requests (lm-eval's ``repeats: K`` hands the model K copies) become one
+  :class:`Job` of K rows, sample index = occurrence order (:func:`plan_jobs`);
+* each prompt is prefilled once; a prompt that starts like the one before it (the few-shot
+  header) runs only its new tokens on top of the previous prompt's KV cut to the shared
+  prefix (:meth:`SharedPromptSampler.prompt`);
+* the prompt's KV is replicated across the rows where it lives (``repeat_past``), and all
+  live rows take one token per decode pass; each row stops on its own (EOS, stop strings,
+  max_gen_toks: :class:`~ortevals.engine.generation.TextStream`) and leaves the batch at
+  once (its KV row is dropped: ``keep_rows``);
+* every row draws from its own generator, seeded by (seed, request, sample index), so a
+  sample's tokens do not depend on which rows ran beside it; greedy rows are all equal, so
+  greedy runs one row and copies it;
+* each sample's log-probability under the model (temperature 1, no filters), for
+  best-of-k.
+
+:class:`RawStepModel` is the same runner behind engine/search.py's ``StepModel`` protocol
+(beam search). Exact mode (a graph whose numbers depend on the pass: engine/invariance.py)
+decodes one row per pass and never reuses a prefix. Token choice lives in
+:mod:`ortevals.engine.generation`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ortevals.engine.generation import GenSettings, TextStream, check_logits
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One prompt and its rows: ``members`` are request indices, one per row, in occurrence order."""
+
+    prompt: tuple[int, ...]
+    settings: GenSettings
+    members: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One finished row: text cut at the first stop, tokens generated, their summed model log-prob
+    (EOS excluded), and the token ids (EOS excluded)."""
+
+    text: str
+    tokens: int
+    logprob: float
+    ids: tuple[int, ...] = ()
+
+
+def plan_jobs(items: Sequence[tuple[Sequence[int], GenSettings]]) -> list[Job]:
+    """Identical (prompt ids, settings) → one Job; jobs sorted by prompt ids, so prompts that share
+    a prefix are adjacent (the KV of one is reused by the next)."""
+    rows: dict[tuple, list[int]] = {}
+    for i, (ids, settings) in enumerate(items):
+        rows.setdefault((tuple(ids), settings), []).append(i)
+    jobs = [Job(prompt, settings, tuple(members)) for (prompt, settings), members in rows.items()]
+    jobs.sort(key=lambda j: j.prompt)
+    return jobs
+
+
+def can_serve(package, capability) -> tuple[bool, str]:
+    """Whether the raw path can generate for this package, and why not."""
+    if not capability.full_logits:
+        return False, capability.reason
+    if package.windowed:
+        return False, "its sliding layers keep a windowed KV cache"
+    return True, ""
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def token_logprob(logits: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """log softmax(logits)[row, tokens[row]] in float64; logits ``[R,V]``, tokens ``[R]`` → ``[R]``."""
+    x = np.asarray(logits, dtype=np.float64)
+    top = x.max(axis=1, keepdims=True)
+    lse = np.log(np.exp(x - top).sum(axis=1)) + top[:, 0]
+    return x[np.arange(len(tokens)), tokens] - lse
+
+
+class SharedPromptSampler:
+    """Runs :class:`Job` s on a DecoderRunner. ``stats`` counts prompt tokens run and reused,
+    decode passes and generated tokens."""
+
+    def __init__(self, runner, tokenizer, eos_ids: set[int], exact: bool = False, prefix_cache: bool = True,
+                 prefix_min: int = 16, kv_budget_mb: int = 4096) -> None:
+        self.runner, self.tokenizer, self.eos_ids = runner, tokenizer, eos_ids
+        self.exact = exact
+        self.prefix_cache = prefix_cache and not exact  # a shorter pass may change an exact-mode graph's numbers
+        self.prefix_min = prefix_min  # shared tokens worth a cut of the held KV
+        self.kv_budget = kv_budget_mb * 2**20
+        self.stats = {"prompts": 0, "prompt_tokens": 0, "reused_tokens": 0, "decode_passes": 0,
+                      "row_steps": 0, "generated_tokens": 0}
+        self._held: tuple[tuple[int, ...], object] | None = None  # last prompt and its one-row KV
+        self._kv_rows = None
+
+    @property
+    def kv_rows(self):
+        """How rows' KV is kept (engine/kvrows.py): in place on the host where the graph allows it."""
+        if self._kv_rows is None:
+            from ortevals.engine.kvrows import choose_kv
+
+            self._kv_rows = choose_kv(self.runner)
+            log.info("raw path: KV kept %s", self._kv_rows.name)
+        return self._kv_rows
+
+    def run(self, jobs: Sequence[Job], rng: Callable[..., np.random.Generator],
+            finish: Callable[[int, Sample], None], name: Callable[[int], str]) -> None:
+        """Every job's rows; ``rng(i)``: request i's generator (``rng(i, j)``: its MBR candidate j);
+        ``finish(i, sample)`` as each row ends."""
+        for job in jobs:
+            if job.settings.num_beams > 1:  # deterministic: one search serves every row
+                sample = self.beam(job.prompt, job.settings)
+                for i in job.members:
+                    finish(i, sample)
+                continue
+            logits, past = self.prompt(job.prompt, job.settings.max_gen_toks)
+            if job.settings.mbr_samples > 1:
+                self._mbr(job, logits, past, rng, finish, name)
+                continue
+            members = job.members if job.settings.do_sample else job.members[:1]  # greedy rows are equal
+            for chunk in self._chunks(members, past):
+                done = self.decode(logits, past, job.settings, [rng(i) for i in chunk], [name(i) for i in chunk],
+                                   job.prompt)
+                for i, sample in zip(chunk, done, strict=True):
+                    finish(i, sample)
+                    if not job.settings.do_sample:
+                        for twin in job.members[1:]:
+                            finish(twin, sample)
+
+    def _mbr(self, job: Job, logits, past, rng, finish, name) -> None:
+        """MBR (engine/mbr.py): per request, ``mbr_samples`` candidates decoded together from the shared
+        prompt (candidate j of request i draws from ``rng(i, j)``); the one closest to the others wins."""
+        from ortevals.engine.mbr import mbr_select
+
+        m = job.settings.mbr_samples
+        for i in job.members:
+            cands = self.decode(logits, past, job.settings, [rng(i, j) for j in range(m)], [name(i)] * m,
+                                job.prompt)
+            finish(i, cands[mbr_select([c.text for c in cands], job.settings.mbr_metric).index])
+
+    def beam(self, prompt: tuple[int, ...], settings: GenSettings) -> Sample:
+        """Beam / diverse beam search (engine/search.py) on this runner; the best hypothesis, cut at a stop."""
+        from ortevals.engine.search import beam_search
+
+        def is_stop(seq) -> bool:
+            text = self.tokenizer.decode(list(seq), skip_special_tokens=True)
+            return any(u in text for u in settings.until)
+
+        found = beam_search(RawStepModel(self.runner), prompt, settings, self.eos_ids, is_stop).best
+        stream = TextStream(self.tokenizer, settings, self.eos_ids)
+        for tok in found.tokens:
+            if stream.push(int(tok)):
+                break
+        self.stats["prompts"] += 1
+        self.stats["prompt_tokens"] += len(prompt)
+        self.stats["generated_tokens"] += len(stream.out)
+        return Sample(*stream.result, float(found.logprob), tuple(stream.out))
+
+    def _chunks(self, members: Sequence[int], past) -> list[Sequence[int]]:
+        """Rows per decode batch: one in exact mode, else as many as the KV budget holds."""
+        per_row = max(past.nbytes, 1) * 2  # copy: past and present live together for a pass
+        width = 1 if self.exact else max(1, min(len(members), self.kv_budget // per_row))
+        return [members[j:j + width] for j in range(0, len(members), width)]
+
+    def prompt(self, tokens: tuple[int, ...], max_new: int = 0) -> tuple[np.ndarray, object]:
+        """One prompt pass → (logits ``[V]`` after the last token, one-row KV of the whole prompt, with
+        room for ``max_new`` more tokens where the KV is kept in place).
+
+        The tokens shared with the previous prompt are not run again: its KV, cut to them, is the past.
+        """
+        kv_rows = self.kv_rows
+        capacity = len(tokens) + max_new + 1
+        base, past = 0, kv_rows.empty(1, capacity)
+        if self.prefix_cache and self._held is not None:
+            shared = min(common_prefix(self._held[0], tokens), len(tokens) - 1)  # one new token at least
+            if shared >= self.prefix_min:
+                base, past = shared, kv_rows.prefix(self._held[1], shared, capacity)
+        logits, kv = kv_rows.run(np.asarray([tokens[base:]], dtype=np.int64), past, last=True)
+        self.stats["prompts"] += 1
+        self.stats["prompt_tokens"] += len(tokens) - base
+        self.stats["reused_tokens"] += base
+        self._held = (tokens, kv) if self.prefix_cache else None
+        return logits[0], kv
+
+    def decode(self, logits: np.ndarray, past, settings: GenSettings, rngs: Sequence[np.random.Generator],
+               names: Sequence[str], prompt: Sequence[int] = ()) -> list[Sample]:
+        """Rows that continue one prompt: ``logits [V]`` after it, ``past`` its one-row KV, ``prompt`` its
+        ids (the repetition penalties look at them).
+
+        Each row draws from its own ``rngs[r]``; a finished row leaves the batch before the next pass.
+        """
+        from ortevals.engine.sampling import Sampler
+
+        rows = len(rngs)
+        streams = [TextStream(self.tokenizer, settings, self.eos_ids) for _ in range(rows)]
+        chooser = Sampler(settings, rngs)  # per-row generators (and Mirostat state), consumed by their row only
+        needs_history = settings.repetition_penalty != 1.0 or settings.no_repeat_ngram_size > 0
+        logprob = np.zeros(rows)
+        live = list(range(rows))  # rows still running, in batch order
+        step_logits = np.broadcast_to(logits, (rows, logits.shape[-1]))
+        past = self.kv_rows.repeat(past, rows)
+        while True:
+            top = np.max(step_logits, axis=1)
+            for b in np.flatnonzero(~np.isfinite(top)):
+                check_logits(step_logits[b], len(streams[live[b]].out) + 1, names[live[b]])
+            histories = [[*prompt, *streams[r].out] for r in live] if needs_history else [()] * len(live)
+            tokens = chooser.choose(step_logits, histories, live)
+            chosen = token_logprob(step_logits, tokens)
+            keep = []
+            for b, r in enumerate(live):
+                if tokens[b] not in self.eos_ids:
+                    logprob[r] += chosen[b]
+                if not streams[r].push(int(tokens[b])):
+                    keep.append(b)
+            if not keep:
+                break
+            if len(keep) < len(live):  # finished rows stop costing at once
+                past = self.kv_rows.keep(past, keep)
+            live = [live[b] for b in keep]
+            ids = tokens[keep][:, None]
+            step_logits, past = self.kv_rows.run(ids, past)
+            self.stats["decode_passes"] += 1
+            self.stats["row_steps"] += len(live)
+        self.stats["generated_tokens"] += sum(len(s.out) for s in streams)
+        return [Sample(*s.result, float(lp), tuple(s.out)) for s, lp in zip(streams, logprob, strict=True)]
+
+
+class RawStepModel:
+    """engine/search.py's ``StepModel`` on a DecoderRunner: ``start`` prefills the prompt once and
+    replicates its KV over ``rows``; ``step`` reorders the rows' KV by ``parents``, then appends
+    ``tokens``. Logits are float32 ``[rows, V]``."""
+
+    def __init__(self, runner) -> None:
+        from ortevals.engine.kvrows import CopyKV
+
+        self.kv_rows = CopyKV(runner)  # every step gathers rows by parents: a new cache each step anyway
+        self.past = None
+
+    def start(self, prompt: Sequence[int], rows: int) -> np.ndarray:
+        logits, kv = self.kv_rows.run(np.asarray([list(prompt)], dtype=np.int64), None, last=True)
+        self.past = self.kv_rows.repeat(kv, rows)
+        return np.repeat(logits, rows, axis=0)
+
+    def step(self, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
+        past = self.kv_rows.keep(self.past, np.asarray(parents, dtype=np.int64))
+        logits, self.past = self.kv_rows.run(np.asarray(tokens, dtype=np.int64)[:, None], past)
+        return logits
+
+
+def run_sampling(sampler: SharedPromptSampler, items: Sequence[tuple[Sequence[int], GenSettings]],
+                 keys: Sequence[list], finish: Callable[[int, Sample], None], name: Callable[[int], str]) -> None:
+    """generate_until's raw path: ``items[i]`` = (prompt ids, settings) of request i, ``keys[i]`` its store
+    key (request + sample index: resume.request_keys); request i draws from the generator the og path
+    would give it (engine/schedule.py), so a sample is the same whichever rows ran beside it."""
+    from ortevals.engine.schedule import sample_rng
+
+    jobs = plan_jobs(items)
+    log.info("generate_until: %d requests (%d prompts, up to %d samples each) on the raw shared-prompt path "
+             "(onnxruntime%s)", len(items), len(jobs), max((len(j.members) for j in jobs), default=0),
+             ", exact mode: one row per pass" if sampler.exact else "")
+    sampler.run(jobs, lambda i, candidate=None: sample_rng(items[i][1].seed, keys[i], candidate), finish, name)
+    s = sampler.stats
+    log.info("raw path: %d prompt tokens run, %d reused from a shared prefix, %d decode passes, %d tokens "
+             "generated", s["prompt_tokens"], s["reused_tokens"], s["decode_passes"], s["generated_tokens"])

@@ -1,0 +1,146 @@
+"""``--samples K``: inference-time scaling as an evaluation mode.
+
+Owns what the option does around one lm-eval run:
+
+* before: every ``generate_until`` task config gets ``repeats: K`` (lm-eval then hands the
+  model K identical requests per question, which the raw path decodes as K rows of one
+  prompt), and sampling gen_kwargs unless the user set a temperature: ``do_sample=True,
+  temperature=0.7`` (:data:`DEFAULT_TEMPERATURE`; ``--gen-kwargs temperature=…`` wins);
+* after: each sample's answer through the task's own filter chain (``take_first`` and
+  ``majority_vote`` left out, so every sample keeps its own answer), its correctness by the
+  task's ``exact_match`` settings, its mean log-prob and token count (stored by the model,
+  resumed runs included), then maj@k / pass@k / best-of-k for k = 1, 2, 4, … K
+  (:mod:`ortevals.report.scaling`) into results.json's per-task results in lm-eval's layout
+  (``maj@4,custom-extract``, ``maj@4_stderr,custom-extract``), and a plot per task.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ortevals.errors import OrtEvalsError
+
+log = logging.getLogger(__name__)
+DEFAULT_TEMPERATURE = 0.7
+SELECTORS = ("take_first", "majority_vote")  # filters that collapse the K samples to one answer
+
+
+def with_samples(tasks: Sequence[Any], k: int, task_manager) -> list[dict]:
+    """Task configs (names resolved to their YAML) with ``repeats: k`` on every generate_until task."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    from ortevals.presets import _leaf_configs
+
+    configs: list[dict] = []
+    for t in tasks:
+        configs.extend([dict(t)] if isinstance(t, dict) else _leaf_configs(task_manager, t, load_yaml))
+    generating = [c for c in configs if c.get("output_type") == "generate_until"]
+    if not generating:
+        names = ", ".join(str(c.get("task")) for c in configs)
+        raise OrtEvalsError(f"--samples {k} needs generate_until tasks; {names} score log-likelihoods "
+                            "(for MMLU-Pro use --cot)")
+    for c in generating:
+        c["repeats"] = k
+    return configs
+
+
+def sampling_gen_kwargs(user: dict | None) -> dict:
+    """The user's gen_kwargs, sampling at :data:`DEFAULT_TEMPERATURE` unless they set a temperature."""
+    user = dict(user or {})
+    if "temperature" in user:
+        return user
+    return {"do_sample": True, "temperature": DEFAULT_TEMPERATURE, **user}
+
+
+def sample_answers(cfg: dict, texts: Sequence[str], doc: dict) -> dict[str, list]:
+    """Per filter of the task: each sample's answer, ``None`` where nothing was extracted."""
+    import lm_eval.filters  # noqa: F401  (registers the filters)
+    from lm_eval.api.registry import get_filter
+
+    out: dict[str, list] = {}
+    for entry in cfg.get("filter_list") or [{"name": "none", "filter": []}]:
+        resps: list = [list(texts)]
+        fallback = None
+        for step in entry.get("filter", []):
+            kwargs = {k: v for k, v in step.items() if k != "function"}
+            if step["function"] in SELECTORS:
+                continue
+            fallback = kwargs.get("fallback", "[invalid]") if step["function"] == "regex" else fallback
+            resps = [list(r) for r in get_filter(step["function"])(**kwargs).apply(resps, [doc])]
+        out[entry["name"]] = [None if a == fallback else a for a in resps[0]]
+    return out
+
+
+def is_correct(cfg: dict, answers: Sequence, target) -> list[bool]:
+    """The task's exact_match settings (ignore_case, ignore_punctuation, regexes_to_ignore) per answer."""
+    from lm_eval.api.metrics import exact_match_hf_evaluate
+
+    metric = next((m for m in cfg.get("metric_list", []) if m.get("metric") == "exact_match"), None)
+    if metric is None:
+        raise OrtEvalsError(f"task {cfg.get('task')}: --samples reports maj@k/pass@k from exact_match; "
+                            "this task has no exact_match metric")
+    opts = {k: v for k, v in metric.items() if k in ("ignore_case", "ignore_punctuation", "ignore_numbers",
+                                                      "regexes_to_ignore")}
+    return [a is not None and bool(exact_match_hf_evaluate([str(a)], [str(target)], **opts)["exact_match"])
+            for a in answers]
+
+
+def sample_meta(lm, args: tuple, occurrence: int) -> tuple[float, int] | None:
+    """(summed log-prob, tokens) of one sample from this run or the store; None when unknown (og path)."""
+    key = [*args, occurrence]
+    found = getattr(lm, "sample_logprobs", {}).get(json.dumps(key, default=str))
+    if found is None and getattr(lm, "store", None) is not None:
+        stored = lm.store.get("generate_until/logprob", key)
+        found = tuple(stored) if stored is not None else None
+    return found
+
+
+def task_questions(cfg: dict, samples: Sequence[dict], lm) -> dict[str, list]:
+    """QuestionSamples per filter for one task's logged samples (each with K responses)."""
+    from ortevals.report.scaling import QuestionSamples
+
+    seen: dict[str, int] = {}
+    by_filter: dict[str, list] = {}
+    for s in sorted(samples, key=lambda s: s["doc_id"]):
+        texts = list(s["resps"][0])
+        args = tuple(s["arguments"][0]) if "arguments" in s else None
+        ident = json.dumps(args, sort_keys=True, default=str)
+        first = seen.get(ident, 0)
+        seen[ident] = first + len(texts)
+        metas = [sample_meta(lm, args, first + j) for j in range(len(texts))] if args else [None] * len(texts)
+        tokens = [m[1] if m else len(lm.tok_encode(t)) for m, t in zip(metas, texts, strict=True)]
+        mean_lp = None if any(m is None for m in metas) else tuple(m[0] / max(m[1], 1) for m in metas)
+        for name, answers in sample_answers(cfg, texts, s["doc"]).items():
+            by_filter.setdefault(name, []).append(QuestionSamples(
+                tuple(answers), tuple(is_correct(cfg, answers, s["target"])), mean_lp, tuple(tokens)))
+    return by_filter
+
+
+def add_scaling(results: dict, configs: Sequence[dict], lm, output: Path | None) -> list:
+    """maj@k / pass@k / best@k into ``results["results"][task]`` (every filter), and over all tasks'
+    questions pooled (first filter of each) into ``results["scaling"]``, plotted to ``output/scaling.png``.
+    Returns the pooled curve points."""
+    from ortevals.report.scaling import curve_plot, lm_eval_metrics, scaling_curves
+
+    pooled: list = []
+    for cfg in configs:
+        name = cfg.get("task")
+        samples = results.get("samples", {}).get(name)
+        if not cfg.get("repeats") or not samples:
+            continue
+        for i, (filt, questions) in enumerate(task_questions(cfg, samples, lm).items()):
+            results["results"].setdefault(name, {}).update(lm_eval_metrics(scaling_curves(questions), filt))
+            pooled.extend(questions if i == 0 else [])
+    if not pooled:
+        return []
+    points = scaling_curves(pooled)
+    results["scaling"] = {"questions": len(pooled), "samples": len(pooled[0].answers),
+                          "points": [p.__dict__ for p in points]}
+    if output is not None:
+        output.mkdir(parents=True, exist_ok=True)
+        curve_plot(points, output / "scaling.png", f"{len(pooled)} questions, K={len(pooled[0].answers)}")
+    return points

@@ -1,0 +1,167 @@
+"""Benchmark (issue 14 acceptance): K samples per question, ortevals vs lm-eval hf vs lm-eval onnxruntime-genai.
+
+One invocation runs every backend, one after the other, on the same task configs through
+``lm_eval.simple_evaluate``: chain-of-thought MMLU-Pro (``mmlu_pro``, the data bundled with
+ortevals, offline), one question per subject (``limit`` 1 per subtask), ``repeats: K`` at
+temperature T, ``max_gen_toks`` M, stop "Question:".
+
+* ortevals: the package on the raw shared-prompt path (engine/sampler.py): one prompt pass per
+  question, K rows decoded together, each stopping on its own.
+* lm-eval ``hf``: the same weights in PyTorch (the example's transformers folder), batch_size K
+  (the K repeats of a question are one batch: the strongest setting of that backend here).
+* lm-eval ``onnxruntime-genai``: the same package; batch 1, a new Generator per request, each
+  generation runs to max_gen_toks before the stop string is applied.
+
+Generated tokens = the returned texts re-tokenized with the package's tokenizer (the same count
+for every backend; og computes more than it returns). tokens/s = generated tokens / wall time of
+the evaluation (model loading apart). Also maj@k / pass@k (/ best@k for ortevals, which keeps
+each sample's log-prob) over the K samples (report/scaling.py).
+
+    python scripts/bench_samples.py                                  # 14 questions, K=16, M=128
+    python scripts/bench_samples.py --questions 2 --samples 4 --max-gen-toks 32 --out /tmp/short
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+BACKENDS = ("ortevals", "hf", "og")
+
+
+def task_configs(questions: int, k: int, max_gen: int, temperature: float) -> list[dict]:
+    from ortevals.presets import PRESETS, resolve_data, task_specs
+
+    preset = PRESETS["mmlu-pro-cot"]
+    configs = task_specs(preset, resolve_data(preset, "bundled"))[:questions]  # one question per subject
+    for c in configs:
+        c["repeats"] = k
+        c["generation_kwargs"] = {"until": ["Question:"], "max_gen_toks": max_gen, "do_sample": True,
+                                  "temperature": temperature}
+    return configs
+
+
+def load(backend: str, precision: str, k: int, threads: int):
+    from ortevals.package.examples import smollm2_hf_dir, smollm2_package
+
+    if backend == "ortevals":
+        from ortevals.integrations.lm import ModelArgs, OrtLM
+
+        return OrtLM.from_package(ModelArgs(pkg=str(smollm2_package(precision)), threads=threads))
+    if backend == "hf":
+        import torch
+        from lm_eval.models.huggingface import HFLM
+
+        torch.set_num_threads(threads)
+        return HFLM(pretrained=str(smollm2_hf_dir()), device="cpu", batch_size=k, dtype="float32", max_length=2048)
+    from lm_eval.models.onnxruntime_genai import ONNXRuntimeGenAILM
+
+    return ONNXRuntimeGenAILM(pretrained=str(smollm2_package(precision)), execution_provider="cpu")
+
+
+def run_backend(backend: str, args, configs: list[dict]) -> dict:
+    import lm_eval
+
+    from ortevals.evaluate import task_manager
+    from ortevals.package.tokenizer import Tokenizer
+    from ortevals.report.samples import task_questions
+    from ortevals.report.scaling import scaling_curves
+
+    t0 = time.perf_counter()
+    lm = load(backend, args.precision, args.samples, args.threads)
+    loaded = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    results = lm_eval.simple_evaluate(model=lm, tasks=copy.deepcopy(configs), limit=1, log_samples=True,
+                                      task_manager=task_manager(None, defaults=False))
+    wall = time.perf_counter() - t0
+    from ortevals.package.examples import smollm2_package
+    from ortevals.package.loader import ModelPackage
+
+    tok = Tokenizer.load(ModelPackage.load(smollm2_package(args.precision)))
+    counter = type("Tok", (), {"tok_encode": lambda self, t: tok.encode(t, False)})()
+    texts = [t for s in results["samples"].values() for e in s for t in e["resps"][0]]
+    tokens = sum(len(tok.encode(t, False)) for t in texts)
+    questions = []
+    for cfg in configs:
+        questions += next(iter(task_questions(cfg, results["samples"][cfg["task"]],
+                                              lm if backend == "ortevals" else counter).values()))
+    out = {"load_s": loaded, "wall_s": wall, "samples": len(texts), "generated_tokens": tokens,
+           "tokens_per_s": tokens / wall, "curve": [p.__dict__ for p in scaling_curves(questions)],
+           "exact_match": {t: r.get("exact_match,custom-extract") for t, r in results["results"].items()}}
+    if backend == "ortevals":
+        out["engine"] = dict(lm._sampler().stats)
+        out["engine"]["kv"] = lm._sampler().kv_rows.name
+    return out
+
+
+def plots(report: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ortevals.report.scaling import CurvePoint, curve_plot
+
+    done = {b: r for b, r in report["backends"].items() if "tokens_per_s" in r}
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.bar(list(done), [r["tokens_per_s"] for r in done.values()], color=["C0", "C1", "C2"][:len(done)])
+    for i, r in enumerate(done.values()):
+        ax.text(i, r["tokens_per_s"], f"{r['tokens_per_s']:.1f}\n{r['wall_s']:.0f} s", ha="center", va="bottom")
+    cfg = report["config"]
+    ax.set_ylabel("generated tokens / s")
+    ax.set_title(f"MMLU-Pro CoT, {cfg['questions']} questions x K={cfg['samples']}, T={cfg['temperature']}, "
+                 f"{cfg['max_gen_toks']} tokens", fontsize=9)
+    ax.margins(y=0.25)
+    fig.tight_layout()
+    fig.savefig(out / "tokens_per_s.png", dpi=120)
+    plt.close(fig)
+    if "ortevals" in done:
+        points = [CurvePoint(**p) for p in done["ortevals"]["curve"]]
+        curve_plot(points, out / "scaling.png", f"ortevals, SmolLM2-135M {cfg['precision']}: maj@k / pass@k / "
+                   f"best@k over {cfg['questions']} questions")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--questions", type=int, default=14)
+    ap.add_argument("--samples", type=int, default=16)
+    ap.add_argument("--max-gen-toks", type=int, default=128)
+    ap.add_argument("--temperature", type=float, default=0.7)
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "int8", "int4"])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--backends", default=",".join(BACKENDS))
+    ap.add_argument("--out", type=Path, default=REPO / "docs" / "bench-samples")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    configs = task_configs(args.questions, args.samples, args.max_gen_toks, args.temperature)
+    report = {"config": {"questions": len(configs), "samples": args.samples, "max_gen_toks": args.max_gen_toks,
+                         "temperature": args.temperature, "precision": args.precision, "threads": args.threads,
+                         "cpus": os.cpu_count(), "load_avg_start": os.getloadavg()},
+              "backends": {}}
+    for backend in args.backends.split(","):
+        print(f"== {backend}", flush=True)
+        report["backends"][backend] = run_backend(backend, args, configs)
+        r = report["backends"][backend]
+        print(f"{backend}: {r['generated_tokens']} tokens in {r['wall_s']:.1f} s = {r['tokens_per_s']:.2f} tok/s "
+              f"(load {r['load_s']:.1f} s)", flush=True)
+        b = report["backends"]
+        report["ratios"] = {f"ortevals/{o}": b["ortevals"]["tokens_per_s"] / b[o]["tokens_per_s"]
+                            for o in b if o != "ortevals" and "ortevals" in b}
+        report["config"]["load_avg_end"] = os.getloadavg()
+        (args.out / "bench_samples.json").write_text(json.dumps(report, indent=2))
+        plots(report, args.out)
+    print(json.dumps(report.get("ratios", {}), indent=2))
+
+
+if __name__ == "__main__":
+    main()
