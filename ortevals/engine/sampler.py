@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ortevals.engine.generation import GenSettings, TextStream, check_logits
+from ortevals.engine.prefix import common_prefix
 
 log = logging.getLogger(__name__)
 
@@ -76,14 +77,6 @@ def can_serve(package, capability) -> tuple[bool, str]:
     if package.windowed:
         return False, "its sliding layers keep a windowed KV cache"
     return True, ""
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def token_logprob(logits: np.ndarray, tokens: np.ndarray) -> np.ndarray:

@@ -97,6 +97,28 @@ def rewind_is_exact(package: ModelPackage) -> tuple[bool, str]:
     return True, ""
 
 
+def og_config(og, package: ModelPackage, provider: ProviderConfig, sections: tuple[str, ...]):
+    """An ``og.Config`` on exactly the provider asked for (CPU: none appended), after refusing a package
+    whose ``sections`` name a native custom-ops library (never loaded from a package)."""
+    model = package.config["model"]
+    for section in sections:
+        opts = model[section].get("session_options", {}) if isinstance(model.get(section), dict) else {}
+        if isinstance(opts, dict) and opts.get("custom_ops_library"):
+            raise PackageError(f"{package.root / 'genai_config.json'}: model.{section}.session_options."
+                               "custom_ops_library is set; ortevals does not load native libraries "
+                               "named by a package")
+    config = og.Config(str(package.root))
+    config.clear_providers()
+    if provider.name != "cpu":
+        try:
+            config.append_provider(provider.name)
+            for key, value in provider.options.items():
+                config.set_provider_option(provider.name, key, value)
+        except Exception as e:
+            raise ProviderError(f"onnxruntime-genai cannot use provider {provider.name!r}: {e}") from None
+    return config
+
+
 class GenaiRunner:
     """An ``og.Model`` opened on one provider. Build with :meth:`open`."""
 
@@ -110,21 +132,7 @@ class GenaiRunner:
     @classmethod
     def open(cls, package: ModelPackage, provider: ProviderConfig) -> GenaiRunner:
         og = import_og()
-        for section in ("decoder", "embedding"):
-            opts = package.config["model"].get(section, {}).get("session_options", {})
-            if isinstance(opts, dict) and opts.get("custom_ops_library"):
-                raise PackageError(f"{package.root / 'genai_config.json'}: model.{section}.session_options."
-                                   "custom_ops_library is set; ortevals does not load native libraries "
-                                   "named by a package")
-        config = og.Config(str(package.root))
-        config.clear_providers()
-        if provider.name != "cpu":
-            try:
-                config.append_provider(provider.name)
-                for key, value in provider.options.items():
-                    config.set_provider_option(provider.name, key, value)
-            except Exception as e:
-                raise ProviderError(f"onnxruntime-genai cannot use provider {provider.name!r}: {e}") from None
+        config = og_config(og, package, provider, ("decoder", "embedding"))
         threads = {"intra_op_num_threads": provider.intra_op_threads, "inter_op_num_threads": 1}
         overlay = {"model": {s: {"session_options": threads} for s in ("decoder", "embedding")
                              if s in package.config["model"]}}

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ortevals.errors import OrtEvalsError, PackageError, ProviderError, first_line
+from ortevals.errors import OrtEvalsError, PackageError, first_line
 from ortevals.package.loader import ModelPackage
 from ortevals.package.media import Media
 from ortevals.runtime import import_og
-from ortevals.runtime.genai import NEUTRAL_SEARCH
+from ortevals.runtime.genai import NEUTRAL_SEARCH, og_config
 from ortevals.runtime.providers import ProviderConfig
 
 log = logging.getLogger(__name__)
@@ -59,22 +59,7 @@ class MediaRunner:
     def open(cls, package: ModelPackage, provider: ProviderConfig) -> MediaRunner:
         og = import_og()
         model = package.config["model"]
-        for section in SECTIONS:
-            opts = (model.get(section) or {}).get("session_options", {}) if isinstance(model.get(section), dict) \
-                else {}
-            if isinstance(opts, dict) and opts.get("custom_ops_library"):
-                raise PackageError(f"{package.root / 'genai_config.json'}: model.{section}.session_options."
-                                   "custom_ops_library is set; ortevals does not load native libraries "
-                                   "named by a package")
-        config = og.Config(str(package.root))
-        config.clear_providers()
-        if provider.name != "cpu":
-            try:
-                config.append_provider(provider.name)
-                for key, value in provider.options.items():
-                    config.set_provider_option(provider.name, key, value)
-            except Exception as e:
-                raise ProviderError(f"onnxruntime-genai cannot use provider {provider.name!r}: {e}") from None
+        config = og_config(og, package, provider, SECTIONS)
         threads = {"intra_op_num_threads": provider.intra_op_threads, "inter_op_num_threads": 1}
         overlay = {"model": {s: {"session_options": threads} for s in SECTIONS
                              if isinstance(model.get(s), dict) and (s in ("decoder", "embedding")
