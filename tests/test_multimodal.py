@@ -399,6 +399,24 @@ def test_ortlm_routes_media_and_keeps_text_on_the_text_path(gemma4_mm, engine):
     assert abs(got[2][0] - ref[0]) <= TOL and got[2][1] == ref[1]
 
 
+def test_rolling_loglikelihood_with_media_is_one_line_and_the_empty_media_argument_is_dropped(gemma4_mm):
+    from lm_eval.api.instance import Instance
+    from PIL import Image
+
+    from ortevals.integrations.lm import ModelArgs, OrtLM
+
+    lm = OrtLM.from_package(ModelArgs(pkg=str(gemma4_mm[1])))
+    plain, empty = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, ("The cat sat on the mat.",), 0),
+                                             Instance("loglikelihood_rolling", {}, ("The cat sat on the mat.",
+                                                                                     {"visual": []}), 1)],
+                                            disable_tqdm=True)
+    assert plain == empty and plain < 0
+    pil = Image.open(image_path("chelsea.png"))
+    with pytest.raises(OrtEvalsError, match="^request 0: loglikelihood_rolling with images or audio is not "):
+        lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, ("A cat.", {"visual": [pil]}), 0)])
+    assert lm.media._engine is None
+
+
 def test_media_answers_are_stored_by_content_and_resumed(gemma4_mm, tmp_path):
     from lm_eval.api.instance import Instance
     from PIL import Image

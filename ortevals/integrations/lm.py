@@ -202,6 +202,7 @@ class OrtLM(TemplateLM):
         return [(s.logprob, s.greedy) for s in scores]
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        requests = self.media.rolling(requests)  # issue 13: text only
         return self._stored("loglikelihood_rolling", requests, lambda rs, _: self._rolling(rs, disable_tqdm), float)
 
     def _rolling(self, requests, disable_tqdm: bool) -> list[float]:

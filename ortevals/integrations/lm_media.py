@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from tqdm import tqdm
 
 from ortevals.engine.multimodal import MediaRequest, media_digest
+from ortevals.errors import OrtEvalsError
 from ortevals.package.media import Media, to_media_list
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,15 @@ class MediaRouter:
         self._memo.clear()
 
     # --- lm-eval request types ---------------------------------------------------------------
+    def rolling(self, requests) -> list:
+        """loglikelihood_rolling has no media form (lm-eval's own hf multimodal model refuses it too):
+        media are a one-line error, lm-eval's empty media argument is dropped."""
+        for i, r in enumerate(requests):
+            if self.media(r.args):
+                raise OrtEvalsError(f"request {i}: loglikelihood_rolling with images or audio is not supported "
+                                    "(perplexity tasks are text-only); use loglikelihood or generate_until")
+        return [_text_only(r) for r in requests]
+
     def loglikelihood(self, requests, keys: list[list], text: Callable[[list], list], disable_tqdm: bool) -> list:
         media = [self.media(r.args) for r in requests]
         out: list = [None] * len(requests)
