@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ortevals.engine import scoring
+
 if TYPE_CHECKING:
     from ortevals.engine.generation import GenSettings
 
@@ -45,9 +47,8 @@ def softmax(x: np.ndarray) -> np.ndarray:
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
-    """Row-wise log-softmax of ``[R, V]`` (float64)."""
-    top = np.max(x, axis=-1, keepdims=True)
-    return x - top - np.log(np.exp(x - top).sum(axis=-1, keepdims=True))
+    """Row-wise log-softmax of ``[R, V]`` in float64 (the scoring path's function, at double precision)."""
+    return scoring.log_softmax(x, np.float64)
 
 
 def temperature(x: np.ndarray, t: float) -> np.ndarray:
