@@ -6,7 +6,9 @@ Owns two ways of holding a decode batch's KV behind one interface (``empty``/``p
 * :class:`InplaceKV` (host numpy KV): buffers ``[rows, H, capacity, D]`` sized for the prompt
   plus max_gen_toks, bound as both past input and present output, so GroupQueryAttention
   writes each new token in place (onnxruntime-genai's ``past_present_share_buffer``). A
-  decode pass then costs its attention reads, not a copy of the whole cache.
+  decode pass then costs its attention reads, not a copy of the whole cache. Decode rows live
+  in reusable arenas: replicating a prompt copies its valid tokens only, and a finished row
+  leaves by moving the rows after it forward in place.
 * :class:`CopyKV`: the plain way, present = a new cache every pass (device KV, or a graph
   whose attention cannot share the buffer); row ops run where the KV lives.
 
@@ -77,6 +79,7 @@ class InplaceKV:
         self.runner = runner
         self.KVCache = KVCache
         self.specs = runner.package.kv
+        self._arenas: dict[int, np.ndarray] = {}  # decode rows' KV, reused from batch to batch
 
     def empty(self, rows: int, capacity: int):
         return self.KVCache(tuple(tuple(np.zeros((rows, s.kv_heads, capacity, s.head_size), dtype=s.dtype)
@@ -98,12 +101,37 @@ class InplaceKV:
         return _last(logits), self.KVCache(past.layers, past.length + ids.shape[1])
 
     def repeat(self, past, rows: int):
-        if rows == 1:
-            return self.KVCache(tuple(tuple(t.copy() for t in pair) for pair in past.layers), past.length)
-        return self.runner.repeat_past(past, rows)  # np.repeat: a copy the rows own
+        """The one-row prompt KV copied into ``rows`` rows of the arena (its valid tokens only)."""
+        layers = []
+        for li, pair in enumerate(past.layers):
+            out = []
+            for j, t in enumerate(pair):
+                buf = self._arena(2 * li + j, (rows, *t.shape[1:]), t.dtype)
+                buf[:, :, :past.length] = t[:, :, :past.length]  # broadcast over rows
+                out.append(buf)
+            layers.append(tuple(out))
+        return self.KVCache(tuple(layers), past.length)
 
     def keep(self, past, rows):
-        return self.runner.keep_rows(past, rows)
+        """Rows ``rows`` (ascending batch indices) moved to the front in place, order kept; the
+        leading rows are a contiguous view. Only valid tokens move (no allocation, no full copy)."""
+        rows = [int(r) for r in rows]
+        for pair in past.layers:
+            for t in pair:
+                for slot, src in enumerate(rows):
+                    if src != slot:  # src > slot: a source is never a slot already written
+                        t[slot, :, :past.length] = t[src, :, :past.length]
+        return self.KVCache(tuple(tuple(t[:len(rows)] for t in pair) for pair in past.layers), past.length)
+
+    def _arena(self, index: int, shape: tuple, dtype) -> np.ndarray:
+        """A contiguous ``shape`` view of reusable flat buffer ``index`` (grown when too small): decode
+        batches after the first write to memory already mapped, and GQA binds the view as is."""
+        size = int(np.prod(shape))
+        flat = self._arenas.get(index)
+        if flat is None or flat.size < size or flat.dtype != dtype:
+            # 25% headroom: a slightly longer prompt later does not map (and fault in) the arena again
+            flat = self._arenas[index] = np.empty(size + size // 4, dtype=dtype)
+        return flat[:size].reshape(shape)
 
 
 def choose_kv(runner, vocab_tokens: int = 3):
