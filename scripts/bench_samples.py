@@ -14,10 +14,13 @@ temperature T, ``max_gen_toks`` M, stop "Question:".
 
 Generated tokens = the returned texts re-tokenized with the package's tokenizer (the same count
 for every backend; og computes more than it returns). tokens/s = generated tokens / wall time of
-the evaluation (model loading apart). Also maj@k / pass@k (/ best@k for ortevals, which keeps
+the evaluation (model loading apart); each question is its own timed ``simple_evaluate`` call, so
+with ``--hf-questions N`` (hf takes minutes a question) the ratio to hf is taken over the same N
+questions. Also maj@k / pass@k (/ best@k for ortevals, which keeps
 each sample's log-prob) over the K samples (report/scaling.py).
 
     python scripts/bench_samples.py                                  # 14 questions, K=16, M=128
+    python scripts/bench_samples.py --hf-questions 2                 # hf on the first 2 of them only
     python scripts/bench_samples.py --questions 2 --samples 4 --max-gen-toks 32 --out /tmp/short
 """
 
@@ -70,9 +73,13 @@ def load(backend: str, precision: str, k: int, threads: int):
 
 
 def run_backend(backend: str, args, configs: list[dict]) -> dict:
+    """Each question in its own ``simple_evaluate`` call, timed alone: per-question wall times let a
+    backend that runs fewer questions (``--hf-questions``) be compared on the same ones."""
     import lm_eval
 
     from ortevals.evaluate import task_manager
+    from ortevals.package.examples import smollm2_package
+    from ortevals.package.loader import ModelPackage
     from ortevals.package.tokenizer import Tokenizer
     from ortevals.report.samples import task_questions
     from ortevals.report.scaling import scaling_curves
@@ -80,27 +87,44 @@ def run_backend(backend: str, args, configs: list[dict]) -> dict:
     t0 = time.perf_counter()
     lm = load(backend, args.precision, args.samples, args.threads)
     loaded = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    results = lm_eval.simple_evaluate(model=lm, tasks=copy.deepcopy(configs), limit=1, log_samples=True,
-                                      task_manager=task_manager(None, defaults=False))
-    wall = time.perf_counter() - t0
-    from ortevals.package.examples import smollm2_package
-    from ortevals.package.loader import ModelPackage
-
     tok = Tokenizer.load(ModelPackage.load(smollm2_package(args.precision)))
     counter = type("Tok", (), {"tok_encode": lambda self, t: tok.encode(t, False)})()
-    texts = [t for s in results["samples"].values() for e in s for t in e["resps"][0]]
-    tokens = sum(len(tok.encode(t, False)) for t in texts)
-    questions = []
+    questions, per_question = [], []
     for cfg in configs:
+        t0 = time.perf_counter()
+        results = lm_eval.simple_evaluate(model=lm, tasks=[copy.deepcopy(cfg)], limit=1, log_samples=True,
+                                          task_manager=task_manager(None, defaults=False))
+        wall = time.perf_counter() - t0
+        texts = [t for e in results["samples"][cfg["task"]] for t in e["resps"][0]]
+        tokens = sum(len(tok.encode(t, False)) for t in texts)
         questions += next(iter(task_questions(cfg, results["samples"][cfg["task"]],
                                               lm if backend == "ortevals" else counter).values()))
-    out = {"load_s": loaded, "wall_s": wall, "samples": len(texts), "generated_tokens": tokens,
-           "tokens_per_s": tokens / wall, "curve": [p.__dict__ for p in scaling_curves(questions)],
-           "exact_match": {t: r.get("exact_match,custom-extract") for t, r in results["results"].items()}}
+        per_question.append({"task": cfg["task"], "wall_s": wall, "samples": len(texts), "generated_tokens": tokens,
+                             "exact_match": results["results"][cfg["task"]].get("exact_match,custom-extract")})
+        print(f"  {cfg['task']}: {tokens} tokens in {wall:.1f} s", flush=True)
+    wall = sum(q["wall_s"] for q in per_question)
+    tokens = sum(q["generated_tokens"] for q in per_question)
+    out = {"load_s": loaded, "wall_s": wall, "questions": len(per_question), "samples": len(questions) and
+           sum(q["samples"] for q in per_question), "generated_tokens": tokens, "tokens_per_s": tokens / wall,
+           "curve": [p.__dict__ for p in scaling_curves(questions)], "per_question": per_question}
     if backend == "ortevals":
         out["engine"] = dict(lm._sampler().stats)
         out["engine"]["kv"] = lm._sampler().kv_rows.name
+    return out
+
+
+def ratios(backends: dict) -> dict:
+    """ortevals' tokens/s over each peer's, on the questions both ran (the peer's first n)."""
+    ours = backends.get("ortevals")
+    out = {}
+    for name, r in backends.items():
+        if name == "ortevals" or ours is None:
+            continue
+        n = r["questions"]
+        mine = ours["per_question"][:n]
+        rate = sum(q["generated_tokens"] for q in mine) / sum(q["wall_s"] for q in mine)
+        out[f"ortevals/{name}"] = {"questions": n, "ratio": rate / r["tokens_per_s"],
+                                   "ortevals_tokens_per_s": rate, "peer_tokens_per_s": r["tokens_per_s"]}
     return out
 
 
@@ -116,7 +140,8 @@ def plots(report: dict, out: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.bar(list(done), [r["tokens_per_s"] for r in done.values()], color=["C0", "C1", "C2"][:len(done)])
     for i, r in enumerate(done.values()):
-        ax.text(i, r["tokens_per_s"], f"{r['tokens_per_s']:.1f}\n{r['wall_s']:.0f} s", ha="center", va="bottom")
+        ax.text(i, r["tokens_per_s"], f"{r['tokens_per_s']:.1f}\n{r['wall_s']:.0f} s, {r['questions']} q",
+                ha="center", va="bottom")
     cfg = report["config"]
     ax.set_ylabel("generated tokens / s")
     ax.set_title(f"MMLU-Pro CoT, {cfg['questions']} questions x K={cfg['samples']}, T={cfg['temperature']}, "
@@ -140,6 +165,8 @@ def main() -> None:
     ap.add_argument("--precision", default="fp32", choices=["fp32", "int8", "int4"])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--backends", default=",".join(BACKENDS))
+    ap.add_argument("--hf-questions", type=int, default=None,
+                    help="run lm-eval hf on the first N questions only (about 8 min a question on 2 cores)")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "bench-samples")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -148,15 +175,16 @@ def main() -> None:
                          "temperature": args.temperature, "precision": args.precision, "threads": args.threads,
                          "cpus": os.cpu_count(), "load_avg_start": os.getloadavg()},
               "backends": {}}
+    import torch  # noqa: F401 - simple_evaluate imports torch to seed it: once here, in no backend's time
+
     for backend in args.backends.split(","):
         print(f"== {backend}", flush=True)
-        report["backends"][backend] = run_backend(backend, args, configs)
+        mine = configs[:args.hf_questions] if backend == "hf" and args.hf_questions else configs
+        report["backends"][backend] = run_backend(backend, args, mine)
         r = report["backends"][backend]
         print(f"{backend}: {r['generated_tokens']} tokens in {r['wall_s']:.1f} s = {r['tokens_per_s']:.2f} tok/s "
               f"(load {r['load_s']:.1f} s)", flush=True)
-        b = report["backends"]
-        report["ratios"] = {f"ortevals/{o}": b["ortevals"]["tokens_per_s"] / b[o]["tokens_per_s"]
-                            for o in b if o != "ortevals" and "ortevals" in b}
+        report["ratios"] = ratios(report["backends"])
         report["config"]["load_avg_end"] = os.getloadavg()
         (args.out / "bench_samples.json").write_text(json.dumps(report, indent=2))
         plots(report, args.out)
