@@ -156,6 +156,34 @@ def plots(report: dict, out: Path) -> None:
                    f"best@k over {cfg['questions']} questions")
 
 
+def table(report: dict) -> str:
+    """Markdown: per question, each backend's tokens and seconds; then the totals and ortevals' ratio
+    to each peer on the questions that peer ran."""
+    b = report["backends"]
+    names = list(b)
+    head = "| question | " + " | ".join(f"{n} tokens | {n} s" for n in names) + " |"
+    lines = [head, "|---|" + "---:|" * (2 * len(names))]
+    for i, q in enumerate(b[names[0]]["per_question"]):
+        cells = []
+        for n in names:
+            pq = b[n]["per_question"]
+            cells += [str(pq[i]["generated_tokens"]), f"{pq[i]['wall_s']:.1f}"] if i < len(pq) else ["—", "—"]
+        lines.append(f"| {q['task'].removeprefix('mmlu_pro_')} | " + " | ".join(cells) + " |")
+    lines += ["", "| backend | questions | samples | tokens | seconds | tokens/s | ortevals × (same questions) |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
+    for n, r in b.items():
+        ratio = report.get("ratios", {}).get(f"ortevals/{n}")
+        lines.append(f"| {n} | {r['questions']} | {r['samples']} | {r['generated_tokens']} | {r['wall_s']:.1f} | "
+                     f"{r['tokens_per_s']:.2f} | " + (f"**{ratio['ratio']:.1f}×**" if ratio else "—") + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write(report: dict, out: Path) -> None:
+    (out / "bench_samples.json").write_text(json.dumps(report, indent=2))
+    (out / "bench_samples.md").write_text(table(report))
+    plots(report, out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--questions", type=int, default=14)
@@ -168,8 +196,12 @@ def main() -> None:
     ap.add_argument("--hf-questions", type=int, default=None,
                     help="run lm-eval hf on the first N questions only (about 8 min a question on 2 cores)")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "bench-samples")
+    ap.add_argument("--from-json", type=Path, default=None,
+                    help="only redraw the plots and the markdown table of a finished run's bench_samples.json")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.from_json is not None:
+        return write(json.loads(args.from_json.read_text()), args.out)
     configs = task_configs(args.questions, args.samples, args.max_gen_toks, args.temperature)
     report = {"config": {"questions": len(configs), "samples": args.samples, "max_gen_toks": args.max_gen_toks,
                          "temperature": args.temperature, "precision": args.precision, "threads": args.threads,
@@ -186,8 +218,7 @@ def main() -> None:
               f"(load {r['load_s']:.1f} s)", flush=True)
         report["ratios"] = ratios(report["backends"])
         report["config"]["load_avg_end"] = os.getloadavg()
-        (args.out / "bench_samples.json").write_text(json.dumps(report, indent=2))
-        plots(report, args.out)
+        write(report, args.out)
     print(json.dumps(report.get("ratios", {}), indent=2))
 
 
