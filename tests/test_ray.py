@@ -61,11 +61,15 @@ def test_generation_on_two_workers_equals_one_process(ray_cluster, tiny_pkg):
             for i, p in enumerate(prompts)]
     reqs += [Instance("generate_until", {}, ("nine ten", {"do_sample": True, "temperature": 1.0, "max_gen_toks": 6}),
                       10 + i) for i in range(3)]  # three samples of one prompt: seeds by occurrence, kept together
-    one = OrtLM.from_package(parse_model_args({"pkg": str(tiny_pkg)})).generate_until(reqs, disable_tqdm=True)
-    two = OrtLM.from_package(parse_model_args({"pkg": str(tiny_pkg), "workers": 2})).generate_until(
-        reqs, disable_tqdm=True)
+    lm1 = OrtLM.from_package(parse_model_args({"pkg": str(tiny_pkg)}))
+    lm2 = OrtLM.from_package(parse_model_args({"pkg": str(tiny_pkg), "workers": 2}))
+    one, two = lm1.generate_until(reqs, disable_tqdm=True), lm2.generate_until(reqs, disable_tqdm=True)
     assert one == two
     assert len(set(one[-3:])) > 1  # the samples differ from one another, identically in both runs
+    # best-of-k's input comes back from the workers: each sample's (log-prob, tokens), as one process has it
+    assert len(lm1.sample_logprobs) == len(reqs)  # the raw path keeps every request's, keyed by occurrence
+    assert lm2.sample_logprobs == lm1.sample_logprobs
+    assert lm2.stats["generated_tokens"] == lm1.stats["generated_tokens"] > 0
 
 
 def store_rows(path) -> list:

@@ -267,7 +267,7 @@ class OrtLM(TemplateLM):
         try:
             if self.pool is not None:  # issue 15: workers on Ray; identical prompts stay on one worker
                 return self.pool.generate([r.args for r in requests], keys, [it[0] for it in items],
-                                          lambda i, text: finish(i, text, 0), self._commit)
+                                          lambda i, text, lp, n: finish(i, text, n, lp), self._commit)
             if path == "raw":  # issue 14: one prompt pass, K rows decoded together (engine/sampler.py)
                 from ortevals.engine.sampler import run_sampling
 
