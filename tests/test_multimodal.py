@@ -137,6 +137,31 @@ def test_generate_greedy_equals_oracle_and_seeds(engine):
     assert a == b and a[0] != a[1]  # seeded per request and repeat: reproducible, repeats differ
 
 
+def test_generate_applies_the_repetition_penalty_over_prompt_and_output(engine):
+    """repetition_penalty on a media prompt: greedy over the oracle's logits after transformers'
+    RepetitionPenaltyLogitsProcessor, whose history is the processor's ids (image tokens included)
+    + the tokens generated so far (as on the text path)."""
+    import torch
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    img = to_media(image_path("chelsea.png"))
+    s = GenSettings(max_gen_toks=8, repetition_penalty=3.0)
+    text = engine.generate([MediaRequest("Describe:", None, (img,), s)])[0]
+    penalty = RepetitionPenaltyLogitsProcessor(3.0)
+    processed = engine.runner.process(engine.prompt("Describe:", (img,)), (img,))
+    feeds, out = processed.numpy(), []
+    for _ in range(8):
+        ids = torch.as_tensor(feeds["input_ids"], dtype=torch.long)
+        logits = torch.as_tensor(ort_oracle(engine.package.root, feeds)[-1:], dtype=torch.float32)
+        nxt = int(penalty(ids, logits)[0].argmax())
+        if nxt in engine.eos_ids:
+            break
+        out.append(nxt)
+        feeds["input_ids"] = np.concatenate([feeds["input_ids"], [[nxt]]], 1).astype(feeds["input_ids"].dtype)
+    assert text == engine.tokenizer.decode(out, skip_special_tokens=True)
+    assert text != engine.generate([MediaRequest("Describe:", None, (img,), GenSettings(max_gen_toks=8))])[0]
+
+
 # --- lm-eval end to end ------------------------------------------------------------------------
 
 CHOICES = ["a man in space", "a cat", "a cup of coffee"]

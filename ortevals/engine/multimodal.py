@@ -11,8 +11,9 @@ onnxruntime-genai's own processor and pipeline (:mod:`ortevals.runtime.media`):
   in og 0.18 on a full KV cache (tests/test_multimodal.py). A windowed sliding KV
   cache is not exact after a rewind (measured 0.03 logit error on the fixture),
   so there every further continuation gets a fresh Generator;
-* ``generate``: stops, EOS, sampling and seeds as on the text path
-  (:mod:`ortevals.engine.generation`), one request at a time (batch 1: og's
+* ``generate``: stops, EOS, sampling (penalties over prompt + output, Mirostat) and
+  seeds (``sample_rng``) as on the text path, through the same loop
+  (:func:`ortevals.engine.generation.generate`), one request at a time (batch 1: og's
   Gemma-4 processor ignores a list of prompts); repeats of a group reuse its
   prefill by rewinding, or a fresh Generator where rewinding is not exact.
 
@@ -32,7 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ortevals.engine.generation import GenSettings, TextStream, check_logits, choose_token
+from ortevals.engine.generation import GenSettings, generate
+from ortevals.engine.schedule import sample_rng
 from ortevals.engine.scoring import NonFiniteScore, check_finite, continuation_logprob, describe_request
 from ortevals.errors import OrtEvalsError
 from ortevals.package.loader import ModelPackage
@@ -199,21 +201,13 @@ class MediaEngine:
                     gen.rewind_to(n)
                 elif j:
                     gen = self.runner.generator(processed, n + longest, name)
-                rng = np.random.default_rng([s.seed, *_stable_ints(keys[i])])
-                text, count = self._generate_one(gen, prefill, s, rng, f"generate_until request {reqs[i].describe()}")
+                text, count = generate(_PrefilledCursor(self.runner, gen, prefill), self.tokenizer,
+                                       processed.input_ids, s, self.eos_ids, sample_rng(s.seed, keys[i]),
+                                       f"generate_until request {reqs[i].describe()}")
                 out[i] = text
                 if on_done is not None:
                     on_done(i, text, count)
         return out
-
-    def _generate_one(self, gen, logits: np.ndarray, s: GenSettings, rng, name: str) -> tuple[str, int]:
-        stream = TextStream(self.tokenizer, s, self.eos_ids)
-        while True:
-            if not np.isfinite(np.max(logits)):
-                check_logits(logits, len(stream.out) + 1, name)
-            if stream.push(choose_token(logits, s, rng)):
-                return stream.result
-            logits = self.runner.append(gen, [stream.out[-1]])[0]
 
     def _check_length(self, tokens: int, name: str) -> None:
         if tokens > self.max_length:
@@ -256,10 +250,19 @@ def _default_keys(reqs: Sequence[MediaRequest]) -> list[list]:
     return keys
 
 
-def _stable_ints(key: list) -> list[int]:
-    from ortevals.engine.schedule import stable_ints
+class _PrefilledCursor:
+    """engine/generation.py's cursor on a Generator already holding the prompt and media: ``move_to``
+    returns the prefill logits ``[V]`` (the prompt ids are only the penalties' history), ``append``
+    the logits ``[V]`` after new tokens."""
 
-    return stable_ints(key)
+    def __init__(self, runner, gen, prefill: np.ndarray) -> None:
+        self.runner, self.gen, self.prefill = runner, gen, prefill
+
+    def move_to(self, tokens) -> np.ndarray:
+        return self.prefill
+
+    def append(self, new: list[int]) -> np.ndarray:
+        return self.runner.append(self.gen, list(new))[-1]
 
 
 __all__ = ["MediaEngine", "MediaRequest", "NonFiniteScore", "split_context", "media_digest"]
