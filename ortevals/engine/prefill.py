@@ -29,7 +29,7 @@ import numpy as np
 
 from ortevals.engine.invariance import CanaryResult, compare, pick_canary, shorten, tolerance
 from ortevals.engine.prefix import PrefixPlan, plan_prefixes
-from ortevals.engine.scoring import NonFiniteScore, check_finite, continuation_logprob, input_window
+from ortevals.engine.scoring import NonFiniteScore, Score, ScoreSink, input_window
 from ortevals.errors import OrtEvalsError
 
 log = logging.getLogger(__name__)
@@ -41,14 +41,6 @@ class TokenRequest:
 
     context: tuple[int, ...]
     continuation: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class Score:
-    """lm-eval's answer to a log-likelihood request."""
-
-    logprob: float
-    greedy: bool
 
 
 @dataclass(frozen=True)
@@ -374,20 +366,3 @@ def _repeat_host(past, batch: int):
 
 def _depth(stack, plan: PrefixPlan) -> int:
     return plan.nodes[stack[-1][0]].depth if stack else 0
-
-
-class ScoreSink:
-    """Turns logits rows into scores for a group's members and reports them."""
-
-    def __init__(self, requests, results, on_done) -> None:
-        self.requests, self.results, self.on_done = requests, results, on_done
-
-    def group(self, logits: np.ndarray, group: Group, end: int) -> None:
-        """logits: ``[R, V]`` rows of one input whose scored tail ends at row ``end``."""
-        for index, n_cont in group.members:
-            # row i predicts token i+1: the last n_cont input rows predict the continuation
-            lp, greedy = continuation_logprob(logits[end - n_cont:end], self.requests[index].continuation)
-            score = Score(check_finite(lp, f"request {index}", index), greedy)
-            self.results[index] = score
-            if self.on_done is not None:
-                self.on_done(index, score)

@@ -2,6 +2,7 @@
 
 Owns log-softmax, the log-probability of a continuation and lm-eval's greedy
 flag, computed only on the rows that are needed (one per continuation token),
+turning a pass's rows into each request's :class:`Score` (:class:`ScoreSink`),
 the finite-ness check that turns an fp16 overflow into an error instead of
 a silently wrong average, and the context limit: a request longer than the
 model's context is an error unless the user opted into left truncation.
@@ -41,6 +42,14 @@ def continuation_logprob(rows: np.ndarray, targets: Sequence[int]) -> tuple[floa
     picked = lp[np.arange(tgt.shape[0]), tgt]
     greedy = bool((rows.argmax(axis=-1) == tgt).all())
     return float(picked.sum(dtype=np.float64)), greedy
+
+
+@dataclass(frozen=True)
+class Score:
+    """lm-eval's answer to a log-likelihood request."""
+
+    logprob: float
+    greedy: bool
 
 
 class NonFiniteScore(OrtEvalsError):
@@ -123,3 +132,21 @@ def context_limit(max_length: int, user_max_length: int | None, context_length: 
     else:
         source = f"max_length={max_length} (ortevals' default: {config} has no model.context_length)"
     return ContextLimit(max_length, source, truncate)
+
+
+class ScoreSink:
+    """Turns logits rows into scores for a group's members and reports them."""
+
+    def __init__(self, requests, results, on_done) -> None:
+        self.requests, self.results, self.on_done = requests, results, on_done
+
+    def group(self, logits: np.ndarray, group, end: int) -> None:
+        """logits: ``[R, V]`` rows of one input whose scored tail ends at row ``end``; ``group``: the
+        input's members, (request index, continuation length) pairs (engine/prefill.py's ``Group``)."""
+        for index, n_cont in group.members:
+            # row i predicts token i+1: the last n_cont input rows predict the continuation
+            lp, greedy = continuation_logprob(logits[end - n_cont:end], self.requests[index].continuation)
+            score = Score(check_finite(lp, f"request {index}", index), greedy)
+            self.results[index] = score
+            if self.on_done is not None:
+                self.on_done(index, score)
