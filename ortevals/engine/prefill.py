@@ -4,8 +4,9 @@ Owns grouping, ordering and batching of log-likelihood requests:
 
 * requests whose model input is identical (the same context, one-token
   continuations: MMLU-Pro's ten choices) share one forward pass;
-* inputs are sorted longest-first and right-padded with an attention mask
-  (left padding is wrong under GroupQueryAttention);
+* inputs are sorted longest-first and right-padded; the mask fed to the
+  model counts every position as real (see :meth:`PrefillEngine._forward`)
+  and scores are read only at real positions;
 * ``batch_size=None`` ("auto") picks rows per batch from a memory budget for
   the ``[B,S,V]`` logits the pass returns;
 * exact mode (``exact=True``): one row per pass, no prefix reuse, full logits,
@@ -252,11 +253,20 @@ class PrefillEngine:
         return results  # type: ignore[return-value]
 
     def _forward(self, ids: np.ndarray, mask: np.ndarray, past=None, want_present: bool = False, positions=None):
+        """One pass; ``mask [B, P+S]`` marks each row's real tokens and counts the tokens run.
+
+        The model is fed an all-ones mask instead. GroupQueryAttention takes each row's past
+        length from its mask sum (CUDA: ``seqlens_k + 1 - S``; it has no padding inside the new
+        tokens), so a right-padded row on a shared past would get its KV and positions moved.
+        Counted as real, a row's padding sits after all its real tokens, the causal mask keeps it
+        from them, and nothing at a padded position is ever read.
+        """
         self.forward_passes += 1
         self.tokens_run += int(mask[:, mask.shape[1] - ids.shape[1]:].sum())
+        fed = np.ones_like(mask)
         if positions is None:
-            return self.runner.forward(ids, mask, past, want_present)
-        return self.runner.forward(ids, mask, past, want_present, positions)
+            return self.runner.forward(ids, fed, past, want_present)
+        return self.runner.forward(ids, fed, past, want_present, positions)
 
     def _scored_forward(self, ids, mask, batch: list[Group], lengths: list[int], past=None):
         """Logits rows for each row's scored tail, and where each row's tail ends in them.
