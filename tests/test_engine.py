@@ -1,5 +1,7 @@
 """Grouping, batching and padding in the prefill engine, with a numpy model."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -207,3 +209,23 @@ def test_batched_continuations_on_a_shared_past_equal_one_row(model):
         lp, greedy = reference(req)
         assert score.logprob == pytest.approx(lp, abs=1e-5) and score.greedy == greedy
 
+
+def test_auto_rows_count_what_the_derived_graph_returns():
+    """A 262k vocabulary and 900-token prompts with one-token continuations (MMLU-Pro on Gemma): full logits
+    are 1.9 GB a row, one row per pass; the derived graph holds [B,1,V] plus the present KV (Gemma-3-4B-like:
+    34 layers x 4 KV heads x 256 x 2 bytes x K,V), so several rows fit the same 2 GiB budget."""
+    kv = 2 * 34 * 4 * 256 * 2
+    s = EngineSettings(max_length=4096, vocab_size=262144, memory_budget_mb=2048, kv_bytes_per_token=kv)
+    assert rows_for(s, 900) == 1
+    per_row = 262144 * 24 + 900 * kv
+    assert rows_for(s, 900, positions=1) == 2048 * 2**20 // per_row > 1
+    # through the engine: eight such inputs run as one pass of the derived-graph toy
+    rng = np.random.default_rng(0)
+    reqs = [TokenRequest(tuple(int(t) for t in rng.integers(1, 262144, 900)), (int(rng.integers(1, 262144)),))
+            for _ in range(8)]
+    engine = PrefillEngine(GatheringToyModel(262144), replace(s, prefix_cache=False, check=False))
+    got = engine.score(reqs)
+    assert engine.forward_passes == 1
+    one = PrefillEngine(GatheringToyModel(262144), replace(s, batch_size=1, prefix_cache=False, check=False))
+    for a, b in zip(got, one.score(reqs)):
+        assert a.logprob == pytest.approx(b.logprob, abs=1e-5) and a.greedy == b.greedy

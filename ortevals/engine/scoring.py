@@ -145,8 +145,27 @@ class ScoreSink:
         input's members, (request index, continuation length) pairs (engine/prefill.py's ``Group``)."""
         for index, n_cont in group.members:
             # row i predicts token i+1: the last n_cont input rows predict the continuation
-            lp, greedy = continuation_logprob(logits[end - n_cont:end], self.requests[index].continuation)
-            score = Score(check_finite(lp, f"request {index}", index), greedy)
-            self.results[index] = score
-            if self.on_done is not None:
-                self.on_done(index, score)
+            self._report(index, *continuation_logprob(logits[end - n_cont:end], self.requests[index].continuation))
+
+    def targets(self, batch, k: int) -> np.ndarray:
+        """``[B,K,M]`` int64 tokens for a graph that scores on the device (runtime/derive.py): member m of
+        row b's group has its continuation at the last n of the K positions; other slots hold 0, never read."""
+        out = np.zeros((len(batch), k, max(len(g.members) for g in batch)), dtype=np.int64)
+        for b, group in enumerate(batch):
+            for m, (index, n_cont) in enumerate(group.members):
+                out[b, k - n_cont:, m] = self.requests[index].continuation
+        return out
+
+    def scores(self, logprobs: np.ndarray, greedy: np.ndarray, group, end: int) -> None:
+        """The graph's float32 log-probabilities and argmax flags ``[K, M]`` of one input (slot m: member m,
+        as laid out by :meth:`targets`), each member's continuation ending at position ``end``.
+        Summed in float64, as :func:`continuation_logprob` sums its float32 rows."""
+        for m, (index, n_cont) in enumerate(group.members):
+            lp = float(logprobs[end - n_cont:end, m].sum(dtype=np.float64))
+            self._report(index, lp, bool(greedy[end - n_cont:end, m].all()))
+
+    def _report(self, index: int, logprob: float, greedy: bool) -> None:
+        score = Score(check_finite(logprob, f"request {index}", index), greedy)
+        self.results[index] = score
+        if self.on_done is not None:
+            self.on_done(index, score)

@@ -27,7 +27,7 @@ from ortevals.runtime.buffers import (
     feeds_len,
     host_float32,
 )
-from ortevals.runtime.derive import POSITIONS, derived_decoder
+from ortevals.runtime.derive import GREEDY, LOGPROBS, POSITIONS, TARGETS, derived_decoder
 from ortevals.runtime.opening import open_session
 from ortevals.runtime.providers import ProviderConfig
 from ortevals.runtime.replicate import Replicator
@@ -67,8 +67,9 @@ class DecoderRunner:
         self.device_id = device_id
         self.replicator = replicator  # copies a prefix's past across a batch where it lives (replicate.py)
         self._dec_inputs = {i.name for i in decoder.get_inputs()}
-        # a derived graph takes the positions whose logits are wanted
+        # a derived graph takes the positions whose logits are wanted, and scores targets there
         self.gathers_positions = POSITIONS in self._dec_inputs
+        self.scores_in_graph = TARGETS in self._dec_inputs
         self._emb_passthrough = self._embedding_outputs() if embedding is not None else ()
 
     @classmethod
@@ -141,33 +142,60 @@ class DecoderRunner:
         Returns logits ``[B,S,V]`` or ``[B,K,V]`` (the graph's dtype) and, if
         asked, present KV.
         """
-        feeds = self._token_feeds(input_ids)
-        if self.gathers_positions:
-            if positions is None:
-                positions = np.broadcast_to(np.arange(input_ids.shape[1], dtype=np.int64), input_ids.shape)
-            feeds[POSITIONS] = np.ascontiguousarray(positions, dtype=np.int64)[:, :, None]
-        elif positions is not None:
-            raise ValueError("positions need the derived scoring graph")
-        feeds.update(self._mask_feeds(input_ids.shape, attention_mask, past))
-        feeds.update(self._past_feeds(input_ids.shape[0], past))
         names = [self.package.logits_name]
         if want_present:
             names += [n for s in self.package.kv for n in (s.present_key_name, s.present_value_name)]
-        try:
-            outs = self._run_bound(names, feeds) if self.bind_device else self.decoder.run(names, feeds)
-        except Exception as e:  # onnxruntime's own error types; name the model and the likely cause
-            err = PackageError(f"{self.package.decoder.path}: onnxruntime failed to run the decoder: "
-                               f"{first_line(e)} (does genai_config.json match the graph?)")
-            err.ort_message = first_line(e)  # the probe turns it into a config-vs-graph message
-            raise err from None
+        outs = self._run(names, 1, input_ids, attention_mask, past, positions)
         present = None
         if want_present:
             it = iter(outs[1:])
             present = KVCache(tuple(zip(it, it)), feeds_len(attention_mask))
         return outs[0], present
 
-    def _run_bound(self, names: list[str], feeds: dict) -> list:
-        """One run through IOBinding: logits to the host, present KV left on ``bind_device``."""
+    def score(self, input_ids: np.ndarray, attention_mask: np.ndarray, past: KVCache | None,
+              positions: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One pass scored in the derived graph: only the scores come back to the host.
+
+        positions ``[B,K]`` as in :meth:`forward`; targets ``[B,K,M]`` int64: the token whose
+        log-probability is wanted at each position, for each of M continuations. Returns
+        log-probabilities ``[B,K,M]`` float32 (log-softmax in float32 on the device) and whether
+        each target is the argmax ``[B,K,M]`` bool.
+        """
+        lp, greedy = self._run([LOGPROBS, GREEDY], 2, input_ids, attention_mask, past, positions, targets)
+        return lp, greedy
+
+    def _run(self, names: list[str], host: int, input_ids, attention_mask, past, positions, targets=None) -> list:
+        """Feed one pass and run it; the first ``host`` outputs come back as numpy, the rest stay bound."""
+        feeds = self._token_feeds(input_ids) | self._gather_feeds(input_ids, positions, targets)
+        feeds.update(self._mask_feeds(input_ids.shape, attention_mask, past))
+        feeds.update(self._past_feeds(input_ids.shape[0], past))
+        try:
+            if self.bind_device:
+                return self._run_bound(names, host, feeds)
+            return self.decoder.run(names, feeds)
+        except Exception as e:  # onnxruntime's own error types; name the model and the likely cause
+            err = PackageError(f"{self.package.decoder.path}: onnxruntime failed to run the decoder: "
+                               f"{first_line(e)} (does genai_config.json match the graph?)")
+            err.ort_message = first_line(e)  # the probe turns it into a config-vs-graph message
+            raise err from None
+
+    def _gather_feeds(self, input_ids: np.ndarray, positions=None, targets=None) -> dict[str, np.ndarray]:
+        """A derived graph's positions ``[B,K,1]`` (every position when None) and targets ``[B,K,M]``."""
+        if not self.gathers_positions:
+            if positions is not None:
+                raise ValueError("positions need the derived scoring graph")
+            return {}
+        if positions is None:
+            positions = np.broadcast_to(np.arange(input_ids.shape[1], dtype=np.int64), input_ids.shape)
+        feeds = {POSITIONS: np.ascontiguousarray(positions, dtype=np.int64)[:, :, None]}
+        if self.scores_in_graph:  # a logits-only pass still feeds the graph's targets input
+            feeds[TARGETS] = (np.zeros((*positions.shape, 1), np.int64) if targets is None
+                              else np.ascontiguousarray(targets, dtype=np.int64))
+        return feeds
+
+    def _run_bound(self, names: list[str], host: int, feeds: dict) -> list:
+        """One run through IOBinding: the first ``host`` outputs to the host, the rest (present KV) left on
+        ``bind_device``. OrtValue feeds (device KV, the embedding's outputs) are bound where they are."""
         ort = import_ort()
         binding = self.decoder.io_binding()
         for name, value in feeds.items():
@@ -175,12 +203,14 @@ class DecoderRunner:
                 binding.bind_ortvalue_input(name, value)
             else:
                 binding.bind_cpu_input(name, np.ascontiguousarray(value))
-        binding.bind_output(names[0], "cpu")
-        for name in names[1:]:
-            binding.bind_output(name, self.bind_device, self.device_id)
+        for i, name in enumerate(names):
+            if i < host:
+                binding.bind_output(name, "cpu")
+            else:
+                binding.bind_output(name, self.bind_device, self.device_id)
         self.decoder.run_with_iobinding(binding)
         outs = binding.get_outputs()
-        return [host_float32(outs[0]), *outs[1:]]
+        return [host_float32(o) for o in outs[:host]] + outs[host:]
 
     def forward_inplace(self, input_ids: np.ndarray, past: KVCache, positions: np.ndarray | None = None):
         """One pass whose new tokens' KV is written into ``past``'s own buffers (GroupQueryAttention's
@@ -193,11 +223,7 @@ class DecoderRunner:
         """
         ort = import_ort()
         mask = np.ones((input_ids.shape[0], past.length + input_ids.shape[1]), dtype=np.int64)
-        feeds = self._token_feeds(input_ids)
-        if self.gathers_positions:
-            if positions is None:
-                positions = np.broadcast_to(np.arange(input_ids.shape[1], dtype=np.int64), input_ids.shape)
-            feeds[POSITIONS] = np.ascontiguousarray(positions, dtype=np.int64)[:, :, None]
+        feeds = self._token_feeds(input_ids) | self._gather_feeds(input_ids, positions)
         feeds.update(self._mask_feeds(input_ids.shape, mask, past))
         binding = self.decoder.io_binding()
         binding.bind_output(self.package.logits_name, "cpu")
