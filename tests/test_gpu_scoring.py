@@ -4,6 +4,7 @@
   equal to the full-logit host path (tiny package, SmolLM2).
 * fp16/bf16 logits are scored in float32 from the first op after the LM head (a hand-made fp16
   graph with known logits, where fp16 accumulation is measurably off).
+* A separate embedding model's outputs are bound into the decoder as OrtValues, never through numpy.
 """
 
 from __future__ import annotations
@@ -140,3 +141,34 @@ def test_bf16_logits_are_scored_in_float32_in_the_graph():
         [LOGPROBS, GREEDY], {"head": value, TARGETS: ort.OrtValue.ortvalue_from_numpy(targets)}))
     exact = np.take_along_axis(log_softmax(bf16.astype(np.float64), np.float64), targets, axis=2)
     assert np.abs(lp - exact).max() < 1e-5 and greedy[0, :, 0].all() and not greedy[0, :, 1:].any()
+
+
+def test_embedding_outputs_are_bound_into_the_decoder_without_numpy(gemma4, monkeypatch):
+    """On a device the embedding's outputs stay there: the decoder binds the embedding's own OrtValues.
+    A spy on the real OrtValue/IOBinding API counts host copies; scores equal the host path."""
+    pkg = ModelPackage.load(gemma4[1])
+    cpu = from_package({}, "cpu")
+    host, bound = DecoderRunner.open(pkg, cpu), DecoderRunner.open(pkg, cpu, io_binding=True)
+    ids = np.random.default_rng(0).integers(3, pkg.vocab_size, (2, 12)).astype(np.int64)
+    mask = np.ones_like(ids)
+    ref, _ = host.forward(ids, mask)
+    made, bound_in, to_numpy, copied_in = [], {}, [], []
+    real_outputs, real_bind = ort.IOBinding.get_outputs, ort.IOBinding.bind_ortvalue_input
+    real_numpy, real_cpu = ort.OrtValue.numpy, ort.IOBinding.bind_cpu_input
+
+    def get_outputs(self):
+        outs = real_outputs(self)
+        made.extend(outs)
+        return outs
+
+    monkeypatch.setattr(ort.IOBinding, "get_outputs", get_outputs)
+    monkeypatch.setattr(ort.IOBinding, "bind_ortvalue_input",
+                        lambda self, name, v: (bound_in.__setitem__(name, v), real_bind(self, name, v))[1])
+    monkeypatch.setattr(ort.IOBinding, "bind_cpu_input",
+                        lambda self, name, v: (copied_in.append(name), real_cpu(self, name, v))[1])
+    monkeypatch.setattr(ort.OrtValue, "numpy", lambda self: (to_numpy.append(self), real_numpy(self))[1])
+    got, _ = bound.forward(ids, mask)
+    embeds = pkg.decoder.inputs.get("inputs_embeds", "inputs_embeds")
+    assert any(bound_in[embeds] is v for v in made)  # the embedding session's own output, bound as it is
+    assert embeds not in copied_in and len(to_numpy) == 1  # one host copy: the logits
+    np.testing.assert_array_equal(got, ref)

@@ -228,7 +228,10 @@ class DecoderRunner:
         binding = self.decoder.io_binding()
         binding.bind_output(self.package.logits_name, "cpu")
         for name, value in feeds.items():
-            binding.bind_cpu_input(name, np.ascontiguousarray(value))
+            if isinstance(value, ort.OrtValue):  # the embedding's outputs, where they are
+                binding.bind_ortvalue_input(name, value)
+            else:
+                binding.bind_cpu_input(name, np.ascontiguousarray(value))
         for spec in self.package.kv:
             for i, (inp, out) in enumerate(((spec.key_name, spec.present_key_name),
                                             (spec.value_name, spec.present_value_name))):
@@ -272,7 +275,13 @@ class DecoderRunner:
             self.replicator = Replicator(ProviderConfig("cpu"), self.bind_device or "cpu", self.device_id)
         return self.replicator
 
-    def _token_feeds(self, input_ids: np.ndarray) -> dict[str, np.ndarray]:
+    def _token_feeds(self, input_ids: np.ndarray) -> dict:
+        """The decoder's token inputs: ``input_ids``, or the embedding model's outputs for them.
+
+        With ``bind_device`` the embedding runs through IOBinding and its outputs stay where the
+        decoder runs: they come back as OrtValues that :meth:`_run_bound` binds into the decoder
+        as they are (no copy to the host and back between the two sessions).
+        """
         ids_name = self.package.decoder.inputs.get("input_ids", "input_ids")
         if self.embedding is None:
             return {ids_name: input_ids}
@@ -283,8 +292,15 @@ class DecoderRunner:
                 feeds[inp.name] = input_ids
             else:  # image/audio features: none for text benchmarks
                 feeds[inp.name] = empty_like_input(inp, emb_cfg)
-        outs = self.embedding.run(list(self._emb_passthrough), feeds)
-        return dict(zip(self._emb_passthrough, outs))
+        if not self.bind_device:
+            return dict(zip(self._emb_passthrough, self.embedding.run(list(self._emb_passthrough), feeds)))
+        binding = self.embedding.io_binding()
+        for name, value in feeds.items():
+            binding.bind_cpu_input(name, np.ascontiguousarray(value))
+        for name in self._emb_passthrough:
+            binding.bind_output(name, self.bind_device, self.device_id)
+        self.embedding.run_with_iobinding(binding)
+        return dict(zip(self._emb_passthrough, binding.get_outputs()))
 
     def _mask_feeds(self, shape, attention_mask: np.ndarray, past: KVCache | None) -> dict[str, np.ndarray]:
         batch, seq = shape
