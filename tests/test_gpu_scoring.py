@@ -5,9 +5,13 @@
 * fp16/bf16 logits are scored in float32 from the first op after the LM head (a hand-made fp16
   graph with known logits, where fp16 accumulation is measurably off).
 * A separate embedding model's outputs are bound into the decoder as OrtValues, never through numpy.
+* ``--ep tensorrt`` is refused in one line.
 """
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import numpy as np
 import onnxruntime as ort
@@ -16,6 +20,7 @@ from onnx import TensorProto, helper
 
 from ortevals.engine.prefill import EngineSettings, PrefillEngine, TokenRequest
 from ortevals.engine.scoring import continuation_logprob, log_softmax
+from ortevals.errors import ProviderError
 from ortevals.package.loader import ModelPackage
 from ortevals.runtime.derive import GREEDY, LOGPROBS, TARGETS, _add_scores
 from ortevals.runtime.providers import from_package
@@ -172,3 +177,17 @@ def test_embedding_outputs_are_bound_into_the_decoder_without_numpy(gemma4, monk
     assert any(bound_in[embeds] is v for v in made)  # the embedding session's own output, bound as it is
     assert embeds not in copied_in and len(to_numpy) == 1  # one host copy: the logits
     np.testing.assert_array_equal(got, ref)
+
+
+def test_tensorrt_is_refused_in_one_line(tiny_pkg, tmp_path):
+    for ep in ("tensorrt", "trt", "TensorrtExecutionProvider"):
+        with pytest.raises(ProviderError, match="tensorrt.*not supported by ortevals yet.*use --ep cuda"):
+            from_package({}, ep)
+    with pytest.raises(ProviderError, match="provider_options"):  # a package that lists it first
+        from_package({"provider_options": [{"tensorrt": {}}]})
+    proc = subprocess.run([sys.executable, "-m", "ortevals.cli", "mmlu-pro", "--pkg", str(tiny_pkg), "--ep",
+                           "tensorrt", "--data", "bundled", "--limit", "1", "--no-resume", "--output",
+                           str(tmp_path / "o")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "--ep tensorrt" in errors[0] and "Traceback" not in proc.stderr
