@@ -191,3 +191,22 @@ def test_tensorrt_is_refused_in_one_line(tiny_pkg, tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1 and "--ep tensorrt" in errors[0] and "Traceback" not in proc.stderr
+
+
+def test_ray_warm_prefix_keeps_reusing_prefix_passes_on_the_derived_graph(tiny_pkg, tmp_path, monkeypatch):
+    """The engine's prefix passes now ask a derived graph for one position; a Ray worker's WarmPrefix keys on it
+    and still reuses the header's pass across chunks."""
+    from ortevals.integrations.ray import WarmPrefix
+
+    pkg = ModelPackage.load(tiny_pkg)
+    runner = DecoderRunner.open(pkg, from_package({}, "cpu"), tmp_path)
+    kv_passes, real = [], runner.forward
+    monkeypatch.setattr(runner, "forward", lambda *a: (kv_passes.append(a[3] if len(a) > 3 else False), real(*a))[1])
+    header = tuple(range(3, 83))
+    reqs = [TokenRequest(header + (90 + q, 91 + q), (c,)) for q in range(3) for c in (5, 6)]
+    engine = PrefillEngine(WarmPrefix(runner), EngineSettings(max_length=512, vocab_size=pkg.vocab_size,
+                                                              prefix_min_saving=16, check=False))
+    first = engine.score(reqs)
+    assert sum(kv_passes) == 1  # the header's KV, computed once
+    again = engine.score(reqs)  # the next chunk under the same header
+    assert sum(kv_passes) == 1 and [s.logprob for s in again] == [s.logprob for s in first]
