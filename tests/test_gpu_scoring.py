@@ -210,3 +210,14 @@ def test_ray_warm_prefix_keeps_reusing_prefix_passes_on_the_derived_graph(tiny_p
     assert sum(kv_passes) == 1  # the header's KV, computed once
     again = engine.score(reqs)  # the next chunk under the same header
     assert sum(kv_passes) == 1 and [s.logprob for s in again] == [s.logprob for s in first]
+
+
+def test_derived_graph_cache_key_covers_the_rewrite(tiny_pkg, monkeypatch):
+    """A change to the graph edit (its version or options) is a new derived graph, never a stale one."""
+    from ortevals.runtime import derive
+
+    pkg = ModelPackage.load(tiny_pkg)
+    before = derive.derive_scope(pkg)
+    assert derive.REWRITE["rewrite"] in before.settings
+    monkeypatch.setattr(derive, "REWRITE", {**derive.REWRITE, "scores": "something else"})
+    assert derive.derive_scope(pkg).digest != before.digest
