@@ -247,3 +247,21 @@ def test_a_device_graph_that_refuses_the_shared_buffer_falls_back_once(lm, devic
     said = [r for r in caplog.records if "shared past/present buffer refused" in r.getMessage()]
     assert len(said) == 1 and said[0].levelname == "WARNING"
     assert got[0] == got[1] == decode(host_plain(lm), lm, kw, [5, 6])[0]
+
+
+@pytest.mark.parametrize("op", ["expand", "copy", "fit"])
+def test_the_in_place_check_catches_a_row_op_that_writes_nothing(device_runner, monkeypatch, caplog, op):
+    """The check runs every row op the sampler uses on buffers that start as NaN: a device copy that
+    does not happen cannot pass because the allocator handed back memory holding the right values."""
+    from ortevals.engine.kvrows import choose_kv
+    from ortevals.runtime.replicate import Replicator
+
+    original = getattr(Replicator, op)
+
+    def writes_nothing(self, value, *args, into=None):  # the plain path's own calls (no ``into``) still work
+        return into if into is not None else original(self, value, *args)
+
+    monkeypatch.setattr(Replicator, op, writes_nothing)
+    with caplog.at_level("INFO", logger="ortevals"):
+        assert choose_kv(device_runner).name == "copy"
+    assert "the shared buffer differs from the plain pass (rel. " in caplog.text

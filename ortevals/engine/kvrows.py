@@ -118,6 +118,7 @@ class InplaceKV:
     """Host buffers ``[B,H,capacity,D]`` written in place by each pass (see the module docstring)."""
 
     name = "in-place"
+    poison = False  # the check (same_as_plain) fills new buffers with NaN: a stale copy cannot pass it
 
     def __init__(self, runner) -> None:
         from ortevals.runtime.buffers import KVCache
@@ -184,6 +185,8 @@ class InplaceKV:
         if flat is None or flat.size < size or flat.dtype != dtype:
             # headroom: a slightly longer prompt later does not map (and fault in) the arena again
             flat = self._arenas[index] = np.empty(size + size // ARENA_HEADROOM, dtype=dtype)
+            if self.poison:
+                flat.fill(np.nan)
         return flat[:size].reshape(shape)
 
 
@@ -207,7 +210,13 @@ class DeviceKV(InplaceKV):
 
     def _fresh(self, rows: int, capacity: int, spec):
         shape = (rows, spec.kv_heads, capacity, spec.head_size)
-        return self.buffers.device_buffer(shape, self.buffers.ONNX_TYPES[spec.dtype], self.device, self.device_id)
+        return self._new(shape, self.buffers.ONNX_TYPES[spec.dtype])
+
+    def _new(self, shape: tuple, elem_type: int):
+        view = self.buffers.device_buffer(shape, elem_type, self.device, self.device_id)
+        if self.poison:
+            self.buffers.fill_nan(view)
+        return view
 
     def empty(self, rows: int, capacity: int):
         return self.KVCache(tuple(tuple(self._fresh(rows, capacity, s) for _ in range(2)) for s in self.specs), 0)
@@ -246,8 +255,7 @@ class DeviceKV(InplaceKV):
         size = int(np.prod(shape))
         arena = self._arenas.get(index)
         if arena is None or arena.shape[0] < size or arena.elem_type != like.elem_type:
-            arena = self._arenas[index] = self.buffers.device_buffer(
-                (size + size // ARENA_HEADROOM,), like.elem_type, self.device, self.device_id)
+            arena = self._arenas[index] = self._new((size + size // ARENA_HEADROOM,), like.elem_type)
         return self.buffers.KVView(arena.owner, tuple(shape), like.elem_type, self.device, self.device_id)
 
 
@@ -285,6 +293,14 @@ def same_as_plain(plain: CopyKV, inplace: InplaceKV) -> float:
     """Largest relative logit difference between ``inplace`` and ``plain`` over every operation the
     sampler uses: a 3-token prompt, a 2-token prefix cut and its third token, the prompt replicated
     over 3 rows, a decode step, row 1 dropped, another step."""
+    inplace.poison = True  # every new buffer NaN until written: memory that happens to hold the right
+    try:  # values (an allocator handing back the block just freed) cannot pass for a copy
+        return _compare(plain, inplace)
+    finally:
+        inplace.poison = False
+
+
+def _compare(plain: CopyKV, inplace: InplaceKV) -> float:
     ids = np.asarray([[1, 2, 3]], dtype=np.int64)
     a, kv_a = plain.run(ids, None)
     b, kv_b = inplace.run(ids, inplace.empty(1, 8))
@@ -299,4 +315,4 @@ def same_as_plain(plain: CopyKV, inplace: InplaceKV) -> float:
     rows_a, rows_b = plain.keep(rows_a, [0, 2]), inplace.keep(rows_b, [0, 2])
     pairs.append((plain.run(step[[0, 2]], rows_a)[0], inplace.run(step[[0, 2]], rows_b)[0]))
     scale = max(1.0, float(np.abs(a).max()))
-    return max(float(np.abs(x - y).max()) for x, y in pairs) / scale
+    return float(np.max([np.abs(x - y).max() for x, y in pairs])) / scale  # NaN if a poisoned value was read

@@ -110,6 +110,13 @@ def device_buffer(shape: tuple[int, ...], elem_type: int, device: str, device_id
     return KVView(owner, tuple(shape), elem_type, device, device_id)
 
 
+def fill_nan(view: KVView) -> None:
+    """Every element of ``view``'s whole buffer set to all-ones bits: NaN in every float format."""
+    shape = view.owner.shape()
+    bits = _BITS[ITEMSIZE[ONNX_TYPE_NAMES[view.elem_type]]]
+    view.owner.update_inplace(np.full(shape, np.iinfo(bits).max, dtype=bits))
+
+
 def bind_shared(binding, input_name: str, output_name: str, tensor) -> None:
     """Bind one buffer as both a past input and its present output (GroupQueryAttention's shared
     past/present buffer): a host numpy array (wrapped, not copied) or a :class:`KVView`."""

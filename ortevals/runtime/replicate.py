@@ -118,14 +118,14 @@ def _nodes(op: str) -> list:
         return [helper.make_node("Gather", ["x", "arg"], ["y"], axis=0)]
     if op == "Identity":
         return [helper.make_node("Identity", ["x"], ["y"])]
-    if op == "Fit":
+    if op == "Fit":  # pads for all 4 axes (no Pad ``axes`` input: not every provider's kernel takes it)
         const = lambda name, v: helper.make_node(  # noqa: E731
-            "Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, [1], [v]))
-        return [const("zero", 0), const("axis", 2),
+            "Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, [len(v)], v))
+        return [const("zero", [0]), const("axis", [2]), const("begins", [0] * 6),
                 helper.make_node("Split", ["arg"], ["end", "after"], axis=0, num_outputs=2),
                 helper.make_node("Slice", ["x", "zero", "end", "axis"], ["head"]),
-                helper.make_node("Concat", ["zero", "after"], ["pads"], axis=0),
-                helper.make_node("Pad", ["head", "pads", "", "axis"], ["y"])]
+                helper.make_node("Concat", ["begins", "after", "zero"], ["pads"], axis=0),
+                helper.make_node("Pad", ["head", "pads"], ["y"])]
     return [helper.make_node("Split", ["arg"], ["s", "e", "a"], axis=0, num_outputs=3),
             helper.make_node("Slice", ["x", "s", "e", "a"], ["y"])]
 
