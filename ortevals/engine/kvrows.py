@@ -275,7 +275,12 @@ def choose_kv(runner):
     plain = CopyKV(runner)
     if not hasattr(runner, "forward_inplace"):
         return plain
+    from ortevals.runtime.buffers import POINTER_DEVICES
+
     on_device = getattr(runner, "bind_device", None) is not None
+    if on_device and runner.bind_device not in POINTER_DEVICES:
+        log.warning("KV: %s buffers cannot be bound from an offset; a new cache per pass", runner.bind_device)
+        return plain
     inplace = DeviceKV(runner) if on_device else InplaceKV(runner)
     report = log.warning if on_device else log.info  # once per model: the copy path costs O(T) per step there
     try:

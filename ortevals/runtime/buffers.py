@@ -104,6 +104,10 @@ class KVView:
         binding.bind_output(name, self.device, self.device_id, self.elem_type, list(self.shape), self.ptr)
 
 
+# devices whose buffers are plain addresses, so a view may start inside one (DirectML's are opaque handles)
+POINTER_DEVICES = frozenset({"cpu", "cuda"})
+
+
 def device_buffer(shape: tuple[int, ...], elem_type: int, device: str, device_id: int = 0) -> KVView:
     """A new (uninitialised) buffer of ``shape`` where the session runs, as a view of all of it."""
     owner = import_ort().OrtValue.ortvalue_from_shape_and_type(list(shape), elem_type, device, device_id)
