@@ -89,7 +89,8 @@ class OrtLM(TemplateLM):
         if args.prefix_cache and package.windowed:
             log.info("prefix cache off: %s keeps a windowed sliding KV cache", package.root)
         backends = Backends(package, provider, settings, args.path, cache_root() if args.scoring_graph else None)
-        if backends.loglikelihood_path == "prefill":
+        workers = bool(args.workers or args.ray_address)  # issue 20: the driver opens no session (workers do)
+        if backends.loglikelihood_path == "prefill" and not workers:
             backends.prefill  # noqa: B018  (open now: a bad package fails before any data is loaded)
         log.info("loglikelihood requests go to the %s path%s", backends.loglikelihood_path,
                  f" ({backends.capability.reason})" if backends.capability.reason else "")
@@ -102,7 +103,7 @@ class OrtLM(TemplateLM):
                 "effective_max_length": settings.max_length, "search_policy": SEARCH_POLICY}
             store = ResultStore.open(Path(args.store), Scope.build("results", package, settings_scope))
         lm = cls(package, tokenizer, backends, args, store)
-        if args.workers or args.ray_address:  # issue 15: data parallel on Ray; the cluster starts on first use
+        if workers:  # issue 15: data parallel on Ray; the cluster starts on first use
             from ortevals.integrations.ray import WorkerPool
 
             lm.pool = WorkerPool(args, provider.on_device)
@@ -144,7 +145,7 @@ class OrtLM(TemplateLM):
 
     @property
     def max_length(self) -> int:
-        return self.engine.settings.max_length
+        return self.backends.settings.max_length  # not self.engine: that would open a session
 
     @property
     def context_limit(self):
