@@ -184,8 +184,8 @@ def run_child(kind: str, spec: dict, timeout: float | None = None) -> dict:
     if proc.returncode != 0 or line is None:
         tail = [ln for ln in (stderr or stdout).splitlines() if ln.strip()][-12:]
         print("  failed:\n    " + "\n    ".join(tail), flush=True)
-        return {"failed": tail[-1] if tail else f"exit {proc.returncode}", "wall_s": wall}
-    return {**json.loads(line[6:]), **sampler.result(), "wall_s": wall}
+        return {"failed": tail[-1] if tail else f"exit {proc.returncode}", "child_wall_s": wall}
+    return {**json.loads(line[6:]), **sampler.result(), "child_wall_s": wall}
 
 
 def fail(message: str, code: int = 2):
@@ -296,7 +296,11 @@ def write(results: dict, out: Path) -> None:
         json.dump(answers, f)
     md = [f"# GPU benchmark: {slim['device'].get('name') or 'no GPU'} ({slim['config']['ep']})\n", table(slim)]
     if slim.get("cot"):
-        md += ["\n## Chain of thought, K samples a question\n", json.dumps(slim["cot"].get("ratios", {}), indent=1)]
+        import bench_samples
+
+        cot = {**slim["cot"], "backends": {b: r for b, r in slim["cot"]["backends"].items() if "failed" not in r}}
+        md += [f"\n## Chain of thought: {cot['samples']} samples a question, {cot['max_gen_toks']} tokens\n",
+               bench_samples.table(cot) if cot["backends"] else "every backend failed"]
     if slim.get("profile"):
         p = {k: v for k, v in slim["profile"].items() if not isinstance(v, dict)}
         md += ["\n## Profile (ortevals, one batch)\n", "```", json.dumps(p, indent=1), "```"]

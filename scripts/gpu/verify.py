@@ -4,7 +4,7 @@
 * ``onnxruntime.preload_dlls()`` where it exists (the CUDA/cuDNN libraries of the nvidia packages);
 * a tiny in-memory ONNX model runs on the expected provider, with no fallback to CPU allowed, and its
   output equals numpy's;
-* each module named in ``--modules`` imports;
+* each module named in ``--modules`` imports, and ortevals (if there) accepts the install;
 * each installed wheel's requirements are met by what this interpreter sees (a list, not an error: the
   box cannot fetch anything, so the import checks decide).
 
@@ -45,7 +45,8 @@ def session_check(ort, provider: str) -> dict:
                               opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     opts = ort.SessionOptions()
-    opts.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    if provider != "CPUExecutionProvider":  # every node on the provider asked for, or no session
+        opts.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
     try:
         sess = ort.InferenceSession(model.SerializeToString(), opts, providers=[provider])
     except Exception as e:  # noqa: BLE001 - onnxruntime raises its own types; report the first line
@@ -118,6 +119,13 @@ def main() -> int:
                 __import__(name)
             except Exception as e:  # noqa: BLE001 - any import failure is the finding
                 raise Failed(f"import {name} failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
+        if util.find_spec("ortevals") is not None:  # ortevals' own install check must accept the shadowing
+            from ortevals.runtime import check_install
+
+            try:
+                check_install()
+            except Exception as e:  # noqa: BLE001 - its one-line error is the finding
+                raise Failed(f"ortevals refuses this install: {e}") from None
         report["unmet_requirements"] = unmet_requirements(args.target)
     except Failed as e:
         print(f"error: {e}", file=sys.stderr)
