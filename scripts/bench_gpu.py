@@ -28,10 +28,8 @@ import gzip
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -42,125 +40,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 BACKENDS = ("ortevals", "hf", "og")  # og = lm-eval's onnxruntime-genai backend
 PYTHON = [sys.executable, *(["-S"] if sys.flags.no_site else [])]  # children see what this process sees
-
-
-# ---- workers (one child process each) ------------------------------------------------------------------
-def build(spec: dict):
-    """The backend's lm-eval model (``spec``: backend, pkg, hf, ep, hf_dtype, hf_batch, threads, ortevals_args)."""
-    ep, backend = spec["ep"], spec["backend"]
-    if backend != "hf" and ep == "cuda":
-        import onnxruntime
-
-        onnxruntime.preload_dlls()  # CUDA/cuDNN from the nvidia packages (kit.py links them beside onnxruntime)
-    if backend == "ortevals":
-        from ortevals.integrations.lm import OrtLM
-
-        extra = dict(kv.split("=", 1) for kv in spec["ortevals_args"].split(",") if kv)
-        threads = {"threads": spec["threads"]} if spec["threads"] else {}
-        return OrtLM.create_from_arg_obj({"pkg": spec["pkg"], "ep": ep, **threads, **extra})
-    if backend == "hf":
-        import torch
-        from lm_eval.models.huggingface import HFLM
-
-        if spec["threads"]:
-            torch.set_num_threads(spec["threads"])
-        batch = spec["hf_batch"] if spec["hf_batch"] == "auto" else int(spec["hf_batch"])
-        return HFLM(pretrained=spec["hf"], device="cuda:0" if ep == "cuda" else "cpu", dtype=spec["hf_dtype"],
-                    batch_size=batch, max_batch_size=512)
-    from lm_eval.models.onnxruntime_genai import ONNXRuntimeGenAILM
-
-    return ONNXRuntimeGenAILM(pretrained=spec["pkg"], execution_provider=ep)
-
-
-def call_counter(lm, backend: str):
-    """A callable giving the model calls (forward passes) the backend made so far."""
-    if backend == "ortevals":
-        return lambda: getattr(lm.engine, "forward_passes", None)
-    name = "_model_call" if backend == "hf" else "_forward_logits"
-    count, inner = [0], getattr(lm, name)
-
-    def counted(*a, **k):
-        count[0] += 1
-        return inner(*a, **k)
-
-    setattr(lm, name, counted)
-    return lambda: count[0]
-
-
-def versions() -> dict:
-    """Versions of the runtimes this process imported (and where onnxruntime came from)."""
-    out = {"python": platform.python_version()}
-    for mod in ("onnxruntime", "onnxruntime_genai", "torch", "transformers", "lm_eval", "numpy"):
-        if mod in sys.modules:
-            out[mod] = getattr(sys.modules[mod], "__version__", None)
-    if "onnxruntime" in sys.modules:
-        out["onnxruntime_from"] = str(Path(sys.modules["onnxruntime"].__file__).parent.parent)
-    return out
-
-
-def worker_ll(spec: dict) -> dict:
-    from bench_mmlu_pro import score_mmlu_pro
-
-    t0 = time.perf_counter()
-    lm = build(spec)
-    calls = call_counter(lm, spec["backend"])
-    load_s = time.perf_counter() - t0
-    scores, _ = score_mmlu_pro(lm, spec["limit"], "bundled")
-    out = {**scores, "load_s": load_s, "model_calls": calls(), "versions": versions()}
-    if spec["backend"] == "hf" and spec["ep"] == "cuda":
-        import torch
-
-        out["torch_max_reserved_mib"] = torch.cuda.max_memory_reserved() / (1 << 20)
-        out["hf_batch_sizes"] = getattr(lm, "batch_sizes", None)
-    return out
-
-
-def worker_cot(spec: dict) -> dict:
-    import bench_samples
-
-    args = argparse.Namespace(pkg=spec["pkg"], hf=spec["hf"], ep=spec["ep"], hf_dtype=spec["hf_dtype"],
-                              samples=spec["samples"], threads=spec["threads"] or 0, precision=None)
-    configs = bench_samples.task_configs(spec["questions"], spec["samples"], spec["max_gen_toks"], 0.7)
-    import torch  # noqa: F401 - simple_evaluate imports torch to seed it: once here, in no backend's time
-
-    out = bench_samples.run_backend(spec["backend"], args, configs)
-    return {**out, "versions": versions()}
-
-
-def worker_profile(spec: dict) -> dict:
-    from bench_mmlu_pro import score_mmlu_pro
-    from ortprofile import enable, kernel_time, summarize
-
-    folder = Path(tempfile.mkdtemp(prefix="ort-profile-"))
-    if spec["ep"] == "cuda":
-        import onnxruntime
-
-        onnxruntime.preload_dlls()
-    sessions = enable(folder)
-    lm = build(spec)
-    prof = None
-    try:
-        import torch
-
-        if spec["ep"] == "cuda" and torch.cuda.is_available():
-            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
-    except ImportError:
-        pass
-    if prof:
-        prof.__enter__()
-    scores, _ = score_mmlu_pro(lm, spec["limit"], "bundled")
-    if prof:
-        prof.__exit__(None, None, None)
-    files = [s.end_profiling() for s in sessions]
-    out = {"questions": scores["questions"], "requests": scores["requests"],
-           **summarize([f for f in files if f], scores["seconds"]), "versions": versions()}
-    return {**out, **(kernel_time(prof) if prof else {"gpu_kernel_s": None})}
-
-
-def worker_main(kind: str, spec: dict) -> None:
-    out = {"ll": worker_ll, "cot": worker_cot, "profile": worker_profile}[kind](spec)
-    out["peak_host_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print("BENCH " + json.dumps(out), flush=True)
 
 
 # ---- the parent: models, children, comparisons, files ---------------------------------------------------
@@ -210,13 +89,14 @@ def make_model(m: dict, args) -> dict:
     out = args.models_dir / f"{m['arch']}-{m['params']:g}"
     cmd = [*PYTHON, str(REPO / "scripts/gpu/make_model.py"), str(out), "--arch", m["arch"], "--params",
            str(m["params"]), "--precision", m["precision"], "--ep", args.ep]
+    cmd += ["--hf-only"] if args.build_only == "hf" else []
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = [ln for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()][-1:] or ["no output"]
         fail(f"make_model {m['name']} failed: {tail[0]}", 1)
     report = json.loads(proc.stdout.strip().splitlines()[-1])
-    return {**report, "make_model_s": time.perf_counter() - t0, "hf": str(out / "hf"), "pkg": report["package"]}
+    return {**report, "make_model_s": time.perf_counter() - t0, "hf": str(out / "hf"), "pkg": report.get("package")}
 
 
 def compare(r: dict, ref: dict | None) -> dict:
@@ -247,7 +127,7 @@ def run_ll(m: dict, built: dict, args, hf_cache: dict) -> dict:
         if backend == "hf" and key in hf_cache:  # fp16 and int4 of one model share the fp16 hf run
             out[backend] = {**hf_cache[key], "reused_from": hf_cache[key]["model"]}
             continue
-        r = run_child("ll", {**base, "backend": backend, "limit": limit})
+        r = run_child("ll", {**base, "backend": backend, "limit": limit}, args.child_timeout)
         r.update(model=m["name"], hf_dtype=hf_dtype if backend == "hf" else None)
         if "failed" not in r:
             r.update(rates(r))
@@ -317,7 +197,7 @@ def run_cot(built: dict, m: dict, args) -> dict:
            "max_gen_toks": args.cot_max_gen_toks, "backends": {}}
     for backend in args.backends:
         questions = args.cot_questions if backend == "ortevals" else min(args.cot_questions, args.cot_peer_questions)
-        r = run_child("cot", {**spec, "backend": backend, "questions": questions})
+        r = run_child("cot", {**spec, "backend": backend, "questions": questions}, args.child_timeout)
         out["backends"][backend] = r
     done = {b: r for b, r in out["backends"].items() if "failed" not in r}
     out["ratios"] = bench_samples.ratios(done) if "ortevals" in done else {}
@@ -369,6 +249,9 @@ def parse_args(argv=None):
     ap.add_argument("--cot-max-gen-toks", type=int, default=256)
     ap.add_argument("--profile", action="store_true", help="onnxruntime's profiler on ortevals, first model")
     ap.add_argument("--profile-limit", type=int, default=2)
+    ap.add_argument("--build-only", choices=["hf", "all"], help="only build the models (hf: the checkpoints, "
+                                                                 "e.g. in the background before the kit is in)")
+    ap.add_argument("--child-timeout", type=float, default=None, help="seconds before a backend's run is cut off")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "bench-gpu")
     args = ap.parse_args(argv)
     args.backends = [b for b in args.backends.split(",") if b]
@@ -387,6 +270,8 @@ def parse_args(argv=None):
 def main(argv=None) -> None:
     args = parse_args(argv)
     if args.worker:
+        from workers import worker_main
+
         return worker_main(args.worker, json.loads(args.spec))
     args.out.mkdir(parents=True, exist_ok=True)
     results, hf_cache, t0 = header(args), {}, time.perf_counter()
@@ -395,6 +280,8 @@ def main(argv=None) -> None:
         built[m["name"]] = make_model(m, args)
         results["models"][m["name"]] = {"spec": m, "build": {k: v for k, v in built[m["name"]].items()}}
         write(results, args.out)
+    if args.build_only:
+        return print(json.dumps({n: {k: b.get(k) for k in ("hf", "pkg", "make_model_s")} for n, b in built.items()}))
     if args.limit > 0:
         for m in args.models:
             results["models"][m["name"]].update(run_ll(m, built[m["name"]], args, hf_cache))
@@ -407,7 +294,7 @@ def main(argv=None) -> None:
         m, b = args.models[0], built[args.models[0]["name"]]
         spec = {"backend": "ortevals", "model": m["name"], "pkg": b["pkg"], "hf": b["hf"], "ep": args.ep,
                 "limit": args.profile_limit, "threads": args.threads, "ortevals_args": args.ortevals_args}
-        results["profile"] = {"model": m["name"], **run_child("profile", spec)}
+        results["profile"] = {"model": m["name"], **run_child("profile", spec, args.child_timeout)}
     results["config"]["wall_s"] = time.perf_counter() - t0
     write(results, args.out)
     print((args.out / "results.md").read_text())

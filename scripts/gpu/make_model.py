@@ -191,15 +191,15 @@ def check(hf: Path, pkg: Path, max_tokens: int = 700) -> float:
     return worst
 
 
-def code_key() -> dict:
-    """What else decides the weights and the graph: this code and the library versions."""
+def code_key(*dists: str) -> dict:
+    """What else decides the weights (or the graph): this code and the versions of ``dists``."""
     from importlib import metadata
 
     h = hashlib.sha256()
     for name in ("make_model.py", "builder_shim.py"):
         h.update(Path(__file__).with_name(name).read_bytes())
     versions = {}
-    for dist in ("torch", "transformers", "tokenizers", "onnxruntime-genai", "onnxruntime-genai-cuda"):
+    for dist in dists:
         try:
             versions[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
@@ -237,7 +237,7 @@ def main() -> int:
 
     device = args.init_device if args.init_device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     spec = {"arch": args.arch, "params": args.params, "seed": args.seed, "tokenizer": args.tokenizer,
-            "init_device": device, **code_key()}
+            "init_device": device, **code_key("torch", "transformers", "tokenizers")}
     hf, report = args.out / "hf", {"spec": spec}
     t0 = time.perf_counter()
     if not same_spec(hf, spec, "config.json"):
@@ -250,7 +250,8 @@ def main() -> int:
     report["hf_bytes"] = sum(p.stat().st_size for p in hf.glob("*.safetensors"))
     if not args.hf_only:
         pkg = args.out / f"{args.precision}-{args.ep}"
-        pspec = {**spec, "precision": args.precision, "ep": args.ep, "extra_options": args.extra_options}
+        pspec = {**spec, "precision": args.precision, "ep": args.ep, "extra_options": args.extra_options,
+                 "builder": code_key("onnxruntime-genai", "onnxruntime-genai-cuda", "onnxruntime", "onnxruntime-gpu")}
         t0 = time.perf_counter()
         if not same_spec(pkg, pspec, "genai_config.json"):
             build_package(hf, pkg, args.precision, args.ep, args.extra_options, pspec)
