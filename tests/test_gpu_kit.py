@@ -153,6 +153,8 @@ def test_install_shadows_the_box_onnxruntime_and_proves_the_provider(tmp_path):
     box = tmp_path / "fakebox"
     linked, _ = link(box, read_box(REPO / "scripts" / "gpu" / "box_packages.txt"))
     assert "onnxruntime" in linked and "numpy" in linked and "onnx" in linked
+    (box / "nvidia" / "cu13" / "lib").mkdir(parents=True)  # where torch's CUDA 13 wheels put their libraries
+    (box / "nvidia" / "cu13" / "lib" / "libcudart.so.13").write_bytes(b"")
     (tmp_path / "kit" / "wheels").mkdir(parents=True)
     wheel = repack_onnxruntime_as_gpu(tmp_path / "kit" / "wheels")
     write_manifest(tmp_path / "kit", {"kind": "test", "parts": [], "wheels": [
@@ -167,6 +169,9 @@ def test_install_shadows_the_box_onnxruntime_and_proves_the_provider(tmp_path):
     report = json.loads((target / "kit-install.json").read_text())
     assert report["session_providers"] == ["CPUExecutionProvider"]
     assert (target / "onnxruntime" / "__init__.py").is_file() and (box / "onnxruntime").is_symlink()
+    assert (target / "nvidia").resolve() == (box / "nvidia").resolve()  # preload_dlls looks beside onnxruntime
+    shell = kit("env", "--target", str(target), env=env).stdout
+    assert f"export LD_LIBRARY_PATH={box / 'nvidia' / 'cu13' / 'lib'}" in shell and f"PYTHONPATH={target}" in shell
     bad = kit("install", str(tmp_path / "kit"), "--target", str(target), "--expect-provider",
               "CUDAExecutionProvider", "--no-site", "--modules", "", env=env)
     one_line_error(bad, "CUDAExecutionProvider")

@@ -135,15 +135,20 @@ def cmd_receive(args) -> None:
 
 
 def nvidia_dir(target: Path) -> Path | None:
-    """The site-packages ``nvidia`` folder (CUDA 13 + cuDNN libraries) outside ``target``, if any."""
+    """The site-packages ``nvidia`` folder (the CUDA and cuDNN libraries of torch's wheels) outside ``target``."""
     from importlib import util
 
     spec = util.find_spec("nvidia")
     for loc in (spec.submodule_search_locations or []) if spec else []:
         path = Path(loc).resolve()
-        if not path.is_relative_to(target.resolve()) and any((path / d / "lib").is_dir() for d in ("cu13", "cudnn")):
+        if not path.is_relative_to(target.resolve()) and nvidia_libs(path):
             return path
     return None
+
+
+def nvidia_libs(nvidia: Path) -> list[Path]:
+    """Its library folders: ``cu13/lib`` and ``cudnn/lib`` (CUDA 13's layout) or one per component (CUDA 12's)."""
+    return sorted({p.parent for p in nvidia.glob("*/lib/lib*.so*")})
 
 
 def cmd_install(args) -> None:
@@ -181,7 +186,7 @@ def cmd_env(args) -> None:
     lines = [f"export PYTHONPATH={args.target}${{PYTHONPATH:+:$PYTHONPATH}}"]
     nvidia = nvidia_dir(args.target)
     if nvidia:
-        libs = ":".join(str(nvidia / d / "lib") for d in ("cu13", "cudnn") if (nvidia / d / "lib").is_dir())
+        libs = ":".join(map(str, nvidia_libs(nvidia)))
         lines.append(f"export LD_LIBRARY_PATH={libs}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}")
     print("\n".join(lines))
 

@@ -33,7 +33,7 @@ def under(module, target: Path) -> None:
                      f"put {target} first on PYTHONPATH")
 
 
-def session_check(ort, provider: str) -> dict:
+def session_check(ort, provider: str, preload: list[str]) -> dict:
     import numpy as np
     from onnx import TensorProto, helper
 
@@ -50,7 +50,8 @@ def session_check(ort, provider: str) -> dict:
     try:
         sess = ort.InferenceSession(model.SerializeToString(), opts, providers=[provider])
     except Exception as e:  # noqa: BLE001 - onnxruntime raises its own types; report the first line
-        raise Failed(f"no {provider} session: {str(e).strip().splitlines()[0][:300]}") from None
+        said = f" (preload_dlls: {preload[0][:160]})" if preload else ""
+        raise Failed(f"no {provider} session: {str(e).strip().splitlines()[0][:300]}{said}") from None
     got = sess.get_providers()
     if not got or got[0] != provider:
         raise Failed(f"the session runs on {got[0] if got else 'nothing'}, not {provider} "
@@ -106,7 +107,7 @@ def main() -> int:
             with contextlib.redirect_stdout(said):
                 ort.preload_dlls()
             report["preload_dlls"] = said.getvalue().strip().splitlines()
-        report.update(session_check(ort, args.expect_provider))
+        report.update(session_check(ort, args.expect_provider, report.get("preload_dlls", [])))
         if util.find_spec("onnxruntime_genai") is not None:
             import onnxruntime_genai as og
 
