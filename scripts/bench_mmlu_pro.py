@@ -59,27 +59,34 @@ def time_method(lm, name: str) -> dict:
     return timing
 
 
-def worker(args) -> None:
-    """Run one backend; print a JSON line with its figures."""
+def score_mmlu_pro(lm, limit: int, data: str) -> tuple[dict, list[dict]]:
+    """Run ``leaderboard_mmlu_pro`` on ``lm``: (its figures, lm-eval's samples). Seconds are those spent
+    inside ``lm.loglikelihood``; answers and log-probs are keyed by doc_id."""
     import lm_eval
 
     from ortevals.presets import PRESETS, resolve_data, task_specs
 
     preset = PRESETS["mmlu-pro"]
-    tasks = task_specs(preset, resolve_data(preset, args.data))
-    lm = build_lm(args.backend, args)
+    tasks = task_specs(preset, resolve_data(preset, data))
     timing = time_method(lm, "loglikelihood")
-    res = lm_eval.simple_evaluate(model=lm, tasks=tasks, limit=args.limit, log_samples=True)
+    res = lm_eval.simple_evaluate(model=lm, tasks=tasks, limit=limit, log_samples=True)
     samples = res["samples"]["leaderboard_mmlu_pro"]
     answers = {s["doc_id"]: int(max(range(len(s["resps"])), key=lambda i: float(s["resps"][i][0][0])))
                for s in samples}
     logprobs = {s["doc_id"]: [float(r[0][0]) for r in s["resps"]] for s in samples}
+    out = {"questions": len(samples), "requests": timing["requests"], "seconds": timing["seconds"],
+           "accuracy": res["results"]["leaderboard_mmlu_pro"]["acc,none"], "answers": answers, "logprobs": logprobs}
+    return out, samples
+
+
+def worker(args) -> None:
+    """Run one backend; print a JSON line with its figures."""
+    lm = build_lm(args.backend, args)
+    scores, samples = score_mmlu_pro(lm, args.limit, args.data)
     engine = getattr(lm, "engine", None)
     out = {
-        "backend": args.backend, "questions": len(samples), "requests": timing["requests"],
-        "seconds": timing["seconds"], "accuracy": res["results"]["leaderboard_mmlu_pro"]["acc,none"],
+        "backend": args.backend, **scores,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "answers": answers, "logprobs": logprobs,
         "tokens_run": getattr(engine, "tokens_run", None),
         "prompts": prompt_tokens(samples, args),
     }

@@ -54,22 +54,34 @@ def task_configs(questions: int, k: int, max_gen: int, temperature: float) -> li
     return configs
 
 
-def load(backend: str, precision: str, k: int, threads: int):
+def model_paths(args) -> tuple[str, str]:
+    """(package, transformers folder): ``args.pkg`` / ``args.hf`` where given (scripts/bench_gpu.py), else
+    the SmolLM2-135M example at ``args.precision``."""
     from ortevals.package.examples import smollm2_hf_dir, smollm2_package
 
+    pkg, hf = getattr(args, "pkg", None), getattr(args, "hf", None)
+    return str(pkg or smollm2_package(args.precision)), str(hf or smollm2_hf_dir())
+
+
+def load(backend: str, args):
+    """The backend's lm-eval model on ``args.ep`` (default cpu); hf in ``args.hf_dtype`` (default float32),
+    batch size K (``args.samples``)."""
+    pkg, hf = model_paths(args)
+    ep = getattr(args, "ep", "cpu")
     if backend == "ortevals":
         from ortevals.integrations.lm import ModelArgs, OrtLM
 
-        return OrtLM.from_package(ModelArgs(pkg=str(smollm2_package(precision)), threads=threads))
+        return OrtLM.from_package(ModelArgs(pkg=pkg, threads=args.threads, ep=ep))
     if backend == "hf":
         import torch
         from lm_eval.models.huggingface import HFLM
 
-        torch.set_num_threads(threads)
-        return HFLM(pretrained=str(smollm2_hf_dir()), device="cpu", batch_size=k, dtype="float32", max_length=2048)
+        torch.set_num_threads(args.threads)
+        return HFLM(pretrained=hf, device="cuda" if ep == "cuda" else "cpu", batch_size=args.samples,
+                    dtype=getattr(args, "hf_dtype", "float32"), max_length=2048)
     from lm_eval.models.onnxruntime_genai import ONNXRuntimeGenAILM
 
-    return ONNXRuntimeGenAILM(pretrained=str(smollm2_package(precision)), execution_provider="cpu")
+    return ONNXRuntimeGenAILM(pretrained=pkg, execution_provider=ep)
 
 
 def run_backend(backend: str, args, configs: list[dict]) -> dict:
@@ -78,16 +90,15 @@ def run_backend(backend: str, args, configs: list[dict]) -> dict:
     import lm_eval
 
     from ortevals.evaluate import task_manager
-    from ortevals.package.examples import smollm2_package
     from ortevals.package.loader import ModelPackage
     from ortevals.package.tokenizer import Tokenizer
     from ortevals.report.samples import task_questions
     from ortevals.report.scaling import scaling_curves
 
     t0 = time.perf_counter()
-    lm = load(backend, args.precision, args.samples, args.threads)
+    lm = load(backend, args)
     loaded = time.perf_counter() - t0
-    tok = Tokenizer.load(ModelPackage.load(smollm2_package(args.precision)))
+    tok = Tokenizer.load(ModelPackage.load(model_paths(args)[0]))
     counter = type("Tok", (), {"tok_encode": lambda self, t: tok.encode(t, False)})()
     questions, per_question = [], []
     for cfg in configs:

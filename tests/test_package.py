@@ -165,11 +165,11 @@ def test_mixed_install_is_detected(monkeypatch):
     from ortevals import runtime
     from ortevals.errors import RuntimeMissingError
 
-    monkeypatch.setattr(runtime, "installed", lambda names: [n for n in names if n in ("onnxruntime",
+    monkeypatch.setattr(runtime, "installed", lambda names, module=None: [n for n in names if n in ("onnxruntime",
                                                                                         "onnxruntime-gpu")])
     with pytest.raises(RuntimeMissingError, match="onnxruntime and onnxruntime-gpu are both installed"):
         runtime.check_install()
-    monkeypatch.setattr(runtime, "installed", lambda names: [n for n in names if n in ("onnxruntime-gpu",
+    monkeypatch.setattr(runtime, "installed", lambda names, module=None: [n for n in names if n in ("onnxruntime-gpu",
                                                                                         "onnxruntime-genai")])
     with pytest.raises(RuntimeMissingError, match="onnxruntime-genai needs onnxruntime but onnxruntime-gpu"):
         runtime.check_install()

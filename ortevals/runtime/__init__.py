@@ -2,14 +2,19 @@
 
 Both are imported lazily, through :func:`import_ort` and :func:`import_og`,
 which first check that the installed wheels are consistent (the CPU and GPU
-wheels own the same module and must never be installed together) and turn a
-missing runtime into a one-line error with the pip command that fixes it.
+wheels own the same module and must never be installed together in one
+folder) and turn a missing runtime into a one-line error with the pip command
+that fixes it. A wheel in a later ``sys.path`` folder than the one the module
+is imported from is shadowed, not mixed: the GPU kit (scripts/gpu/) installs
+onnxruntime-gpu into a folder put before a site-packages that keeps its CPU
+onnxruntime.
 """
 
 from __future__ import annotations
 
 import functools
-from importlib import metadata
+from importlib import metadata, util
+from pathlib import Path
 
 from ortevals.errors import RuntimeMissingError
 
@@ -20,26 +25,39 @@ FIX_CPU = "pip uninstall -y onnxruntime-gpu onnxruntime-genai-cuda && pip instal
 FIX_CUDA = "pip uninstall -y onnxruntime onnxruntime-genai && pip install --force-reinstall 'ortevals[cuda]'"
 
 
-def installed(names) -> list[str]:
+def installed(names, module: str | None = None) -> list[str]:
+    """The wheels among ``names`` that are installed; with ``module``, only those installed in the folder
+    that ``import module`` loads from (one in another folder owns no file that gets imported)."""
+    home = module_home(module) if module else None
     found = []
     for name in names:
-        try:
-            metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-        found.append(name)
+        folders = {Path(d.locate_file("")).resolve() for d in metadata.distributions(name=name)}
+        if folders and (home is None or home in folders):
+            found.append(name)
     return found
+
+
+def module_home(module: str) -> Path | None:
+    """The ``sys.path`` folder that ``import module`` would load a top-level package from, without importing it."""
+    try:
+        spec = util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    where = list(spec.submodule_search_locations or []) or ([spec.origin] if spec.origin else [])
+    return Path(where[0]).resolve().parent if where else None
 
 
 def check_install() -> None:
     """Refuse a mixed CPU/GPU install before importing anything from it."""
-    ort = installed(ORT_WHEELS)
+    ort = installed(ORT_WHEELS, "onnxruntime")
     if len(ort) > 1:
         raise RuntimeMissingError(
             f"mixed onnxruntime install: {' and '.join(ort)} are both installed and overwrite each other's "
             f"module; keep one. CPU: {FIX_CPU}   CUDA: {FIX_CUDA}"
         )
-    og = installed(OG_WHEELS)
+    og = installed(OG_WHEELS, "onnxruntime_genai")
     if len(og) > 1:
         raise RuntimeMissingError(f"mixed onnxruntime-genai install: {' and '.join(og)}; keep one. "
                                   f"CPU: {FIX_CPU}   CUDA: {FIX_CUDA}")

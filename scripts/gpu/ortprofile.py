@@ -1,0 +1,65 @@
+"""onnxruntime's profiler on every session a benchmark worker opens, and the split of the time it reports.
+
+``enable(folder)`` makes each ``onnxruntime.InferenceSession`` created afterwards profile into ``folder``
+(ortevals looks the class up at call time, so nothing in ortevals changes); ``summarize`` reads the JSON
+traces: time inside ``session.run`` (``model_run``) against the worker's wall time (the rest is the host:
+tokenizing, Python, numpy, the copies ortevals makes), and inside it the node time by provider and by op.
+On CUDA a node's time is what the host spent launching it; ``kernel_time`` (torch.profiler's CUPTI trace of
+the same process, when torch with CUDA is there) gives the GPU's own kernel time.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+
+def enable(folder: Path) -> list:
+    """Patch ``onnxruntime.InferenceSession``; returns the list the profiled sessions are appended to."""
+    import onnxruntime as ort
+
+    sessions, base = [], ort.InferenceSession
+
+    class Profiled(base):
+        def __init__(self, path_or_bytes, sess_options=None, providers=None, provider_options=None, **kwargs):
+            opts = sess_options or ort.SessionOptions()
+            opts.enable_profiling = True
+            opts.profile_file_prefix = str(folder / f"session{len(sessions)}")
+            super().__init__(path_or_bytes, opts, providers, provider_options, **kwargs)
+            sessions.append(self)
+
+    ort.InferenceSession = Profiled
+    return sessions
+
+
+def summarize(files: list[Path], scored_s: float) -> dict:
+    """Seconds: scoring (inside the backend's loglikelihood), inside session.run, nodes (by provider, top
+    ops), and the rest: outside onnxruntime."""
+    run_us, node_us, runs = 0, 0, 0
+    by_provider, by_op = Counter(), Counter()
+    for f in files:
+        for e in json.loads(Path(f).read_text()):
+            if e.get("cat") == "Session" and e.get("name") == "model_run":
+                run_us += e["dur"]
+                runs += 1
+            elif e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time"):
+                node_us += e["dur"]
+                by_provider[e.get("args", {}).get("provider", "?")] += e["dur"]
+                by_op[e.get("args", {}).get("op_name", "?")] += e["dur"]
+    s = 1e-6
+    return {"scored_s": scored_s, "session_runs": runs, "inside_ort_run_s": run_us * s, "nodes_s": node_us * s,
+            "outside_ort_s": scored_s - run_us * s, "ort_not_in_nodes_s": (run_us - node_us) * s,
+            "nodes_by_provider_s": {k: v * s for k, v in by_provider.most_common()},
+            "top_ops_s": {k: v * s for k, v in by_op.most_common(10)}}
+
+
+def kernel_time(prof) -> dict:
+    """GPU kernel seconds from a finished ``torch.profiler.profile`` (CUDA activity): total and top kernels."""
+    kernels = Counter()
+    for e in prof.events():
+        if str(getattr(e, "device_type", "")).endswith("CUDA"):
+            kernels[e.name] += e.device_time if hasattr(e, "device_time") else e.cuda_time
+    total = sum(kernels.values()) * 1e-6
+    return {"gpu_kernel_s": total, "gpu_kernels": len(kernels),
+            "top_kernels_s": {k[:80]: v * 1e-6 for k, v in kernels.most_common(8)}}

@@ -1,0 +1,260 @@
+"""The GPU kit (scripts/gpu/): parts and manifest, install into a fresh target that shadows the
+site-packages' onnxruntime, its one-line errors, and the CPU run of scripts/bench_gpu.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def fake_wheel_folder(root: Path, dist: str, version: str) -> None:
+    """A folder as pip leaves it: the ``onnxruntime`` package and one wheel's dist-info (never imported)."""
+    (root / "onnxruntime").mkdir(parents=True, exist_ok=True)
+    (root / "onnxruntime" / "__init__.py").write_text(f"WHO = {dist!r}\n")
+    info = root / f"{dist.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+
+
+def check_install(*path: Path) -> subprocess.CompletedProcess:
+    code = "from ortevals.runtime import check_install, installed, ORT_WHEELS\ncheck_install()\n" \
+           "print(installed(ORT_WHEELS, 'onnxruntime'))"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, [*path, REPO]))}
+    return subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, env=env)
+
+
+def test_a_shadowed_cpu_onnxruntime_is_not_a_mixed_install(tmp_path):
+    """The box keeps onnxruntime 1.30 (CPU) in site-packages; the kit puts onnxruntime-gpu in a folder
+    first on sys.path. Only the GPU wheel owns the module that gets imported: no error. The two wheels
+    in one folder (one overwrote the other's files) are still refused."""
+    target, site = tmp_path / "target", tmp_path / "site"
+    fake_wheel_folder(target, "onnxruntime-gpu", "1.31.1")
+    fake_wheel_folder(site, "onnxruntime", "1.30.0")
+    ok = check_install(target, site)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.strip() == "['onnxruntime-gpu']"
+    fake_wheel_folder(tmp_path / "both", "onnxruntime", "1.30.0")
+    (tmp_path / "both" / "onnxruntime_gpu-1.31.1.dist-info").mkdir()
+    (tmp_path / "both" / "onnxruntime_gpu-1.31.1.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: onnxruntime-gpu\nVersion: 1.31.1\n")
+    mixed = check_install(tmp_path / "both")
+    assert mixed.returncode != 0
+    assert "onnxruntime and onnxruntime-gpu are both installed" in mixed.stderr
+
+
+# ---- parts, manifest, join and their errors (scripts/gpu/pack.py through kit.py) -------------------------
+KIT = REPO / "scripts" / "gpu" / "kit.py"
+sys.path.insert(0, str(REPO / "scripts" / "gpu"))
+
+
+def kit(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(KIT), *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})})
+
+
+def one_line_error(proc: subprocess.CompletedProcess, *words: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+
+
+def kit_dir(root: Path, files: dict[str, bytes], part_mib: int) -> Path:
+    """A kit folder as 'prepare' leaves it (wheels/ + manifest), cut by 'kit.py split'."""
+    from pack import sha256, write_manifest
+
+    (root / "wheels").mkdir(parents=True)
+    wheels = []
+    for name, data in files.items():
+        (root / "wheels" / name).write_bytes(data)
+        wheels.append({"file": name, "sha256": sha256(root / "wheels" / name), "bytes": len(data)})
+    write_manifest(root, {"kind": "test", "wheels": wheels, "parts": []})
+    proc = kit("split", str(root), "--part-mib", str(part_mib), "--repo", str(REPO))
+    assert proc.returncode == 0, proc.stderr
+    return root
+
+
+def test_parts_fill_each_call_and_join_back_to_every_wheel(tmp_path):
+    import numpy as np
+    from pack import join, load_manifest
+
+    rng = np.random.default_rng(0)
+    files = {f"w{i}-1.0-py3-none-any.whl": rng.bytes(n) for i, n in enumerate([2_600_000, 300_000, 1_250_000])}
+    src = kit_dir(tmp_path / "src", files, part_mib=1)
+    manifest = load_manifest(src)
+    total = sum(map(len, files.values()))
+    assert [p["bytes"] for p in manifest["parts"]] == [1 << 20] * (total >> 20) + [total % (1 << 20)]
+    assert [c["call"] for c in manifest["calls"]] == list(range(1, len(manifest["parts"]) + 1))
+    box = tmp_path / "box"  # what the GPU machine holds: the parts and the manifest, no wheels
+    proc = kit("receive", str(src), str(box))
+    assert proc.returncode == 0 and "parts 01, 02, 03, 04 of 4 received" in proc.stdout, proc.stderr
+    got = join(box, load_manifest(box), box / "wheels")
+    assert {p.name: p.read_bytes() for p in got} == files
+
+
+def test_missing_part_bad_hash_and_no_manifest_are_one_line_errors(tmp_path):
+    import numpy as np
+
+    files = {"a-1.0-py3-none-any.whl": np.random.default_rng(1).bytes(2_500_000)}
+    box = kit_dir(tmp_path / "box", files, part_mib=1)
+    (box / "wheels" / "a-1.0-py3-none-any.whl").unlink()  # the box has parts only
+    (box / "part-02.bin").rename(tmp_path / "part-02.bin")
+    one_line_error(kit("install", str(box), "--target", str(tmp_path / "t")), "missing 1 of 3 parts",
+                   "part-02.bin", "call(s) 2")
+    (tmp_path / "part-02.bin").rename(box / "part-02.bin")
+    data = bytearray((box / "part-03.bin").read_bytes())
+    data[100] ^= 0xFF
+    (box / "part-03.bin").write_bytes(bytes(data))
+    one_line_error(kit("install", str(box), "--target", str(tmp_path / "t")), "part-03.bin", "bad sha256")
+    one_line_error(kit("receive", str(box), str(tmp_path / "dest")), "part-03.bin", "bad sha256")
+    one_line_error(kit("install", str(tmp_path), "--target", str(tmp_path / "t")), "no manifest")
+
+
+# ---- a real onnxruntime installed into a fresh target, shadowing the "box's" CPU onnxruntime ------------
+def repack_onnxruntime_as_gpu(out: Path) -> Path:
+    """This machine's onnxruntime (a real, working module) as a wheel named onnxruntime-gpu, the GPU
+    wheel's name: installed into a target it must shadow the onnxruntime left in the (fake) box."""
+    import zipfile
+    from importlib import metadata
+
+    dist = metadata.distribution("onnxruntime")
+    site, version = Path(dist.locate_file("")), dist.version
+    info = f"onnxruntime_gpu-{version}.dist-info"
+    wheel = out / f"onnxruntime_gpu-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_STORED) as z:
+        names = [f for f in dist.files if f.parts[0] == "onnxruntime" and "__pycache__" not in f.parts]
+        for f in names:
+            z.write(site / f, str(f))
+        z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: onnxruntime-gpu\nVersion: {version}\n")
+        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\nTag: py3-none-any\n")
+        z.writestr(f"{info}/RECORD", "".join(f"{f},,\n" for f in [*map(str, names), f"{info}/METADATA",
+                                                                       f"{info}/WHEEL", f"{info}/RECORD"]))
+    return wheel
+
+
+def test_install_shadows_the_box_onnxruntime_and_proves_the_provider(tmp_path):
+    """kit.py install with a python that sees only the target, the fake box (this machine's packages on
+    the box's list: its own onnxruntime too) and the repo: the target's onnxruntime is the one imported,
+    a session really runs on the expected provider, ortevals accepts the install; a provider the wheel
+    cannot give is a one-line error."""
+    import json
+
+    from fakebox import link
+    from pack import sha256, write_manifest
+    from resolve import read_box
+
+    box = tmp_path / "fakebox"
+    linked, _ = link(box, read_box(REPO / "scripts" / "gpu" / "box_packages.txt"))
+    assert "onnxruntime" in linked and "numpy" in linked and "onnx" in linked
+    (box / "nvidia" / "cu13" / "lib").mkdir(parents=True)  # where torch's CUDA 13 wheels put their libraries
+    (box / "nvidia" / "cu13" / "lib" / "libcudart.so.13").write_bytes(b"")
+    (tmp_path / "kit" / "wheels").mkdir(parents=True)
+    wheel = repack_onnxruntime_as_gpu(tmp_path / "kit" / "wheels")
+    write_manifest(tmp_path / "kit", {"kind": "test", "parts": [], "wheels": [
+        {"file": wheel.name, "sha256": sha256(wheel), "bytes": wheel.stat().st_size}]})
+    assert kit("split", str(tmp_path / "kit"), "--part-mib", "16", "--repo", str(REPO)).returncode == 0
+    wheel.unlink()  # the box gets parts only
+    env = {"PYTHONPATH": os.pathsep.join([str(box), str(REPO)])}
+    target = tmp_path / "site"
+    ok = kit("install", str(tmp_path / "kit"), "--target", str(target), "--expect-provider", "CPUExecutionProvider",
+             "--no-site", "--modules", "ortevals.runtime", env=env)
+    assert ok.returncode == 0, ok.stderr
+    report = json.loads((target / "kit-install.json").read_text())
+    assert report["session_providers"] == ["CPUExecutionProvider"]
+    assert (target / "onnxruntime" / "__init__.py").is_file() and (box / "onnxruntime").is_symlink()
+    assert (target / "nvidia").resolve() == (box / "nvidia").resolve()  # preload_dlls looks beside onnxruntime
+    shell = kit("env", "--target", str(target), env=env).stdout
+    assert f"export LD_LIBRARY_PATH={box / 'nvidia' / 'cu13' / 'lib'}" in shell and f"PYTHONPATH={target}" in shell
+    bad = kit("install", str(tmp_path / "kit"), "--target", str(target), "--expect-provider",
+              "CUDAExecutionProvider", "--no-site", "--modules", "", env=env)
+    one_line_error(bad, "CUDAExecutionProvider")
+
+
+# ---- make_model.py: real shapes, sized by transformers' own count; the package equals PyTorch ----------
+@pytest.mark.parametrize("arch,params,layers", [("qwen3", 1.72e9, 28), ("gemma3", 1.0e9, 26), ("llama", 1.236e9, 16),
+                                                 ("smollm2", 1.35e8, 30), ("qwen3", 1.5e9, 24)])
+def test_sized_configs_have_the_real_shapes_and_the_asked_size(arch, params, layers):
+    """At the real models' sizes the real layer counts come back (Qwen3-1.7B 28, Gemma-3-1B 26,
+    Llama-3.2-1B 16, SmolLM2-135M 30); the parameter count is transformers' own (meta device)."""
+    import make_model
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    c = make_model.size_config(arch, params, 32768)
+    assert c["num_hidden_layers"] == layers
+    config = AutoConfig.for_model(**{k: v for k, v in c.items() if k != "architectures"})
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    numel = sum(p.numel() for p in model.parameters())
+    assert numel == sum(make_model.count_params(c)[:1]) + make_model.count_params(c)[1] * layers
+    assert abs(numel - params) < make_model.count_params(c)[1]  # within one layer of the size asked for
+
+
+def test_make_model_gemma3_package_equals_pytorch_and_the_check_can_fail(fixture_cache, tmp_path):
+    """A tiny Gemma-3-shaped model (a sliding-window layer and a global one; the builder shim's RoPE):
+    the fp32 package's log-softmax equals PyTorch's within 1e-4 over texts longer than the window;
+    the same check on a package with a damaged weight fails with exit 1."""
+    import json
+    import shutil
+
+    import numpy as np
+
+    out = fixture_cache / "gpu-kit-models" / "gemma3-1e6"
+    cmd = [sys.executable, str(REPO / "scripts/gpu/make_model.py"), str(out), "--arch", "gemma3", "--params", "1e6",
+           "--precision", "fp32", "--ep", "cpu", "--check"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["max_abs_dlogprob"] <= 1e-4
+    config = json.loads((out / "hf" / "config.json").read_text())
+    assert config["layer_types"] == ["sliding_attention", "full_attention"] and config["sliding_window"] == 512
+    import make_model
+
+    bad = tmp_path / "bad"
+    shutil.copytree(out / "fp32-cpu", bad)
+    data = next(bad.glob("*.onnx.data"))
+    raw = np.fromfile(data, dtype=np.float32)
+    raw[len(raw) // 2: len(raw) // 2 + 4096] = np.random.default_rng(0).normal(0, 1, 4096)
+    raw.tofile(data)
+    assert make_model.check(out / "hf", bad) > 1e-2
+
+
+# ---- scripts/bench_gpu.py end to end on CPU (the tiny package it builds itself) ----------------------------
+def test_bench_gpu_runs_on_cpu_and_ortevals_answers_equal_hf(fixture_cache, tmp_path):
+    """``bench_gpu.py --ep cpu --limit 5 --out DIR``: results.json in the GPU layout (device, versions,
+    per model and backend: questions, requests/s, model calls/s, peak device and host memory, same answers
+    and max |Δ| against hf), results.md, and per-question answers; ortevals' answers and log-likelihoods
+    (read back from answers.json.gz, not from the bench's own comparison) equal hf's on the same weights."""
+    import gzip
+    import json
+
+    cmd = [sys.executable, str(REPO / "scripts/bench_gpu.py"), "--ep", "cpu", "--limit", "5", "--out", str(tmp_path),
+           "--models-dir", str(fixture_cache / "gpu-kit-models")]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert set(res) >= {"device", "versions", "config", "models"} and res["config"]["ep"] == "cpu"
+    assert {"name", "memory_mib", "driver"} <= set(res["device"]) and res["versions"]["lm_eval"]
+    model = res["models"]["llama-1e6-fp32"]
+    assert set(model["backends"]) == {"ortevals", "hf", "og"} and model["build"]["config"]["vocab_size"] == 32768
+    for name, r in model["backends"].items():
+        assert "failed" not in r, (name, r)
+        assert r["questions"] == 5 and r["requests"] >= 5 * 3 and r["requests_per_s"] > 0 and r["model_calls"] > 0
+        assert {"model_calls_per_s", "peak_device_mib", "peak_host_rss_mib", "accuracy", "load_s"} <= set(r)
+        if name != "hf":
+            assert r["compared_with_hf"] == 5 and "same_answers_as_hf" in r and "max_abs_dlogprob_vs_hf" in r
+    assert model["ratios"]["ortevals/hf"] > 0
+    with gzip.open(tmp_path / "answers.json.gz", "rt") as f:
+        answers = json.load(f)
+    ours, hf = answers["llama-1e6-fp32/ortevals"], answers["llama-1e6-fp32/hf"]
+    assert ours["answers"] == hf["answers"] and len(ours["answers"]) == 5
+    delta = max(abs(a - b) for q in hf["logprobs"] for a, b in zip(ours["logprobs"][q], hf["logprobs"][q]))
+    assert delta <= 1e-4 and model["backends"]["ortevals"]["max_abs_dlogprob_vs_hf"] == pytest.approx(delta)
+    assert "| llama-1e6-fp32 | ortevals | 5 |" in (tmp_path / "results.md").read_text()
