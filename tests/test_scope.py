@@ -18,8 +18,8 @@ from lm_eval.api.instance import Instance
 from ortevals.cli import cli
 from ortevals.files import store_path
 from ortevals.integrations.lm import ModelArgs, OrtLM
+from ortevals.package import scope as scope_mod
 from ortevals.package.loader import ModelPackage
-from ortevals.report import scope as scope_mod
 from ortevals.runtime.derive import derived_decoder, derived_path
 
 REQ = ("The city", " of")

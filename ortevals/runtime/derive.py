@@ -9,7 +9,7 @@ comes back. Elementwise ops after the head (Gemma's soft-capping) are
 position-wise and stay as they are.
 
 The derived ``model.onnx`` is cached under ``<cache>/derived/<scope>/``, where
-``<scope>`` is the digest of a :class:`~ortevals.report.scope.Scope` over the decoder
+``<scope>`` is the digest of a :class:`~ortevals.package.scope.Scope` over the decoder
 and its external data, the logits output name, and the ortevals (source
 included), onnxruntime and onnxruntime-genai versions: a fix to this rewrite
 reaches packages derived before it, and run settings (batch size, ...) that do
@@ -27,7 +27,7 @@ from pathlib import Path
 from ortevals.files import atomic_write, atomic_write_bytes
 from ortevals.package.graph import external_data_files
 from ortevals.package.loader import ModelPackage
-from ortevals.report.scope import Scope
+from ortevals.package.scope import Scope
 
 log = logging.getLogger(__name__)
 
