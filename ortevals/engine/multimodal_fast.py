@@ -35,7 +35,9 @@ import numpy as np
 from ortevals.engine.multimodal import MediaEngine, MediaRequest
 from ortevals.engine.scoring import check_finite, continuation_logprob
 from ortevals.package.loader import ModelFile, ModelPackage
-from ortevals.runtime.sessions import DecoderRunner
+from ortevals.package.multimodal import multimodal_spec
+from ortevals.package.scope import Reads
+from ortevals.runtime.sessions import DecoderRunner, runner_reads, session_reads
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,24 @@ def fast_layout(package: ModelPackage) -> tuple[bool, str]:
                                    or not isinstance(model.get("audio_token_id"), int)):
         return False, "speech without an audio_features embedding input or model.audio_token_id"
     return True, ""
+
+
+def side_models(package: ModelPackage) -> dict[str, ModelFile]:
+    """The vision and speech models the fast path opens itself (raw onnxruntime), by role."""
+    spec = multimodal_spec(package)
+    out = {}
+    for role, path in (("vision", spec.vision_model), ("speech", spec.speech_model)):
+        if path is not None:
+            section = package.config["model"][role]
+            out[role] = ModelFile(role, path, dict(section.get("inputs") or {}), dict(section.get("outputs") or {}),
+                                  dict(section.get("session_options") or {}), (), ())
+    return out
+
+
+def fast_reads(package: ModelPackage, provider) -> list[Reads]:
+    """What the fast path opens besides og's processor: the decoder runner (no derived graph) and the
+    vision/speech sessions (:func:`side_models`)."""
+    return [*runner_reads(package, provider), *(session_reads(m, provider) for m in side_models(package).values())]
 
 
 def _emb_name(package: ModelPackage, name: str) -> str:
@@ -135,16 +155,9 @@ class FastMediaEngine(MediaEngine):
             from ortevals.runtime.sessions import open_session
 
             runner = EmbedsRunner.open(self.package, self.provider)
-
-            def side(role: str, path):
-                if path is None:
-                    return None
-                section = self.package.config["model"][role]
-                mf = ModelFile(role, path, dict(section.get("inputs") or {}), dict(section.get("outputs") or {}),
-                               dict(section.get("session_options") or {}), (), ())
-                return open_session(mf, self.provider), mf
-
-            self._sessions = (runner, side("vision", self.spec.vision_model), side("speech", self.spec.speech_model))
+            models = side_models(self.package)
+            side = {role: (open_session(mf, self.provider), mf) for role, mf in models.items()}
+            self._sessions = (runner, side.get("vision"), side.get("speech"))
             log.info("media path: fast (og's processor, raw onnxruntime vision/speech/embedding/decoder)")
         return self._sessions
 

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Protocol
 
 import numpy as np
 
-from ortevals.engine.invariance import CanaryResult, compare, pick_canary, shorten, tolerance
+from ortevals.engine.invariance import CanaryResult, Verdicts, compare, pick_canary, shorten, tolerance
 from ortevals.engine.prefix import PrefixPlan, plan_prefixes
 from ortevals.engine.scoring import NonFiniteScore, check_finite, continuation_logprob, input_window
 from ortevals.errors import OrtEvalsError
@@ -140,9 +140,11 @@ def pad_right(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, n
 class PrefillEngine:
     """Scores log-likelihood requests with full-logit forward passes."""
 
-    def __init__(self, runner: Forward, settings: EngineSettings) -> None:
+    def __init__(self, runner: Forward, settings: EngineSettings, verdicts: Verdicts | None = None) -> None:
         self.runner = runner
         self.settings = settings
+        self.verdicts = verdicts or Verdicts()  # canary verdicts kept across runs (with a store)
+        self.canary_passes = 0  # forward passes the canary cost (0 when a stored verdict was reused)
         self.forward_passes = 0
         self.tokens_run = 0
         self.kv_bytes_per_token = settings.kv_bytes_per_token
@@ -161,8 +163,26 @@ class PrefillEngine:
         if self.settings.exact:
             return self.score_exact(requests, on_done)
         if self.settings.check and self.canary is None and self._can_differ():
-            return self._score_checked(requests, on_done)
+            if not self._stored_verdict():
+                return self._score_checked(requests, on_done)
+            return self.score(requests, on_done)
         return self.score_batched(requests, on_done)
+
+    def _verdict_key(self) -> dict:
+        """What a verdict depends on beyond the store's scope: the settings that shape the passes."""
+        return {"canary": "prefill", "settings": asdict(self.settings)}
+
+    def _stored_verdict(self) -> bool:
+        """Take the verdict a run with the same scope and settings stored, if any."""
+        stored = self.verdicts.get(self._verdict_key())
+        if stored is None:
+            return False
+        self.canary = CanaryResult(**stored["result"])
+        self.mode = f"{stored['mode']}; stored verdict reused"
+        if not self.canary.passed:
+            self.settings = replace(self.settings, exact=True)
+        log.info("invariance canary: %s", self.mode)
+        return True
 
     def _can_differ(self) -> bool:
         """Whether the configured way is anything but one full-logits row per pass."""
@@ -191,7 +211,7 @@ class PrefillEngine:
         groups = plan_groups(requests, self.settings.max_length, self.settings.group_by_context)
         picked = [requests[groups[gi].members[0][0]] for gi in pick_canary([g.tokens for g in groups])]
         sub = [TokenRequest(c, x) for c, x in shorten([(r.context, r.continuation) for r in picked])]
-        before = self.tokens_run
+        key, before, passes = self._verdict_key(), self.tokens_run, self.forward_passes
         try:
             exact = self.score_exact(sub)
             configured = self._canary_configured(sub)
@@ -201,7 +221,10 @@ class PrefillEngine:
             exact = configured = None
             self.canary = CanaryResult(False, float("nan"), e.index or 0, tolerance(self.settings.dtype, 1))
         self.canary_tokens += self.tokens_run - before
+        self.canary_passes += self.forward_passes - passes
         self._canary_verdict(sub, configured, exact)
+        if exact is not None:  # a non-finite score is the request's, not the graph's: not kept
+            self.verdicts.put(key, {"result": asdict(self.canary), "mode": self.mode})
         return self.score(requests, on_done)
 
     def _canary_configured(self, sub: list[TokenRequest]) -> list[Score]:

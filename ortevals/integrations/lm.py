@@ -26,14 +26,18 @@ from ortevals.engine.scoring import NonFiniteScore, context_limit, describe_requ
 from ortevals.errors import OrtEvalsError
 from ortevals.options import ModelArgs, parse_model_args, scoped_settings
 from ortevals.package.loader import CONFIG_NAME, ModelPackage
-from ortevals.package.tokenizer import Tokenizer
+from ortevals.package.scope import Reads
+from ortevals.package.tokenizer import Tokenizer, tokenizer_reads
 from ortevals.report import resume
-from ortevals.report.store import ResultStore, Scope
+from ortevals.report.scope import results_scope
+from ortevals.report.store import ResultStore
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_LENGTH = 2048
 __all__ = ["ModelArgs", "OrtLM"]
 CPU_TOKEN_BUDGET = 1024  # auto batch on CPU: more tokens per pass only add memory traffic
+# lm-eval's own code splits context/continuation (_encode_pair) and cuts rolling windows
+LM_EVAL_READS = Reads("lm-eval requests", dists=("lm-eval",))
 
 
 class OrtLM(TemplateLM):
@@ -86,19 +90,21 @@ class OrtLM(TemplateLM):
         )
         if args.prefix_cache and package.windowed:
             log.info("prefix cache off: %s keeps a windowed sliding KV cache", package.root)
-        backends = Backends(package, provider, settings, args.path, cache_root() if args.scoring_graph else None)
+        backends = Backends(package, provider, settings, args.path, cache_root() if args.scoring_graph else None,
+                            args.gen_path, args.media_path)
         if backends.loglikelihood_path == "prefill":
             backends.prefill  # noqa: B018  (open now: a bad package fails before any data is loaded)
         log.info("loglikelihood requests go to the %s path%s", backends.loglikelihood_path,
                  f" ({backends.capability.reason})" if backends.capability.reason else "")
         store = None
         if args.store:
-            # the scope: package files, versions, every option that can change a number (ortevals/scope.py),
-            # and what they resolved to (raw sessions get the filtered provider options)
-            settings_scope = scoped_settings(args) | {
-                "resolved_provider": provider.name, "resolved_provider_options": provider.raw_options,
-                "effective_max_length": settings.max_length, "search_policy": SEARCH_POLICY}
-            store = ResultStore.open(Path(args.store), Scope.build("results", package, settings_scope))
+            # the scope: what every path of this run reads (files, the settings each hands its runtime, the
+            # libraries that compute; package/scope.py) and every option that can change a number
+            run_settings = scoped_settings(args) | {"effective_max_length": settings.max_length,
+                                                    "search_policy": SEARCH_POLICY}
+            reads = [tokenizer_reads(package), LM_EVAL_READS, *backends.reads()]
+            store = ResultStore.open(Path(args.store), results_scope(package.root, reads, run_settings))
+            backends.verdicts.store = store  # canary verdicts are kept under the same scope (issue 22 §9)
         lm = cls(package, tokenizer, backends, args, store)
         if args.workers or args.ray_address:  # issue 15: data parallel on Ray; the cluster starts on first use
             from ortevals.integrations.ray import WorkerPool
@@ -286,12 +292,7 @@ class OrtLM(TemplateLM):
 
     def _generation_path(self) -> str:
         """raw (engine/sampler.py) or og, from gen_path and what the package allows."""
-        from ortevals.engine.sampler import can_serve
-
-        ok, why = can_serve(self.package, self.backends.capability)
-        if self.args.gen_path == "raw" and not ok:
-            raise OrtEvalsError(f"gen_path=raw is impossible for this package: {why}")
-        path = self.args.gen_path if self.args.gen_path != "auto" else ("raw" if ok else "og")
+        path, why = self.backends.generation_path()
         if path == "og":
             log.info("generate_until goes to the onnxruntime-genai path%s", f" ({why})" if why else "")
         return path

@@ -1,27 +1,32 @@
-"""The scope of anything ortevals reuses: what a stored score or a derived graph depends on.
+"""The scope of anything ortevals reuses, built from what each path of a run reads.
 
-Owns :class:`Scope`, the one key behind the result store (:mod:`ortevals.report.store`,
-which exposes it) and the derived scoring-graph cache
-(:mod:`ortevals.runtime.derive`). A scope covers three things, and its
-``digest`` changes when any of them does:
+Owns :class:`Reads`, the record of one path (raw onnxruntime sessions, onnxruntime-genai's
+text model, its multimodal model and processor, the tokenizer, the derived scoring graph,
+lm-eval's request handling): the files it opens (or would open when present), the settings
+it hands to a runtime, and the distributions whose code computes its numbers. Each opener
+builds its record with the same function it opens with (``session_reads`` in
+:mod:`ortevals.runtime.sessions`, ``genai_reads`` in :mod:`ortevals.runtime.genai`, ...), so
+a file or an option reaches a runtime only through a record.
 
-* **package files**: every file that defines a number
-  (:meth:`ModelPackage.scope_files`: config, the models the run opens and their
-  external data, tokenizer files, chat template, generation config). A file
-  under 64 MiB is hashed by content. A larger one (weights) gets a cheap
-  identity instead: size, mtime_ns and the sha256 of its first and last 64 KiB.
-  Hashing gigabytes of weights on every run would cost seconds to minutes;
-  rewriting weights changes their size or mtime, and only a deliberate edit that
-  keeps size, mtime and both ends could slip through.
-* **settings**: a plain JSON-able mapping from the caller, every setting that
-  can change a number (canonical JSON; a value that is not JSON is refused).
-* **versions**: ortevals' version plus a digest of its own ``.py`` source (so
-  any code change, a fix to the graph rewrite included, invalidates stored
-  scores and derived graphs), and the installed onnxruntime and
-  onnxruntime-genai wheels, read from their metadata without importing them.
+Owns :class:`Scope`, the one key behind the result store (:mod:`ortevals.report.store`),
+canary verdicts and the derived scoring-graph cache (:mod:`ortevals.runtime.derive`),
+built from those records only. Its ``digest`` changes when any of these does:
 
-The folder path is shown by :meth:`Scope.describe` but not hashed: the same
-bytes in another folder give the same numbers.
+* **files**: every file a record names. A file under 64 MiB is hashed by content. A
+  larger one (weights) gets a cheap identity instead: size, mtime_ns and the sha256 of
+  its first and last 64 KiB. Hashing gigabytes of weights on every run would cost seconds
+  to minutes; rewriting weights changes their size or mtime, and only a deliberate edit
+  that keeps size, mtime and both ends could slip through. A file a path would open if
+  present but that is not there is keyed as ``absent``: adding it is a change.
+* **settings**: the caller's mapping (the run's options) plus each record's settings under
+  ``path:<name>`` (canonical JSON; a value that is not JSON is refused).
+* **versions**: ortevals' version plus a digest of its own ``.py`` source (so any code
+  change, a fix to the graph rewrite included, invalidates stored scores and derived
+  graphs), and every distribution a record names (onnxruntime, onnxruntime-genai,
+  tokenizers, numpy, lm-eval, ...), read from their metadata without importing them.
+
+The folder path is shown by :meth:`Scope.describe` but not hashed: the same bytes in
+another folder give the same numbers. Pure apart from reading the named files.
 """
 
 from __future__ import annotations
@@ -30,19 +35,30 @@ import functools
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
-
-from ortevals.package.loader import ModelPackage
 
 FULL_HASH_LIMIT = 64 << 20  # files below this are hashed by content
 EDGE = 1 << 16  # bytes read at each end of a larger file
 ORT_WHEELS = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-directml", "onnxruntime-openvino", "onnxruntime-qnn",
               "onnxruntime-rocm", "onnxruntime-training")
 OG_WHEELS = ("onnxruntime-genai", "onnxruntime-genai-cuda", "onnxruntime-genai-directml", "onnxruntime-genai-rocm")
+ABSENT = "absent"
+
+
+@dataclass(frozen=True)
+class Reads:
+    """What one path reads. ``files``: absolute or package-relative paths it opens, or would open when
+    present; ``settings``: JSON-able values it hands to a runtime; ``dists``: distributions (PyPI names)
+    whose code computes its numbers."""
+
+    path: str
+    files: tuple[Path, ...] = ()
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    dists: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -60,17 +76,25 @@ class Scope:
     versions: tuple[tuple[str, str | None], ...]
 
     @classmethod
-    def build(cls, purpose: str, package: ModelPackage, settings: Mapping[str, Any],
-              files: Iterable[Path] | None = None) -> Scope:
-        """``files`` defaults to every file that defines a number (:meth:`ModelPackage.scope_files`)."""
-        paths = package.scope_files() if files is None else list(files)
-        root = Path(os.path.abspath(package.root))
-        entries = tuple((_relative(p, root), file_digest(p)) for p in paths)
+    def build(cls, purpose: str, root: Path, reads: Sequence[Reads], settings: Mapping[str, Any] | None = None
+              ) -> Scope:
+        """The scope of everything ``reads`` names, plus the caller's ``settings``; ``root``: the package folder."""
+        root = Path(os.path.abspath(root))
+        paths = {Path(os.path.abspath(root / p)) for r in reads for p in r.files}
+        entries = tuple(sorted((_relative(p, root), file_digest(p) if p.is_file() else ABSENT) for p in paths))
+        merged = dict(settings or {})
+        for r in reads:
+            if r.settings:
+                key = f"path:{r.path}"
+                if key in merged and merged[key] != r.settings:
+                    raise ValueError(f"two records of path {r.path!r} pass different settings")
+                merged[key] = dict(r.settings)
         try:
-            text = json.dumps(dict(settings), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+            text = json.dumps(merged, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         except TypeError as e:  # a caller bug: never key on a repr
             raise TypeError(f"scope settings must be JSON: {e}") from None
-        return cls(purpose, str(root), entries, text, tuple(sorted(versions().items())))
+        dists = sorted({d for r in reads for d in r.dists})
+        return cls(purpose, str(root), entries, text, tuple(sorted(versions(dists).items())))
 
     @functools.cached_property
     def digest(self) -> str:
@@ -99,9 +123,19 @@ def file_digest(path: Path) -> str:
     return f"id:{st.st_size}:{st.st_mtime_ns}:{h.hexdigest()}"
 
 
-def versions() -> dict[str, str | None]:
-    """ortevals, its source digest, onnxruntime and onnxruntime-genai (wheel name and version, or None)."""
-    return {"ortevals": ortevals_version(), "ortevals-source": source_digest(), **runtime_versions()}
+def versions(dists: Sequence[str] = ("onnxruntime", "onnxruntime-genai")) -> dict[str, str | None]:
+    """ortevals, its source digest, and each of ``dists`` (installed version, or None)."""
+    runtimes = runtime_versions()
+    found = {d: runtimes[d] if d in runtimes else dist_version(d) for d in dists}
+    return {"ortevals": ortevals_version(), "ortevals-source": source_digest(), **found}
+
+
+def dist_version(name: str) -> str | None:
+    """An installed distribution's version from its metadata (the module is never imported)."""
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def ortevals_version() -> str:
@@ -147,3 +181,10 @@ def _wheels(names: tuple[str, ...]) -> str | None:
 def _relative(path: Path, root: Path) -> str:
     full = Path(os.path.abspath(path))
     return full.relative_to(root).as_posix() if full.is_relative_to(root) else full.as_posix()
+
+
+def package_reads(package) -> Reads:
+    """What :meth:`ModelPackage.load` reads: ``genai_config.json`` and the decoder's and embedding's graph
+    protobufs (signatures, KV specs; no weights), parsed by ``onnx``."""
+    models = [m.path for m in (package.embedding, package.decoder) if m is not None]
+    return Reads("package", (package.root / "genai_config.json", *models), {}, ("onnx",))

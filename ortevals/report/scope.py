@@ -1,12 +1,24 @@
-"""The result store's scope, as the report layer sees it.
+"""The result store's scope: what a stored answer depends on.
 
-:class:`Scope` itself lives in :mod:`ortevals.package.scope` (the lowest layer), so the
-runtime's derived-graph cache can key by it without importing the report layer; it is
-re-exported here for :mod:`ortevals.report.store`.
+:class:`Scope` and :class:`Reads` live in :mod:`ortevals.package.scope` (the lowest layer,
+so the runtime's derived-graph cache keys by them without importing the report layer).
+:func:`results_scope` builds the result store's scope of one run from the records of
+every path the run can open and the run's settings; :class:`Scope` is re-exported here
+for :mod:`ortevals.report.store`.
 """
 
 from __future__ import annotations
 
-from ortevals.package.scope import Scope
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
-__all__ = ["Scope"]
+from ortevals.package.scope import Reads, Scope
+
+__all__ = ["Scope", "results_scope"]
+
+
+def results_scope(root: Path, reads: Sequence[Reads], settings: Mapping[str, Any]) -> Scope:
+    """The scope of stored answers: ``reads`` (each path's files, settings and libraries) and ``settings``
+    (every option that can change a number and what it resolved to); ``root``: the package folder."""
+    return Scope.build("results", root, reads, settings)

@@ -20,7 +20,9 @@ from pathlib import Path
 import numpy as np
 
 from ortevals.errors import PackageError, ProviderError, first_line
+from ortevals.package.graph import external_data_files
 from ortevals.package.loader import ModelFile, ModelPackage
+from ortevals.package.scope import Reads
 from ortevals.runtime import import_ort
 from ortevals.runtime.buffers import (
     NUMPY_NATIVE,
@@ -30,25 +32,47 @@ from ortevals.runtime.buffers import (
     feeds_len,
     host_float32,
 )
-from ortevals.runtime.derive import POSITIONS, derived_decoder
+from ortevals.runtime.derive import POSITIONS, derive_reads, derived_decoder
 from ortevals.runtime.providers import ProviderConfig
 from ortevals.runtime.replicate import Replicator
 
 log = logging.getLogger(__name__)
 
 
-def session_options(provider: ProviderConfig, model: ModelFile):
-    """ORT SessionOptions from the provider config (threads, log level, config entries)."""
+def session_settings(provider: ProviderConfig) -> dict:
+    """Everything a raw session is handed that can change a number (:func:`open_session` passes exactly
+    this): the provider, its options filtered for raw sessions (``raw_options``), threads, graph
+    optimization level and session config entries."""
+    return {"provider": provider.ort_name, "provider_options": dict(provider.raw_options),
+            "intra_op_num_threads": provider.intra_op_threads, "inter_op_num_threads": 1,
+            "graph_optimization_level": "ORT_ENABLE_ALL", "session_config": dict(provider.session_config)}
+
+
+def session_reads(model: ModelFile, provider: ProviderConfig) -> Reads:
+    """What :func:`open_session` reads for ``model``: its graph, its external data, :func:`session_settings`."""
+    return Reads("raw sessions", (model.path, *sorted(external_data_files(model.path))), session_settings(provider),
+                 ("onnxruntime",))
+
+
+def runner_reads(package: ModelPackage, provider: ProviderConfig, cache: Path | None = None) -> list[Reads]:
+    """What :meth:`DecoderRunner.open` reads: embedding and decoder sessions, and with ``cache`` the
+    derived scoring graph (built from :func:`~ortevals.runtime.derive.derive_reads`)."""
+    models = [m for m in (package.embedding, package.decoder) if m is not None]
+    return [*(session_reads(m, provider) for m in models), *([derive_reads(package)] if cache is not None else [])]
+
+
+def session_options(settings: dict, model: ModelFile):
+    """ORT SessionOptions from :func:`session_settings` (threads, optimization level, config entries)."""
     ort = import_ort()
     so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, settings["graph_optimization_level"])
     # warnings shown: a provider fallback or a missing kernel is announced by ORT itself (a normal CPU
     # run of the test fixtures and SmolLM2 prints nothing even at level 1); -vv shows ORT's info lines
     so.log_severity_level = 1 if log.isEnabledFor(logging.DEBUG) else 2
-    if provider.intra_op_threads:
-        so.intra_op_num_threads = provider.intra_op_threads
-    so.inter_op_num_threads = 1
-    for key, value in provider.session_config.items():
+    if settings["intra_op_num_threads"]:
+        so.intra_op_num_threads = settings["intra_op_num_threads"]
+    so.inter_op_num_threads = settings["inter_op_num_threads"]
+    for key, value in settings["session_config"].items():
         so.add_session_config_entry(key, value)
     if model.session_options.get("custom_ops_library"):
         raise PackageError(
@@ -59,7 +83,8 @@ def session_options(provider: ProviderConfig, model: ModelFile):
 
 
 def open_session(model: ModelFile, provider: ProviderConfig, derived: Path | None = None):
-    """One InferenceSession on ``provider``; availability is checked first.
+    """One InferenceSession on ``provider``; availability is checked first. It is handed exactly
+    :func:`session_reads`' settings.
 
     ``derived``: a rewritten copy of ``model``'s graph whose weights stay in the package folder.
     """
@@ -70,10 +95,11 @@ def open_session(model: ModelFile, provider: ProviderConfig, derived: Path | Non
             f"execution provider {provider.name!r} ({provider.ort_name}) is not available in this onnxruntime "
             f"install; available: {', '.join(available)}"
         )
-    providers = [(provider.ort_name, provider.raw_options)]  # og-only options (cuda graphs) filtered out
+    settings = session_reads(model, provider).settings
+    providers = [(settings["provider"], settings["provider_options"])]  # og-only options (cuda graphs) filtered out
     if provider.name != "cpu":
         providers.append(("CPUExecutionProvider", {}))
-    so = session_options(provider, model)
+    so = session_options(settings, model)
     if derived is not None:
         so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(model.path.parent))
     try:
