@@ -144,6 +144,58 @@ def test_canary_passes_on_an_invariant_graph_and_batching_stays(tiny_pkg):
     assert lm.engine.forward_passes <= 6 + 2 + 2 < len(model_inputs(tiny_pkg, pairs))
 
 
+def _stored_run(pkg, pairs, store, **kw):
+    lm = OrtLM.from_package(ModelArgs(pkg=str(pkg), max_length=256, store=str(store), **kw))
+    got = np.array([lp for lp, _ in lm.loglikelihood(instances(pairs), disable_tqdm=True)])
+    lm.store.close()
+    return lm, got
+
+
+def test_a_stored_verdict_is_reused_and_pays_no_canary(tiny_pkg, shape_dependent, tmp_path):
+    """Issue 22 §9: the verdict is an artefact under the scope. Other requests, same package and settings:
+    no canary pass; the stored verdict decides the mode, a failing one included."""
+    store = tmp_path / "s.sqlite"
+    first, _ = _stored_run(tiny_pkg, PAIRS[:8], store, batch_size=4)
+    assert first.engine.canary.passed and first.engine.canary_passes > 0 and first.engine.canary_tokens > 0
+    second, got = _stored_run(tiny_pkg, PAIRS[8:], store, batch_size=4)
+    assert second.engine.canary_passes == 0 and second.engine.canary_tokens == 0
+    assert second.engine.canary.passed and second.stats["mode"].endswith("stored verdict reused")
+    np.testing.assert_allclose(got, oracle(tiny_pkg, PAIRS[8:]), atol=1e-4)
+
+    bad = tmp_path / "bad.sqlite"
+    tripped, _ = _stored_run(shape_dependent, PAIRS[4:], bad, batch_size=4)  # unrelated inputs: batched
+    assert not tripped.engine.canary.passed and tripped.engine.canary_passes > 0
+    again, got = _stored_run(shape_dependent, PAIRS[:4], bad, batch_size=4)
+    assert again.engine.canary_passes == 0 and again.engine.settings.exact
+    assert again.stats["mode"].startswith("exact (canary") and again.stats["mode"].endswith("reused")
+    np.testing.assert_allclose(got, oracle(shape_dependent, PAIRS[:4]), atol=1e-4)  # exact, as the verdict said
+
+
+@pytest.mark.parametrize("change", ["batch size", "prefix budget", "package file", "ortevals source",
+                                    "onnxruntime"])
+def test_what_a_verdict_depends_on_reruns_the_canary(change, tiny_pkg, copy_pkg, tmp_path, monkeypatch):
+    from ortevals.package import scope
+
+    store, pkg = tmp_path / "s.sqlite", copy_pkg(tiny_pkg)
+    _stored_run(pkg, PAIRS[:6], store, batch_size=4)
+    kw = {"batch_size": 4}
+    if change == "batch size":
+        kw["batch_size"] = 2
+    elif change == "prefix budget":
+        kw["prefix_budget_mb"] = 64
+    elif change == "package file":  # the decoder re-saved with another producer string: its bytes differ
+        model = onnx.load(str(pkg / "model.onnx"), load_external_data=False)
+        model.producer_version = "re-exported"
+        onnx.save(model, str(pkg / "model.onnx"))
+    elif change == "ortevals source":
+        monkeypatch.setattr(scope, "source_digest", lambda: "0" * 64)
+    else:
+        real = scope.runtime_versions()
+        monkeypatch.setattr(scope, "runtime_versions", lambda: {**real, "onnxruntime": "onnxruntime==99"})
+    lm, _ = _stored_run(pkg, PAIRS[6:12], store, **kw)
+    assert lm.engine.canary_passes > 0 and "stored verdict" not in lm.stats["mode"]
+
+
 def test_model_args_parse_the_switches(tiny_pkg):
     args = ModelArgs.parse({"pkg": str(tiny_pkg), "exact": "true", "check": "false"})
     assert args.exact is True and args.check is False
