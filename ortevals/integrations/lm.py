@@ -62,6 +62,8 @@ class OrtLM(TemplateLM):
 
         self.media = MediaRouter(self)  # issue 13: opens nothing until a request carries media
         self.sample_logprobs: dict[str, tuple[float, int]] = {}  # store key (JSON) → (log-prob, tokens)
+        self._modes: dict[str, str] = {}  # which mode ran and why, per request kind (stats["mode"] joins them)
+        self._gen_plans: dict[str, tuple] = {}  # generation canary's plan per path, decided once
 
     @classmethod
     def from_package(cls, args: ModelArgs) -> OrtLM:
@@ -243,6 +245,7 @@ class OrtLM(TemplateLM):
             rs, keys, lambda r, k: self._generate(r, k, disable_tqdm), disable_tqdm))
 
     def _generate(self, requests, keys: list[list], disable_tqdm: bool) -> list[str]:
+        from ortevals.engine.gencanary import og_plan, raw_plan
         from ortevals.engine.generation import request_name
         from ortevals.engine.schedule import prompt_item, run_generation
 
@@ -277,18 +280,41 @@ class OrtLM(TemplateLM):
             if path == "raw":  # issue 14: one prompt pass, K rows decoded together (engine/sampler.py)
                 from ortevals.engine.sampler import run_sampling
 
-                run_sampling(self._sampler(), items, keys, lambda i, s: finish(i, s.text, s.tokens, s.logprob),
-                             name=lambda i: request_name(i, requests[i]))
+                sampler = self._sampler()
+                self._gen_check("raw", lambda: raw_plan(sampler, items, keys, name, self._dtype, self.args.check,
+                                                        self.backends.verdicts))
+                run_sampling(sampler, items, keys, lambda i, s: finish(i, s.text, s.tokens, s.logprob), name=name)
                 return results
-            width = self.args.gen_batch_size if runner.rewind_ok else 1  # batches only where og is exact
-            run_generation(runner, self.tokenizer, items, keys, {self.eot_token_id, *self.package.eos_token_ids},
-                           width, self.package.pad_token_id, finish,
-                           name=lambda i: request_name(i, requests[i]))  # errors name the request
+            eos = {self.eot_token_id, *self.package.eos_token_ids}
+            width, reuse = self._gen_check("og", lambda: og_plan(
+                runner, self.tokenizer, items, keys, eos, self.package.pad_token_id, self.args.gen_batch_size,
+                self.backends.exact, self.args.check, self.backends.verdicts, name))
+            run_generation(runner, self.tokenizer, items, keys, eos, width, self.package.pad_token_id, finish,
+                           name=name, prefix_reuse=reuse)  # errors name the request
         finally:
             bar.close()
             self.stats["requests"] += len(items)
             self.stats["seconds"] += time.perf_counter() - start
         return results
+
+    def _gen_check(self, path: str, plan):
+        """The generation canary's plan (engine/gencanary.py), made once per run and path; its mode joins
+        the run's mode. Returns the og path's (width, prefix reuse)."""
+        if path not in self._gen_plans:
+            out = plan()
+            mode = out if isinstance(out, str) else out[2]
+            self._gen_plans[path] = out[:2] if not isinstance(out, str) else ()
+            self._set_mode("generate_until", mode)
+        return self._gen_plans[path]
+
+    def _set_mode(self, kind: str, mode: str) -> None:
+        if mode:
+            self._modes[kind] = mode
+        self.stats["mode"] = "; ".join(self._modes.values())
+
+    @property
+    def _dtype(self) -> str:
+        return self.backends.prefill_choice[0].dtype
 
     def _generation_path(self) -> str:
         """raw (engine/sampler.py) or og, from gen_path and what the package allows."""
@@ -306,6 +332,8 @@ class OrtLM(TemplateLM):
             self._raw_sampler = SharedPromptSampler(
                 prefill.runner, self.tokenizer, {self.eot_token_id, *self.package.eos_token_ids},
                 exact=prefill.settings.exact, prefix_cache=self.args.prefix_cache)
+        if self.backends.exact and not self._raw_sampler.exact:  # the log-likelihood canary tripped since
+            self._raw_sampler.exact, self._raw_sampler.prefix_cache = True, False
         return self._raw_sampler
 
     def chat_template(self, chat_template: bool | str = False) -> str | None:
@@ -335,5 +363,5 @@ class OrtLM(TemplateLM):
             bar.close()
             self.stats["requests"] += len(token_reqs)
             self.stats["seconds"] += time.perf_counter() - start
-            self.stats["mode"] = (self.pool.modes or ["batched"])[0] if self.pool is not None else \
-                getattr(self.engine, "mode", "incremental")  # which mode ran and why
+            self._set_mode("loglikelihood", (self.pool.modes or ["batched"])[0] if self.pool is not None else
+                           getattr(self.engine, "mode", "incremental"))  # which mode ran and why
