@@ -134,8 +134,8 @@ def og_greedy(pkg, **kw) -> tuple[list[str], list[str], OrtLM]:
 
 @pytest.mark.parametrize("width", [1, 4])
 def test_og_path_honours_detected_exact_mode(dynquant, width):
-    """Detected dynamic quantization: one Generator per prompt, no rewind, no batch (before: 5 of 8 texts
-    differed from alone with the rewinding cursor, more when batched)."""
+    """Detected dynamic quantization: one Generator per prompt, no rewind, no batch (before: 4 of 8 texts
+    differed from alone with the rewinding cursor, 5 of 8 with gen_batch_size=4)."""
     got, ref, lm = og_greedy(dynquant, gen_batch_size=width)
     assert got == ref
     assert lm.stats["mode"] == "generate_until: one row per pass, no prefix reuse (exact mode)"
