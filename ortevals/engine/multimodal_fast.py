@@ -14,6 +14,11 @@ log-mel features and the expanded ``input_ids``) and runs the models itself:
   the same ids (:class:`PrefixKV`, a small LRU). Media tokens never enter that
   key: their embeddings depend on the media, not on the ids.
 
+Exact mode (``exact``: asked for, or a decoder whose numbers depend on the pass,
+engine/invariance.py) reuses nothing: each continuation is scored by one pass
+over the whole input (context with its media, the continuation but its last
+token) from an empty cache, as if run alone.
+
 This path serves ``loglikelihood``. ``generate`` stays on og's Generator (inherited):
 its decode loop keeps KV in place, where a raw-ORT step copies the growing past
 each token; measured on the fixture, 6.1 req/s on og's loop against 4.1 req/s
@@ -147,6 +152,7 @@ class FastMediaEngine(MediaEngine):
                                                         else set())
         self.prefixes = PrefixKV()
         self._sessions = None
+        self.exact = False  # one pass per input, nothing reused (set by the caller: Backends.exact)
 
     @property
     def sessions(self) -> tuple[EmbedsRunner, object, object]:
@@ -196,6 +202,8 @@ class FastMediaEngine(MediaEngine):
 
     def _score_group(self, context, media, conts, first: MediaRequest):
         name = f"loglikelihood request {first.describe()}"
+        if self.exact:
+            return self._score_exact(context, media, conts, name)
         ids, last, kv = self._context(context, media, name)
         self._check_length(len(ids) + max(len(c) for c in conts) - 1, name)
         runner = self.sessions[0]
@@ -206,6 +214,22 @@ class FastMediaEngine(MediaEngine):
                 embeds = runner.embed(np.asarray([cont[:-1]], np.int64), {})
                 rows.append(runner.run_embeds(embeds, kv)[0])
             logprob, greedy = continuation_logprob(np.concatenate(rows), cont)
+            results.append((check_finite(logprob, name), greedy))
+        return results
+
+
+    def _score_exact(self, context, media, conts, name: str):
+        """Each continuation in one pass over context + media + continuation[:-1], no past: nothing reused."""
+        processed = self.runner.process(self.prompt(context, media), media, name)
+        ids = list(processed.input_ids)
+        self._check_length(len(ids) + max(len(c) for c in conts) - 1, name)
+        runner = self.sessions[0]
+        features = self._features(processed.numpy())  # the request's own media: the same whatever else runs
+        results = []
+        for cont in conts:
+            embeds = runner.embed(np.asarray([ids + list(cont[:-1])], np.int64), features)
+            logits, _ = runner.run_embeds(embeds)
+            logprob, greedy = continuation_logprob(logits[len(ids) - 1:], cont)
             results.append((check_finite(logprob, name), greedy))
         return results
 
