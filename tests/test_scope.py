@@ -248,3 +248,33 @@ def test_samples_leaves_the_scope_alone(base_store, tiny_pkg):
     store, base = base_store
     _, lm = score(tiny_pkg, store, samples=8)
     assert lm.store.scope.digest == base and lm.store.hits == 1
+
+
+def test_the_lm_eval_route_resumes_like_the_cli(tiny_pkg, own_cache, caplog):
+    """New-user item 15: ``simple_evaluate(model="ortevals")`` uses the CLI's result store, under the same
+    scope for the same settings: what the CLI finished is reused, and the other way round."""
+    import logging
+
+    import lm_eval
+
+    from ortevals.evaluate import task_manager
+    from ortevals.integrations.lm_eval_plugin import register
+    from ortevals.presets import PRESETS, resolve_data, task_specs
+
+    register()
+    out = CliRunner().invoke(cli, ["mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--limit", "2",
+                                   "--truncate", "left"], catch_exceptions=False)
+    assert out.exit_code == 0, out.output
+    tasks = task_specs(PRESETS["mmlu-pro"], resolve_data(PRESETS["mmlu-pro"], "bundled"), None)
+    model_args = f"pkg={tiny_pkg},truncate=left"
+    with caplog.at_level(logging.INFO, logger="ortevals"):
+        lm_eval.simple_evaluate(model="ortevals", model_args=model_args, tasks=tasks, limit=2,
+                                task_manager=task_manager(None, defaults=False))
+    resumed = [r.getMessage() for r in caplog.records if r.getMessage().startswith("resuming: ")]
+    assert len(resumed) == 1 and resumed[0].endswith(f"loglikelihood requests reused from {store_path(tiny_pkg)}")
+    n, _, total = resumed[0].split()[1:4]  # "resuming: N of M ...": all of them
+    assert n == total and int(n) > 0
+    lm = OrtLM.create_from_arg_string(model_args)
+    cli_lm = OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg), truncate="left", store=str(store_path(tiny_pkg))))
+    assert lm.store.path == store_path(tiny_pkg) and lm.store.scope.digest == cli_lm.store.scope.digest
+    assert OrtLM.create_from_arg_string(f"{model_args},store=none").store is None  # opting out

@@ -12,6 +12,7 @@ also what lm-eval's ``create_from_arg_string`` / ``create_from_arg_obj`` call.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -24,6 +25,7 @@ from ortevals.engine.backends import Backends
 from ortevals.engine.prefill import EngineSettings, Score, TokenRequest
 from ortevals.engine.scoring import NonFiniteScore, context_limit, describe_request, fits
 from ortevals.errors import OrtEvalsError
+from ortevals.files import cache_root, store_path
 from ortevals.options import ModelArgs, parse_model_args, scoped_settings
 from ortevals.package.loader import CONFIG_NAME, ModelPackage
 from ortevals.package.scope import Reads
@@ -36,6 +38,7 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_LENGTH = 2048
 __all__ = ["ModelArgs", "OrtLM"]
 CPU_TOKEN_BUDGET = 1024  # auto batch on CPU: more tokens per pass only add memory traffic
+NO_STORE = ("none", "off", "false", "no")  # store=none: no result store (lm-eval's route has one by default)
 # lm-eval's own code splits context/continuation (_encode_pair) and cuts rolling windows
 LM_EVAL_READS = Reads("lm-eval requests", dists=("lm-eval",))
 
@@ -69,7 +72,6 @@ class OrtLM(TemplateLM):
     def from_package(cls, args: ModelArgs) -> OrtLM:
         """Load the package and tokenizer; open the log-likelihood path now, generation on first use."""
         from ortevals.engine.generation import SEARCH_POLICY
-        from ortevals.files import cache_root
         from ortevals.runtime.buffers import kv_bytes_per_token
         from ortevals.runtime.providers import from_package, parse_options
 
@@ -99,7 +101,7 @@ class OrtLM(TemplateLM):
         log.info("loglikelihood requests go to the %s path%s", backends.loglikelihood_path,
                  f" ({backends.capability.reason})" if backends.capability.reason else "")
         store = None
-        if args.store:
+        if args.store and args.store.lower() not in NO_STORE:
             # the scope: what every path of this run reads (files, the settings each hands its runtime, the
             # libraries that compute; package/scope.py) and every option that can change a number
             run_settings = scoped_settings(args) | {"effective_max_length": settings.max_length,
@@ -132,8 +134,15 @@ class OrtLM(TemplateLM):
 
     @classmethod
     def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> OrtLM:
+        """lm-eval's (and lmms-eval's) route. It resumes like the CLI: the package's result store in the
+        ortevals cache (the same file, the same scope for the same settings) unless ``store=PATH`` names
+        another or ``store=none`` turns it off."""
         merged = {**arg_dict, **{k: v for k, v in (additional_config or {}).items() if v is not None}}
-        return cls.from_package(parse_model_args(merged))
+        off = "store" in merged and (merged["store"] in (None, False) or str(merged["store"]).lower() in NO_STORE)
+        args = parse_model_args({k: v for k, v in merged.items() if not (off and k == "store")})
+        if args.store is None and not off:
+            args = dataclasses.replace(args, store=str(store_path(args.pkg)))
+        return cls.from_package(args)
 
     # --- lm-eval properties -------------------------------------------------
     @property
