@@ -161,7 +161,8 @@ class Backends:
 
     @functools.cached_property
     def incremental(self) -> IncrementalEngine:
-        return IncrementalEngine(self.genai, self.settings, full_logits=self.capability.full_logits)
+        settings = replace(self.settings, exact=self.exact)  # asked for or detected: no rewind reuse
+        return IncrementalEngine(self.genai, settings, full_logits=self.capability.full_logits)
 
     def scorer(self):
         """The engine serving loglikelihood / loglikelihood_rolling."""
