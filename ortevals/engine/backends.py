@@ -25,7 +25,7 @@ from ortevals.package.scope import Reads, package_reads
 from ortevals.runtime.genai import genai_reads
 from ortevals.runtime.media import media_reads
 from ortevals.runtime.providers import NPU_PROVIDERS, ProviderConfig
-from ortevals.runtime.sessions import runner_reads
+from ortevals.runtime.reads import runner_reads
 
 log = logging.getLogger(__name__)
 PATHS = ("auto", "prefill", "incremental")

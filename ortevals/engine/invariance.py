@@ -30,7 +30,7 @@ import logging
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -302,3 +302,19 @@ class Verdicts:
         if self.store is not None:
             self.store.put(self.KIND, dict(key), dict(verdict))
             self.store.commit()  # a verdict is small and saves a canary: on disk at once
+
+    def canary(self, key: Mapping[str, Any]) -> tuple[CanaryResult, str] | None:
+        """A stored prefill canary's result and its mode line, if a run with this scope and ``key`` kept one."""
+        stored = self.get(key)
+        if stored is None:
+            return None
+        return CanaryResult(**stored["result"]), f"{stored['mode']}; stored verdict reused"
+
+    def keep_canary(self, key: Mapping[str, Any], result: CanaryResult, mode: str) -> None:
+        self.put(key, {"result": asdict(result), "mode": mode})
+
+
+def canary_key(kind: str, settings) -> dict:
+    """What a canary's verdict depends on beyond the store's scope: which canary, and the settings (a
+    dataclass) that shape its passes."""
+    return {"canary": kind, "settings": asdict(settings)}

@@ -42,7 +42,8 @@ from ortevals.engine.scoring import check_finite, continuation_logprob
 from ortevals.package.loader import ModelFile, ModelPackage
 from ortevals.package.multimodal import multimodal_spec
 from ortevals.package.scope import Reads
-from ortevals.runtime.sessions import DecoderRunner, runner_reads, session_reads
+from ortevals.runtime.reads import runner_reads, session_reads
+from ortevals.runtime.sessions import DecoderRunner
 
 log = logging.getLogger(__name__)
 

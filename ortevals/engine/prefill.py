@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
 
-from ortevals.engine.invariance import CanaryResult, Verdicts, compare, pick_canary, shorten, tolerance
+from ortevals.engine.invariance import CanaryResult, Verdicts, canary_key, compare, pick_canary, shorten, tolerance
 from ortevals.engine.prefix import PrefixPlan, plan_prefixes
 from ortevals.engine.scoring import NonFiniteScore, check_finite, continuation_logprob, input_window
 from ortevals.errors import OrtEvalsError
@@ -168,21 +168,13 @@ class PrefillEngine:
             return self.score(requests, on_done)
         return self.score_batched(requests, on_done)
 
-    def _verdict_key(self) -> dict:
-        """What a verdict depends on beyond the store's scope: the settings that shape the passes."""
-        return {"canary": "prefill", "settings": asdict(self.settings)}
-
     def _stored_verdict(self) -> bool:
-        """Take the verdict a run with the same scope and settings stored, if any."""
-        stored = self.verdicts.get(self._verdict_key())
-        if stored is None:
-            return False
-        self.canary = CanaryResult(**stored["result"])
-        self.mode = f"{stored['mode']}; stored verdict reused"
-        if not self.canary.passed:
-            self.settings = replace(self.settings, exact=True)
-        log.info("invariance canary: %s", self.mode)
-        return True
+        """Take the verdict a run with the same scope and settings kept, if any (issue 22 §9)."""
+        found = self.verdicts.canary(canary_key("prefill", self.settings))
+        if found is not None:
+            (self.canary, self.mode), exact = found, not found[0].passed
+            self.settings = replace(self.settings, exact=self.settings.exact or exact)
+        return found is not None
 
     def _can_differ(self) -> bool:
         """Whether the configured way is anything but one full-logits row per pass."""
@@ -211,7 +203,7 @@ class PrefillEngine:
         groups = plan_groups(requests, self.settings.max_length, self.settings.group_by_context)
         picked = [requests[groups[gi].members[0][0]] for gi in pick_canary([g.tokens for g in groups])]
         sub = [TokenRequest(c, x) for c, x in shorten([(r.context, r.continuation) for r in picked])]
-        key, before, passes = self._verdict_key(), self.tokens_run, self.forward_passes
+        key, before, passes = canary_key("prefill", self.settings), self.tokens_run, self.forward_passes
         try:
             exact = self.score_exact(sub)
             configured = self._canary_configured(sub)
@@ -224,7 +216,7 @@ class PrefillEngine:
         self.canary_passes += self.forward_passes - passes
         self._canary_verdict(sub, configured, exact)
         if exact is not None:  # a non-finite score is the request's, not the graph's: not kept
-            self.verdicts.put(key, {"result": asdict(self.canary), "mode": self.mode})
+            self.verdicts.keep_canary(key, self.canary, self.mode)
         return self.score(requests, on_done)
 
     def _canary_configured(self, sub: list[TokenRequest]) -> list[Score]:

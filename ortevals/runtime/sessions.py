@@ -20,9 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ortevals.errors import PackageError, ProviderError, first_line
-from ortevals.package.graph import external_data_files
 from ortevals.package.loader import ModelFile, ModelPackage
-from ortevals.package.scope import Reads
 from ortevals.runtime import import_ort
 from ortevals.runtime.buffers import (
     NUMPY_NATIVE,
@@ -32,33 +30,12 @@ from ortevals.runtime.buffers import (
     feeds_len,
     host_float32,
 )
-from ortevals.runtime.derive import POSITIONS, derive_reads, derived_decoder
+from ortevals.runtime.derive import POSITIONS, derived_decoder
 from ortevals.runtime.providers import ProviderConfig
+from ortevals.runtime.reads import session_reads
 from ortevals.runtime.replicate import Replicator
 
 log = logging.getLogger(__name__)
-
-
-def session_settings(provider: ProviderConfig) -> dict:
-    """Everything a raw session is handed that can change a number (:func:`open_session` passes exactly
-    this): the provider, its options filtered for raw sessions (``raw_options``), threads, graph
-    optimization level and session config entries."""
-    return {"provider": provider.ort_name, "provider_options": dict(provider.raw_options),
-            "intra_op_num_threads": provider.intra_op_threads, "inter_op_num_threads": 1,
-            "graph_optimization_level": "ORT_ENABLE_ALL", "session_config": dict(provider.session_config)}
-
-
-def session_reads(model: ModelFile, provider: ProviderConfig) -> Reads:
-    """What :func:`open_session` reads for ``model``: its graph, its external data, :func:`session_settings`."""
-    return Reads("raw sessions", (model.path, *sorted(external_data_files(model.path))), session_settings(provider),
-                 ("onnxruntime",))
-
-
-def runner_reads(package: ModelPackage, provider: ProviderConfig, cache: Path | None = None) -> list[Reads]:
-    """What :meth:`DecoderRunner.open` reads: embedding and decoder sessions, and with ``cache`` the
-    derived scoring graph (built from :func:`~ortevals.runtime.derive.derive_reads`)."""
-    models = [m for m in (package.embedding, package.decoder) if m is not None]
-    return [*(session_reads(m, provider) for m in models), *([derive_reads(package)] if cache is not None else [])]
 
 
 def session_options(settings: dict, model: ModelFile):
