@@ -2,8 +2,10 @@
 filtering, bfloat16 buffers as OrtValues, and batched prefix continuations.
 
 Every test runs the real CPU onnxruntime; where a GPU would be needed, the smallest
-seam is patched (the list of available providers, a spy on the session constructor,
-a wrapper that runs a batch row by row because CPU GroupQueryAttention refuses it).
+seam is patched (the list of available providers, a spy on the session constructor).
+Batched prefix continuations, which CPU GroupQueryAttention refuses, run on a copy of
+the package whose GQA nodes follow the CUDA kernel's contract in plain ONNX ops
+(tests/fixtures/gqa_contract.py), checked against the CPU kernel where it runs.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from onnx import TensorProto, helper
 from ortevals.engine.prefill import EngineSettings, PrefillEngine, TokenRequest
 from ortevals.errors import PackageError, ProviderError
 from ortevals.package.loader import KVSpec, ModelPackage
-from ortevals.runtime.buffers import KVCache, _nbytes, empty_past, host_float32
+from ortevals.runtime.buffers import _nbytes, empty_past, host_float32
 from ortevals.runtime.providers import from_package, raw_session_options
 from ortevals.runtime.replicate import Replicator
 from ortevals.runtime.sessions import DecoderRunner, open_session
@@ -261,39 +263,70 @@ def test_runner_repeats_device_past_without_numpy(tiny_pkg):
         np.testing.assert_array_equal(v4.numpy(), np.repeat(v.numpy(), 4, axis=0))
 
 
-class RowByRow:
-    """The real runner, with a batched continuation run one row at a time.
+@pytest.fixture(scope="module")
+def contract(tiny_pkg, gemma4, tmp_path_factory):
+    """(real package, its copy whose GQA follows the CUDA kernel's contract in plain ops), by name."""
+    from tests.fixtures.gqa_contract import contract_package
 
-    CPU GroupQueryAttention refuses batch > 1 with a multi-token input and past, which
-    an accelerator's kernel accepts; this stands in for that kernel. Each row gets its
-    own row of the (replicated) past and only the tokens its mask marks, so a wrong
-    mask, padding or past row in the engine's batch changes the numbers.
-    """
+    root = tmp_path_factory.mktemp("gqa-contract")
+    return {name: (src, contract_package(src, root / name)) for name, src in (("tiny", tiny_pkg),
+                                                                              ("gemma4", gemma4[1]))}
+
+
+class PassSpy:
+    """The real runner, counting passes of several rows with several new tokens on a past (it computes nothing)."""
 
     def __init__(self, runner):
         self.runner, self.batched_calls = runner, 0
-        self.gathers_positions = runner.gathers_positions
 
-    def repeat_past(self, past, batch):
-        return self.runner.repeat_past(past, batch)
+    def __getattr__(self, name):
+        return getattr(self.runner, name)
 
-    def forward(self, ids, mask, past=None, want_present=False, positions=None):
-        if past is None or ids.shape[0] == 1:
-            return self.runner.forward(ids, mask, past, want_present, positions)
-        self.batched_calls += 1
-        plen = past.length
-        assert (mask[:, :plen] == 1).all()
-        rows = []
-        for b in range(ids.shape[0]):
-            n = int(mask[b, plen:].sum())
-            assert (mask[b, plen:plen + n] == 1).all() and (mask[b, plen + n:] == 0).all()
-            past_b = KVCache(tuple((k[b:b + 1], v[b:b + 1]) for k, v in past.layers), plen)
-            pos = None if positions is None else positions[b:b + 1]
-            logits, _ = self.runner.forward(ids[b:b + 1, :n], mask[b:b + 1, :plen + n], past_b, False, pos)
-            if positions is None:
-                logits = np.pad(logits, ((0, 0), (0, ids.shape[1] - n), (0, 0)))
-            rows.append(logits)
-        return np.concatenate(rows), None
+    def _see(self, ids, past):
+        self.batched_calls += ids.shape[0] > 1 and ids.shape[1] > 1 and past is not None
+
+    def forward(self, ids, mask, past=None, *args):
+        self._see(ids, past)
+        return self.runner.forward(ids, mask, past, *args)
+
+    def score(self, ids, mask, past, *args):
+        self._see(ids, past)
+        return self.runner.score(ids, mask, past, *args)
+
+
+@pytest.mark.parametrize("which", ["tiny", "gemma4"])
+def test_contract_model_equals_the_cpu_kernel_where_it_runs(which, contract):
+    """The fixture's plain-op GQA (CUDA's per-row contract) against onnxruntime's own CPU kernel on every input
+    that kernel accepts: one row with a past (more tokens than the gemma4 sliding window), and a right-padded
+    batch without past (compared at real positions; present KV at valid positions)."""
+    real_dir, fake_dir = contract[which]
+    real, fake = (DecoderRunner.open(ModelPackage.load(d), from_package({}, "cpu")) for d in (real_dir, fake_dir))
+    assert not any(n.op_type == "GroupQueryAttention" for n in onnx_nodes(fake.package.decoder.path))
+    rng = np.random.default_rng(0)
+    ids = rng.integers(3, real.package.vocab_size, (1, 41)).astype(np.int64)
+    (a, kva), (b, kvb) = (r.forward(ids[:, :30], np.ones((1, 30), np.int64), want_present=True) for r in (real, fake))
+    np.testing.assert_allclose(b, a, atol=2e-5, rtol=0)
+    for steps in (ids[:, 30:], ids[:, 30:31]):  # a multi-token continuation, and one decode step
+        mask = np.ones((1, 30 + steps.shape[1]), np.int64)
+        (a, pa), (b, pb) = (r.forward(steps, mask, kva, want_present=True) for r in (real, fake))
+        np.testing.assert_allclose(b, a, atol=2e-5, rtol=0)
+        for x, y in zip(pa.layers, pb.layers):
+            np.testing.assert_allclose(y[0], x[0], atol=2e-5, rtol=0)
+            np.testing.assert_allclose(y[1], x[1], atol=2e-5, rtol=0)
+    lens = [25, 17, 9]
+    ids = rng.integers(3, real.package.vocab_size, (3, 25)).astype(np.int64)
+    mask = (np.arange(25)[None] < np.array(lens)[:, None]).astype(np.int64)
+    (a, pa), (b, pb) = (r.forward(ids, mask, want_present=True) for r in (real, fake))
+    for i, n in enumerate(lens):
+        np.testing.assert_allclose(b[i, :n], a[i, :n], atol=2e-5, rtol=0)
+        for x, y in zip(pa.layers, pb.layers):
+            np.testing.assert_allclose(y[0][i, :, :n], x[0][i, :, :n], atol=2e-5, rtol=0)
+
+
+def onnx_nodes(path):
+    import onnx
+
+    return onnx.load(str(path), load_external_data=False).graph.node
 
 
 def _requests(vocab: int, seed: int = 0) -> list[TokenRequest]:
@@ -317,16 +350,24 @@ def _score(runner, pkg, prefix_batch: int, reqs):
 
 @pytest.mark.parametrize("which", ["tiny", "gemma4"])
 @pytest.mark.parametrize("derived", [False, True])
-def test_batched_prefix_continuations_equal_one_row(which, derived, tiny_pkg, gemma4, tmp_path):
-    pkg = ModelPackage.load(tiny_pkg if which == "tiny" else gemma4[1])
-    runner = DecoderRunner.open(pkg, from_package({}, "cpu"), tmp_path if derived else None)
+def test_batched_prefix_continuations_equal_one_row(which, derived, contract, tmp_path):
+    """Prefix continuations as one right-padded batch on a shared past (prefix_batch=0, as on devices), run by
+    the CUDA-contract model, which computes what CPU GroupQueryAttention refuses: each row's scores equal its
+    one-row pass, on the contract model and on the real CPU kernel."""
+    real_dir, fake_dir = contract[which]
+    real, fake = (DecoderRunner.open(ModelPackage.load(d), from_package({}, "cpu"), tmp_path / d.name if derived
+                                     else None) for d in (real_dir, fake_dir))
+    pkg = real.package
     reqs = _requests(pkg.vocab_size)
-    one, e1 = _score(runner, pkg, 1, reqs)
-    wrapped = RowByRow(runner)
-    batched, e6 = _score(wrapped, pkg, 0, reqs)
-    assert wrapped.batched_calls >= 2 and e6.forward_passes < e1.forward_passes
+    one, e1 = _score(fake, pkg, 1, reqs)
+    kernel, _ = _score(real, pkg, 1, reqs)
+    spy = PassSpy(fake)
+    batched, e6 = _score(spy, pkg, 0, reqs)
+    assert spy.batched_calls >= 2 and e6.forward_passes < e1.forward_passes
+    assert e6.mode.startswith("batched (canary passed"), e6.mode  # a wrong batch trips the canary into exact mode
     np.testing.assert_allclose([s.logprob for s in batched], [s.logprob for s in one], atol=1e-5, rtol=0)
-    assert [s.greedy for s in batched] == [s.greedy for s in one]
+    np.testing.assert_allclose([s.logprob for s in batched], [s.logprob for s in kernel], atol=1e-4, rtol=0)
+    assert [s.greedy for s in batched] == [s.greedy for s in one] == [s.greedy for s in kernel]
 
 
 @pytest.mark.parametrize("which", ["tiny", "gemma4"])

@@ -1,5 +1,7 @@
 """Grouping, batching and padding in the prefill engine, with a numpy model."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -10,23 +12,25 @@ V = 11
 
 
 class CausalToyModel:
-    """A numpy decoder with known logits that reads the mask and positions as GroupQueryAttention does.
+    """A numpy decoder with known logits whose attention follows onnxruntime's CUDA GroupQueryAttention contract.
 
-    Like GQA it reads only each row's mask sum and assumes the real tokens are
-    a contiguous prefix: keys at index >= the sum are invisible (right padding
-    is exact; left padding or a mask off by one is not). Token t of a pass
-    sits at absolute position past_len + t, so a past of the wrong length
-    moves every position. Its "KV" is each token's embedding plus the sine
-    encoding of its position; hidden state at t is the mean of the visible KV
-    rows up to t plus t's own encoding; logits = 3 * hidden @ head.
+    The contract (source references in tests/fixtures/gqa_contract.py, which runs it in ONNX ops): with
+    S new tokens and a mask of width W (past + new), the first prompt is W == S, with no past; otherwise
+    row b's past length is ``off_b = sum(mask_b) - S`` (GetSequenceLengths: ``seqlens_k + 1 - S``), its
+    new KV is written at ``off_b``, and new token s sits at position ``off_b + s`` and sees the keys
+    ``0 .. off_b + s``. The mask counts only through its sum: there is no padding inside the new tokens,
+    so a row whose mask ends in zeros gets a shorter past, not padding. Its "KV" is each token's embedding
+    plus the sine encoding of its position; hidden state at s is the mean of the visible KV rows plus s's
+    own encoding; logits = 3 * hidden @ head.
     """
 
-    def __init__(self):
+    def __init__(self, vocab: int = V):
         rng = np.random.default_rng(0)
-        self.emb = rng.normal(size=(V, 8)).astype(np.float32)
-        self.head = rng.normal(size=(8, V)).astype(np.float32)
+        self.emb = rng.normal(size=(vocab, 8)).astype(np.float32)
+        self.head = rng.normal(size=(8, vocab)).astype(np.float32)
         self.freq = rng.uniform(0.3, 1.7, size=8).astype(np.float32)
         self.calls = []
+        self.batched_on_past = 0  # passes of several rows with several new tokens on a past
 
     gathers_positions = False
 
@@ -37,21 +41,28 @@ class CausalToyModel:
         self.calls.append(input_ids.shape)
         batch, seq = input_ids.shape
         past_len = past.length if past is not None else 0
+        self.batched_on_past += batch > 1 and seq > 1 and past is not None
         if attention_mask is None:
             attention_mask = np.ones((batch, past_len + seq), np.int64)
         assert attention_mask.shape == (batch, past_len + seq), (attention_mask.shape, past_len, seq)
-        total = attention_mask.sum(axis=1)  # [B]: all GQA reads of the mask
-        visible = (np.arange(past_len + seq)[None, :] < total[:, None]).astype(np.float32)  # [B, P+S]
-        enc = self.encode_positions(np.arange(past_len, past_len + seq, dtype=np.float32))[None]  # [1,S,8]
-        kv = self.emb[input_ids] + enc  # [B,S,8]
+        width = attention_mask.shape[1]
+        offset = np.zeros(batch, np.int64) if seq == width else np.maximum(attention_mask.sum(axis=1) - seq, 0)
+        pos = offset[:, None] + np.arange(seq)[None, :]  # [B,S] each new token's position
+        enc = self.encode_positions(pos.astype(np.float32))  # [B,S,8]
+        kv = np.zeros((batch, max(width, past_len), 8), np.float32)  # the present cache
         if past is not None:
-            kv = np.concatenate([np.repeat(past.h, batch // len(past.h), 0), kv], axis=1)
-        seen = np.cumsum(kv * visible[:, :, None], axis=1) / np.maximum(np.cumsum(visible, axis=1), 1)[:, :, None]
-        hidden = seen[:, past_len:] + enc
+            kv[:, :past_len] = past.h
+        for b in range(batch):
+            kv[b, offset[b]:offset[b] + seq] = self.emb[input_ids[b]] + enc[b]
+        visible = (np.arange(kv.shape[1])[None, None, :] <= pos[:, :, None]).astype(np.float32)  # [B,S,T]
+        hidden = (visible @ kv) / visible.sum(axis=2, keepdims=True) + enc
         if positions is not None:  # like the derived graph: the head only at these rows
             assert self.gathers_positions
             hidden = np.take_along_axis(hidden, positions[:, :, None], axis=1)
         return (hidden @ self.head) * 3, ToyKV(kv) if want_present else None
+
+    def repeat_past(self, past, batch):
+        return ToyKV(np.repeat(past.h, batch, axis=0))
 
 
 class GatheringToyModel(CausalToyModel):
@@ -64,7 +75,8 @@ class ToyKV:
 
 
 def test_toy_model_sees_mask_and_positions():
-    """The toy can fail: right padding is exact, but a mask off by one or a shifted position is not."""
+    """The toy can fail: right padding of a first prompt is exact, but a zero mask tail on a past,
+    left padding or a past of the wrong length is not."""
     model = CausalToyModel()
     ids = np.array([[4, 5, 6, 7, 8]])
     ref, kv = model.forward(ids, np.ones((1, 5), np.int64), want_present=True)
@@ -72,12 +84,12 @@ def test_toy_model_sees_mask_and_positions():
     mask = (np.arange(7) < np.array([[5], [3]])).astype(np.int64)
     got, _ = model.forward(padded, mask)
     np.testing.assert_allclose(got[0, :5], ref[0], atol=1e-5)  # right padding: the real rows are exact
-    short, _ = model.forward(ids, np.array([[1, 1, 1, 1, 0]]))  # off by one: the last real token masked
-    assert np.abs(short[0, 4] - ref[0, 4]).max() > 0.1
-    left, _ = model.forward(np.array([[0, 4, 5, 6, 7, 8]]), np.array([[0, 1, 1, 1, 1, 1]]))
-    assert np.abs(left[0, 1:] - ref[0]).max() > 0.1  # left padding is wrong, as under GQA
     tail, _ = model.forward(ids[:, 3:], np.ones((1, 5), np.int64), past=ToyKV(kv.h[:, :3]))
     np.testing.assert_allclose(tail[0], ref[0, 3:], atol=1e-5)  # past + new tokens = one pass
+    padded_tail, _ = model.forward(np.array([[7, 8, 0]]), np.array([[1, 1, 1, 1, 1, 0]]), past=ToyKV(kv.h[:, :3]))
+    assert np.abs(padded_tail[0, :2] - ref[0, 3:]).max() > 0.1  # a zero tail on a past shortens the past
+    left, _ = model.forward(np.array([[0, 4, 5, 6, 7, 8]]), np.array([[0, 1, 1, 1, 1, 1]]))
+    assert np.abs(left[0, 1:] - ref[0]).max() > 0.1  # left padding is wrong, as under GQA
     shifted, _ = model.forward(ids[:, 3:], np.ones((1, 3), np.int64), past=ToyKV(kv.h[:, :1]))
     assert np.abs(shifted[0] - ref[0, 3:]).max() > 0.1  # a past of the wrong length moves positions
 
@@ -180,3 +192,40 @@ def test_prefix_cache_gives_the_same_scores_with_fewer_tokens(budget_mb, model):
         assert on.tokens_run == off.tokens_run - 5 * len(HEADER)  # the header ran once, not six times
     else:  # no room for any prefix: nothing computed twice, the same answers
         assert on.tokens_run == off.tokens_run
+
+
+@pytest.mark.parametrize("model", [CausalToyModel, GatheringToyModel])
+def test_batched_continuations_on_a_shared_past_equal_one_row(model):
+    """Devices batch the inputs under one cached prefix (prefix_batch=0): right-padded tails of different
+    lengths on one past. Under the kernel's contract a zero mask tail moves a row's past; the engine counts
+    every position as real, so each row's scores are its own one-row pass's."""
+    reqs = shared_requests()
+    toy = model()
+    engine = PrefillEngine(toy, EngineSettings(max_length=64, vocab_size=V, batch_size=None, prefix_batch=0,
+                                               prefix_min_saving=8, kv_bytes_per_token=64, check=False))
+    got = engine.score(reqs)
+    assert toy.batched_on_past >= 1
+    for req, score in zip(reqs, got):
+        lp, greedy = reference(req)
+        assert score.logprob == pytest.approx(lp, abs=1e-5) and score.greedy == greedy
+
+
+def test_auto_rows_count_what_the_derived_graph_returns():
+    """A 262k vocabulary and 900-token prompts with one-token continuations (MMLU-Pro on Gemma): full logits
+    are 1.9 GB a row, one row per pass; the derived graph holds [B,1,V] plus the present KV (Gemma-3-4B-like:
+    34 layers x 4 KV heads x 256 x 2 bytes x K,V), so several rows fit the same 2 GiB budget."""
+    kv = 2 * 34 * 4 * 256 * 2
+    s = EngineSettings(max_length=4096, vocab_size=262144, memory_budget_mb=2048, kv_bytes_per_token=kv)
+    assert rows_for(s, 900) == 1
+    per_row = 262144 * 24 + 900 * kv
+    assert rows_for(s, 900, positions=1) == 2048 * 2**20 // per_row > 1
+    # through the engine: eight such inputs run as one pass of the derived-graph toy
+    rng = np.random.default_rng(0)
+    reqs = [TokenRequest(tuple(int(t) for t in rng.integers(1, 262144, 900)), (int(rng.integers(1, 262144)),))
+            for _ in range(8)]
+    engine = PrefillEngine(GatheringToyModel(262144), replace(s, prefix_cache=False, check=False))
+    got = engine.score(reqs)
+    assert engine.forward_passes == 1
+    one = PrefillEngine(GatheringToyModel(262144), replace(s, batch_size=1, prefix_cache=False, check=False))
+    for a, b in zip(got, one.score(reqs)):
+        assert a.logprob == pytest.approx(b.logprob, abs=1e-5) and a.greedy == b.greedy

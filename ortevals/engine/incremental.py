@@ -18,7 +18,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ortevals.engine.prefill import EngineSettings, Score, ScoreSink, TokenRequest, plan_groups
+from ortevals.engine.prefill import EngineSettings, Score, TokenRequest, plan_groups
+from ortevals.engine.scoring import ScoreSink
 
 log = logging.getLogger(__name__)
 

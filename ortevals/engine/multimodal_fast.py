@@ -159,7 +159,7 @@ class FastMediaEngine(MediaEngine):
     def sessions(self) -> tuple[EmbedsRunner, object, object]:
         """(decoder runner, vision session or None, speech session or None), opened on first use."""
         if self._sessions is None:
-            from ortevals.runtime.sessions import open_session
+            from ortevals.runtime.opening import open_session
 
             runner = EmbedsRunner.open(self.package, self.provider)
             models = side_models(self.package)

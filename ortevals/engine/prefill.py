@@ -4,10 +4,12 @@ Owns grouping, ordering and batching of log-likelihood requests:
 
 * requests whose model input is identical (the same context, one-token
   continuations: MMLU-Pro's ten choices) share one forward pass;
-* inputs are sorted longest-first and right-padded with an attention mask
-  (left padding is wrong under GroupQueryAttention);
+* inputs are sorted longest-first and right-padded; the mask fed to the
+  model counts every position as real (see :meth:`PrefillEngine._forward`)
+  and scores are read only at real positions;
 * ``batch_size=None`` ("auto") picks rows per batch from a memory budget for
-  the ``[B,S,V]`` logits the pass returns;
+  what one pass holds: ``[B,S,V]`` logits, or ``[B,K,V]`` with the derived
+  scoring graph (LM head at the K scored positions), plus the present KV;
 * exact mode (``exact=True``): one row per pass, no prefix reuse, full logits,
   as if each input ran alone. Before the first batched run a canary scores a
   few of the requests both ways (:mod:`ortevals.engine.invariance`) and switches to
@@ -29,7 +31,7 @@ import numpy as np
 
 from ortevals.engine.invariance import CanaryResult, Verdicts, canary_key, compare, pick_canary, shorten, tolerance
 from ortevals.engine.prefix import PrefixPlan, plan_prefixes
-from ortevals.engine.scoring import NonFiniteScore, check_finite, continuation_logprob, input_window
+from ortevals.engine.scoring import NonFiniteScore, Score, ScoreSink, input_window
 from ortevals.errors import OrtEvalsError
 
 log = logging.getLogger(__name__)
@@ -41,14 +43,6 @@ class TokenRequest:
 
     context: tuple[int, ...]
     continuation: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class Score:
-    """lm-eval's answer to a log-likelihood request."""
-
-    logprob: float
-    greedy: bool
 
 
 @dataclass(frozen=True)
@@ -84,6 +78,9 @@ class Group:
 
 
 class Forward(Protocol):
+    """A runner; with ``gathers_positions`` it also takes ``positions``, with ``scores_in_graph`` it has ``score``
+    (runtime/sessions.DecoderRunner)."""
+
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray, past=None, want_present: bool = False): ...
 
 
@@ -104,26 +101,41 @@ def plan_groups(requests: Sequence[TokenRequest], max_length: int, group: bool =
     return groups
 
 
-def rows_for(settings: EngineSettings, seq_len: int) -> int:
+def rows_for(settings: EngineSettings, seq_len: int, positions: int | None = None, kv_tokens: int = 0) -> int:
     """Rows per batch: the fixed batch size, or what fits the budgets.
 
-    On CPU a long row already saturates the cores and extra rows only add memory
-    traffic, so auto caps rows by ``token_budget`` as well as by the logits budget.
+    Per row, a pass holds its logits (``seq_len`` rows of V, 4 bytes + the float32 copy
+    scoring makes; with the derived graph only ``positions`` = K rows, 24 bytes: the head's
+    output and the scoring's float32/float64 temporaries) and the present KV of its ``kv_tokens``
+    (default ``seq_len``; past + new tokens when continuing a prefix). On CPU a long row
+    already saturates the cores and extra rows only add memory traffic, so auto caps rows
+    by ``token_budget`` as well.
     """
     if settings.batch_size:
         return settings.batch_size
-    per_row = seq_len * settings.vocab_size * 4 * 2  # logits + the float32 copy scoring makes
+    logits = seq_len * settings.vocab_size * 8 if positions is None else positions * settings.vocab_size * 24
+    per_row = logits + (kv_tokens or seq_len) * settings.kv_bytes_per_token
     by_memory = settings.memory_budget_mb * 2**20 // max(per_row, 1)
     by_tokens = settings.token_budget // max(seq_len, 1) if settings.token_budget else by_memory
     return max(1, min(256, by_memory, by_tokens))
 
 
-def batches(groups: list[Group], settings: EngineSettings) -> Iterator[list[Group]]:
+def batches(groups: list[Group], settings: EngineSettings, gathers: bool = False) -> Iterator[list[Group]]:
+    """Consecutive groups, as many per batch as :func:`rows_for` allows. ``gathers``: the runner returns
+    only the last K positions of each row (K: the batch's longest continuation)."""
     i = 0
     while i < len(groups):
-        n = rows_for(settings, len(groups[i].tokens))
+        seq = len(groups[i].tokens)
+        n = rows_for(settings, seq, _positions(groups[i:i + 1]) if gathers else None)
+        while gathers and n > 1 and rows_for(settings, seq, _positions(groups[i:i + n])) < n:
+            n = rows_for(settings, seq, _positions(groups[i:i + n]))  # a longer continuation joined: fewer rows
         yield groups[i:i + n]
         i += n
+
+
+def _positions(batch: Sequence[Group]) -> int:
+    """K: the scored positions per row, the longest continuation of any member."""
+    return max(n for g in batch for _, n in g.members)
 
 
 def pad_right(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -191,8 +203,7 @@ class PrefillEngine:
         done = ScoreSink(requests, results, on_done)
         for group in plan_groups(requests, self.settings.max_length, self.settings.group_by_context):
             ids, mask = pad_right([group.tokens], self.settings.pad_token_id)
-            logits, ends = self._scored_forward(ids, mask, [group], [len(group.tokens)])
-            done.group(logits[0], group, ends[0])
+            self._score_pass(ids, mask, [group], [len(group.tokens)], done)
         return results  # type: ignore[return-value]
 
     def _score_checked(self, requests: Sequence[TokenRequest], on_done=None) -> list[Score]:
@@ -267,33 +278,52 @@ class PrefillEngine:
                      len(groups) - len(plain), len(plan.nodes))
             if plan.nodes:
                 self._score_shared(groups, plan, done)
-        for batch in batches(plain, self.settings):
+        for batch in batches(plain, self.settings, getattr(self.runner, "gathers_positions", False)):
             ids, mask = pad_right([g.tokens for g in batch], self.settings.pad_token_id)
-            logits, ends = self._scored_forward(ids, mask, batch, [len(g.tokens) for g in batch])
-            for b, group in enumerate(batch):
-                done.group(logits[b], group, ends[b])
+            self._score_pass(ids, mask, batch, [len(g.tokens) for g in batch], done)
         return results  # type: ignore[return-value]
 
-    def _forward(self, ids: np.ndarray, mask: np.ndarray, past=None, want_present: bool = False, positions=None):
+    def _forward(self, ids: np.ndarray, mask: np.ndarray, past=None, want_present: bool = False, positions=None,
+                 targets=None):
+        """One pass; ``mask [B, P+S]`` marks each row's real tokens and counts the tokens run.
+
+        The model is fed an all-ones mask instead. GroupQueryAttention takes each row's past
+        length from its mask sum (CUDA: ``seqlens_k + 1 - S``; it has no padding inside the new
+        tokens), so a right-padded row on a shared past would get its KV and positions moved.
+        Counted as real, a row's padding sits after all its real tokens, the causal mask keeps it
+        from them, and nothing at a padded position is ever read.
+        """
         self.forward_passes += 1
         self.tokens_run += int(mask[:, mask.shape[1] - ids.shape[1]:].sum())
+        fed = np.ones_like(mask)
+        if targets is not None:  # derived graph that scores on the device: (logprobs, greedy) [B,K,M]
+            return self.runner.score(ids, fed, past, positions, targets)
         if positions is None:
-            return self.runner.forward(ids, mask, past, want_present)
-        return self.runner.forward(ids, mask, past, want_present, positions)
+            return self.runner.forward(ids, fed, past, want_present)
+        return self.runner.forward(ids, fed, past, want_present, positions)
 
-    def _scored_forward(self, ids, mask, batch: list[Group], lengths: list[int], past=None):
-        """Logits rows for each row's scored tail, and where each row's tail ends in them.
+    def _score_pass(self, ids, mask, batch: list[Group], lengths: list[int], done: ScoreSink, past=None) -> None:
+        """One pass over ``batch`` (row b: ``batch[b]``, ``lengths[b]`` real tokens); each member's score to ``done``.
 
-        With a derived graph only the last K positions of each row come back
-        (K: the longest continuation in the batch); otherwise all S do.
+        With a derived graph only the last K positions of each row are computed (K: the batch's
+        longest continuation) and, where the graph scores, only the targets' log-probabilities
+        and argmax flags come back, not logits; otherwise all S rows of logits, scored on the host.
         """
         if not getattr(self.runner, "gathers_positions", False):
             logits, _ = self._forward(ids, mask, past)
-            return logits, lengths
-        k = max(n for g in batch for _, n in g.members)
+            for b, group in enumerate(batch):
+                done.group(logits[b], group, lengths[b])
+            return
+        k = _positions(batch)
         positions = np.stack([np.clip(np.arange(n - k, n), 0, None) for n in lengths]).astype(np.int64)
+        if getattr(self.runner, "scores_in_graph", False):
+            lp, greedy = self._forward(ids, mask, past, positions=positions, targets=done.targets(batch, k))
+            for b, group in enumerate(batch):
+                done.scores(lp[b], greedy[b], group, k)
+            return
         logits, _ = self._forward(ids, mask, past, positions=positions)
-        return logits, [k] * len(lengths)
+        for b, group in enumerate(batch):
+            done.group(logits[b], group, k)
 
     def _score_shared(self, groups: list[Group], plan: PrefixPlan, done: ScoreSink) -> None:
         """Depth-first over the radix plan; the stack holds the KV of the prefixes on the path.
@@ -343,7 +373,10 @@ class PrefillEngine:
         base = _depth(stack, plan)
         past = stack[-1][1] if stack else None
         while pending:
-            n = self.settings.prefix_batch or rows_for(self.settings, len(pending[0].tokens) - base)
+            tail = len(pending[0].tokens) - base
+            gathers = getattr(self.runner, "gathers_positions", False)
+            n = self.settings.prefix_batch or rows_for(self.settings, tail, _positions(pending) if gathers else None,
+                                                       base + tail)
             if past is not None:  # the replicated past stays within the prefix budget
                 n = min(n, max(1, self.settings.prefix_budget_mb * 2**20 // max(past.nbytes, 1)))
             if getattr(self, "prefix_batch_refused", False):
@@ -368,16 +401,16 @@ class PrefillEngine:
         if past is not None and len(chunk) > 1:
             repeat = getattr(self.runner, "repeat_past", None)
             past = repeat(past, len(chunk)) if repeat else _repeat_host(past, len(chunk))
-        logits, ends = self._scored_forward(ids, mask, chunk, [len(g.tokens) - base for g in chunk], past)
-        for b, group in enumerate(chunk):
-            done.group(logits[b], group, ends[b])
+        self._score_pass(ids, mask, chunk, [len(g.tokens) - base for g in chunk], done, past)
 
     def _extend(self, tokens, stack, plan: PrefixPlan, depth: int):
         """KV of ``tokens[:depth]``, computed on top of the deepest cached prefix."""
         base = _depth(stack, plan)
         past = stack[-1][1] if stack else None
         ids = np.asarray([tokens[base:depth]], dtype=np.int64)
-        _, kv = self._forward(ids, np.ones((1, depth), dtype=np.int64), past, want_present=True)
+        # only the KV is wanted: a derived graph computes the head at one position, not [1,S,V] logits
+        last = np.array([[ids.shape[1] - 1]], np.int64) if getattr(self.runner, "gathers_positions", False) else None
+        _, kv = self._forward(ids, np.ones((1, depth), dtype=np.int64), past, want_present=True, positions=last)
         return kv
 
 
@@ -389,20 +422,3 @@ def _repeat_host(past, batch: int):
 
 def _depth(stack, plan: PrefixPlan) -> int:
     return plan.nodes[stack[-1][0]].depth if stack else 0
-
-
-class ScoreSink:
-    """Turns logits rows into scores for a group's members and reports them."""
-
-    def __init__(self, requests, results, on_done) -> None:
-        self.requests, self.results, self.on_done = requests, results, on_done
-
-    def group(self, logits: np.ndarray, group: Group, end: int) -> None:
-        """logits: ``[R, V]`` rows of one input whose scored tail ends at row ``end``."""
-        for index, n_cont in group.members:
-            # row i predicts token i+1: the last n_cont input rows predict the continuation
-            lp, greedy = continuation_logprob(logits[end - n_cont:end], self.requests[index].continuation)
-            score = Score(check_finite(lp, f"request {index}", index), greedy)
-            self.results[index] = score
-            if self.on_done is not None:
-                self.on_done(index, score)

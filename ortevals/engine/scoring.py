@@ -2,6 +2,7 @@
 
 Owns log-softmax, the log-probability of a continuation and lm-eval's greedy
 flag, computed only on the rows that are needed (one per continuation token),
+turning a pass's rows into each request's :class:`Score` (:class:`ScoreSink`),
 the finite-ness check that turns an fp16 overflow into an error instead of
 a silently wrong average, and the context limit: a request longer than the
 model's context is an error unless the user opted into left truncation.
@@ -41,6 +42,14 @@ def continuation_logprob(rows: np.ndarray, targets: Sequence[int]) -> tuple[floa
     picked = lp[np.arange(tgt.shape[0]), tgt]
     greedy = bool((rows.argmax(axis=-1) == tgt).all())
     return float(picked.sum(dtype=np.float64)), greedy
+
+
+@dataclass(frozen=True)
+class Score:
+    """lm-eval's answer to a log-likelihood request."""
+
+    logprob: float
+    greedy: bool
 
 
 class NonFiniteScore(OrtEvalsError):
@@ -123,3 +132,40 @@ def context_limit(max_length: int, user_max_length: int | None, context_length: 
     else:
         source = f"max_length={max_length} (ortevals' default: {config} has no model.context_length)"
     return ContextLimit(max_length, source, truncate)
+
+
+class ScoreSink:
+    """Turns logits rows into scores for a group's members and reports them."""
+
+    def __init__(self, requests, results, on_done) -> None:
+        self.requests, self.results, self.on_done = requests, results, on_done
+
+    def group(self, logits: np.ndarray, group, end: int) -> None:
+        """logits: ``[R, V]`` rows of one input whose scored tail ends at row ``end``; ``group``: the
+        input's members, (request index, continuation length) pairs (engine/prefill.py's ``Group``)."""
+        for index, n_cont in group.members:
+            # row i predicts token i+1: the last n_cont input rows predict the continuation
+            self._report(index, *continuation_logprob(logits[end - n_cont:end], self.requests[index].continuation))
+
+    def targets(self, batch, k: int) -> np.ndarray:
+        """``[B,K,M]`` int64 tokens for a graph that scores on the device (runtime/derive.py): member m of
+        row b's group has its continuation at the last n of the K positions; other slots hold 0, never read."""
+        out = np.zeros((len(batch), k, max(len(g.members) for g in batch)), dtype=np.int64)
+        for b, group in enumerate(batch):
+            for m, (index, n_cont) in enumerate(group.members):
+                out[b, k - n_cont:, m] = self.requests[index].continuation
+        return out
+
+    def scores(self, logprobs: np.ndarray, greedy: np.ndarray, group, end: int) -> None:
+        """The graph's float32 log-probabilities and argmax flags ``[K, M]`` of one input (slot m: member m,
+        as laid out by :meth:`targets`), each member's continuation ending at position ``end``.
+        Summed in float64, as :func:`continuation_logprob` sums its float32 rows."""
+        for m, (index, n_cont) in enumerate(group.members):
+            lp = float(logprobs[end - n_cont:end, m].sum(dtype=np.float64))
+            self._report(index, lp, bool(greedy[end - n_cont:end, m].all()))
+
+    def _report(self, index: int, logprob: float, greedy: bool) -> None:
+        score = Score(check_finite(logprob, f"request {index}", index), greedy)
+        self.results[index] = score
+        if self.on_done is not None:
+            self.on_done(index, score)

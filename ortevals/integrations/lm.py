@@ -88,7 +88,9 @@ class OrtLM(TemplateLM):
             token_budget=0 if provider.on_device else CPU_TOKEN_BUDGET,
             prefix_cache=args.prefix_cache and not package.windowed,
             prefix_budget_mb=args.prefix_budget_mb,
-            prefix_batch=0 if provider.on_device else 1,  # issue 10 §4: CPU GQA refuses batched continuations
+            # issue 10 §4: CPU GQA refuses batched continuations (CUDA's shared input check likely too: the
+            # engine then goes one row per pass; issue 20 §1, docs/architecture.md)
+            prefix_batch=0 if provider.on_device else 1,
             kv_bytes_per_token=kv_bytes_per_token(package),
             exact=args.exact, check=args.check,  # invariance switches (ortevals/invariance.py)
         )

@@ -90,11 +90,12 @@ class WarmPrefix:
         return getattr(self._runner, name)
 
     def forward(self, input_ids, attention_mask, past=None, want_present=False, *rest):
-        if past is not None or not want_present or rest:
+        if past is not None or not want_present:
             return self._runner.forward(input_ids, attention_mask, past, want_present, *rest)
-        key = input_ids.tobytes() + attention_mask.tobytes() + str(input_ids.shape).encode()
+        # rest: a derived graph's positions (the engine's prefix passes ask for one): part of the key
+        key = b"|".join(a.tobytes() + str(a.shape).encode() for a in (input_ids, attention_mask, *rest))
         if key != self._key:
-            self._key, self._value = key, self._runner.forward(input_ids, attention_mask, past, want_present)
+            self._key, self._value = key, self._runner.forward(input_ids, attention_mask, past, want_present, *rest)
         return self._value
 
 

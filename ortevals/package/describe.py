@@ -94,6 +94,7 @@ def _config_ops(path) -> str:
 
 
 def describe_package(pkg: ModelPackage) -> str:
+    from ortevals.errors import ProviderError
     from ortevals.runtime import available_providers
     from ortevals.runtime.providers import from_package
 
@@ -111,10 +112,14 @@ def describe_package(pkg: ModelPackage) -> str:
     lines.append(f"tokens    bos {pkg.bos_token_id}  eos {list(pkg.eos_token_ids)}  pad {pkg.pad_token_id}")
     lines.append(f"KV cache: {len(pkg.kv)} layers")
     lines.extend(_layer_runs(pkg.kv))
-    wanted = from_package(pkg.decoder.session_options)
-    lines.append(f"providers package: {wanted.name} {wanted.options or ''}".rstrip())
-    if wanted.raw_options != wanted.options:  # og-only options (cuda graphs) kept from raw sessions
-        lines.append(f"          raw sessions: {wanted.name} {wanted.raw_options or ''}".rstrip())
+    try:
+        wanted = from_package(pkg.decoder.session_options)
+    except ProviderError as e:  # a provider ortevals refuses to run (tensorrt): say so, describe the rest
+        lines.append(f"providers package: {e}")
+    else:
+        lines.append(f"providers package: {wanted.name} {wanted.options or ''}".rstrip())
+        if wanted.raw_options != wanted.options:  # og-only options (cuda graphs) kept from raw sessions
+            lines.append(f"          raw sessions: {wanted.name} {wanted.raw_options or ''}".rstrip())
     lines.append(f"          installed: {', '.join(available_providers())}")
     lines.append(f"fingerprint {pkg.fingerprint()}")
     return "\n".join(lines)

@@ -8,16 +8,28 @@ hidden states that feed the LM head, driven by a new input
 comes back. Elementwise ops after the head (Gemma's soft-capping) are
 position-wise and stay as they are.
 
+Scoring needs a few floats, not logits, so the graph also scores on the
+device: a second input ``ortevals_targets [B,K,M]`` (int64: for each of the K
+positions, the token of each of M continuations sharing the input) gives
+``ortevals_logprobs [B,K,M]`` = log-softmax of the logits at those tokens and
+``ortevals_greedy [B,K,M]`` = whether each is the argmax. The logits are cast
+to float32 first, so fp16/bf16 heads never accumulate in their own type, and
+the arithmetic is the host path's (engine/scoring.py; see ``_add_scores``). A pass then copies
+``B·K·M·5`` bytes to the host instead of ``B·K·V`` logits (472 MB a call for a
+900-token prompt on a 262k vocabulary without the gather). The logits output
+stays, for the probe and callers that ask for it.
+
 The derived ``model.onnx`` is cached under ``<cache>/derived/<scope>/``, where
 ``<scope>`` is the digest of a :class:`~ortevals.package.scope.Scope` over exactly
 what the rewrite reads (:func:`derive_reads`): the decoder's graph file (its
-protobuf, not its weights), the logits output name, and the ortevals (source
-included) and onnx versions. A fix to this rewrite reaches packages derived
-before it, and run settings (batch size, ...) that do not shape the graph share
-one copy. ``scope.json`` beside it says what went in. Weights are not copied:
-the session reads them from the package folder (their files are in the
-sessions' own records, :func:`ortevals.runtime.sessions.session_reads`). The
-package folder is never written to.
+protobuf, not its weights), the logits output name, the rewrite's version and
+options (``REWRITE``), and the ortevals (source included) and onnx versions. A
+fix to this rewrite reaches packages derived before it, and run settings (batch
+size, ...) that do not shape the graph share one copy. ``scope.json`` beside it
+says what went in. Weights are not copied: the session reads them from the
+package folder (their files are in the sessions' own records,
+:func:`ortevals.runtime.reads.session_reads`). The package folder is never
+written to.
 """
 
 from __future__ import annotations
@@ -33,6 +45,11 @@ from ortevals.package.scope import Reads, Scope
 log = logging.getLogger(__name__)
 
 POSITIONS = "ortevals_positions"
+TARGETS = "ortevals_targets"
+LOGPROBS = "ortevals_logprobs"
+GREEDY = "ortevals_greedy"
+# the rewrite's own version and options: part of the cache key (the source digest in Scope covers code too)
+REWRITE = {"rewrite": "gather-head+scores/2", "scores": "float32 x-max, float64 log-sum-exp, ArgMax==target"}
 HEAD_OPS = {"MatMul", "MatMulNBits", "Gemm", "MatMulInteger", "QLinearMatMul"}
 POINTWISE = {"Mul", "Div", "Tanh", "Cast", "Add", "Sub", "Identity"}
 
@@ -53,8 +70,9 @@ def derived_decoder(package: ModelPackage, cache: Path) -> Path | None:
 
 
 def derive_reads(package: ModelPackage) -> Reads:
-    """What :func:`_derive` reads: the decoder's graph without its external data, the logits name."""
-    return Reads("derived graph", (package.decoder.path,), {"logits_name": package.logits_name}, ("onnx",))
+    """What :func:`_derive` reads: the decoder's graph without its external data, the logits name; and the
+    rewrite it applies (``REWRITE``)."""
+    return Reads("derived graph", (package.decoder.path,), {"logits_name": package.logits_name, **REWRITE}, ("onnx",))
 
 
 def derive_scope(package: ModelPackage) -> Scope:
@@ -90,7 +108,54 @@ def _derive(package: ModelPackage) -> bytes | None:
     for out in graph.output:
         if out.name == logits_name and len(out.type.tensor_type.shape.dim) == 3:
             out.type.tensor_type.shape.dim[1].dim_param = "positions"
+    _add_scores(model, logits_name)
     return model.SerializeToString()
+
+
+def _add_scores(model, logits: str) -> None:
+    """Log-probabilities of the targets and argmax flags after the (gathered) logits ``[B,K,V]``.
+
+    The host's float32 arithmetic (engine/scoring.log_softmax): ``s = x - max(x)``,
+    ``s - log(sum(exp(s)))``, with x cast to float32 first. The sum runs in float64: onnxruntime's
+    float32 LogSoftmax on CPU accumulates 262k terms to about 4e-5 from the float64 value, where
+    numpy's pairwise sum stays near 4e-6; in float64 the graph's result is the host's to within
+    one float32 rounding.
+    """
+    from onnx import TensorProto, helper
+
+    graph = model.graph
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 21)
+
+    def name(n: str) -> str:
+        return f"{TARGETS}/{n}"
+
+    def reduce(op: str, x: str, out: str):  # axes became an input: ReduceSum in opset 13, ReduceMax in 18
+        if opset >= (18 if op == "ReduceMax" else 13):
+            return helper.make_node(op, [x, name("last_axis")], [out], name=name(op), keepdims=1)
+        return helper.make_node(op, [x], [out], name=name(op), axes=[-1], keepdims=1)
+
+    graph.initializer.append(helper.make_tensor(name("last_axis"), TensorProto.INT64, [1], [-1]))
+    graph.node.extend([
+        # float32 from the first op after the head: fp16/bf16 logits never accumulate in their own type
+        helper.make_node("Cast", [logits], [name("x")], name=name("Cast"), to=TensorProto.FLOAT),
+        reduce("ReduceMax", name("x"), name("max")),
+        helper.make_node("Sub", [name("x"), name("max")], [name("shifted")], name=name("Sub")),
+        helper.make_node("Exp", [name("shifted")], [name("exp")], name=name("Exp")),
+        helper.make_node("Cast", [name("exp")], [name("exp64")], name=name("Cast64"), to=TensorProto.DOUBLE),
+        reduce("ReduceSum", name("exp64"), name("sum64")),
+        helper.make_node("Log", [name("sum64")], [name("log64")], name=name("Log")),
+        helper.make_node("Cast", [name("log64")], [name("lse")], name=name("Cast32"), to=TensorProto.FLOAT),
+        helper.make_node("GatherElements", [name("shifted"), TARGETS], [name("picked")], name=name("Gather"), axis=2),
+        helper.make_node("Sub", [name("picked"), name("lse")], [LOGPROBS], name=name("LogProb")),
+        # first maximum on ties, as numpy's argmax on the host path
+        helper.make_node("ArgMax", [name("x")], [name("argmax")], name=name("ArgMax"), axis=-1, keepdims=1,
+                         select_last_index=0),
+        helper.make_node("Equal", [name("argmax"), TARGETS], [GREEDY], name=name("Equal")),
+    ])
+    dims = ["batch_size", "positions", "members"]
+    graph.input.append(helper.make_tensor_value_info(TARGETS, TensorProto.INT64, dims))
+    graph.output.extend([helper.make_tensor_value_info(LOGPROBS, TensorProto.FLOAT, dims),
+                         helper.make_tensor_value_info(GREEDY, TensorProto.BOOL, dims)])
 
 
 def _find_head(graph, logits_name: str):

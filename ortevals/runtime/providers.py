@@ -37,6 +37,11 @@ PROVIDERS: dict[str, str] = {
 ALIASES = {"gpu": "cuda", "directml": "dml", "trt": "tensorrt", "trt-rtx": "nvtensorrtrtx", "ov": "openvino"}
 # Providers that can only run the pruned-head / fixed-shape exports: scored incrementally.
 NPU_PROVIDERS = frozenset({"qnn", "vitisai"})
+# Refused until measured on a GPU (issue 20). TensorRT: the raw sessions would get CPU as the only fallback, so
+# the contrib ops TensorRT does not take (GroupQueryAttention, ...) would run on CPU beside KV bound to CUDA,
+# and no shape profiles are set for shapes that change every pass.
+REFUSED = {"tensorrt": "not supported by ortevals yet (its raw sessions would run GroupQueryAttention on CPU "
+                       "beside KV on CUDA, with no TensorRT shape profiles); use --ep cuda"}
 
 
 # Provider options known to be safe for raw sessions whose input shapes change every
@@ -164,6 +169,9 @@ def from_package(
     """
     listed = provider_entries(session_options, where)
     name = normalize(ep) if ep else (listed[0][0] if listed else "cpu")
+    if name in REFUSED:
+        source = f"--ep {ep}" if ep else f"the package's model.decoder.{where}.provider_options (first entry)"
+        raise ProviderError(f"{source}: execution provider {name} ({PROVIDERS[name]}) is {REFUSED[name]}")
     options = dict(next((o for n, o in listed if n == name), {}))
     options.update(overrides or {})
     if threads is None:

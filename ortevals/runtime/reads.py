@@ -3,7 +3,7 @@
 Owns :func:`session_settings` (everything a raw session is handed that can change a number),
 :func:`session_reads` (a model's graph and external data with those settings) and
 :func:`runner_reads` (a :class:`~ortevals.runtime.sessions.DecoderRunner`'s sessions and, with a
-cache, the derived scoring graph). :func:`ortevals.runtime.sessions.open_session` takes its
+cache, the derived scoring graph). :func:`ortevals.runtime.opening.open_session` takes its
 providers, options and threads from :func:`session_reads`' record, so what a session is handed
 and what the result store's scope holds (:mod:`ortevals.package.scope`) are one value.
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ortevals.runtime import import_ort
+from ortevals.runtime.opening import check_provider
 from ortevals.runtime.providers import ProviderConfig
 
 
@@ -59,8 +60,6 @@ class Replicator:
 
     def _open(self, op: str, elem_type: int):
         from onnx import TensorProto, helper  # only when a batch of prefix continuations is run
-
-        from ortevals.runtime.sessions import check_provider
 
         ort = import_ort()
         graph = helper.make_graph(

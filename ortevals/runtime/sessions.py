@@ -1,15 +1,12 @@
 """Raw onnxruntime sessions for the full-logit prefill path.
 
-Owns opening the decoder (and embedding, when the package has one) as
-``onnxruntime.InferenceSession`` objects on the chosen execution provider, and
-one forward pass: ``input_ids [B,S]`` + right-padded ``attention_mask`` (+
+Owns the decoder (and embedding, when the package has one) opened as
+``onnxruntime.InferenceSession`` objects on the chosen execution provider
+(opening and the provider check: :mod:`ortevals.runtime.opening`), and one
+forward pass: ``input_ids [B,S]`` + right-padded ``attention_mask`` (+
 optional past KV) → ``logits [B,S,V]`` (+ present KV). Vision, speech and any
-other model of the package are never opened.
-
-Every session is checked after opening: if onnxruntime put it on another
-provider than the one asked for (it falls back to CPU with only a warning),
-that is an error. Buffers (past KV, element types) live in
-:mod:`ortevals.runtime.buffers`.
+other model of the package are never opened. Buffers (past KV, element types)
+live in :mod:`ortevals.runtime.buffers`.
 """
 
 from __future__ import annotations
@@ -19,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ortevals.errors import PackageError, ProviderError, first_line
-from ortevals.package.loader import ModelFile, ModelPackage
+from ortevals.errors import PackageError, first_line
+from ortevals.package.loader import ModelPackage
 from ortevals.runtime import import_ort
 from ortevals.runtime.buffers import (
     NUMPY_NATIVE,
@@ -30,83 +27,12 @@ from ortevals.runtime.buffers import (
     feeds_len,
     host_float32,
 )
-from ortevals.runtime.derive import POSITIONS, derived_decoder
+from ortevals.runtime.derive import GREEDY, LOGPROBS, POSITIONS, TARGETS, derived_decoder
+from ortevals.runtime.opening import open_session
 from ortevals.runtime.providers import ProviderConfig
-from ortevals.runtime.reads import session_reads
 from ortevals.runtime.replicate import Replicator
 
 log = logging.getLogger(__name__)
-
-
-def session_options(settings: dict, model: ModelFile):
-    """ORT SessionOptions from :func:`session_settings` (threads, optimization level, config entries)."""
-    ort = import_ort()
-    so = ort.SessionOptions()
-    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, settings["graph_optimization_level"])
-    # warnings shown: a provider fallback or a missing kernel is announced by ORT itself (a normal CPU
-    # run of the test fixtures and SmolLM2 prints nothing even at level 1); -vv shows ORT's info lines
-    so.log_severity_level = 1 if log.isEnabledFor(logging.DEBUG) else 2
-    if settings["intra_op_num_threads"]:
-        so.intra_op_num_threads = settings["intra_op_num_threads"]
-    so.inter_op_num_threads = settings["inter_op_num_threads"]
-    for key, value in settings["session_config"].items():
-        so.add_session_config_entry(key, value)
-    if model.session_options.get("custom_ops_library"):
-        raise PackageError(
-            f"{model.path.parent / 'genai_config.json'}: model.{model.role}.session_options.custom_ops_library "
-            "is set; ortevals does not load native libraries named by a package"
-        )
-    return so
-
-
-def open_session(model: ModelFile, provider: ProviderConfig, derived: Path | None = None):
-    """One InferenceSession on ``provider``; availability is checked first. It is handed exactly
-    :func:`session_reads`' settings.
-
-    ``derived``: a rewritten copy of ``model``'s graph whose weights stay in the package folder.
-    """
-    ort = import_ort()
-    available = ort.get_available_providers()
-    if provider.ort_name not in available:
-        raise ProviderError(
-            f"execution provider {provider.name!r} ({provider.ort_name}) is not available in this onnxruntime "
-            f"install; available: {', '.join(available)}"
-        )
-    settings = session_reads(model, provider).settings
-    providers = [(settings["provider"], settings["provider_options"])]  # og-only options (cuda graphs) filtered out
-    if provider.name != "cpu":
-        providers.append(("CPUExecutionProvider", {}))
-    so = session_options(settings, model)
-    if derived is not None:
-        so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(model.path.parent))
-    try:
-        session = ort.InferenceSession(str(derived or model.path), so, providers=providers)
-    except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph/... types
-        raise PackageError(f"{model.path}: onnxruntime could not load the model: {first_line(e)}") from None
-    check_provider(session, provider, model.path)
-    return session
-
-
-def check_provider(session, provider: ProviderConfig, path: Path) -> None:
-    """Stop if onnxruntime silently put the session on another provider than ``provider``."""
-    actual = list(session.get_providers())
-    if not actual or actual[0] != provider.ort_name:
-        runs_on = actual[0] if actual else "no provider"
-        raise ProviderError(f"{path}: {provider.ort_name} requested but the session runs on {runs_on}: "
-                            f"{FALLBACK_HINTS.get(provider.name, FALLBACK_HINTS['other'])}")
-
-
-FALLBACK_HINTS = {
-    "cuda": "onnxruntime (CPU) is installed instead of onnxruntime-gpu, or the CUDA/cuDNN libraries were not "
-            "found (call onnxruntime.preload_dlls() / check LD_LIBRARY_PATH)",
-    "rocm": "onnxruntime (CPU) is installed instead of an onnxruntime build with ROCm, or the ROCm libraries "
-            "were not found (check LD_LIBRARY_PATH)",
-    "dml": "onnxruntime (CPU) is installed instead of onnxruntime-directml, or no DirectX 12 device was found",
-    "openvino": "onnxruntime (CPU) is installed instead of onnxruntime-openvino, or the OpenVINO runtime was "
-                "not found",
-    "other": "this onnxruntime build or machine cannot create it (onnxruntime's warning above says why)",
-}
-FALLBACK_HINTS["tensorrt"] = FALLBACK_HINTS["nvtensorrtrtx"] = FALLBACK_HINTS["cuda"] + ", or TensorRT is missing"
 
 
 def check_dtypes(package: ModelPackage, provider: ProviderConfig) -> None:
@@ -141,8 +67,9 @@ class DecoderRunner:
         self.device_id = device_id
         self.replicator = replicator  # copies a prefix's past across a batch where it lives (replicate.py)
         self._dec_inputs = {i.name for i in decoder.get_inputs()}
-        # a derived graph takes the positions whose logits are wanted
+        # a derived graph takes the positions whose logits are wanted, and scores targets there
         self.gathers_positions = POSITIONS in self._dec_inputs
+        self.scores_in_graph = TARGETS in self._dec_inputs
         self._emb_passthrough = self._embedding_outputs() if embedding is not None else ()
 
     @classmethod
@@ -215,33 +142,60 @@ class DecoderRunner:
         Returns logits ``[B,S,V]`` or ``[B,K,V]`` (the graph's dtype) and, if
         asked, present KV.
         """
-        feeds = self._token_feeds(input_ids)
-        if self.gathers_positions:
-            if positions is None:
-                positions = np.broadcast_to(np.arange(input_ids.shape[1], dtype=np.int64), input_ids.shape)
-            feeds[POSITIONS] = np.ascontiguousarray(positions, dtype=np.int64)[:, :, None]
-        elif positions is not None:
-            raise ValueError("positions need the derived scoring graph")
-        feeds.update(self._mask_feeds(input_ids.shape, attention_mask, past))
-        feeds.update(self._past_feeds(input_ids.shape[0], past))
         names = [self.package.logits_name]
         if want_present:
             names += [n for s in self.package.kv for n in (s.present_key_name, s.present_value_name)]
-        try:
-            outs = self._run_bound(names, feeds) if self.bind_device else self.decoder.run(names, feeds)
-        except Exception as e:  # onnxruntime's own error types; name the model and the likely cause
-            err = PackageError(f"{self.package.decoder.path}: onnxruntime failed to run the decoder: "
-                               f"{first_line(e)} (does genai_config.json match the graph?)")
-            err.ort_message = first_line(e)  # the probe turns it into a config-vs-graph message
-            raise err from None
+        outs = self._run(names, 1, input_ids, attention_mask, past, positions)
         present = None
         if want_present:
             it = iter(outs[1:])
             present = KVCache(tuple(zip(it, it)), feeds_len(attention_mask))
         return outs[0], present
 
-    def _run_bound(self, names: list[str], feeds: dict) -> list:
-        """One run through IOBinding: logits to the host, present KV left on ``bind_device``."""
+    def score(self, input_ids: np.ndarray, attention_mask: np.ndarray, past: KVCache | None,
+              positions: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One pass scored in the derived graph: only the scores come back to the host.
+
+        positions ``[B,K]`` as in :meth:`forward`; targets ``[B,K,M]`` int64: the token whose
+        log-probability is wanted at each position, for each of M continuations. Returns
+        log-probabilities ``[B,K,M]`` float32 (log-softmax in float32 on the device) and whether
+        each target is the argmax ``[B,K,M]`` bool.
+        """
+        lp, greedy = self._run([LOGPROBS, GREEDY], 2, input_ids, attention_mask, past, positions, targets)
+        return lp, greedy
+
+    def _run(self, names: list[str], host: int, input_ids, attention_mask, past, positions, targets=None) -> list:
+        """Feed one pass and run it; the first ``host`` outputs come back as numpy, the rest stay bound."""
+        feeds = self._token_feeds(input_ids) | self._gather_feeds(input_ids, positions, targets)
+        feeds.update(self._mask_feeds(input_ids.shape, attention_mask, past))
+        feeds.update(self._past_feeds(input_ids.shape[0], past))
+        try:
+            if self.bind_device:
+                return self._run_bound(names, host, feeds)
+            return self.decoder.run(names, feeds)
+        except Exception as e:  # onnxruntime's own error types; name the model and the likely cause
+            err = PackageError(f"{self.package.decoder.path}: onnxruntime failed to run the decoder: "
+                               f"{first_line(e)} (does genai_config.json match the graph?)")
+            err.ort_message = first_line(e)  # the probe turns it into a config-vs-graph message
+            raise err from None
+
+    def _gather_feeds(self, input_ids: np.ndarray, positions=None, targets=None) -> dict[str, np.ndarray]:
+        """A derived graph's positions ``[B,K,1]`` (every position when None) and targets ``[B,K,M]``."""
+        if not self.gathers_positions:
+            if positions is not None:
+                raise ValueError("positions need the derived scoring graph")
+            return {}
+        if positions is None:
+            positions = np.broadcast_to(np.arange(input_ids.shape[1], dtype=np.int64), input_ids.shape)
+        feeds = {POSITIONS: np.ascontiguousarray(positions, dtype=np.int64)[:, :, None]}
+        if self.scores_in_graph:  # a logits-only pass still feeds the graph's targets input
+            feeds[TARGETS] = (np.zeros((*positions.shape, 1), np.int64) if targets is None
+                              else np.ascontiguousarray(targets, dtype=np.int64))
+        return feeds
+
+    def _run_bound(self, names: list[str], host: int, feeds: dict) -> list:
+        """One run through IOBinding: the first ``host`` outputs to the host, the rest (present KV) left on
+        ``bind_device``. OrtValue feeds (device KV, the embedding's outputs) are bound where they are."""
         ort = import_ort()
         binding = self.decoder.io_binding()
         for name, value in feeds.items():
@@ -249,12 +203,14 @@ class DecoderRunner:
                 binding.bind_ortvalue_input(name, value)
             else:
                 binding.bind_cpu_input(name, np.ascontiguousarray(value))
-        binding.bind_output(names[0], "cpu")
-        for name in names[1:]:
-            binding.bind_output(name, self.bind_device, self.device_id)
+        for i, name in enumerate(names):
+            if i < host:
+                binding.bind_output(name, "cpu")
+            else:
+                binding.bind_output(name, self.bind_device, self.device_id)
         self.decoder.run_with_iobinding(binding)
         outs = binding.get_outputs()
-        return [host_float32(outs[0]), *outs[1:]]
+        return [host_float32(o) for o in outs[:host]] + outs[host:]
 
     def forward_inplace(self, input_ids: np.ndarray, past: KVCache, positions: np.ndarray | None = None):
         """One pass whose new tokens' KV is written into ``past``'s own buffers (GroupQueryAttention's
@@ -267,16 +223,15 @@ class DecoderRunner:
         """
         ort = import_ort()
         mask = np.ones((input_ids.shape[0], past.length + input_ids.shape[1]), dtype=np.int64)
-        feeds = self._token_feeds(input_ids)
-        if self.gathers_positions:
-            if positions is None:
-                positions = np.broadcast_to(np.arange(input_ids.shape[1], dtype=np.int64), input_ids.shape)
-            feeds[POSITIONS] = np.ascontiguousarray(positions, dtype=np.int64)[:, :, None]
+        feeds = self._token_feeds(input_ids) | self._gather_feeds(input_ids, positions)
         feeds.update(self._mask_feeds(input_ids.shape, mask, past))
         binding = self.decoder.io_binding()
         binding.bind_output(self.package.logits_name, "cpu")
         for name, value in feeds.items():
-            binding.bind_cpu_input(name, np.ascontiguousarray(value))
+            if isinstance(value, ort.OrtValue):  # the embedding's outputs, where they are
+                binding.bind_ortvalue_input(name, value)
+            else:
+                binding.bind_cpu_input(name, np.ascontiguousarray(value))
         for spec in self.package.kv:
             for i, (inp, out) in enumerate(((spec.key_name, spec.present_key_name),
                                             (spec.value_name, spec.present_value_name))):
@@ -320,7 +275,13 @@ class DecoderRunner:
             self.replicator = Replicator(ProviderConfig("cpu"), self.bind_device or "cpu", self.device_id)
         return self.replicator
 
-    def _token_feeds(self, input_ids: np.ndarray) -> dict[str, np.ndarray]:
+    def _token_feeds(self, input_ids: np.ndarray) -> dict:
+        """The decoder's token inputs: ``input_ids``, or the embedding model's outputs for them.
+
+        With ``bind_device`` the embedding runs through IOBinding and its outputs stay where the
+        decoder runs: they come back as OrtValues that :meth:`_run_bound` binds into the decoder
+        as they are (no copy to the host and back between the two sessions).
+        """
         ids_name = self.package.decoder.inputs.get("input_ids", "input_ids")
         if self.embedding is None:
             return {ids_name: input_ids}
@@ -331,8 +292,15 @@ class DecoderRunner:
                 feeds[inp.name] = input_ids
             else:  # image/audio features: none for text benchmarks
                 feeds[inp.name] = empty_like_input(inp, emb_cfg)
-        outs = self.embedding.run(list(self._emb_passthrough), feeds)
-        return dict(zip(self._emb_passthrough, outs))
+        if not self.bind_device:
+            return dict(zip(self._emb_passthrough, self.embedding.run(list(self._emb_passthrough), feeds)))
+        binding = self.embedding.io_binding()
+        for name, value in feeds.items():
+            binding.bind_cpu_input(name, np.ascontiguousarray(value))
+        for name in self._emb_passthrough:
+            binding.bind_output(name, self.bind_device, self.device_id)
+        self.embedding.run_with_iobinding(binding)
+        return dict(zip(self._emb_passthrough, binding.get_outputs()))
 
     def _mask_feeds(self, shape, attention_mask: np.ndarray, past: KVCache | None) -> dict[str, np.ndarray]:
         batch, seq = shape

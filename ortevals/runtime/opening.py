@@ -1,0 +1,96 @@
+"""Opening raw onnxruntime sessions: options, provider check.
+
+Owns the ``SessionOptions`` built from a session's record
+(:func:`ortevals.runtime.reads.session_reads`: what the result store's scope holds
+is what the session is handed), opening one model file as an ``InferenceSession``
+(availability checked first; a derived graph reads its weights from the package
+folder), and the check after opening: if
+onnxruntime put the session on another provider than the one asked for (it
+falls back to CPU with only a warning), that is an error naming the provider,
+the file and the likely fix.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from ortevals.errors import PackageError, ProviderError, first_line
+from ortevals.package.loader import ModelFile
+from ortevals.runtime import import_ort
+from ortevals.runtime.providers import ProviderConfig
+from ortevals.runtime.reads import session_reads
+
+log = logging.getLogger(__name__)
+
+
+def session_options(settings: dict, model: ModelFile):
+    """ORT SessionOptions from a session's record (:func:`~ortevals.runtime.reads.session_settings`:
+    threads, optimization level, config entries)."""
+    ort = import_ort()
+    so = ort.SessionOptions()
+    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, settings["graph_optimization_level"])
+    # warnings shown: a provider fallback or a missing kernel is announced by ORT itself (a normal CPU
+    # run of the test fixtures and SmolLM2 prints nothing even at level 1); -vv shows ORT's info lines
+    so.log_severity_level = 1 if log.isEnabledFor(logging.DEBUG) else 2
+    if settings["intra_op_num_threads"]:
+        so.intra_op_num_threads = settings["intra_op_num_threads"]
+    so.inter_op_num_threads = settings["inter_op_num_threads"]
+    for key, value in settings["session_config"].items():
+        so.add_session_config_entry(key, value)
+    if model.session_options.get("custom_ops_library"):
+        raise PackageError(
+            f"{model.path.parent / 'genai_config.json'}: model.{model.role}.session_options.custom_ops_library "
+            "is set; ortevals does not load native libraries named by a package"
+        )
+    return so
+
+
+def open_session(model: ModelFile, provider: ProviderConfig, derived: Path | None = None):
+    """One InferenceSession on ``provider``; availability is checked first. It is handed exactly its
+    record's settings (:func:`~ortevals.runtime.reads.session_reads`).
+
+    ``derived``: a rewritten copy of ``model``'s graph whose weights stay in the package folder.
+    """
+    ort = import_ort()
+    available = ort.get_available_providers()
+    if provider.ort_name not in available:
+        raise ProviderError(
+            f"execution provider {provider.name!r} ({provider.ort_name}) is not available in this onnxruntime "
+            f"install; available: {', '.join(available)}"
+        )
+    settings = session_reads(model, provider).settings
+    providers = [(settings["provider"], settings["provider_options"])]  # og-only options (cuda graphs) filtered out
+    if provider.name != "cpu":
+        providers.append(("CPUExecutionProvider", {}))
+    so = session_options(settings, model)
+    if derived is not None:
+        so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(model.path.parent))
+    try:
+        session = ort.InferenceSession(str(derived or model.path), so, providers=providers)
+    except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph/... types
+        raise PackageError(f"{model.path}: onnxruntime could not load the model: {first_line(e)}") from None
+    check_provider(session, provider, model.path)
+    return session
+
+
+def check_provider(session, provider: ProviderConfig, path: Path) -> None:
+    """Stop if onnxruntime silently put the session on another provider than ``provider``."""
+    actual = list(session.get_providers())
+    if not actual or actual[0] != provider.ort_name:
+        runs_on = actual[0] if actual else "no provider"
+        raise ProviderError(f"{path}: {provider.ort_name} requested but the session runs on {runs_on}: "
+                            f"{FALLBACK_HINTS.get(provider.name, FALLBACK_HINTS['other'])}")
+
+
+FALLBACK_HINTS = {
+    "cuda": "onnxruntime (CPU) is installed instead of onnxruntime-gpu, or the CUDA/cuDNN libraries were not "
+            "found (call onnxruntime.preload_dlls() / check LD_LIBRARY_PATH)",
+    "rocm": "onnxruntime (CPU) is installed instead of an onnxruntime build with ROCm, or the ROCm libraries "
+            "were not found (check LD_LIBRARY_PATH)",
+    "dml": "onnxruntime (CPU) is installed instead of onnxruntime-directml, or no DirectX 12 device was found",
+    "openvino": "onnxruntime (CPU) is installed instead of onnxruntime-openvino, or the OpenVINO runtime was "
+                "not found",
+    "other": "this onnxruntime build or machine cannot create it (onnxruntime's warning above says why)",
+}
+FALLBACK_HINTS["tensorrt"] = FALLBACK_HINTS["nvtensorrtrtx"] = FALLBACK_HINTS["cuda"] + ", or TensorRT is missing"
