@@ -256,9 +256,8 @@ class OrtLM(TemplateLM):
             rs, keys, lambda r, k: self._generate(r, k, disable_tqdm), disable_tqdm))
 
     def _generate(self, requests, keys: list[list], disable_tqdm: bool) -> list[str]:
-        from ortevals.engine.gencanary import og_plan, raw_plan
         from ortevals.engine.generation import request_name
-        from ortevals.engine.schedule import prompt_item, run_generation
+        from ortevals.engine.schedule import prompt_item
 
         items = [prompt_item(self, req.args) for req in requests]
         if not items:
@@ -289,24 +288,36 @@ class OrtLM(TemplateLM):
                 return self.pool.generate([r.args for r in requests], keys, [it[0] for it in items],
                                           lambda i, text, lp, n: finish(i, text, n, lp), self._commit)
             if path == "raw":  # issue 14: one prompt pass, K rows decoded together (engine/sampler.py)
-                from ortevals.engine.sampler import run_sampling
-
-                sampler = self._sampler()
-                self._gen_check("raw", lambda: raw_plan(sampler, items, keys, name, self._dtype, self.args.check,
-                                                        self.backends.verdicts))
-                run_sampling(sampler, items, keys, lambda i, s: finish(i, s.text, s.tokens, s.logprob), name=name)
-                return results
-            eos = {self.eot_token_id, *self.package.eos_token_ids}
-            width, reuse = self._gen_check("og", lambda: og_plan(
-                runner, self.tokenizer, items, keys, eos, self.package.pad_token_id, self.args.gen_batch_size,
-                self.backends.exact, self.args.check, self.backends.verdicts, name))
-            run_generation(runner, self.tokenizer, items, keys, eos, width, self.package.pad_token_id, finish,
-                           name=name, prefix_reuse=reuse)  # errors name the request
+                self._generate_raw(items, keys, lambda i, s: finish(i, s.text, s.tokens, s.logprob), name)
+            else:
+                self._generate_og(runner, items, keys, finish, name)
         finally:
             bar.close()
             self.stats["requests"] += len(items)
             self.stats["seconds"] += time.perf_counter() - start
         return results
+
+    def _generate_raw(self, items, keys: list[list], finish, name) -> None:
+        """The raw path, after the generation canary (engine/gencanary.py) where it applies."""
+        from ortevals.engine.gencanary import raw_plan
+        from ortevals.engine.sampler import run_sampling
+
+        sampler = self._sampler()
+        self._gen_check("raw", lambda: raw_plan(sampler, items, keys, name, self._dtype, self.args.check,
+                                                self.backends.verdicts))
+        run_sampling(sampler, items, keys, finish, name=name)
+
+    def _generate_og(self, runner, items, keys: list[list], finish, name) -> None:
+        """og's path: batched greedy Generators and the rewinding cursor, as exact mode and the canary allow."""
+        from ortevals.engine.gencanary import og_plan
+        from ortevals.engine.schedule import run_generation
+
+        eos = {self.eot_token_id, *self.package.eos_token_ids}
+        width, reuse = self._gen_check("og", lambda: og_plan(
+            runner, self.tokenizer, items, keys, eos, self.package.pad_token_id, self.args.gen_batch_size,
+            self.backends.exact, self.args.check, self.backends.verdicts, name))
+        run_generation(runner, self.tokenizer, items, keys, eos, width, self.package.pad_token_id, finish,
+                       name=name, prefix_reuse=reuse)  # errors name the request
 
     def _gen_check(self, path: str, plan):
         """The generation canary's plan (engine/gencanary.py), made once per run and path; its mode joins
