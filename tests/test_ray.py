@@ -133,3 +133,49 @@ def test_more_gpus_than_the_cluster_has_is_one_line_at_once(ray_cluster, tiny_pk
         pool._actors(ray_cluster)
     assert time.perf_counter() - start < 5
     assert str(e.value) == "workers=3 needs 3 GPUs (1 per worker) but the Ray cluster (local) has 2"
+
+
+def test_the_driver_opens_no_session_with_workers(ray_cluster, tiny_pkg, monkeypatch):
+    """With workers the driver holds the tokenizer and the package config only: no onnxruntime
+    InferenceSession (on a GPU it would take memory from worker 0) and no onnxruntime-genai model,
+    through loading, log-likelihoods, rolling windows and generation; the answers are one process's."""
+    import onnxruntime
+    import onnxruntime_genai
+
+    opened = []
+    session_init, model_init = onnxruntime.InferenceSession.__init__, onnxruntime_genai.Model.__init__
+
+    def spy_session(self, *args, **kwargs):
+        opened.append(("InferenceSession", str(args[0] if args else kwargs.get("path_or_bytes"))[:80]))
+        session_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(onnxruntime.InferenceSession, "__init__", spy_session)
+    monkeypatch.setattr(onnxruntime_genai, "Model", type("SpyModel", (onnxruntime_genai.Model,), {
+        "__init__": lambda self, *a, **k: opened.append(("og.Model", "")) or model_init(self, *a, **k)}))
+    reqs = ll_requests(4)
+    rolling = [Instance("loglikelihood_rolling", {}, ("one two three four five six seven",), 0)]
+    gen = [Instance("generate_until", {}, ("one two three", {"until": ["\n\n"], "max_gen_toks": 5}), 0)]
+    lm = OrtLM.from_package(parse_model_args({"pkg": str(tiny_pkg), "workers": 2}))
+    got = (lm.loglikelihood(reqs, disable_tqdm=True), lm.loglikelihood_rolling(rolling, disable_tqdm=True),
+           lm.generate_until(gen, disable_tqdm=True), lm.max_length)
+    assert opened == []
+    one = OrtLM.from_package(parse_model_args({"pkg": str(tiny_pkg)}))
+    assert opened  # the spy sees a single process open its sessions
+    assert got == (one.loglikelihood(reqs, disable_tqdm=True), one.loglikelihood_rolling(rolling, disable_tqdm=True),
+                   one.generate_until(gen, disable_tqdm=True), one.max_length)
+
+
+def test_a_decoder_the_runtime_refuses_is_one_line_from_the_workers(ray_cluster, tiny_pkg, copy_pkg):
+    """The driver no longer opens the decoder, so a package only the runtime refuses (a wrong head size
+    the probe pass finds) is reported by the workers: the single process's one line, not a dead actor."""
+    pkg = copy_pkg(tiny_pkg)
+    cfg = json.loads((pkg / "genai_config.json").read_text())
+    cfg["model"]["decoder"]["head_size"] = 8
+    (pkg / "genai_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(OrtEvalsError) as alone:
+        OrtLM.from_package(parse_model_args({"pkg": str(pkg)}))
+    lm = OrtLM.from_package(parse_model_args({"pkg": str(pkg), "workers": 2}))
+    with pytest.raises(OrtEvalsError) as pooled:
+        lm.loglikelihood(ll_requests(2), disable_tqdm=True)
+    assert str(pooled.value) == str(alone.value) and "\n" not in str(pooled.value)
+    assert "refused past KV of that shape in a probe pass" in str(pooled.value)

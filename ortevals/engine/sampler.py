@@ -9,10 +9,14 @@ and keeps a plain (not windowed) KV cache:
 * each prompt is prefilled once; a prompt that starts like the one before it (the few-shot
   header) runs only its new tokens on top of the previous prompt's KV cut to the shared
   prefix (:meth:`SharedPromptSampler.prompt`);
-* the prompt's KV is replicated across the rows where it lives (``repeat_past``), and all
-  live rows take one token per decode pass; each row stops on its own (EOS, stop strings,
-  max_gen_toks: :class:`~ortevals.engine.generation.TextStream`) and leaves the batch at
-  once (its KV row is dropped: ``keep_rows``);
+* the prompt's KV is replicated across the rows where it lives (engine/kvrows.py: in place on
+  the host or the device where the graph allows it), and all live rows take one token per
+  decode pass; each row stops on its own (EOS, stop strings, max_gen_toks:
+  :class:`~ortevals.engine.generation.TextStream`) and leaves the batch at once (its KV row is
+  dropped);
+* rows per decode batch: as many as fit the KV budget at the batch's real peak
+  (:class:`~ortevals.engine.kvrows.KVPeak`: prompt + max_gen_toks per row, all layers), the
+  budget being a share of the memory free where the KV lives (runtime/memory.py) unless given;
 * every row draws from its own generator, seeded by (seed, request, sample index), so a
   sample's tokens do not depend on which rows ran beside it; greedy rows are all equal, so
   greedy runs one row and copies it;
@@ -38,6 +42,8 @@ from ortevals.engine.generation import GenSettings, TextStream, check_logits
 from ortevals.engine.prefix import common_prefix
 
 log = logging.getLogger(__name__)
+FREE_SHARE = 0.8  # of the free memory, for decode KV: the rest for activations, fragmentation, other users
+UNKNOWN_BUDGET = 4 * 2**30  # where free memory cannot be read (say DirectML)
 
 
 @dataclass(frozen=True)
@@ -93,12 +99,17 @@ class SharedPromptSampler:
     decode passes and generated tokens."""
 
     def __init__(self, runner, tokenizer, eos_ids: set[int], exact: bool = False, prefix_cache: bool = True,
-                 prefix_min: int = 16, kv_budget_mb: int = 4096) -> None:
+                 prefix_min: int = 16, kv_budget_mb: int | None = None,
+                 free_memory: Callable[[], int | None] | None = None) -> None:
+        """kv_budget_mb: decode KV per batch; None: FREE_SHARE of ``free_memory()`` (bytes free where the
+        KV lives, read before each job: runtime/memory.py unless given) plus the arenas already held."""
         self.runner, self.tokenizer, self.eos_ids = runner, tokenizer, eos_ids
         self.exact = exact
         self.prefix_cache = prefix_cache and not exact  # a shorter pass may change an exact-mode graph's numbers
         self.prefix_min = prefix_min  # shared tokens worth a cut of the held KV
-        self.kv_budget = kv_budget_mb * 2**20
+        self.kv_budget = kv_budget_mb * 2**20 if kv_budget_mb else None
+        self.free_memory = free_memory
+        self._said_unknown = False
         self.stats = {"prompts": 0, "prompt_tokens": 0, "reused_tokens": 0, "decode_passes": 0,
                       "row_steps": 0, "generated_tokens": 0}
         self._held: tuple[tuple[int, ...], object] | None = None  # last prompt and its one-row KV
@@ -139,7 +150,7 @@ class SharedPromptSampler:
                 self._mbr(job, logits, past, rng, finish, name)
                 continue
             members = job.members if job.settings.do_sample else job.members[:1]  # greedy rows are equal
-            for chunk in self._chunks(members, past):
+            for chunk in self._chunks(members, len(job.prompt), job.settings.max_gen_toks):
                 done = self.decode(logits, past, job.settings, [rng(i) for i in chunk], [name(i) for i in chunk],
                                    job.prompt)
                 for i, sample in zip(chunk, done, strict=True):
@@ -177,11 +188,32 @@ class SharedPromptSampler:
         self.stats["generated_tokens"] += len(stream.out)
         return Sample(*stream.result, float(found.logprob), tuple(stream.out))
 
-    def _chunks(self, members: Sequence[int], past) -> list[Sequence[int]]:
-        """Rows per decode batch: one in exact mode, else as many as the KV budget holds."""
-        per_row = max(past.nbytes, 1) * 2  # copy: past and present live together for a pass
-        width = 1 if self.exact else max(1, min(len(members), self.kv_budget // per_row))
+    def _chunks(self, members: Sequence[int], prompt_len: int, max_new: int) -> list[Sequence[int]]:
+        """Rows per decode batch: one in exact mode, else as many as the KV budget holds at the
+        batch's peak (every row grown to prompt + max_gen_toks)."""
+        width = 1
+        if not self.exact and len(members) > 1:
+            width = self.kv_rows.peak(prompt_len + max_new + 1).rows_within(self.budget(), len(members))
         return [members[j:j + width] for j in range(0, len(members), width)]
+
+    def budget(self) -> int:
+        """Bytes a decode batch may hold: ``kv_budget_mb``, else FREE_SHARE of what is free where the KV
+        lives plus the arenas this sampler already holds (the next batch reuses them)."""
+        if self.kv_budget is not None:
+            return self.kv_budget
+        free = (self.free_memory or self._free_where_kv_lives)()
+        if free is None:
+            if not self._said_unknown:
+                log.info("raw path: free memory where the KV lives is unknown; decode KV budget %d MiB",
+                         UNKNOWN_BUDGET // 2**20)
+                self._said_unknown = True
+            return UNKNOWN_BUDGET
+        return int(FREE_SHARE * (free + self.kv_rows.held_bytes()))
+
+    def _free_where_kv_lives(self) -> int | None:
+        from ortevals.runtime.memory import free_bytes
+
+        return free_bytes(getattr(self.runner, "bind_device", None) or "cpu", getattr(self.runner, "device_id", 0))
 
     def prompt(self, tokens: tuple[int, ...], max_new: int = 0) -> tuple[np.ndarray, object]:
         """One prompt pass → (logits ``[V]`` after the last token, one-row KV of the whole prompt, with

@@ -71,13 +71,67 @@ def _scatter(sorted_mask: np.ndarray, order: np.ndarray) -> np.ndarray:
     return out
 
 
-def top_p(x: np.ndarray, p: float) -> np.ndarray:
+def top_p(x: np.ndarray, p: float, first: int | None = None) -> np.ndarray:
     """TopPLogitsWarper: keep the smallest set of most likely tokens whose mass reaches p.
 
     As transformers: sort ascending, drop the tokens whose cumulative mass is <= 1 - p, always
-    keep the most likely one."""
+    keep the most likely one; among equal logits the higher index ranks higher (a stable
+    ascending sort; transformers' own order among ties is torch's unstable sort).
+
+    Without the full-vocabulary sort (:func:`_nucleus`): the ``first`` largest logits (default
+    TOP_P_FIRST) are partitioned out and sorted, then TOP_P_GROWTH times as many, until their
+    mass reaches p. A row whose boundary mass lies within rounding of p is decided by the full
+    sort (:func:`_top_p_sorted`), so the kept set is always the one the full sort keeps.
+    """
     if p >= 1.0:
         return x
+    z = np.exp(x - np.max(x, axis=-1, keepdims=True))  # unnormalised masses, as softmax computes them
+    total = z.sum(axis=-1)
+    out = np.array(x, copy=True)
+    for r in range(x.shape[0]):
+        found = _nucleus(x[r], z[r], float(total[r]), p, first or TOP_P_FIRST)
+        if found is None:
+            out[r] = _top_p_sorted(x[r:r + 1], p)[0]
+            continue
+        size, edge = found
+        kept = x[r] > edge
+        tied = np.flatnonzero(x[r] == edge)
+        kept[tied[len(tied) - (size - int(kept.sum())):]] = True  # ties at the edge: the highest indices
+        out[r][~kept] = NEG
+    return out
+
+
+TOP_P_FIRST = 64  # a peaked distribution's nucleus is a few tokens; a flat one grows the set
+TOP_P_GROWTH = 4
+
+
+def _nucleus(row: np.ndarray, z: np.ndarray, total: float, p: float, first: int) -> tuple[int, float] | None:
+    """(kept count, the smallest kept logit) of one row ``[V]``, from its largest logits only; None
+    where the full sort must decide (the set would exceed V/4, or the mass is within rounding of p).
+
+    Kept: the tokens before which the mass (largest first) is still below p. The full sort's
+    cumulative sums and these differ by rounding only, at most about 2 (V + 512) eps of the
+    dtype (sequential sums over at most V terms, pairwise normalisers): outside that margin
+    around p both decide alike.
+    """
+    v = row.shape[-1]
+    tol = 2 * (v + 512) * float(np.finfo(z.dtype).eps)
+    c = min(first, v)
+    while c <= v // 4:
+        top = np.argpartition(row, v - c)[v - c:]  # the c largest logits (which of equal ones: any)
+        mass = np.cumsum(np.sort(z[top])[::-1]) / total  # mass of the 1, 2, ..., c largest
+        j = int(np.searchsorted(mass, p, side="left"))  # the first count whose mass reaches p, less one
+        if j < c:
+            below = float(mass[j - 1]) if j else 0.0
+            if p - below > tol and float(mass[j]) - p > tol:
+                return j + 1, float(np.sort(row[top])[::-1][j])
+            return None
+        c *= TOP_P_GROWTH
+    return None
+
+
+def _top_p_sorted(x: np.ndarray, p: float) -> np.ndarray:
+    """TopPLogitsWarper on ``[R, V]`` by a full stable sort (the reference the partial path equals)."""
     order = np.argsort(x, axis=-1, kind="stable")
     cum = np.cumsum(softmax(np.take_along_axis(x, order, axis=-1)), axis=-1)
     drop = cum <= 1 - p

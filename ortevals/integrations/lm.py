@@ -98,7 +98,8 @@ class OrtLM(TemplateLM):
             log.info("prefix cache off: %s keeps a windowed sliding KV cache", package.root)
         backends = Backends(package, provider, settings, args.path, cache_root() if args.scoring_graph else None,
                             args.gen_path, args.media_path)
-        if backends.loglikelihood_path == "prefill":
+        workers = bool(args.workers or args.ray_address)  # issue 20: the driver opens no session (workers do)
+        if backends.loglikelihood_path == "prefill" and not workers:
             backends.prefill  # noqa: B018  (open now: a bad package fails before any data is loaded)
         log.info("loglikelihood requests go to the %s path%s", backends.loglikelihood_path,
                  f" ({backends.capability.reason})" if backends.capability.reason else "")
@@ -112,7 +113,7 @@ class OrtLM(TemplateLM):
             store = ResultStore.open(Path(args.store), results_scope(package.root, reads, run_settings))
             backends.verdicts.store = store  # canary verdicts are kept under the same scope (issue 22 §9)
         lm = cls(package, tokenizer, backends, args, store)
-        if args.workers or args.ray_address:  # issue 15: data parallel on Ray; the cluster starts on first use
+        if workers:  # issue 15: data parallel on Ray; the cluster starts on first use
             from ortevals.integrations.ray import WorkerPool
 
             lm.pool = WorkerPool(args, provider.on_device)
@@ -161,7 +162,7 @@ class OrtLM(TemplateLM):
 
     @property
     def max_length(self) -> int:
-        return self.engine.settings.max_length
+        return self.backends.settings.max_length  # not self.engine: that would open a session
 
     @property
     def context_limit(self):

@@ -12,7 +12,9 @@ its rank split and padding never apply on top.
 * **Resources first**: ``ray.cluster_resources()`` is read before any actor is created; GPUs or
   CPUs asked for but missing are a one-line error, never a wait.
 * **Workers**: one actor per worker, built per call (no actor outlives the request list it
-  served). Device providers: ``num_gpus=1``; Ray sets ``CUDA_VISIBLE_DEVICES``, so the session
+  served). The driver opens no session (on a GPU it would take memory from worker 0): it
+  holds the tokenizer and the package config; a decoder the runtime refuses is reported by the
+  first worker's reply, in one line. Device providers: ``num_gpus=1``; Ray sets ``CUDA_VISIBLE_DEVICES``, so the session
   uses ``device_id=0``. CPU: ``num_cpus=k`` and ``threads=k`` (``threads``, else the cluster's
   CPUs split evenly). Every other model argument is the driver's, so every worker computes in
   the same scope; workers never open the result store.
@@ -106,7 +108,11 @@ class Worker:
         from ortevals.integrations.lm import OrtLM
         from ortevals.options import parse_model_args
 
-        self.lm = OrtLM.from_package(parse_model_args(model_args))
+        self.failed: str | None = None
+        try:  # the driver opened no session (issue 20): a package the runtime refuses is first seen here
+            self.lm = OrtLM.from_package(parse_model_args(model_args))
+        except OrtEvalsError as e:  # said by the driver in one line, not as an actor that died 3 times
+            self.failed = str(e)
 
     def where(self) -> tuple[str | None, str | None]:
         """(CUDA_VISIBLE_DEVICES Ray gave this actor, the device id its session uses)."""
@@ -123,6 +129,8 @@ class Worker:
         from ortevals.engine.scoring import NonFiniteScore
 
         self._maybe_crash()
+        if self.failed:
+            return "error", self.failed, None
         engine = self.lm.engine
         if hasattr(engine, "runner") and not isinstance(engine.runner, WarmPrefix):
             engine.runner = WarmPrefix(engine.runner)
@@ -138,6 +146,8 @@ class Worker:
         """("ok", [(text, log-prob or None, tokens)] per request, None): best-of-k needs each sample's
         log-prob, which only the raw path computes."""
         self._maybe_crash()
+        if self.failed:
+            return "error", self.failed, None
         try:
             texts = self.lm._generate([_Req(a) for a in args], keys, True)
         except OrtEvalsError as e:

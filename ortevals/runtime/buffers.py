@@ -2,9 +2,11 @@
 
 Owns :class:`KVCache` (one pass's present KV), the empty past of a first pass
 (numpy on the host for numpy's dtypes, else an ``OrtValue`` of the graph's
-element type where the session runs: numpy has no bfloat16), element-type
-tables and byte sizes, bfloat16 logits as float32, and zero-size inputs for
-optional multimodal embedding inputs.
+element type where the session runs: numpy has no bfloat16), :class:`KVView`
+(a contiguous block of a buffer where the session runs, bound by pointer, so
+leading rows of an arena can be past and present of one pass) and
+:func:`bind_shared`, element-type tables and byte sizes, bfloat16 logits as
+float32, and zero-size inputs for optional multimodal embedding inputs.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ class KVCache:
 
 
 def _nbytes(t) -> int:
-    if isinstance(t, np.ndarray):
+    if isinstance(t, (np.ndarray, KVView)):
         return t.nbytes
     if hasattr(t, "tensor_size_in_bytes"):  # OrtValue, onnxruntime >= 1.20
         return int(t.tensor_size_in_bytes())
@@ -48,12 +50,87 @@ ONNX_TYPES = {"float32": 1, "uint8": 2, "int8": 3, "int32": 6, "int64": 7, "bool
 ITEMSIZE = {"float32": 4, "uint8": 1, "int8": 1, "int32": 4, "int64": 8, "bool": 1, "float16": 2, "float64": 8,
             "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
 ONNX_NAMES = {"float": "float32", "double": "float64"}  # OrtValue.data_type() spellings
+ONNX_TYPE_NAMES = {v: k for k, v in ONNX_TYPES.items()}
 
 
 def kv_bytes_per_token(package: ModelPackage) -> int:
     """All layers' K and V for one token (numpy has no bfloat16, so sizes come from the table)."""
-    return sum(2 * s.kv_heads * s.head_size * ITEMSIZE[s.dtype] for s in package.kv)
+    return specs_bytes_per_token(package.kv)
+
+
+def specs_bytes_per_token(specs) -> int:
+    """K and V of every layer in ``specs`` (:class:`KVSpec`) for one token, in bytes."""
+    return sum(2 * s.kv_heads * s.head_size * ITEMSIZE[s.dtype] for s in specs)
+
+
 NUMPY_NATIVE = frozenset({"float32", "float16", "float64", "int64", "int32", "int8", "uint8", "bool"})
+
+
+@dataclass(frozen=True)
+class KVView:
+    """A contiguous ``shape`` block ``offset`` bytes into ``owner``, an OrtValue where the session runs.
+
+    IOBinding binds it by pointer (``bind_input``/``bind_output`` with ``buffer_ptr``), so the leading
+    rows of a larger arena can be one pass's past and present at once (GroupQueryAttention then writes
+    the new tokens in place), and a row can be the source or target of a device copy. ``owner`` keeps
+    the memory alive for as long as a view exists.
+    """
+
+    owner: object
+    shape: tuple[int, ...]
+    elem_type: int  # ONNX TensorProto element type
+    device: str
+    device_id: int = 0
+    offset: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) * ITEMSIZE[ONNX_TYPE_NAMES[self.elem_type]]
+
+    @property
+    def ptr(self) -> int:
+        return int(self.owner.data_ptr()) + self.offset
+
+    def rows(self, start: int, stop: int) -> KVView:
+        """Rows ``start:stop`` of a ``[B, ...]`` view (contiguous: the row is the outermost dim)."""
+        row = self.nbytes // self.shape[0]
+        return KVView(self.owner, (stop - start, *self.shape[1:]), self.elem_type, self.device, self.device_id,
+                      self.offset + start * row)
+
+    def bind_input(self, binding, name: str) -> None:
+        binding.bind_input(name, self.device, self.device_id, self.elem_type, list(self.shape), self.ptr)
+
+    def bind_output(self, binding, name: str) -> None:
+        binding.bind_output(name, self.device, self.device_id, self.elem_type, list(self.shape), self.ptr)
+
+
+# devices whose buffers are plain addresses, so a view may start inside one (DirectML's are opaque handles)
+POINTER_DEVICES = frozenset({"cpu", "cuda"})
+
+
+def device_buffer(shape: tuple[int, ...], elem_type: int, device: str, device_id: int = 0) -> KVView:
+    """A new (uninitialised) buffer of ``shape`` where the session runs, as a view of all of it."""
+    owner = import_ort().OrtValue.ortvalue_from_shape_and_type(list(shape), elem_type, device, device_id)
+    return KVView(owner, tuple(shape), elem_type, device, device_id)
+
+
+def fill_nan(view: KVView) -> None:
+    """Every element of ``view``'s whole buffer set to all-ones bits: NaN in every float format."""
+    shape = view.owner.shape()
+    bits = _BITS[ITEMSIZE[ONNX_TYPE_NAMES[view.elem_type]]]
+    view.owner.update_inplace(np.full(shape, np.iinfo(bits).max, dtype=bits))
+
+
+def bind_shared(binding, input_name: str, output_name: str, tensor) -> None:
+    """Bind one buffer as both a past input and its present output (GroupQueryAttention's shared
+    past/present buffer): a host numpy array (wrapped, not copied) or a :class:`KVView`."""
+    if isinstance(tensor, KVView):
+        tensor.bind_input(binding, input_name)
+        tensor.bind_output(binding, output_name)
+        return
+    value = import_ort().OrtValue.ortvalue_from_numpy(tensor)  # shares the host memory
+    binding.bind_ortvalue_input(input_name, value)
+    binding.bind_ortvalue_output(output_name, value)
 
 
 def feeds_len(attention_mask: np.ndarray) -> int:

@@ -8,6 +8,13 @@ not an option. Host (numpy) past is repeated with ``np.repeat`` by the caller.
 The sampler (engine/sampler.py) also keeps only some rows of a past (``Gather``
 on axis 0: finished samples leave the batch) and cuts a past to its first
 tokens (``Slice`` on axis 2: a shared prompt prefix), the same way.
+
+Where the sampler keeps device KV in place (engine/kvrows.py ``DeviceKV``), the
+same graphs write into buffers it already holds (``into``: a
+:class:`~ortevals.runtime.buffers.KVView` bound by pointer), so nothing is
+allocated: ``expand`` a prompt's row into an arena, ``copy`` a row forward
+(``Identity``: a finished row leaves), ``fit`` a prefix into a buffer of
+another capacity (``Slice`` then ``Pad`` on axis 2).
 One session per (op, element type), made on first use.
 """
 
@@ -16,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from ortevals.runtime import import_ort
+from ortevals.runtime.buffers import KVView
 from ortevals.runtime.opening import check_provider
 from ortevals.runtime.providers import ProviderConfig
 
@@ -29,12 +37,23 @@ class Replicator:
         self.device_id = device_id
         self._sessions: dict[tuple[str, int], object] = {}
 
-    def expand(self, value, batch: int):
-        """value: OrtValue ``[1, ...]``; returns a new OrtValue ``[batch, ...]`` on the same device."""
-        shape = list(value.shape())
+    def expand(self, value, batch: int, into: KVView | None = None):
+        """value: OrtValue (or view) ``[1, ...]``; returns ``[batch, ...]`` on the same device (written
+        into ``into`` when given)."""
+        shape = list(_shape(value))
         if shape[0] != 1:
             raise ValueError(f"only a one-row past can be replicated, got shape {shape}")
-        return self._run("Expand", value, np.asarray([batch, *shape[1:]], dtype=np.int64))
+        return self._run("Expand", value, np.asarray([batch, *shape[1:]], dtype=np.int64), into)
+
+    def copy(self, value: KVView, into: KVView) -> None:
+        """``into`` ← ``value`` (same shape, distinct memory), on the device."""
+        if tuple(value.shape) != tuple(into.shape):
+            raise ValueError(f"copy between shapes {value.shape} and {into.shape}")
+        self._run("Identity", value, np.zeros(0, dtype=np.int64), into)
+
+    def fit(self, value, length: int, into: KVView) -> None:
+        """``into [B,H,T',D]`` ← the first ``length`` tokens of ``value [B,H,T,D]`` then zeros (T' >= length)."""
+        self._run("Fit", value, np.asarray([length, into.shape[2] - length], dtype=np.int64), into)
 
     def gather(self, value, rows) -> object:
         """value: OrtValue ``[B, ...]``; returns rows ``rows`` (in that order) as a new OrtValue."""
@@ -44,14 +63,20 @@ class Replicator:
         """value: OrtValue ``[B,H,T,D]``; returns ``[B,H,:length,D]`` as a new OrtValue."""
         return self._run("Slice", value, np.asarray([0, length, 2], dtype=np.int64))
 
-    def _run(self, op: str, value, arg: np.ndarray):
-        session = self._session(op, value.element_type())
+    def _run(self, op: str, value, arg: np.ndarray, into: KVView | None = None):
+        session = self._session(op, value.elem_type if isinstance(value, KVView) else value.element_type())
         binding = session.io_binding()
-        binding.bind_ortvalue_input("x", value)
+        if isinstance(value, KVView):
+            value.bind_input(binding, "x")
+        else:
+            binding.bind_ortvalue_input("x", value)
         binding.bind_cpu_input("arg", arg)
-        binding.bind_output("y", self.device, self.device_id)
+        if into is None:
+            binding.bind_output("y", self.device, self.device_id)
+        else:
+            into.bind_output(binding, "y")
         session.run_with_iobinding(binding)
-        return binding.get_outputs()[0]
+        return into if into is not None else binding.get_outputs()[0]
 
     def _session(self, op: str, elem_type: int):
         if (op, elem_type) not in self._sessions:
@@ -70,6 +95,7 @@ class Replicator:
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
         model.ir_version = 8  # readable by every onnxruntime ortevals supports
         so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # Identity must stay a copy
         so.log_severity_level = 2
         so.intra_op_num_threads = 1
         providers = [(self.provider.ort_name, self.provider.raw_options)]
@@ -81,12 +107,27 @@ class Replicator:
 
 
 def _nodes(op: str) -> list:
-    """Expand(x, arg=shape) · Gather(x, arg=rows, axis 0) · Slice(x, arg=[start, end, axis])."""
-    from onnx import helper
+    """Expand(x, arg=shape) · Gather(x, arg=rows, axis 0) · Slice(x, arg=[start, end, axis]) ·
+    Identity(x) (arg unused) · Fit: Pad(Slice(x, 0:arg[0] on axis 2), arg[1] zeros after, axis 2)."""
+    from onnx import TensorProto, helper
 
     if op == "Expand":
         return [helper.make_node("Expand", ["x", "arg"], ["y"])]
     if op == "Gather":
         return [helper.make_node("Gather", ["x", "arg"], ["y"], axis=0)]
+    if op == "Identity":
+        return [helper.make_node("Identity", ["x"], ["y"])]
+    if op == "Fit":  # pads for all 4 axes (no Pad ``axes`` input: not every provider's kernel takes it)
+        const = lambda name, v: helper.make_node(  # noqa: E731
+            "Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, [len(v)], v))
+        return [const("zero", [0]), const("axis", [2]), const("begins", [0] * 6),
+                helper.make_node("Split", ["arg"], ["end", "after"], axis=0, num_outputs=2),
+                helper.make_node("Slice", ["x", "zero", "end", "axis"], ["head"]),
+                helper.make_node("Concat", ["begins", "after", "zero"], ["pads"], axis=0),
+                helper.make_node("Pad", ["head", "pads"], ["y"])]
     return [helper.make_node("Split", ["arg"], ["s", "e", "a"], axis=0, num_outputs=3),
             helper.make_node("Slice", ["x", "s", "e", "a"], ["y"])]
+
+
+def _shape(value) -> tuple:
+    return tuple(value.shape) if isinstance(value, KVView) else tuple(value.shape())

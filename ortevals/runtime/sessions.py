@@ -22,6 +22,7 @@ from ortevals.runtime import import_ort
 from ortevals.runtime.buffers import (
     NUMPY_NATIVE,
     KVCache,
+    bind_shared,
     empty_like_input,
     empty_past,
     feeds_len,
@@ -216,10 +217,11 @@ class DecoderRunner:
         """One pass whose new tokens' KV is written into ``past``'s own buffers (GroupQueryAttention's
         shared past/present buffer, as onnxruntime-genai runs it): no copy of the whole cache per pass.
 
-        past: host numpy ``[B,H,capacity,D]`` per layer holding ``past.length`` valid tokens (capacity
-        >= length + S). input_ids ``[B,S]``, no padding. Returns logits ``[B,S,V]`` (or ``[B,K,V]``
-        with ``positions``); the caller's cache then holds ``past.length + S`` tokens. Only graphs whose
-        attention shares the buffer can run it: the sampler checks that once against :meth:`forward`.
+        past: ``[B,H,capacity,D]`` per layer (host numpy, or a :class:`~ortevals.runtime.buffers.KVView`
+        where the session runs) holding ``past.length`` valid tokens (capacity >= length + S).
+        input_ids ``[B,S]``, no padding. Returns logits ``[B,S,V]`` (or ``[B,K,V]`` with ``positions``);
+        the caller's cache then holds ``past.length + S`` tokens. Only graphs whose attention shares
+        the buffer can run it: the sampler checks that once against :meth:`forward`.
         """
         ort = import_ort()
         mask = np.ones((input_ids.shape[0], past.length + input_ids.shape[1]), dtype=np.int64)
@@ -235,9 +237,7 @@ class DecoderRunner:
         for spec in self.package.kv:
             for i, (inp, out) in enumerate(((spec.key_name, spec.present_key_name),
                                             (spec.value_name, spec.present_value_name))):
-                value = ort.OrtValue.ortvalue_from_numpy(past.layers[spec.layer][i])  # shares the memory
-                binding.bind_ortvalue_input(inp, value)
-                binding.bind_ortvalue_output(out, value)
+                bind_shared(binding, inp, out, past.layers[spec.layer][i])  # host array or device view
         try:
             self.decoder.run_with_iobinding(binding)
         except Exception as e:
