@@ -132,13 +132,43 @@ def test_raw_session_gets_the_filtered_options(copy_pkg, tiny_pkg, monkeypatch):
     assert seen and all(p == [("CPUExecutionProvider", {})] for p in seen)
 
 
-def test_store_scope_records_the_filtered_options(tiny_pkg, tmp_path):
-    from ortevals.integrations.lm import ModelArgs, OrtLM
+def test_store_scope_records_the_options_each_path_is_handed(tiny_pkg):
+    """Raw sessions get the filtered options, onnxruntime-genai every option (cuda graphs change og's
+    numbers): og's Config is handed exactly its record, and the scope holds both records, so an og-only
+    option splits stored scores where og runs (issue 22, items 4 and 10)."""
+    import json
+    from types import SimpleNamespace
 
-    scopes = [OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg), store=str(tmp_path / f"s{i}"),
-                                           provider_options=opts)).store.scope
-              for i, opts in enumerate([(), ("enable_cuda_graph=1",)])]
-    assert scopes[0] == scopes[1]  # a dropped option neither splits nor mixes stored scores
+    from ortevals.engine.backends import Backends
+    from ortevals.report.scope import results_scope
+    from ortevals.runtime.genai import TEXT_SECTIONS, genai_reads, og_config
+
+    pkg = ModelPackage.load(tiny_pkg)
+    provider = from_package(pkg.decoder.session_options, "cuda", {"enable_cuda_graph": "1", "device_id": "0"})
+    calls = []
+
+    class Config:  # og.Config's contract: providers cleared, then appended with their options
+        def __init__(self, path):
+            calls.append(("Config", path))
+
+        def __getattr__(self, name):
+            return lambda *a: calls.append((name, *a))
+
+    og_config(SimpleNamespace(Config=Config), pkg, provider, TEXT_SECTIONS)
+    handed = {c[2]: c[3] for c in calls if c[0] == "set_provider_option"}
+    assert ("append_provider", "cuda") in calls
+    assert handed == genai_reads(pkg, provider).settings["provider_options"] == {"enable_cuda_graph": "1",
+                                                                                "device_id": "0"}
+
+    def scope(options: dict):
+        prov = from_package(pkg.decoder.session_options, "cuda", options)
+        settings = EngineSettings(max_length=64, vocab_size=pkg.vocab_size)
+        return results_scope(pkg.root, Backends(pkg, prov, settings, gen_path="og").reads(), {})
+
+    assert scope({"enable_cuda_graph": "1"}).digest != scope({}).digest
+    recorded = json.loads(scope({"enable_cuda_graph": "1"}).settings)
+    assert recorded["path:onnxruntime-genai"]["provider_options"] == {"enable_cuda_graph": "1"}
+    assert recorded["path:raw sessions"]["provider_options"] == {}
 
 
 # --- 3. bfloat16 ----------------------------------------------------------------------------------

@@ -71,7 +71,8 @@ def test_greedy_generation_equals_hf_backend(hflm, ortlm):
 
 def test_batched_greedy_generation_equals_hf_backend(hflm, tiny):
     """Rows of different lengths in one batched Generator (right-padded), each stopping on its own."""
-    lm = OrtLM.from_package(ModelArgs(pkg=str(tiny[1]), max_length=256, gen_batch_size=4, gen_path="og"))
+    # check=false: the count below is of the run's own Generators (the generation canary's: test_gencanary.py)
+    lm = OrtLM.from_package(ModelArgs(pkg=str(tiny[1]), max_length=256, gen_batch_size=4, gen_path="og", check=False))
     prompts = PROMPTS + ["one", "Question: what is the river of the city? Answer: the river"]
     free = gen(lm, prompts, {"until": [], "max_gen_toks": 20})
     assert free == gen(hflm, prompts, {"until": [], "max_gen_toks": 20})
@@ -103,7 +104,8 @@ def test_package_search_options_never_decide_a_token(hflm, tiny, copy_pkg):
     pkg = with_search_options(copy_pkg(tiny[1]), **NON_NEUTRAL)
     prompts = PROMPTS + ["one", "Question: what is the river of the city? Answer: the river"]
     kwargs = {"until": [], "max_gen_toks": 20}
-    batched_lm = OrtLM.from_package(ModelArgs(pkg=str(pkg), max_length=256, gen_batch_size=4, gen_path="og"))
+    batched_lm = OrtLM.from_package(ModelArgs(pkg=str(pkg), max_length=256, gen_batch_size=4, gen_path="og",
+                                              check=False))  # the count is of the run's own Generators
     batched = gen(batched_lm, prompts, kwargs)
     assert batched_lm.backends.genai.generators_created == 2  # really batched
     single = gen(OrtLM.from_package(ModelArgs(pkg=str(pkg), max_length=256, gen_path="og")), prompts, kwargs)

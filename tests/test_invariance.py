@@ -93,6 +93,19 @@ def test_dynamic_quant_every_setting_equals_one_row_oracle(dynquant, batch_size,
     assert lm.stats["mode"] == "exact (DynamicQuantizeLinear x9)"
 
 
+def test_incremental_path_honours_exact_mode(dynquant):
+    """path=incremental on a detected graph: every input on a Generator of its own, no rewind to the previous
+    input's prefix (on main: 0.11 nats off the oracle). One-token continuations: one og pass per input, as
+    the oracle's (a longer one is appended in a second pass: og's API, not comparable to one pass here)."""
+    lm = OrtLM.from_package(ModelArgs(pkg=str(dynquant), max_length=256, path="incremental"))
+    pairs = [(f"{HEADER} q {' '.join(rng.choice(WORDS) for _ in range(2 + i))}. Answer:", x)
+             for i in range(8) for x in (" A", " B", " the", " 1")]
+    pairs = [(c, x) for c, x in pairs if len(lm.tok_encode(c + x)) - len(lm.tok_encode(c)) == 1]
+    assert len({c for c, _ in pairs}) >= 6  # several inputs sharing the header: the cursor would rewind
+    got = np.array([lp for lp, _ in lm.loglikelihood(instances(pairs), disable_tqdm=True)])
+    np.testing.assert_allclose(got, oracle(dynquant, pairs), atol=1e-4)
+
+
 def test_dynamic_quant_detection_warns_once(dynquant, caplog):
     with caplog.at_level(logging.WARNING, logger="ortevals"):
         lm, _ = scores(dynquant, batch_size=4)
@@ -142,6 +155,58 @@ def test_canary_passes_on_an_invariant_graph_and_batching_stays(tiny_pkg):
     assert lm.engine.canary.passed and lm.stats["mode"].startswith("batched (canary passed")
     # 6 canary inputs alone + their configured batch + the other 24 inputs in one or two batches
     assert lm.engine.forward_passes <= 6 + 2 + 2 < len(model_inputs(tiny_pkg, pairs))
+
+
+def _stored_run(pkg, pairs, store, **kw):
+    lm = OrtLM.from_package(ModelArgs(pkg=str(pkg), max_length=256, store=str(store), **kw))
+    got = np.array([lp for lp, _ in lm.loglikelihood(instances(pairs), disable_tqdm=True)])
+    lm.store.close()
+    return lm, got
+
+
+def test_a_stored_verdict_is_reused_and_pays_no_canary(tiny_pkg, shape_dependent, tmp_path):
+    """Issue 22 §9: the verdict is an artefact under the scope. Other requests, same package and settings:
+    no canary pass; the stored verdict decides the mode, a failing one included."""
+    store = tmp_path / "s.sqlite"
+    first, _ = _stored_run(tiny_pkg, PAIRS[:8], store, batch_size=4)
+    assert first.engine.canary.passed and first.engine.canary_passes > 0 and first.engine.canary_tokens > 0
+    second, got = _stored_run(tiny_pkg, PAIRS[8:], store, batch_size=4)
+    assert second.engine.canary_passes == 0 and second.engine.canary_tokens == 0
+    assert second.engine.canary.passed and second.stats["mode"].endswith("stored verdict reused")
+    np.testing.assert_allclose(got, oracle(tiny_pkg, PAIRS[8:]), atol=1e-4)
+
+    bad = tmp_path / "bad.sqlite"
+    tripped, _ = _stored_run(shape_dependent, PAIRS[4:], bad, batch_size=4)  # unrelated inputs: batched
+    assert not tripped.engine.canary.passed and tripped.engine.canary_passes > 0
+    again, got = _stored_run(shape_dependent, PAIRS[:4], bad, batch_size=4)
+    assert again.engine.canary_passes == 0 and again.engine.settings.exact
+    assert again.stats["mode"].startswith("exact (canary") and again.stats["mode"].endswith("reused")
+    np.testing.assert_allclose(got, oracle(shape_dependent, PAIRS[:4]), atol=1e-4)  # exact, as the verdict said
+
+
+@pytest.mark.parametrize("change", ["batch size", "prefix budget", "package file", "ortevals source",
+                                    "onnxruntime"])
+def test_what_a_verdict_depends_on_reruns_the_canary(change, tiny_pkg, copy_pkg, tmp_path, monkeypatch):
+    from ortevals.package import scope
+
+    store, pkg = tmp_path / "s.sqlite", copy_pkg(tiny_pkg)
+    _stored_run(pkg, PAIRS[:6], store, batch_size=4)
+    kw = {"batch_size": 4}
+    if change == "batch size":
+        kw["batch_size"] = 2
+    elif change == "prefix budget":
+        kw["prefix_budget_mb"] = 64
+    elif change == "package file":  # the decoder re-saved with another producer string: its bytes differ
+        model = onnx.load(str(pkg / "model.onnx"), load_external_data=False)
+        model.producer_version = "re-exported"
+        onnx.save(model, str(pkg / "model.onnx"))
+    elif change == "ortevals source":
+        monkeypatch.setattr(scope, "source_digest", lambda: "0" * 64)
+    else:
+        real = scope.runtime_versions()
+        monkeypatch.setattr(scope, "runtime_versions", lambda: {**real, "onnxruntime": "onnxruntime==99"})
+    lm, _ = _stored_run(pkg, PAIRS[6:12], store, **kw)
+    assert lm.engine.canary_passes > 0 and "stored verdict" not in lm.stats["mode"]
 
 
 def test_model_args_parse_the_switches(tiny_pkg):

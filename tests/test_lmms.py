@@ -44,6 +44,15 @@ def evaluate(lm, folder: Path, names: list[str]) -> dict:
     return simple_evaluate(model=lm, tasks=names, task_manager=tm, log_samples=True, bootstrap_iters=0)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def own_cache(tmp_path_factory):
+    """lmms-eval's route resumes like the CLI (a result store in the ortevals cache): each run of this
+    module starts from an empty cache of its own, so every request is computed here."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ORTEVALS_CACHE", str(tmp_path_factory.mktemp("ortevals-cache")))
+        yield
+
+
 @pytest.fixture(scope="module")
 def simple_lm(tiny_pkg) -> OrtLMMS:
     # built as lmms-eval builds it: the model args string plus its batch_size/device extras

@@ -397,6 +397,40 @@ def test_fast_path_equals_og_path_and_reuses_the_text_prefix(engine, fast_engine
     assert engine.generate(gen) == fast_engine.generate(gen)
 
 
+@pytest.fixture(scope="module")
+def mm_dynquant(gemma4_mm, fixture_cache):
+    from tests.fixtures.dynquant import build_dynquant_mm
+
+    return build_dynquant_mm(gemma4_mm[1], fixture_cache / "gemma4")
+
+
+def test_fast_path_honours_exact_mode_on_a_batch_dependent_decoder(mm_dynquant):
+    """Issue 22 §6: a dynamically quantized decoder's numbers depend on the pass, so the fast path may not
+    reuse the text prefix's or the context's KV: every score equals one raw-ORT pass over the whole input
+    (before: the prefix cut at the first image token and the continuations on the context's KV moved them)."""
+    from lm_eval.api.instance import Instance
+    from PIL import Image
+
+    from ortevals.integrations.lm import ModelArgs, OrtLM
+
+    lm = OrtLM.from_package(ModelArgs(pkg=str(mm_dynquant), media_path="fast"))
+    header = "You answer questions about pictures. Be brief and exact.\n\n"
+    pairs = [(f"{header}<image>Question: what is it?\nAnswer:", c, name) for name in ("astronaut.png", "chelsea.png")
+             for c in (" the", " a cat on a mat", " a man in a white suit")]
+    got = lm.loglikelihood([Instance("loglikelihood", {}, (ctx, cont, {"visual": [Image.open(image_path(n))]}), i)
+                            for i, (ctx, cont, n) in enumerate(pairs)], disable_tqdm=True)
+    engine = lm.media.engine
+    assert type(engine).__name__ == "FastMediaEngine" and engine.exact and engine.prefixes.hits == 0
+    for (ctx, cont_text, name), (lp, _) in zip(pairs, got, strict=True):
+        media = (to_media(image_path(name)),)
+        feeds = engine.runner.process(engine.prompt(ctx, media), media).numpy()
+        cont = engine.continuation_ids(*split_context(ctx, cont_text))
+        n = feeds["input_ids"].shape[1]  # the model's input is context + continuation but its last token (hf's)
+        feeds["input_ids"] = np.concatenate([feeds["input_ids"], np.asarray([cont[:-1]], np.int64)], 1)
+        rows = _log_softmax(ort_oracle(mm_dynquant, feeds)[n - 1:])
+        assert abs(lp - sum(rows[j, t] for j, t in enumerate(cont))) <= TOL, (ctx, cont_text)
+
+
 def test_fast_path_refused_where_the_layout_does_not_allow(gemma4_mm_windowed):
     pkg = ModelPackage.load(gemma4_mm_windowed[1])
     with pytest.raises(OrtEvalsError, match=r"media_path=fast: .* cannot take the fast media path \(a windowed"):

@@ -82,7 +82,7 @@ def test_kill_and_resume(tiny_pkg, tmp_path):
 
 def test_store_is_keyed_by_package_and_settings(tiny_pkg, copy_pkg, tmp_path, monkeypatch):
     """One change of each kind of input: a package file, a setting, a version. tests/test_scope.py has them all."""
-    from ortevals.report import scope
+    from ortevals.package import scope
 
     pkg = copy_pkg(tiny_pkg)
     monkeypatch.setenv("ORTEVALS_CACHE", str(tmp_path / "cache"))

@@ -10,6 +10,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
@@ -18,8 +19,8 @@ from lm_eval.api.instance import Instance
 from ortevals.cli import cli
 from ortevals.files import store_path
 from ortevals.integrations.lm import ModelArgs, OrtLM
+from ortevals.package import scope as scope_mod
 from ortevals.package.loader import ModelPackage
-from ortevals.report import scope as scope_mod
 from ortevals.runtime.derive import derived_decoder, derived_path
 
 REQ = ("The city", " of")
@@ -72,27 +73,31 @@ def test_tokenizer_config_edit_is_not_served_from_the_store(tiny_pkg, copy_pkg, 
     assert rerun == fresh and abs(rerun - first) > 1e-3, (first, rerun, fresh)
 
 
-TOKENIZER_EDITS = {
-    "chat template in tokenizer_config.json": ("tokenizer_config.json", lambda p: edit_json(
-        p, lambda d: d.update(chat_template="{% for m in messages %}{{ m['content'] }}{% endfor %}"))),
-    "chat_template.jinja": ("chat_template.jinja", lambda p: p.write_text("{{ messages[0]['content'] }}")),
-    "special_tokens_map.json": ("special_tokens_map.json", lambda p: p.write_text('{"bos_token": "<s>"}')),
-    "added_tokens.json": ("added_tokens.json", lambda p: p.write_text("{}")),
-    "generation_config.json": ("generation_config.json", lambda p: p.write_text('{"temperature": 0.5}')),
-    "vocab.json": ("vocab.json", lambda p: p.write_text("{}")),
-    "merges.txt": ("merges.txt", lambda p: p.write_text("#version: 0.2\n")),
+CHAT_TEMPLATE = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+TEMPLATE_EDITS = {  # the two places Tokenizer.load takes a chat template from
+    "tokenizer_config.json": lambda p: edit_json(p / "tokenizer_config.json",
+                                                 lambda d: d.update(chat_template=CHAT_TEMPLATE)),
+    "chat_template.jinja": lambda p: (p / "chat_template.jinja").write_text(CHAT_TEMPLATE),
 }
 
 
-@pytest.mark.parametrize("name", list(TOKENIZER_EDITS))
-def test_every_tokenizer_file_is_in_the_scope(name, tiny_pkg, copy_pkg, tmp_path):
+@pytest.mark.parametrize("where", list(TEMPLATE_EDITS))
+def test_a_chat_template_edit_is_not_served_from_the_store(where, tiny_pkg, copy_pkg, tmp_path):
+    """--apply_chat_template prompts change with the template: an answer stored under the old one is stale."""
     pkg, store = copy_pkg(tiny_pkg), tmp_path / "s.sqlite"
-    _, before = score(pkg, store)
-    file, edit = TOKENIZER_EDITS[name]
-    edit(pkg / file)
-    _, after = score(pkg, store)
-    assert file in after.store.scope.describe()["files"]
-    assert after.store.scope.digest != before.store.scope.digest and after.store.hits == 0
+    messages = [{"role": "user", "content": "The city"}]
+
+    def run() -> tuple[float, OrtLM]:
+        lm = OrtLM.from_package(ModelArgs(pkg=str(pkg), store=str(store)))
+        context = lm.apply_chat_template(messages) if lm.tokenizer.chat_template else "The city"
+        [(lp, _)] = lm.loglikelihood([Instance("loglikelihood", {}, (context, " of"), 0)], disable_tqdm=True)
+        lm.store.close()
+        return lp, lm
+
+    run()
+    TEMPLATE_EDITS[where](pkg)
+    _, lm = run()
+    assert lm.tokenizer.chat_template == CHAT_TEMPLATE and lm.stats["reused"] == 0
 
 
 def _bump(name: str):
@@ -107,12 +112,15 @@ def _bump(name: str):
 
 @pytest.mark.parametrize("name", ["ortevals", "ortevals source", "onnxruntime", "onnxruntime-genai"])
 def test_a_version_bump_misses(name, tiny_pkg, tmp_path, monkeypatch):
+    """onnxruntime-genai computes only where a path runs on it: here generation (the text package's
+    log-likelihoods and raw generation never open it; tests/test_scope_paths.py has the other libraries)."""
     store = tmp_path / "s.sqlite"
-    _, before = score(tiny_pkg, store)
-    _, same = score(tiny_pkg, store)
+    kw = {"gen_path": "og"} if name == "onnxruntime-genai" else {}
+    _, before = score(tiny_pkg, store, **kw)
+    _, same = score(tiny_pkg, store, **kw)
     assert same.store.hits == 1  # control: nothing else differs between runs
     monkeypatch.setattr(scope_mod, *_bump(name))
-    _, after = score(tiny_pkg, store)
+    _, after = score(tiny_pkg, store, **kw)
     assert after.store.scope.digest != before.store.scope.digest and after.store.hits == 0
     key = "ortevals-source" if name == "ortevals source" else name
     assert after.store.scope.describe()["versions"][key] != before.store.scope.describe()["versions"][key]
@@ -156,7 +164,7 @@ def test_each_model_argument_changes_the_scope(field, base_store, tiny_pkg):
     assert lm.store.scope.digest != base and lm.store.hits == 0
     settings = json.loads(lm.store.scope.settings)
     if field == "provider_options":  # scoped as what the sessions get, not as typed
-        assert settings["resolved_provider_options"] == {"use_arena": "0"}
+        assert settings["path:raw sessions"]["provider_options"] == {"use_arena": "0"}
     else:
         assert settings[field] == json.loads(json.dumps(CHANGED[field]))
 
@@ -181,13 +189,19 @@ def test_derived_graph_follows_source_and_decoder_not_settings(tiny_pkg, copy_pk
     assert derived_path(ModelPackage.load(pkg), own_cache) not in (before, fixed)
 
 
-def test_derived_graph_follows_external_data(tiny_pkg, copy_pkg, own_cache):
-    pkg = copy_pkg(tiny_pkg)
+def test_new_weights_keep_the_derived_graph_but_not_the_stored_scores(tiny_pkg, copy_pkg, own_cache, tmp_path):
+    """The rewrite reads the decoder's graph, not its weights (the session reads those from the package):
+    new weights under the same graph reuse the derived graph, and the scores follow the new weights."""
+    pkg, store = copy_pkg(tiny_pkg), tmp_path / "s.sqlite"
+    first, _ = score(pkg, store)
     before = derived_path(ModelPackage.load(pkg), own_cache)
-    data = bytearray((pkg / "model.onnx.data").read_bytes())
-    data[-1] ^= 1
-    (pkg / "model.onnx.data").write_bytes(bytes(data))
-    assert derived_path(ModelPackage.load(pkg), own_cache) != before
+    data = np.frombuffer((pkg / "model.onnx.data").read_bytes(), dtype=np.float32).copy()
+    data *= 1.25  # every weight: the model changes, the graph file does not
+    (pkg / "model.onnx.data").write_bytes(data.tobytes())
+    rerun, lm = score(pkg, store)
+    fresh, _ = score(pkg)
+    assert derived_path(ModelPackage.load(pkg), own_cache) == before and len(list(before.parent.parent.iterdir())) == 1
+    assert lm.store.hits == 0 and rerun == fresh and abs(rerun - first) > 1e-3, (first, rerun, fresh)
 
 
 def test_cache_info_and_clear(tiny_pkg, own_cache):
@@ -204,9 +218,11 @@ def test_cache_info_and_clear(tiny_pkg, own_cache):
     assert "examples/: 1 entries, 2.9 KiB" in text
     versions = scope_mod.versions()
     scopes = [ln for ln in text.splitlines() if ln.strip().startswith("scope ")]
-    assert len(scopes) == 2 and all(str(tiny_pkg) in ln and "1 rows" in ln for ln in scopes)
+    # per scope: the answer and the canary's verdict
+    assert len(scopes) == 2 and all(str(tiny_pkg) in ln and "2 rows" in ln for ln in scopes)
     assert [ln.endswith(s) for ln, s in zip(scopes, ("max_length=null", "max_length=64"))] == [True, True]
-    assert all(versions["onnxruntime"] in ln and versions["onnxruntime-genai"] in ln for ln in scopes)
+    # onnxruntime-genai is not in these scopes: nothing this run can open runs on it
+    assert all(versions["onnxruntime"] in ln and ", None" not in ln for ln in scopes)
 
     out = runner.invoke(cli, ["cache", "clear"])
     assert out.exit_code == 0 and "removed" in out.output, out.output
@@ -232,3 +248,33 @@ def test_samples_leaves_the_scope_alone(base_store, tiny_pkg):
     store, base = base_store
     _, lm = score(tiny_pkg, store, samples=8)
     assert lm.store.scope.digest == base and lm.store.hits == 1
+
+
+def test_the_lm_eval_route_resumes_like_the_cli(tiny_pkg, own_cache, caplog):
+    """New-user item 15: ``simple_evaluate(model="ortevals")`` uses the CLI's result store, under the same
+    scope for the same settings: what the CLI finished is reused, and the other way round."""
+    import logging
+
+    import lm_eval
+
+    from ortevals.evaluate import task_manager
+    from ortevals.integrations.lm_eval_plugin import register
+    from ortevals.presets import PRESETS, resolve_data, task_specs
+
+    register()
+    out = CliRunner().invoke(cli, ["mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--limit", "2",
+                                   "--truncate", "left"], catch_exceptions=False)
+    assert out.exit_code == 0, out.output
+    tasks = task_specs(PRESETS["mmlu-pro"], resolve_data(PRESETS["mmlu-pro"], "bundled"), None)
+    model_args = f"pkg={tiny_pkg},truncate=left"
+    with caplog.at_level(logging.INFO, logger="ortevals"):
+        lm_eval.simple_evaluate(model="ortevals", model_args=model_args, tasks=tasks, limit=2,
+                                task_manager=task_manager(None, defaults=False))
+    resumed = [r.getMessage() for r in caplog.records if r.getMessage().startswith("resuming: ")]
+    assert len(resumed) == 1 and resumed[0].endswith(f"loglikelihood requests reused from {store_path(tiny_pkg)}")
+    n, _, total = resumed[0].split()[1:4]  # "resuming: N of M ...": all of them
+    assert n == total and int(n) > 0
+    lm = OrtLM.create_from_arg_string(model_args)
+    cli_lm = OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg), truncate="left", store=str(store_path(tiny_pkg))))
+    assert lm.store.path == store_path(tiny_pkg) and lm.store.scope.digest == cli_lm.store.scope.digest
+    assert OrtLM.create_from_arg_string(f"{model_args},store=none").store is None  # opting out

@@ -1,10 +1,12 @@
 """Which scoring path serves which request type, and opening each path once.
 
 Owns the capability check made at load (can this package and provider return
-logits for every position?), the user's ``path=auto|prefill|incremental``
-choice, and lazy opening: the raw-ORT prefill sessions and the
-onnxruntime-genai model are opened on first use, so a log-likelihood run never
-holds the second copy of the weights that og would load.
+logits for every position?), the user's ``path=auto|prefill|incremental`` and
+``gen_path=auto|raw|og`` choices, lazy opening: the raw-ORT prefill sessions and
+the onnxruntime-genai model are opened on first use, so a log-likelihood run
+never holds the second copy of the weights that og would load, and
+:meth:`Backends.reads`: what every path this run can open reads, from the same
+functions the openers use (the result store's scope is built from it alone).
 """
 
 from __future__ import annotations
@@ -14,13 +16,21 @@ import logging
 from dataclasses import dataclass, replace
 
 from ortevals.engine.incremental import IncrementalEngine
+from ortevals.engine.invariance import Verdicts
 from ortevals.engine.prefill import EngineSettings, PrefillEngine
-from ortevals.errors import OrtEvalsError
+from ortevals.errors import OrtEvalsError, PackageError
 from ortevals.package.loader import ModelPackage
+from ortevals.package.multimodal import has_media_models
+from ortevals.package.scope import Reads, package_reads
+from ortevals.runtime.genai import genai_reads
+from ortevals.runtime.media import media_reads
 from ortevals.runtime.providers import NPU_PROVIDERS, ProviderConfig
+from ortevals.runtime.reads import runner_reads
 
 log = logging.getLogger(__name__)
 PATHS = ("auto", "prefill", "incremental")
+# the engine's own maths (scoring, token choice, seeded draws) and MBR's utilities (engine/mbr.py)
+ENGINE_READS = (Reads("engine", dists=("numpy",)), Reads("mbr", dists=("sacrebleu", "rouge-score")))
 
 
 @dataclass(frozen=True)
@@ -55,24 +65,77 @@ class Backends:
     """The package's scoring paths, each opened on first use."""
 
     def __init__(self, package: ModelPackage, provider: ProviderConfig, settings: EngineSettings,
-                 path: str = "auto", derived_cache=None) -> None:
+                 path: str = "auto", derived_cache=None, gen_path: str = "auto", media_path: str = "auto") -> None:
         self.package = package
         self.provider = provider
         self.settings = settings
         self.derived_cache = derived_cache
         self.capability = capability(package, provider)
         self.loglikelihood_path = loglikelihood_path(path, self.capability)
+        self.gen_path = gen_path
+        self.media_path = media_path
+        self.verdicts = Verdicts()  # canary verdicts; OrtLM gives it the result store (engine/invariance.py)
 
     @functools.cached_property
     def prefill(self) -> PrefillEngine:
         from ortevals.runtime.sessions import DecoderRunner
 
-        settings, mode = self._prefill_settings()
-        # exact mode means the package's own decoder: the derived graph changes which rows the head sees
-        cache = None if settings.exact else self.derived_cache
-        engine = PrefillEngine(DecoderRunner.open(self.package, self.provider, cache), settings)
+        settings, mode = self.prefill_choice
+        engine = PrefillEngine(DecoderRunner.open(self.package, self.provider, self._derived(settings)), settings,
+                               self.verdicts)
         engine.mode = mode
         return engine
+
+    def _derived(self, settings: EngineSettings):
+        # exact mode means the package's own decoder: the derived graph changes which rows the head sees
+        return None if settings.exact else self.derived_cache
+
+    @functools.cached_property
+    def prefill_choice(self) -> tuple[EngineSettings, str]:
+        """The prefill engine's settings and mode, decided once (graph detection reads the protos)."""
+        return self._prefill_settings()
+
+    @property
+    def exact(self) -> bool:
+        """One row per pass, no prefix reuse: asked for, detected in the graph, or the canary's verdict."""
+        engine = self.__dict__.get("prefill")
+        return engine.settings.exact if engine is not None else self.prefill_choice[0].exact
+
+    def generation_path(self) -> tuple[str, str]:
+        """(``raw`` or ``og``, why the raw path cannot serve this package or ""), from ``gen_path``."""
+        from ortevals.engine.sampler import can_serve
+
+        ok, why = can_serve(self.package, self.capability)
+        if self.gen_path == "raw" and not ok:
+            raise OrtEvalsError(f"gen_path=raw is impossible for this package: {why}")
+        return (self.gen_path if self.gen_path != "auto" else ("raw" if ok else "og")), why
+
+    def reads(self) -> list[Reads]:
+        """What every path this run can open reads: the package, the engine, log-likelihood and generation
+        paths as chosen, and the media path where the package has vision or speech models."""
+        out = [package_reads(self.package), *ENGINE_READS]
+        try:
+            gen = self.generation_path()[0]
+        except OrtEvalsError:
+            gen = "raw"  # refused at the first generate_until request
+        if self.loglikelihood_path == "prefill" or gen == "raw":
+            out += runner_reads(self.package, self.provider, self._derived(self.prefill_choice[0]))
+        if self.loglikelihood_path == "incremental" or gen == "og":
+            out.append(genai_reads(self.package, self.provider))
+        if has_media_models(self.package):
+            out.append(media_reads(self.package, self.provider))
+            out += self._fast_media_reads()
+        return out
+
+    def _fast_media_reads(self) -> list[Reads]:
+        from ortevals.engine.multimodal_fast import fast_layout, fast_reads
+
+        if self.media_path == "og" or not fast_layout(self.package)[0]:
+            return []
+        try:
+            return fast_reads(self.package, self.provider)
+        except PackageError:  # not a type the media path takes: its first request says so
+            return []
 
     def _prefill_settings(self) -> tuple[EngineSettings, str]:
         """Settings for the prefill engine: exact mode when asked or when the graph mixes rows."""
@@ -98,7 +161,8 @@ class Backends:
 
     @functools.cached_property
     def incremental(self) -> IncrementalEngine:
-        return IncrementalEngine(self.genai, self.settings, full_logits=self.capability.full_logits)
+        settings = replace(self.settings, exact=self.exact)  # asked for or detected: no rewind reuse
+        return IncrementalEngine(self.genai, settings, full_logits=self.capability.full_logits)
 
     def scorer(self):
         """The engine serving loglikelihood / loglikelihood_rolling."""

@@ -45,14 +45,20 @@ class IncrementalEngine:
         sink = ScoreSink(requests, results, on_done)
         if not groups:
             return []
-        cursor = self.runner.cursor(max(len(g.tokens) for g in groups))  # og refuses more than the context
-        # lexicographic order: each input shares the longest prefix with the one before
+        width = max(len(g.tokens) for g in groups)  # og refuses more than the context
+        cursor = self.runner.cursor(width)
+        run = 0
+        # lexicographic order: each input shares the longest prefix with the one before; exact mode (a graph
+        # whose numbers depend on the pass) gives every input a cursor of its own: nothing reused
         for group in sorted(groups, key=lambda g: g.tokens):
+            if self.settings.exact:
+                run, cursor = run + cursor.tokens_run, self.runner.cursor(width)
             k = max(n for _, n in group.members)
             rows = self._rows(cursor, group.tokens, k)
             sink.group(rows, group, k)
-        self.tokens_run += cursor.tokens_run
-        log.info("incremental: %d inputs, %d tokens run", len(groups), cursor.tokens_run)
+        run += cursor.tokens_run
+        self.tokens_run += run
+        log.info("incremental: %d inputs, %d tokens run", len(groups), run)
         return results  # type: ignore[return-value]
 
     def _rows(self, cursor, tokens: tuple[int, ...], k: int) -> np.ndarray:

@@ -15,6 +15,11 @@ a pass. This module owns the two checks that decide whether it does:
   no prefix reuse, full logits); a difference beyond the dtype's tolerance
   switches the run to exact mode.
 
+Also owns :class:`Verdicts`: a canary's verdict is an artefact like a score,
+filed in the result store (whose scope covers the package files, the run's
+settings and the versions) under a key naming the canary and the settings that
+shape its passes, so the same package and settings pay for it once.
+
 Pure functions over protos, token tuples and numpy arrays; ``onnx`` is
 imported lazily, no runtime.
 """
@@ -24,9 +29,10 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -265,3 +271,50 @@ def compare(configured: np.ndarray, exact: np.ndarray, tokens: np.ndarray, dtype
     diff = np.where(np.isfinite(diff), diff, np.inf)
     worst = int(np.argmax(diff / tol))
     return CanaryResult(bool(np.all(diff <= tol)), float(diff[worst]), worst, float(tol[worst]))
+
+
+# --- verdicts ---------------------------------------------------------------------------------------------
+
+
+class AnswerStore(Protocol):
+    """What :class:`Verdicts` needs of a store (:class:`ortevals.report.store.ResultStore` has it)."""
+
+    def get(self, kind: str, request: Any) -> Any | None: ...
+
+    def put(self, kind: str, request: Any, value: Any) -> None: ...
+
+    def commit(self) -> None: ...
+
+
+class Verdicts:
+    """Canary verdicts across runs. ``store`` (None: nothing is kept) keys by its scope; ``key`` adds what
+    the verdict depends on beyond it: which canary, and the settings that shape its passes."""
+
+    KIND = "canary"
+
+    def __init__(self, store: AnswerStore | None = None) -> None:
+        self.store = store
+
+    def get(self, key: Mapping[str, Any]) -> dict | None:
+        return self.store.get(self.KIND, dict(key)) if self.store is not None else None
+
+    def put(self, key: Mapping[str, Any], verdict: Mapping[str, Any]) -> None:
+        if self.store is not None:
+            self.store.put(self.KIND, dict(key), dict(verdict))
+            self.store.commit()  # a verdict is small and saves a canary: on disk at once
+
+    def canary(self, key: Mapping[str, Any]) -> tuple[CanaryResult, str] | None:
+        """A stored prefill canary's result and its mode line, if a run with this scope and ``key`` kept one."""
+        stored = self.get(key)
+        if stored is None:
+            return None
+        return CanaryResult(**stored["result"]), f"{stored['mode']}; stored verdict reused"
+
+    def keep_canary(self, key: Mapping[str, Any], result: CanaryResult, mode: str) -> None:
+        self.put(key, {"result": asdict(result), "mode": mode})
+
+
+def canary_key(kind: str, settings) -> dict:
+    """What a canary's verdict depends on beyond the store's scope: which canary, and the settings (a
+    dataclass) that shape its passes."""
+    return {"canary": kind, "settings": asdict(settings)}

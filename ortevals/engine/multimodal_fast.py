@@ -14,6 +14,11 @@ log-mel features and the expanded ``input_ids``) and runs the models itself:
   the same ids (:class:`PrefixKV`, a small LRU). Media tokens never enter that
   key: their embeddings depend on the media, not on the ids.
 
+Exact mode (``exact``: asked for, or a decoder whose numbers depend on the pass,
+engine/invariance.py) reuses nothing: each continuation is scored by one pass
+over the whole input (context with its media, the continuation but its last
+token) from an empty cache, as if run alone.
+
 This path serves ``loglikelihood``. ``generate`` stays on og's Generator (inherited):
 its decode loop keeps KV in place, where a raw-ORT step copies the growing past
 each token; measured on the fixture, 6.1 req/s on og's loop against 4.1 req/s
@@ -35,6 +40,9 @@ import numpy as np
 from ortevals.engine.multimodal import MediaEngine, MediaRequest
 from ortevals.engine.scoring import check_finite, continuation_logprob
 from ortevals.package.loader import ModelFile, ModelPackage
+from ortevals.package.multimodal import multimodal_spec
+from ortevals.package.scope import Reads
+from ortevals.runtime.reads import runner_reads, session_reads
 from ortevals.runtime.sessions import DecoderRunner
 
 log = logging.getLogger(__name__)
@@ -54,6 +62,24 @@ def fast_layout(package: ModelPackage) -> tuple[bool, str]:
                                    or not isinstance(model.get("audio_token_id"), int)):
         return False, "speech without an audio_features embedding input or model.audio_token_id"
     return True, ""
+
+
+def side_models(package: ModelPackage) -> dict[str, ModelFile]:
+    """The vision and speech models the fast path opens itself (raw onnxruntime), by role."""
+    spec = multimodal_spec(package)
+    out = {}
+    for role, path in (("vision", spec.vision_model), ("speech", spec.speech_model)):
+        if path is not None:
+            section = package.config["model"][role]
+            out[role] = ModelFile(role, path, dict(section.get("inputs") or {}), dict(section.get("outputs") or {}),
+                                  dict(section.get("session_options") or {}), (), ())
+    return out
+
+
+def fast_reads(package: ModelPackage, provider) -> list[Reads]:
+    """What the fast path opens besides og's processor: the decoder runner (no derived graph) and the
+    vision/speech sessions (:func:`side_models`)."""
+    return [*runner_reads(package, provider), *(session_reads(m, provider) for m in side_models(package).values())]
 
 
 def _emb_name(package: ModelPackage, name: str) -> str:
@@ -127,6 +153,7 @@ class FastMediaEngine(MediaEngine):
                                                         else set())
         self.prefixes = PrefixKV()
         self._sessions = None
+        self.exact = False  # one pass per input, nothing reused (set by the caller: Backends.exact)
 
     @property
     def sessions(self) -> tuple[EmbedsRunner, object, object]:
@@ -135,16 +162,9 @@ class FastMediaEngine(MediaEngine):
             from ortevals.runtime.opening import open_session
 
             runner = EmbedsRunner.open(self.package, self.provider)
-
-            def side(role: str, path):
-                if path is None:
-                    return None
-                section = self.package.config["model"][role]
-                mf = ModelFile(role, path, dict(section.get("inputs") or {}), dict(section.get("outputs") or {}),
-                               dict(section.get("session_options") or {}), (), ())
-                return open_session(mf, self.provider), mf
-
-            self._sessions = (runner, side("vision", self.spec.vision_model), side("speech", self.spec.speech_model))
+            models = side_models(self.package)
+            side = {role: (open_session(mf, self.provider), mf) for role, mf in models.items()}
+            self._sessions = (runner, side.get("vision"), side.get("speech"))
             log.info("media path: fast (og's processor, raw onnxruntime vision/speech/embedding/decoder)")
         return self._sessions
 
@@ -183,6 +203,8 @@ class FastMediaEngine(MediaEngine):
 
     def _score_group(self, context, media, conts, first: MediaRequest):
         name = f"loglikelihood request {first.describe()}"
+        if self.exact:
+            return self._score_exact(context, media, conts, name)
         ids, last, kv = self._context(context, media, name)
         self._check_length(len(ids) + max(len(c) for c in conts) - 1, name)
         runner = self.sessions[0]
@@ -193,6 +215,22 @@ class FastMediaEngine(MediaEngine):
                 embeds = runner.embed(np.asarray([cont[:-1]], np.int64), {})
                 rows.append(runner.run_embeds(embeds, kv)[0])
             logprob, greedy = continuation_logprob(np.concatenate(rows), cont)
+            results.append((check_finite(logprob, name), greedy))
+        return results
+
+
+    def _score_exact(self, context, media, conts, name: str):
+        """Each continuation in one pass over context + media + continuation[:-1], no past: nothing reused."""
+        processed = self.runner.process(self.prompt(context, media), media, name)
+        ids = list(processed.input_ids)
+        self._check_length(len(ids) + max(len(c) for c in conts) - 1, name)
+        runner = self.sessions[0]
+        features = self._features(processed.numpy())  # the request's own media: the same whatever else runs
+        results = []
+        for cont in conts:
+            embeds = runner.embed(np.asarray([ids + list(cont[:-1])], np.int64), features)
+            logits, _ = runner.run_embeds(embeds)
+            logprob, greedy = continuation_logprob(logits[len(ids) - 1:], cont)
             results.append((check_finite(logprob, name), greedy))
         return results
 

@@ -29,7 +29,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ortevals.engine.invariance import CanaryResult, compare, pick_canary, shorten, tolerance
+from ortevals.engine.invariance import CanaryResult, Verdicts, canary_key, compare, pick_canary, shorten, tolerance
 from ortevals.engine.prefix import PrefixPlan, plan_prefixes
 from ortevals.engine.scoring import NonFiniteScore, Score, ScoreSink, input_window
 from ortevals.errors import OrtEvalsError
@@ -152,9 +152,11 @@ def pad_right(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, n
 class PrefillEngine:
     """Scores log-likelihood requests with full-logit forward passes."""
 
-    def __init__(self, runner: Forward, settings: EngineSettings) -> None:
+    def __init__(self, runner: Forward, settings: EngineSettings, verdicts: Verdicts | None = None) -> None:
         self.runner = runner
         self.settings = settings
+        self.verdicts = verdicts or Verdicts()  # canary verdicts kept across runs (with a store)
+        self.canary_passes = 0  # forward passes the canary cost (0 when a stored verdict was reused)
         self.forward_passes = 0
         self.tokens_run = 0
         self.kv_bytes_per_token = settings.kv_bytes_per_token
@@ -173,8 +175,18 @@ class PrefillEngine:
         if self.settings.exact:
             return self.score_exact(requests, on_done)
         if self.settings.check and self.canary is None and self._can_differ():
-            return self._score_checked(requests, on_done)
+            if not self._stored_verdict():
+                return self._score_checked(requests, on_done)
+            return self.score(requests, on_done)
         return self.score_batched(requests, on_done)
+
+    def _stored_verdict(self) -> bool:
+        """Take the verdict a run with the same scope and settings kept, if any (issue 22 §9)."""
+        found = self.verdicts.canary(canary_key("prefill", self.settings))
+        if found is not None:
+            (self.canary, self.mode), exact = found, not found[0].passed
+            self.settings = replace(self.settings, exact=self.settings.exact or exact)
+        return found is not None
 
     def _can_differ(self) -> bool:
         """Whether the configured way is anything but one full-logits row per pass."""
@@ -202,7 +214,7 @@ class PrefillEngine:
         groups = plan_groups(requests, self.settings.max_length, self.settings.group_by_context)
         picked = [requests[groups[gi].members[0][0]] for gi in pick_canary([g.tokens for g in groups])]
         sub = [TokenRequest(c, x) for c, x in shorten([(r.context, r.continuation) for r in picked])]
-        before = self.tokens_run
+        key, before, passes = canary_key("prefill", self.settings), self.tokens_run, self.forward_passes
         try:
             exact = self.score_exact(sub)
             configured = self._canary_configured(sub)
@@ -212,7 +224,10 @@ class PrefillEngine:
             exact = configured = None
             self.canary = CanaryResult(False, float("nan"), e.index or 0, tolerance(self.settings.dtype, 1))
         self.canary_tokens += self.tokens_run - before
+        self.canary_passes += self.forward_passes - passes
         self._canary_verdict(sub, configured, exact)
+        if exact is not None:  # a non-finite score is the request's, not the graph's: not kept
+            self.verdicts.keep_canary(key, self.canary, self.mode)
         return self.score(requests, on_done)
 
     def _canary_configured(self, sub: list[TokenRequest]) -> list[Score]:

@@ -31,6 +31,7 @@ decodes one row per pass and never reuses a prefix. Token choice lives in
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -113,6 +114,16 @@ class SharedPromptSampler:
                       "row_steps": 0, "generated_tokens": 0}
         self._held: tuple[tuple[int, ...], object] | None = None  # last prompt and its one-row KV
         self._kv_rows = None
+
+    def fresh(self, exact: bool = False) -> SharedPromptSampler:
+        """A copy holding no prompt KV, with its own stats; ``exact``: one row per pass, no prefix reuse
+        (the generation canary's two ways, engine/gencanary.py)."""
+        self.kv_rows  # noqa: B018  (chosen once, shared by the copies)
+        other = copy.copy(self)
+        other._held, other.stats = None, dict.fromkeys(self.stats, 0)
+        if exact:
+            other.exact, other.prefix_cache = True, False
+        return other
 
     @property
     def kv_rows(self):

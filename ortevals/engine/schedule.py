@@ -62,11 +62,12 @@ def prompt_item(lm, args) -> tuple[list[int], object]:
 
 def run_generation(runner, tokenizer, items: Sequence[tuple[list[int], object]], keys: Sequence[list],
                    eos: set[int], width: int, pad_id: int | None, finish: Callable[[int, str, int], None],
-                   name: Callable[[int], str] = lambda i: f"request #{i}") -> None:
+                   name: Callable[[int], str] = lambda i: f"request #{i}", prefix_reuse: bool = True) -> None:
     """Generate every item; ``finish(index, text, tokens)`` fires as each one ends.
 
     width: greedy requests per batched Generator (1: all go through the rewinding cursor).
-    name: how an error names request i.
+    name: how an error names request i. prefix_reuse: False gives each request its own Generator
+    (exact mode, or the generation canary's verdict: engine/gencanary.py).
     """
     from ortevals.engine.generation import can_batch, generate, generate_batch
 
@@ -86,4 +87,5 @@ def run_generation(runner, tokenizer, items: Sequence[tuple[list[int], object]],
         for i in singles:
             ids, settings = items[i]
             rng = sample_rng(settings.seed, keys[i])
-            finish(i, *generate(cursor, tokenizer, ids, settings, eos, rng, name=name(i)))
+            here = cursor if prefix_reuse else runner.cursor(len(ids) + settings.max_gen_toks)
+            finish(i, *generate(here, tokenizer, ids, settings, eos, rng, name=name(i)))

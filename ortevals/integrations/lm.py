@@ -12,6 +12,7 @@ also what lm-eval's ``create_from_arg_string`` / ``create_from_arg_obj`` call.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -24,16 +25,22 @@ from ortevals.engine.backends import Backends
 from ortevals.engine.prefill import EngineSettings, Score, TokenRequest
 from ortevals.engine.scoring import NonFiniteScore, context_limit, describe_request, fits
 from ortevals.errors import OrtEvalsError
+from ortevals.files import cache_root, store_path
 from ortevals.options import ModelArgs, parse_model_args, scoped_settings
 from ortevals.package.loader import CONFIG_NAME, ModelPackage
-from ortevals.package.tokenizer import Tokenizer
+from ortevals.package.scope import Reads
+from ortevals.package.tokenizer import Tokenizer, tokenizer_reads
 from ortevals.report import resume
-from ortevals.report.store import ResultStore, Scope
+from ortevals.report.scope import results_scope
+from ortevals.report.store import ResultStore
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_LENGTH = 2048
 __all__ = ["ModelArgs", "OrtLM"]
 CPU_TOKEN_BUDGET = 1024  # auto batch on CPU: more tokens per pass only add memory traffic
+NO_STORE = ("none", "off", "false", "no")  # store=none: no result store (lm-eval's route has one by default)
+# lm-eval's own code splits context/continuation (_encode_pair) and cuts rolling windows
+LM_EVAL_READS = Reads("lm-eval requests", dists=("lm-eval",))
 
 
 class OrtLM(TemplateLM):
@@ -58,12 +65,13 @@ class OrtLM(TemplateLM):
 
         self.media = MediaRouter(self)  # issue 13: opens nothing until a request carries media
         self.sample_logprobs: dict[str, tuple[float, int]] = {}  # store key (JSON) → (log-prob, tokens)
+        self._modes: dict[str, str] = {}  # which mode ran and why, per request kind (stats["mode"] joins them)
+        self._gen_plans: dict[str, tuple] = {}  # generation canary's plan per path, decided once
 
     @classmethod
     def from_package(cls, args: ModelArgs) -> OrtLM:
         """Load the package and tokenizer; open the log-likelihood path now, generation on first use."""
         from ortevals.engine.generation import SEARCH_POLICY
-        from ortevals.files import cache_root
         from ortevals.runtime.buffers import kv_bytes_per_token
         from ortevals.runtime.providers import from_package, parse_options
 
@@ -88,20 +96,22 @@ class OrtLM(TemplateLM):
         )
         if args.prefix_cache and package.windowed:
             log.info("prefix cache off: %s keeps a windowed sliding KV cache", package.root)
-        backends = Backends(package, provider, settings, args.path, cache_root() if args.scoring_graph else None)
+        backends = Backends(package, provider, settings, args.path, cache_root() if args.scoring_graph else None,
+                            args.gen_path, args.media_path)
         workers = bool(args.workers or args.ray_address)  # issue 20: the driver opens no session (workers do)
         if backends.loglikelihood_path == "prefill" and not workers:
             backends.prefill  # noqa: B018  (open now: a bad package fails before any data is loaded)
         log.info("loglikelihood requests go to the %s path%s", backends.loglikelihood_path,
                  f" ({backends.capability.reason})" if backends.capability.reason else "")
         store = None
-        if args.store:
-            # the scope: package files, versions, every option that can change a number (ortevals/scope.py),
-            # and what they resolved to (raw sessions get the filtered provider options)
-            settings_scope = scoped_settings(args) | {
-                "resolved_provider": provider.name, "resolved_provider_options": provider.raw_options,
-                "effective_max_length": settings.max_length, "search_policy": SEARCH_POLICY}
-            store = ResultStore.open(Path(args.store), Scope.build("results", package, settings_scope))
+        if args.store and args.store.lower() not in NO_STORE:
+            # the scope: what every path of this run reads (files, the settings each hands its runtime, the
+            # libraries that compute; package/scope.py) and every option that can change a number
+            run_settings = scoped_settings(args) | {"effective_max_length": settings.max_length,
+                                                    "search_policy": SEARCH_POLICY}
+            reads = [tokenizer_reads(package), LM_EVAL_READS, *backends.reads()]
+            store = ResultStore.open(Path(args.store), results_scope(package.root, reads, run_settings))
+            backends.verdicts.store = store  # canary verdicts are kept under the same scope (issue 22 §9)
         lm = cls(package, tokenizer, backends, args, store)
         if workers:  # issue 15: data parallel on Ray; the cluster starts on first use
             from ortevals.integrations.ray import WorkerPool
@@ -127,8 +137,15 @@ class OrtLM(TemplateLM):
 
     @classmethod
     def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> OrtLM:
+        """lm-eval's (and lmms-eval's) route. It resumes like the CLI: the package's result store in the
+        ortevals cache (the same file, the same scope for the same settings) unless ``store=PATH`` names
+        another or ``store=none`` turns it off."""
         merged = {**arg_dict, **{k: v for k, v in (additional_config or {}).items() if v is not None}}
-        return cls.from_package(parse_model_args(merged))
+        off = "store" in merged and (merged["store"] in (None, False) or str(merged["store"]).lower() in NO_STORE)
+        args = parse_model_args({k: v for k, v in merged.items() if not (off and k == "store")})
+        if args.store is None and not off:
+            args = dataclasses.replace(args, store=str(store_path(args.pkg)))
+        return cls.from_package(args)
 
     # --- lm-eval properties -------------------------------------------------
     @property
@@ -241,7 +258,7 @@ class OrtLM(TemplateLM):
 
     def _generate(self, requests, keys: list[list], disable_tqdm: bool) -> list[str]:
         from ortevals.engine.generation import request_name
-        from ortevals.engine.schedule import prompt_item, run_generation
+        from ortevals.engine.schedule import prompt_item
 
         items = [prompt_item(self, req.args) for req in requests]
         if not items:
@@ -272,29 +289,59 @@ class OrtLM(TemplateLM):
                 return self.pool.generate([r.args for r in requests], keys, [it[0] for it in items],
                                           lambda i, text, lp, n: finish(i, text, n, lp), self._commit)
             if path == "raw":  # issue 14: one prompt pass, K rows decoded together (engine/sampler.py)
-                from ortevals.engine.sampler import run_sampling
-
-                run_sampling(self._sampler(), items, keys, lambda i, s: finish(i, s.text, s.tokens, s.logprob),
-                             name=lambda i: request_name(i, requests[i]))
-                return results
-            width = self.args.gen_batch_size if runner.rewind_ok else 1  # batches only where og is exact
-            run_generation(runner, self.tokenizer, items, keys, {self.eot_token_id, *self.package.eos_token_ids},
-                           width, self.package.pad_token_id, finish,
-                           name=lambda i: request_name(i, requests[i]))  # errors name the request
+                self._generate_raw(items, keys, lambda i, s: finish(i, s.text, s.tokens, s.logprob), name)
+            else:
+                self._generate_og(runner, items, keys, finish, name)
         finally:
             bar.close()
             self.stats["requests"] += len(items)
             self.stats["seconds"] += time.perf_counter() - start
         return results
 
+    def _generate_raw(self, items, keys: list[list], finish, name) -> None:
+        """The raw path, after the generation canary (engine/gencanary.py) where it applies."""
+        from ortevals.engine.gencanary import raw_plan
+        from ortevals.engine.sampler import run_sampling
+
+        sampler = self._sampler()
+        self._gen_check("raw", lambda: raw_plan(sampler, items, keys, name, self._dtype, self.args.check,
+                                                self.backends.verdicts))
+        run_sampling(sampler, items, keys, finish, name=name)
+
+    def _generate_og(self, runner, items, keys: list[list], finish, name) -> None:
+        """og's path: batched greedy Generators and the rewinding cursor, as exact mode and the canary allow."""
+        from ortevals.engine.gencanary import og_plan
+        from ortevals.engine.schedule import run_generation
+
+        eos = {self.eot_token_id, *self.package.eos_token_ids}
+        width, reuse = self._gen_check("og", lambda: og_plan(
+            runner, self.tokenizer, items, keys, eos, self.package.pad_token_id, self.args.gen_batch_size,
+            self.backends.exact, self.args.check, self.backends.verdicts, name))
+        run_generation(runner, self.tokenizer, items, keys, eos, width, self.package.pad_token_id, finish,
+                       name=name, prefix_reuse=reuse)  # errors name the request
+
+    def _gen_check(self, path: str, plan):
+        """The generation canary's plan (engine/gencanary.py), made once per run and path; its mode joins
+        the run's mode. Returns the og path's (width, prefix reuse)."""
+        if path not in self._gen_plans:
+            out = plan()
+            mode = out if isinstance(out, str) else out[2]
+            self._gen_plans[path] = out[:2] if not isinstance(out, str) else ()
+            self._set_mode("generate_until", mode)
+        return self._gen_plans[path]
+
+    def _set_mode(self, kind: str, mode: str) -> None:
+        if mode:
+            self._modes[kind] = mode
+        self.stats["mode"] = "; ".join(self._modes.values())
+
+    @property
+    def _dtype(self) -> str:
+        return self.backends.prefill_choice[0].dtype
+
     def _generation_path(self) -> str:
         """raw (engine/sampler.py) or og, from gen_path and what the package allows."""
-        from ortevals.engine.sampler import can_serve
-
-        ok, why = can_serve(self.package, self.backends.capability)
-        if self.args.gen_path == "raw" and not ok:
-            raise OrtEvalsError(f"gen_path=raw is impossible for this package: {why}")
-        path = self.args.gen_path if self.args.gen_path != "auto" else ("raw" if ok else "og")
+        path, why = self.backends.generation_path()
         if path == "og":
             log.info("generate_until goes to the onnxruntime-genai path%s", f" ({why})" if why else "")
         return path
@@ -308,6 +355,8 @@ class OrtLM(TemplateLM):
             self._raw_sampler = SharedPromptSampler(
                 prefill.runner, self.tokenizer, {self.eot_token_id, *self.package.eos_token_ids},
                 exact=prefill.settings.exact, prefix_cache=self.args.prefix_cache)
+        if self.backends.exact and not self._raw_sampler.exact:  # the log-likelihood canary tripped since
+            self._raw_sampler.exact, self._raw_sampler.prefix_cache = True, False
         return self._raw_sampler
 
     def chat_template(self, chat_template: bool | str = False) -> str | None:
@@ -337,5 +386,5 @@ class OrtLM(TemplateLM):
             bar.close()
             self.stats["requests"] += len(token_reqs)
             self.stats["seconds"] += time.perf_counter() - start
-            self.stats["mode"] = (self.pool.modes or ["batched"])[0] if self.pool is not None else \
-                getattr(self.engine, "mode", "incremental")  # which mode ran and why
+            self._set_mode("loglikelihood", (self.pool.modes or ["batched"])[0] if self.pool is not None else
+                           getattr(self.engine, "mode", "incremental"))  # which mode ran and why

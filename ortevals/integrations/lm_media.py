@@ -52,6 +52,8 @@ class MediaRouter:
             lm = self.lm
             self._engine = MediaEngine.open(lm.package, lm.tokenizer, lm.backends.provider, lm.max_length,
                                             {lm.eot_token_id}, lm.args.media_path)
+        # exact mode as the text path has it now (asked for, detected, or the canary's verdict)
+        self._engine.exact = self.lm.backends.exact
         return self._engine
 
     def media(self, args) -> tuple[Media, ...]:

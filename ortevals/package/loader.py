@@ -31,10 +31,6 @@ from ortevals.runtime.providers import check_session_options
 log = logging.getLogger(__name__)
 
 CONFIG_NAME = "genai_config.json"
-# files besides config and models whose bytes can change a number: tokenization, chat template, generation
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                   "tokenizer.model", "chat_template.jinja", "chat_template.json", "generation_config.json")
-VOCAB_PREFIXES = ("vocab", "merges")  # vocab.json, vocab.txt, merges.txt, ...
 Dim = int | str | None
 
 
@@ -133,20 +129,14 @@ class ModelPackage:
         return out.shape[1] if out is not None and len(out.shape) == 3 else None
 
     def model_files(self) -> list[Path]:
-        """Every file whose bytes define the scores: config, ONNX models, external data."""
+        """Config, decoder/embedding models and their external data (the fingerprint's files; the result
+        store's scope is built from what each path reads instead: package/scope.py)."""
         files = [self.root / CONFIG_NAME]
         for m in (self.embedding, self.decoder):
             if m is not None:
                 files.append(m.path)
                 files.extend(sorted(external_data_files(m.path)))
         return files
-
-    def scope_files(self) -> list[Path]:
-        """Every file that defines a number: :meth:`model_files` plus the tokenizer files, chat template
-        and generation config present in the folder (the result store's scope hashes these)."""
-        extra = sorted(p for p in self.root.iterdir() if p.is_file()
-                       and (p.name in TOKENIZER_FILES or p.name.startswith(VOCAB_PREFIXES)))
-        return self.model_files() + extra
 
     def fingerprint(self) -> str:
         """A short hash of config + model files (size, mtime and head/tail bytes)."""

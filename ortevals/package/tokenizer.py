@@ -17,8 +17,29 @@ from typing import Any
 
 from ortevals.errors import PackageError
 from ortevals.package.loader import ModelPackage
+from ortevals.package.scope import Reads
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TokenizerFiles:
+    """The files :meth:`Tokenizer.load` opens (the template file only when the config has no template)."""
+
+    tokenizer: Path
+    config: Path
+    template: Path
+
+
+def tokenizer_files(root: Path) -> TokenizerFiles:
+    return TokenizerFiles(root / "tokenizer.json", root / "tokenizer_config.json", root / "chat_template.jinja")
+
+
+def tokenizer_reads(package: ModelPackage) -> Reads:
+    """What :meth:`Tokenizer.load` reads: :func:`tokenizer_files`; tokenization is the ``tokenizers``
+    library's and chat templates render with ``jinja2``."""
+    f = tokenizer_files(package.root)
+    return Reads("tokenizer", (f.tokenizer, f.config, f.template), {}, ("tokenizers", "jinja2"))
 
 
 @dataclass(frozen=True)
@@ -44,19 +65,19 @@ class Tokenizer:
             from tokenizers import Tokenizer as HFTokenizer
         except ImportError:
             raise PackageError("the 'tokenizers' package is required: pip install tokenizers") from None
-        path = package.root / "tokenizer.json"
+        files = tokenizer_files(package.root)
+        path = files.tokenizer
         if not path.is_file():
             raise PackageError(f"{path}: not found; ortevals needs the package's tokenizer.json")
         try:
             backend = HFTokenizer.from_file(str(path))
         except Exception as e:
             raise PackageError(f"{path}: not a valid tokenizers file ({e})") from None
-        cfg = _read_json(package.root / "tokenizer_config.json")
+        cfg = _read_json(files.config)
         special = _special_tokens(backend, cfg, package)
         template = cfg.get("chat_template") if isinstance(cfg.get("chat_template"), str) else None
-        template_file = package.root / "chat_template.jinja"
-        if template is None and template_file.is_file():
-            template = template_file.read_text(encoding="utf-8")
+        if template is None and files.template.is_file():
+            template = files.template.read_text(encoding="utf-8")
         _check_vocab(backend, package, path)
         return cls(backend, special, template, add_bos_token)
 

@@ -59,8 +59,8 @@ def info_text(root: Path) -> str:
             for desc, rows in e.scopes:
                 v, settings = desc.get("versions", {}), desc.get("settings", {})
                 lines.append(f"    scope {desc.get('digest', '?')[:12]}: {desc.get('package')}  {rows} rows  "
-                             f"ortevals {v.get('ortevals')} (source {str(v.get('ortevals-source'))[:12]}), "
-                             f"{v.get('onnxruntime')}, {v.get('onnxruntime-genai')}"
+                             f"ortevals {v.get('ortevals')} (source {str(v.get('ortevals-source'))[:12]})"
+                             + "".join(f", {v[k]}" for k in ("onnxruntime", "onnxruntime-genai") if k in v)
                              + "".join(f"  {k}={json.dumps(settings.get(k))}" for k in differ))
     return "\n".join(lines)
 

@@ -20,14 +20,16 @@ the arithmetic is the host path's (engine/scoring.py; see ``_add_scores``). A pa
 stays, for the probe and callers that ask for it.
 
 The derived ``model.onnx`` is cached under ``<cache>/derived/<scope>/``, where
-``<scope>`` is the digest of a :class:`~ortevals.report.scope.Scope` over the decoder
-and its external data, the logits output name, the rewrite's version and
-options (``REWRITE``), and the ortevals (source included), onnxruntime and
-onnxruntime-genai versions: a fix to this rewrite
-reaches packages derived before it, and run settings (batch size, ...) that do
-not shape the graph share one copy. ``scope.json`` beside it says what went in.
-Weights are not copied, the session reads them from the package folder. The
-package folder is never written to.
+``<scope>`` is the digest of a :class:`~ortevals.package.scope.Scope` over exactly
+what the rewrite reads (:func:`derive_reads`): the decoder's graph file (its
+protobuf, not its weights), the logits output name, the rewrite's version and
+options (``REWRITE``), and the ortevals (source included) and onnx versions. A
+fix to this rewrite reaches packages derived before it, and run settings (batch
+size, ...) that do not shape the graph share one copy. ``scope.json`` beside it
+says what went in. Weights are not copied: the session reads them from the
+package folder (their files are in the sessions' own records,
+:func:`ortevals.runtime.reads.session_reads`). The package folder is never
+written to.
 """
 
 from __future__ import annotations
@@ -37,9 +39,8 @@ import logging
 from pathlib import Path
 
 from ortevals.files import atomic_write, atomic_write_bytes
-from ortevals.package.graph import external_data_files
 from ortevals.package.loader import ModelPackage
-from ortevals.report.scope import Scope
+from ortevals.package.scope import Reads, Scope
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +69,15 @@ def derived_decoder(package: ModelPackage, cache: Path) -> Path | None:
     return target
 
 
+def derive_reads(package: ModelPackage) -> Reads:
+    """What :func:`_derive` reads: the decoder's graph without its external data, the logits name; and the
+    rewrite it applies (``REWRITE``)."""
+    return Reads("derived graph", (package.decoder.path,), {"logits_name": package.logits_name, **REWRITE}, ("onnx",))
+
+
 def derive_scope(package: ModelPackage) -> Scope:
-    """What the derived graph depends on: the decoder, its data, the logits name, the versions."""
-    decoder = package.decoder.path
-    return Scope.build("derived", package, {"logits_name": package.logits_name, **REWRITE},
-                       files=[decoder, *sorted(external_data_files(decoder))])
+    """The key of the derived graph: exactly :func:`derive_reads`, and the versions."""
+    return Scope.build("derived", package.root, [derive_reads(package)])
 
 
 def derived_path(package: ModelPackage, cache: Path, scope: Scope | None = None) -> Path:
@@ -84,11 +89,14 @@ def _derive(package: ModelPackage) -> bytes | None:
     import onnx
     from onnx import TensorProto, helper
 
-    model = onnx.load(str(package.decoder.path), load_external_data=False)
+    reads = derive_reads(package)
+    (decoder,) = reads.files
+    model = onnx.load(str(decoder), load_external_data=False)
     graph = model.graph
-    head = _find_head(graph, package.logits_name)
+    logits_name = reads.settings["logits_name"]
+    head = _find_head(graph, logits_name)
     if head is None:
-        log.info("no LM head MatMul found before %s: full logits will be returned", package.logits_name)
+        log.info("no LM head MatMul found before %s: full logits will be returned", logits_name)
         return None
     gathered = f"{POSITIONS}/hidden"
     gather = helper.make_node("GatherND", [head.input[0], POSITIONS], [gathered], name=f"{POSITIONS}/GatherND",
@@ -98,9 +106,9 @@ def _derive(package: ModelPackage) -> bytes | None:
     graph.node.insert(nodes.index(head), gather)
     graph.input.append(helper.make_tensor_value_info(POSITIONS, TensorProto.INT64, ["batch_size", "positions", 1]))
     for out in graph.output:
-        if out.name == package.logits_name and len(out.type.tensor_type.shape.dim) == 3:
+        if out.name == logits_name and len(out.type.tensor_type.shape.dim) == 3:
             out.type.tensor_type.shape.dim[1].dim_param = "positions"
-    _add_scores(model, package.logits_name)
+    _add_scores(model, logits_name)
     return model.SerializeToString()
 
 

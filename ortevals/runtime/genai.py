@@ -25,7 +25,9 @@ import numpy as np
 
 from ortevals.engine.prefix import common_prefix
 from ortevals.errors import PackageError, ProviderError, first_line
-from ortevals.package.loader import ModelPackage
+from ortevals.package.graph import external_data_files
+from ortevals.package.loader import CONFIG_NAME, ModelPackage, resolve_inside
+from ortevals.package.scope import Reads
 from ortevals.runtime import import_og
 from ortevals.runtime.providers import ProviderConfig
 
@@ -40,6 +42,55 @@ NEUTRAL_SEARCH = {"do_sample": False, "num_beams": 1, "num_return_sequences": 1,
                   "min_length": 0, "no_repeat_ngram_size": 0, "length_penalty": 1.0, "diversity_penalty": 0.0,
                   "temperature": 1.0, "top_k": 0, "top_p": 1.0, "early_stopping": True}
 STUB_VISION = "ortevals-text-only-vision-stub.onnx"  # a name no package file has; held in memory only
+# files og 0.18 opens in the package folder whenever it builds a Config, when they are present (strace:
+# tests/test_scope.py::test_every_file_a_run_opens_is_in_its_scope)
+OG_CONFIG_FILES = (CONFIG_NAME, "manifest.json", "virtual_model.onnx")
+TEXT_SECTIONS = ("decoder", "embedding")
+
+
+def og_settings(package: ModelPackage, provider: ProviderConfig, sections: tuple[str, ...]) -> dict:
+    """Everything og is handed that can change a number (:func:`og_config` and the openers pass exactly
+    this): the provider and every option of it (og gets them all; on CPU none is appended), the thread
+    overlay of ``sections`` and the neutral search options."""
+    model = package.config["model"]
+    threads = {"intra_op_num_threads": provider.intra_op_threads, "inter_op_num_threads": 1}
+    return {"provider": provider.name,
+            "provider_options": dict(provider.options) if provider.name != "cpu" else {},
+            "overlay": {"model": {s: {"session_options": threads} for s in sections
+                                  if isinstance(model.get(s), dict)
+                                  and (s in TEXT_SECTIONS or model[s].get("filename"))}},
+            "search": NEUTRAL_SEARCH}
+
+
+def og_files(package: ModelPackage, sections: tuple[str, ...], extra: tuple[str, ...] = ()) -> list:
+    """The package files og opens for a Config over ``sections``: the config files it probes, each
+    section's model and external data, and each section's ``extra`` keys (``config_filename``).
+    A name that does not resolve inside the package is left out (the opener refuses it)."""
+    model = package.config["model"]
+    files = [package.root / n for n in OG_CONFIG_FILES]
+    for section in sections:
+        part = model.get(section)
+        if not isinstance(part, dict):
+            continue
+        for key in ("filename", *extra):
+            name = part.get(key)
+            if not name:
+                continue
+            try:
+                path = resolve_inside(package.root, name, f"model.{section}.{key}")
+            except PackageError:
+                continue
+            files.append(path)
+            if key == "filename" and path.suffix == ".onnx" and path.is_file():
+                files.extend(sorted(external_data_files(path)))
+    return files
+
+
+def genai_reads(package: ModelPackage, provider: ProviderConfig) -> Reads:
+    """What :meth:`GenaiRunner.open` reads: the text-only Config (vision held in memory, speech blanked)."""
+    return Reads("onnxruntime-genai", tuple(og_files(package, TEXT_SECTIONS)),
+                 {**og_settings(package, provider, TEXT_SECTIONS), "text_only": bool(text_only(package)[0])},
+                 ("onnxruntime-genai", "onnxruntime"))
 
 
 def text_only(package: ModelPackage) -> tuple[dict, dict[str, bytes]]:
@@ -98,8 +149,8 @@ def rewind_is_exact(package: ModelPackage) -> tuple[bool, str]:
 
 
 def og_config(og, package: ModelPackage, provider: ProviderConfig, sections: tuple[str, ...]):
-    """An ``og.Config`` on exactly the provider asked for (CPU: none appended), after refusing a package
-    whose ``sections`` name a native custom-ops library (never loaded from a package)."""
+    """An ``og.Config`` handed exactly :func:`og_settings` (CPU: no provider appended), after refusing a
+    package whose ``sections`` name a native custom-ops library (never loaded from a package)."""
     model = package.config["model"]
     for section in sections:
         opts = model[section].get("session_options", {}) if isinstance(model.get(section), dict) else {}
@@ -107,15 +158,17 @@ def og_config(og, package: ModelPackage, provider: ProviderConfig, sections: tup
             raise PackageError(f"{package.root / 'genai_config.json'}: model.{section}.session_options."
                                "custom_ops_library is set; ortevals does not load native libraries "
                                "named by a package")
+    settings = og_settings(package, provider, sections)
     config = og.Config(str(package.root))
     config.clear_providers()
-    if provider.name != "cpu":
+    if settings["provider"] != "cpu":
         try:
-            config.append_provider(provider.name)
-            for key, value in provider.options.items():
-                config.set_provider_option(provider.name, key, value)
+            config.append_provider(settings["provider"])
+            for key, value in settings["provider_options"].items():
+                config.set_provider_option(settings["provider"], key, value)
         except Exception as e:
             raise ProviderError(f"onnxruntime-genai cannot use provider {provider.name!r}: {e}") from None
+    config.overlay(json.dumps(settings["overlay"]))
     return config
 
 
@@ -132,11 +185,7 @@ class GenaiRunner:
     @classmethod
     def open(cls, package: ModelPackage, provider: ProviderConfig) -> GenaiRunner:
         og = import_og()
-        config = og_config(og, package, provider, ("decoder", "embedding"))
-        threads = {"intra_op_num_threads": provider.intra_op_threads, "inter_op_num_threads": 1}
-        overlay = {"model": {s: {"session_options": threads} for s in ("decoder", "embedding")
-                             if s in package.config["model"]}}
-        config.overlay(json.dumps(overlay))
+        config = og_config(og, package, provider, TEXT_SECTIONS)
         mm_overlay, stubs = text_only(package)
         if mm_overlay:
             config.overlay(json.dumps(mm_overlay))

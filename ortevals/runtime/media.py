@@ -15,7 +15,6 @@ request that carries media; text requests never come here.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 
@@ -24,12 +23,30 @@ import numpy as np
 from ortevals.errors import OrtEvalsError, PackageError, first_line
 from ortevals.package.loader import ModelPackage
 from ortevals.package.media import Media
+from ortevals.package.scope import Reads
 from ortevals.runtime import import_og
-from ortevals.runtime.genai import NEUTRAL_SEARCH, og_config
+from ortevals.runtime.genai import NEUTRAL_SEARCH, og_config, og_files, og_settings
 from ortevals.runtime.providers import ProviderConfig
 
 log = logging.getLogger(__name__)
 SECTIONS = ("decoder", "embedding", "vision", "speech")
+# what og's processor reads besides each section's config_filename: its tokenizer (ort-extensions) opens
+# these when present; a black box, so every name it may read is keyed (absent ones as absent)
+OG_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer_module.json", "tokenizer.model",
+                      "special_tokens_map.json", "added_tokens.json", "vocab.json", "vocab.txt", "merges.txt")
+
+
+def media_reads(package: ModelPackage, provider: ProviderConfig) -> Reads:
+    """What :meth:`MediaRunner.open` and its processor read: every section's model and external data,
+    the vision processor config (``processor_config.json`` when unnamed, as og defaults) and the speech
+    feature config, og's tokenizer files, and :func:`~ortevals.runtime.genai.og_settings`."""
+    files = og_files(package, SECTIONS, ("config_filename",))
+    vision = package.config["model"].get("vision")
+    if isinstance(vision, dict) and vision.get("filename") and not vision.get("config_filename"):
+        files.append(package.root / "processor_config.json")
+    files.extend(package.root / n for n in OG_TOKENIZER_FILES)
+    return Reads("onnxruntime-genai media", tuple(files), og_settings(package, provider, SECTIONS),
+                 ("onnxruntime-genai", "onnxruntime"))
 
 
 @dataclass(frozen=True)
@@ -58,13 +75,7 @@ class MediaRunner:
     @classmethod
     def open(cls, package: ModelPackage, provider: ProviderConfig) -> MediaRunner:
         og = import_og()
-        model = package.config["model"]
         config = og_config(og, package, provider, SECTIONS)
-        threads = {"intra_op_num_threads": provider.intra_op_threads, "inter_op_num_threads": 1}
-        overlay = {"model": {s: {"session_options": threads} for s in SECTIONS
-                             if isinstance(model.get(s), dict) and (s in ("decoder", "embedding")
-                                                                    or model[s].get("filename"))}}
-        config.overlay(json.dumps(overlay))
         try:
             og_model = og.Model(config)
             runner = cls(package, og_model, og)

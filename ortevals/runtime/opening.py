@@ -1,8 +1,10 @@
 """Opening raw onnxruntime sessions: options, provider check.
 
-Owns the ``SessionOptions`` built from a provider config, opening one model
-file as an ``InferenceSession`` (availability checked first; a derived graph
-reads its weights from the package folder), and the check after opening: if
+Owns the ``SessionOptions`` built from a session's record
+(:func:`ortevals.runtime.reads.session_reads`: what the result store's scope holds
+is what the session is handed), opening one model file as an ``InferenceSession``
+(availability checked first; a derived graph reads its weights from the package
+folder), and the check after opening: if
 onnxruntime put the session on another provider than the one asked for (it
 falls back to CPU with only a warning), that is an error naming the provider,
 the file and the likely fix.
@@ -17,22 +19,24 @@ from ortevals.errors import PackageError, ProviderError, first_line
 from ortevals.package.loader import ModelFile
 from ortevals.runtime import import_ort
 from ortevals.runtime.providers import ProviderConfig
+from ortevals.runtime.reads import session_reads
 
 log = logging.getLogger(__name__)
 
 
-def session_options(provider: ProviderConfig, model: ModelFile):
-    """ORT SessionOptions from the provider config (threads, log level, config entries)."""
+def session_options(settings: dict, model: ModelFile):
+    """ORT SessionOptions from a session's record (:func:`~ortevals.runtime.reads.session_settings`:
+    threads, optimization level, config entries)."""
     ort = import_ort()
     so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, settings["graph_optimization_level"])
     # warnings shown: a provider fallback or a missing kernel is announced by ORT itself (a normal CPU
     # run of the test fixtures and SmolLM2 prints nothing even at level 1); -vv shows ORT's info lines
     so.log_severity_level = 1 if log.isEnabledFor(logging.DEBUG) else 2
-    if provider.intra_op_threads:
-        so.intra_op_num_threads = provider.intra_op_threads
-    so.inter_op_num_threads = 1
-    for key, value in provider.session_config.items():
+    if settings["intra_op_num_threads"]:
+        so.intra_op_num_threads = settings["intra_op_num_threads"]
+    so.inter_op_num_threads = settings["inter_op_num_threads"]
+    for key, value in settings["session_config"].items():
         so.add_session_config_entry(key, value)
     if model.session_options.get("custom_ops_library"):
         raise PackageError(
@@ -43,7 +47,8 @@ def session_options(provider: ProviderConfig, model: ModelFile):
 
 
 def open_session(model: ModelFile, provider: ProviderConfig, derived: Path | None = None):
-    """One InferenceSession on ``provider``; availability is checked first.
+    """One InferenceSession on ``provider``; availability is checked first. It is handed exactly its
+    record's settings (:func:`~ortevals.runtime.reads.session_reads`).
 
     ``derived``: a rewritten copy of ``model``'s graph whose weights stay in the package folder.
     """
@@ -54,10 +59,11 @@ def open_session(model: ModelFile, provider: ProviderConfig, derived: Path | Non
             f"execution provider {provider.name!r} ({provider.ort_name}) is not available in this onnxruntime "
             f"install; available: {', '.join(available)}"
         )
-    providers = [(provider.ort_name, provider.raw_options)]  # og-only options (cuda graphs) filtered out
+    settings = session_reads(model, provider).settings
+    providers = [(settings["provider"], settings["provider_options"])]  # og-only options (cuda graphs) filtered out
     if provider.name != "cpu":
         providers.append(("CPUExecutionProvider", {}))
-    so = session_options(provider, model)
+    so = session_options(settings, model)
     if derived is not None:
         so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(model.path.parent))
     try:

@@ -1,0 +1,43 @@
+"""What ortevals' own onnxruntime sessions read: the record each is opened with.
+
+Owns :func:`session_settings` (everything a raw session is handed that can change a number),
+:func:`session_reads` (a model's graph and external data with those settings) and
+:func:`runner_reads` (a :class:`~ortevals.runtime.sessions.DecoderRunner`'s sessions and, with a
+cache, the derived scoring graph). :func:`ortevals.runtime.opening.open_session` takes its
+providers, options and threads from :func:`session_reads`' record, so what a session is handed
+and what the result store's scope holds (:mod:`ortevals.package.scope`) are one value.
+
+Pure: reads graph protobufs for external-data names, imports no runtime.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ortevals.package.graph import external_data_files
+from ortevals.package.loader import ModelFile, ModelPackage
+from ortevals.package.scope import Reads
+from ortevals.runtime.derive import derive_reads
+from ortevals.runtime.providers import ProviderConfig
+
+
+def session_settings(provider: ProviderConfig) -> dict:
+    """Everything a raw session is handed that can change a number (:func:`open_session` passes exactly
+    this): the provider, its options filtered for raw sessions (``raw_options``), threads, graph
+    optimization level and session config entries."""
+    return {"provider": provider.ort_name, "provider_options": dict(provider.raw_options),
+            "intra_op_num_threads": provider.intra_op_threads, "inter_op_num_threads": 1,
+            "graph_optimization_level": "ORT_ENABLE_ALL", "session_config": dict(provider.session_config)}
+
+
+def session_reads(model: ModelFile, provider: ProviderConfig) -> Reads:
+    """What :func:`open_session` reads for ``model``: its graph, its external data, :func:`session_settings`."""
+    return Reads("raw sessions", (model.path, *sorted(external_data_files(model.path))), session_settings(provider),
+                 ("onnxruntime",))
+
+
+def runner_reads(package: ModelPackage, provider: ProviderConfig, cache: Path | None = None) -> list[Reads]:
+    """What :meth:`DecoderRunner.open` reads: embedding and decoder sessions, and with ``cache`` the
+    derived scoring graph (built from :func:`~ortevals.runtime.derive.derive_reads`)."""
+    models = [m for m in (package.embedding, package.decoder) if m is not None]
+    return [*(session_reads(m, provider) for m in models), *([derive_reads(package)] if cache is not None else [])]
