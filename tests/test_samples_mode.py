@@ -6,7 +6,7 @@ import json
 import pytest
 
 from ortevals.errors import OrtEvalsError
-from ortevals.report.samples import add_scaling, sample_answers, sampling_gen_kwargs, with_samples
+from ortevals.report.samples import add_scaling, sample_answers, sampling_kwargs, with_samples
 
 
 @pytest.fixture(scope="module")
@@ -18,14 +18,68 @@ def cot_config():
     return task_specs(preset, resolve_data(preset, "bundled"))[0]
 
 
-def test_configs_get_repeats_and_sampling_defaults(cot_config):
+def test_configs_get_repeats_and_sampling_defaults(cot_config, caplog):
+    """--samples rewrites each generate_until task's own settings to sample; the YAML says do_sample: false,
+    temperature: 0.0 (a temperature given with --samples used to leave it greedy: K identical samples)."""
+    assert cot_config["generation_kwargs"]["do_sample"] is False  # the task as lm-eval ships it
     [cfg] = with_samples([cot_config], 8, None)
     assert cfg["repeats"] == 8 and "repeats" not in cot_config  # a copy: the caller's config is untouched
-    assert sampling_gen_kwargs(None) == {"do_sample": True, "temperature": 0.7}
-    assert sampling_gen_kwargs({"max_gen_toks": 64}) == {"do_sample": True, "temperature": 0.7, "max_gen_toks": 64}
-    assert sampling_gen_kwargs({"temperature": 0.2}) == {"temperature": 0.2}  # the user's temperature wins
+    assert cfg["generation_kwargs"] == {**cot_config["generation_kwargs"], "do_sample": True, "temperature": 0.7}
+    assert "do_sample False -> True, temperature 0.0 -> 0.7" in caplog.text  # said in the output
+    [cfg] = with_samples([cot_config], 4, None, {"temperature": 0.9})  # the user's temperature, sampled
+    assert cfg["generation_kwargs"]["do_sample"] is True and cfg["generation_kwargs"]["temperature"] == 0.9
+    assert cfg["generation_kwargs"]["until"] == ["Question:"]  # the task's other settings stay
+    sampling = {**cot_config, "generation_kwargs": {"until": ["Q:"], "do_sample": True, "temperature": 0.2}}
+    assert sampling_kwargs(sampling["generation_kwargs"], None, 4) == (sampling["generation_kwargs"], "")
+    assert sampling_kwargs(sampling["generation_kwargs"], {"temperature": "0.5"}, 4)[0]["temperature"] == 0.5
+    for greedy in ({"do_sample": False}, {"temperature": 0}, {"do_sample": "false", "temperature": 0.9}):
+        with pytest.raises(OrtEvalsError, match=r"^--samples 4 with --gen-kwargs do_sample=false/temperature=0 "):
+            with_samples([cot_config], 4, None, greedy)
     with pytest.raises(OrtEvalsError, match=r"^--samples 4 needs generate_until tasks; .*use --cot\)$"):
         with_samples([{**cot_config, "output_type": "multiple_choice"}], 4, None)
+
+
+def test_cli_samples_with_a_temperature_sample_a_greedy_task(tiny_pkg, tmp_path):
+    """`ortevals run --tasks T --samples 4 --gen-kwargs temperature=0.9` on a task whose YAML says
+    do_sample: false: the 4 samples differ (they were 4 copies of the greedy text)."""
+    from click.testing import CliRunner
+
+    from ortevals.cli import cli
+
+    rows = [{"question": f"Question {i}: the cat sat on the", "answer": "mat"} for i in range(2)]
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "greedy_task.yaml").write_text(f"""task: greedy_task
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {tmp_path / "data.jsonl"}
+test_split: test
+output_type: generate_until
+doc_to_text: "{{{{question}}}}"
+doc_to_target: "{{{{answer}}}}"
+generation_kwargs:
+  until: ["Question"]
+  do_sample: false
+  temperature: 0.0
+  max_gen_toks: 12
+metric_list:
+  - metric: exact_match
+""")
+    out = tmp_path / "run"
+    result = CliRunner().invoke(cli, ["run", "--pkg", str(tiny_pkg), "--include-path", str(tasks), "--tasks",
+                                      "greedy_task", "--samples", "4", "--gen-kwargs", "temperature=0.9",
+                                      "--no-resume", "--output", str(out)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(x) for x in (out / "samples_greedy_task.jsonl").read_text().splitlines()]
+    assert len(lines) == 2
+    for line in lines:
+        texts = line["resps"][0]
+        assert len(texts) == 4 and len(set(texts)) > 1, texts
+    body = json.loads((out / "results.json").read_text())
+    kwargs = body["configs"]["greedy_task"]["generation_kwargs"]
+    assert kwargs["do_sample"] is True and kwargs["temperature"] == 0.9
 
 
 def test_each_sample_keeps_its_own_answer(cot_config):
