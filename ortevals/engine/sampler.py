@@ -152,8 +152,8 @@ class SharedPromptSampler:
         """Beam / diverse beam search (engine/search.py) on this runner; the best hypothesis, cut at a stop."""
         from ortevals.engine.search import beam_search
 
-        def is_stop(seq) -> bool:
-            text = self.tokenizer.decode(list(seq), skip_special_tokens=True)
+        def is_stop(seq) -> bool:  # special tokens kept, as TextStream (and lm-eval hf's criteria) look
+            text = self.tokenizer.decode(list(seq), skip_special_tokens=False)
             return any(u in text for u in settings.until)
 
         found = beam_search(RawStepModel(self.runner), prompt, settings, self.eos_ids, is_stop).best
