@@ -88,7 +88,7 @@ def test_each_sample_keeps_its_own_answer(cot_config):
 
 
 class Model:
-    """What add_scaling reads from the model: each sample's (summed log-prob, tokens) by store key."""
+    """What add_scaling reads from the model: each sample's (summed log-prob, tokens, scored tokens) by store key."""
 
     def __init__(self, metas):
         self.sample_logprobs = metas
@@ -103,8 +103,8 @@ def test_scaling_metrics_in_lm_eval_layout(cot_config, tmp_path):
     q2 = ["answer is (A)", "answer is (A)", "answer is (D)", "answer is (D)"]  # target D: 2 right, tie 2-2
     samples = [{"doc_id": 0, "doc": {}, "target": "B", "resps": [q1], "arguments": [("p1", kw)]},
                {"doc_id": 1, "doc": {}, "target": "D", "resps": [q2], "arguments": [("p2", kw)]}]
-    lps = {"p1": [-1.0, -0.1, -2.0, -3.0], "p2": [-0.5, -0.4, -0.3, -0.2]}  # summed, over 10 tokens each
-    metas = {json.dumps([p, kw, j]): (lp, 10) for p, row in lps.items() for j, lp in enumerate(row)}
+    lps = {"p1": [-1.0, -0.1, -2.0, -3.0], "p2": [-0.5, -0.4, -0.3, -0.2]}  # summed, over 10 scored tokens each
+    metas = {json.dumps([p, kw, j]): (lp, 10, 10) for p, row in lps.items() for j, lp in enumerate(row)}
     results = {"results": {cfg["task"]: {}}, "samples": {cfg["task"]: samples}}
     points = add_scaling(results, [cfg], Model(metas), tmp_path)
     got = results["results"][cfg["task"]]
@@ -137,3 +137,25 @@ def test_cli_samples_reports_every_k(tiny_pkg, tmp_path):
     lines = [json.loads(x) for x in (out / "samples_mmlu_pro_biology.jsonl").read_text().splitlines()]
     assert len(lines) == 1 and len(lines[0]["resps"][0]) == 2  # one question, two samples
     assert body["scaling"]["questions"] == 14 and body["scaling"]["samples"] == 2
+
+
+def test_best_of_k_scores_the_whole_sequence_eos_included(cot_config):
+    """One question, K=4, by hand. Each sample's (log-prob of the whole sequence with its EOS, generated
+    tokens, scored tokens = generated + the EOS): a sample ending at once scores log p(EOS) = -2.3 (it
+    scored 0 and won every subset when the EOS was left out), and the EOS counts in the mean."""
+    cfg = {**cot_config, "repeats": 4}
+    kw = {"until": ["Question:"]}
+    texts = ["", "answer is (B)", "answer is (C)", "nothing"]  # target B
+    meta = [(-2.3, 0, 1),  # EOS at once: score -2.3
+            (-2.0, 3, 4),  # 3 tokens + EOS: -2.0 / 4 = -0.5 (best)
+            (-1.2, 2, 2),  # ended by the stop string, no EOS: -0.6
+            (-6.0, 5, 6)]  # -1.0
+    metas = {json.dumps(["p", kw, j]): m for j, m in enumerate(meta)}
+    samples = [{"doc_id": 0, "doc": {}, "target": "B", "resps": [texts], "arguments": [("p", kw)]}]
+    results = {"results": {cfg["task"]: {}}, "samples": {cfg["task"]: samples}}
+    add_scaling(results, [cfg], Model(metas), None)
+    got = results["results"][cfg["task"]]
+    # order by score: (B) -0.5, (C) -0.6, nothing -1.0, EOS -2.3; only (B) is right, ranked first
+    assert got["best@1,custom-extract"] == pytest.approx(1 / 4)
+    assert got["best@2,custom-extract"] == pytest.approx(3 / 6)  # (B) wins the C(3,1) subsets holding it
+    assert got["best@4,custom-extract"] == pytest.approx(1.0)

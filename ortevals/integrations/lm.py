@@ -57,7 +57,7 @@ class OrtLM(TemplateLM):
         from ortevals.integrations.lm_media import MediaRouter
 
         self.media = MediaRouter(self)  # issue 13: opens nothing until a request carries media
-        self.sample_logprobs: dict[str, tuple[float, int]] = {}  # store key (JSON) → (log-prob, tokens)
+        self.sample_logprobs: dict[str, tuple[float, int, int]] = {}  # key (JSON) → (log-prob, tokens, scored)
 
     @classmethod
     def from_package(cls, args: ModelArgs) -> OrtLM:
@@ -249,16 +249,17 @@ class OrtLM(TemplateLM):
         bar = tqdm(total=len(items), desc="ortevals generate", unit="req", disable=disable_tqdm, dynamic_ncols=True)
         start = time.perf_counter()
 
-        def finish(i: int, text: str, n: int, logprob: float | None = None) -> None:
+        def finish(i: int, text: str, n: int, logprob: float | None = None, scored: int = 0) -> None:
+            """``logprob``: the whole sequence's (EOS included), over ``scored`` tokens (n + the EOS)."""
             results[i] = text
             self.stats["generated_tokens"] += n
             self.cache_hook.add_partial("generate_until", requests[i].args, text)
             if self.store is not None:
                 self.store.put("generate_until", keys[i], text)
                 if logprob is not None:  # best-of-k (report/samples.py) reads it back, resumed or not
-                    self.store.put("generate_until/logprob", keys[i], [logprob, n])
+                    self.store.put("generate_until/logprob", keys[i], [logprob, n, scored])
             if logprob is not None:
-                self.sample_logprobs[json.dumps(keys[i], default=str)] = (logprob, n)
+                self.sample_logprobs[json.dumps(keys[i], default=str)] = (logprob, n, scored)
             bar.update(1)
 
         def name(i: int) -> str:  # a request in errors (non-finite logits)
@@ -267,11 +268,13 @@ class OrtLM(TemplateLM):
         try:
             if self.pool is not None:  # issue 15: workers on Ray; identical prompts stay on one worker
                 return self.pool.generate([r.args for r in requests], keys, [it[0] for it in items],
-                                          lambda i, text, lp, n: finish(i, text, n, lp), self._commit)
+                                          lambda i, text, lp, n, scored: finish(i, text, n, lp, scored),
+                                          self._commit)
             if path == "raw":  # issue 14: one prompt pass, K rows decoded together (engine/sampler.py)
                 from ortevals.engine.sampler import run_sampling
 
-                run_sampling(self._sampler(), items, keys, lambda i, s: finish(i, s.text, s.tokens, s.logprob),
+                run_sampling(self._sampler(), items, keys,
+                             lambda i, s: finish(i, s.text, s.tokens, s.logprob, s.scored),
                              name=lambda i: request_name(i, requests[i]))
                 return results
             width = self.args.gen_batch_size if runner.rewind_ok else 1  # batches only where og is exact

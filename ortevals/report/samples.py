@@ -9,10 +9,11 @@ Owns what the option does around one lm-eval run:
   samples, else 0.7 (:data:`DEFAULT_TEMPERATURE`); the change is logged;
 * after: each sample's answer through the task's own filter chain (``take_first`` and
   ``majority_vote`` left out, so every sample keeps its own answer), its correctness by the
-  task's ``exact_match`` settings, its mean log-prob and token count (stored by the model,
-  resumed runs included), then maj@k / pass@k / best-of-k for k = 1, 2, 4, … K
-  (:mod:`ortevals.report.scaling`) into results.json's per-task results in lm-eval's layout
-  (``maj@4,custom-extract``, ``maj@4_stderr,custom-extract``), and a plot per task.
+  task's ``exact_match`` settings, its log-prob per scored token (the whole sequence, EOS
+  included: :func:`best_of_k_score`) and token count (stored by the model, resumed runs
+  included), then maj@k / pass@k / best-of-k for k = 1, 2, 4, … K (:mod:`ortevals.report.scaling`)
+  into results.json's per-task results in lm-eval's layout (``maj@4,custom-extract``,
+  ``maj@4_stderr,custom-extract``), and a plot per task.
 """
 
 from __future__ import annotations
@@ -123,14 +124,21 @@ def is_correct(cfg: dict, answers: Sequence, target) -> list[bool]:
             for a in answers]
 
 
-def sample_meta(lm, args: tuple, occurrence: int) -> tuple[float, int] | None:
-    """(summed log-prob, tokens) of one sample from this run or the store; None when unknown (og path)."""
+def sample_meta(lm, args: tuple, occurrence: int) -> tuple[float, int, int] | None:
+    """(log-prob of the whole sequence, EOS included; tokens generated; tokens scored = generated + the
+    ending EOS) of one sample from this run or the store; None when unknown (og path)."""
     key = [*args, occurrence]
     found = getattr(lm, "sample_logprobs", {}).get(json.dumps(key, default=str))
     if found is None and getattr(lm, "store", None) is not None:
-        stored = lm.store.get("generate_until/logprob", key)
-        found = tuple(stored) if stored is not None else None
-    return found
+        found = lm.store.get("generate_until/logprob", key)
+    return tuple(found) if found is not None and len(found) == 3 else None
+
+
+def best_of_k_score(meta: tuple[float, int, int]) -> float:
+    """Best-of-k's score of a sample: its whole sequence's log-prob (the EOS that ended it included) per
+    scored token (docs/decoding.md). A sample that ends at once scores log p(EOS), not 0."""
+    logprob, _, scored = meta
+    return logprob / max(scored, 1)
 
 
 def task_questions(cfg: dict, samples: Sequence[dict], lm) -> dict[str, list]:
@@ -147,7 +155,7 @@ def task_questions(cfg: dict, samples: Sequence[dict], lm) -> dict[str, list]:
         seen[ident] = first + len(texts)
         metas = [sample_meta(lm, args, first + j) for j in range(len(texts))] if args else [None] * len(texts)
         tokens = [m[1] if m else len(lm.tok_encode(t)) for m, t in zip(metas, texts, strict=True)]
-        mean_lp = None if any(m is None for m in metas) else tuple(m[0] / max(m[1], 1) for m in metas)
+        mean_lp = None if any(m is None for m in metas) else tuple(best_of_k_score(m) for m in metas)
         for name, answers in sample_answers(cfg, texts, s["doc"]).items():
             by_filter.setdefault(name, []).append(QuestionSamples(
                 tuple(answers), tuple(is_correct(cfg, answers, s["target"])), mean_lp, tuple(tokens)))
