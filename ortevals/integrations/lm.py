@@ -317,8 +317,18 @@ class OrtLM(TemplateLM):
             else self.tokenizer.chat_template
 
     def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        """Render the package's chat template (tokenizer_config.json or chat_template.jinja)."""
-        return self.tokenizer.render_chat(chat_history, add_generation_prompt)
+        """The package's chat template, as lm-eval's hf backend applies it: ``continue_final_message`` when
+        no generation prompt is asked for, and a template that refuses the conversation (a system role
+        it does not support) tried again without the system messages, with lm-eval's warning."""
+        from ortevals.package.chat import ChatTemplateError
+
+        continue_final = not add_generation_prompt
+        try:
+            return self.tokenizer.render_chat(chat_history, add_generation_prompt, continue_final)
+        except ChatTemplateError as e:
+            log.warning("Failed to apply chat template (%s). removing the system role in chat history.", e)
+            chat_history = [m for m in chat_history if m.get("role") != "system"]
+            return self.tokenizer.render_chat(chat_history, add_generation_prompt, continue_final)
 
     def _run(self, token_reqs: list[TokenRequest], on_done, disable_tqdm: bool) -> list[Score]:
         bar = tqdm(total=len(token_reqs), desc="ortevals", unit="req", disable=disable_tqdm,
