@@ -58,10 +58,10 @@ def evaluate(lm, spec: RunSpec) -> RunOutcome:
         model = CachingLM(lm, str(spec.use_cache))
     tasks, gen_kwargs = list(spec.tasks), spec.gen_kwargs
     k = getattr(getattr(lm, "args", None), "samples", None)
-    if k:  # --samples K (issue 14 §3, report/samples.py): repeats K, sampling unless a temperature is given
-        from ortevals.report.samples import sampling_gen_kwargs, with_samples
+    if k:  # --samples K (issue 14 §3, report/samples.py): repeats K, each task's settings rewritten to sample
+        from ortevals.report.samples import with_samples
 
-        tasks, gen_kwargs = with_samples(tasks, k, _run_task_manager(spec)), sampling_gen_kwargs(gen_kwargs)
+        tasks = with_samples(tasks, k, _run_task_manager(spec), gen_kwargs)
     start = time.perf_counter()
     before = dict(lm.stats)
     try:

@@ -160,8 +160,8 @@ OPTIONS: tuple[Option, ...] = (
            "(shared-prompt sampling on onnxruntime), og (onnxruntime-genai Generators)."),
     # not scoped: the store keys each sample by request + sample index, so raising K reuses the first K
     Option("samples", positive_int("samples"), None, "Samples per question: overrides the tasks' repeats and "
-           "reports maj@k, pass@k and best-of-k for k = 1, 2, 4, … K (sampling at temperature 0.7 unless "
-           "--gen-kwargs sets it).", scoped=False, flag="--samples", metavar="K"),
+           "reports maj@k, pass@k and best-of-k for k = 1, 2, 4, … K (always sampling: at the --gen-kwargs "
+           "temperature, else the task's if it samples, else 0.7).", scoped=False, flag="--samples", metavar="K"),
 )
 BY_NAME = {o.name: o for o in OPTIONS}
 

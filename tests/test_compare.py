@@ -9,6 +9,7 @@ import math
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -117,11 +118,12 @@ def test_hand_made_runs_flips_mcnemar_wilson_clustered(tmp_path, layout):
     assert rec["accuracy_ci"] == pytest.approx(wilson_by_hand(4, 8), abs=1e-12)
     assert rec["ref_accuracy_ci"] == pytest.approx(wilson_by_hand(6, 8), abs=1e-12)
     # d = run − ref = [-1,0,-1,0 | 1,0,-1,0], mean -0.25; residuals per cluster sum to -1.0 (math) and
-    # +1.0 (law): SE = sqrt((-1)² + 1²) / 8. Unclustered it would be sqrt(Σ resid²)/8 = sqrt(3.5)/8.
-    se = math.sqrt(1.0 + 1.0) / 8
+    # +1.0 (law): CR1 SE = sqrt(G/(G-1) · ((-1)² + 1²)) / 8 = sqrt(2 · 2) / 8 = 0.25 (G = 2 clusters).
+    # The interval uses t with G-1 = 1 degree of freedom: 97.5% quantile tan(pi · 0.475) = 12.706.
+    se, t1 = math.sqrt(2 * (1.0 + 1.0)) / 8, math.tan(math.pi * 0.475)
     assert rec["delta_clusters"] == 2
     assert rec["delta_se"] == pytest.approx(se, abs=1e-12)
-    assert rec["delta_ci"] == pytest.approx([-0.25 - Z * se, -0.25 + Z * se], abs=1e-12)
+    assert rec["delta_ci"] == pytest.approx([-0.25 - t1 * se, -0.25 + t1 * se], abs=1e-9)
     lo, hi = rec["delta_bootstrap_ci"]
     assert -1 <= lo < -0.25 < hi <= 0.5
 
@@ -219,8 +221,8 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
 @pytest.mark.parametrize("gate, passing, failing", [
     ("--max-flip-rate", "0.5", "0.49"),  # flip rate 4/8
     ("--max-kl", "10", "0.001"),
-    # Δ = -0.25, clustered SE sqrt(2)/8: lower bound -0.25 - 1.96·0.1768 = -0.5965
-    ("--margin", "0.6", "0.59"),
+    # Δ = -0.25, CR1 SE 0.25 over 2 clusters, t(1): lower bound -0.25 - 12.706·0.25 = -3.4266
+    ("--margin", "3.43", "3.42"),
 ])
 def test_gates(tmp_path, gate, passing, failing):
     ref, run = hand_runs(tmp_path)
@@ -376,3 +378,41 @@ def test_stringified_index_target_is_resolved_by_the_stored_score():
                            rec(2, 2, [-1, -2, -3], 0.0),  # ortevals keeps the int: an index
                            rec(3, "2", [-1, -2, -3], 0.0)], "mem")["t"]  # wrong either way: unknown
     assert run.gold.tolist() == [2, 1, 2, -1]
+
+
+def test_clustered_interval_is_cr1_with_t_on_g_minus_1_df():
+    """One convention in compare and fidelity: CR1 variance G/(G-1)·Σ_g(Σ resid)²/N² and t(G-1)."""
+    from ortevals.fidelity import stats as fidelity_stats
+    from ortevals.report.stats import clustered_interval, paired_delta
+
+    x = np.array([1, 0, 1, 0, 0, 1, 1, 1, 0], dtype=float)
+    groups = np.array(["a", "a", "a", "b", "b", "c", "c", "c", "c"])
+    got = clustered_interval(x, groups)
+    # mean 5/9; cluster residual sums 3/9, -10/9, 7/9 -> Σ² = 158/81; var = 3/2 · 158/81 / 81
+    se = math.sqrt(1.5 * 158 / 81) / 9
+    t2 = 0.95 / math.sqrt(2 * 0.975 * 0.025)  # t(2) quantile in closed form: (2p-1)/sqrt(2p(1-p)) = 4.303
+    assert got.estimate == pytest.approx(5 / 9) and got.se == pytest.approx(se, rel=1e-12)
+    assert (got.low, got.high) == pytest.approx((5 / 9 - t2 * se, 5 / 9 + t2 * se), rel=1e-9)
+    # every question its own cluster: the textbook std(ddof=1)/sqrt(N) with t(N-1)
+    plain = clustered_interval(x)
+    from scipy.stats import t
+
+    assert plain.se == pytest.approx(x.std(ddof=1) / 3, rel=1e-12)
+    assert plain.high - plain.estimate == pytest.approx(t.ppf(0.975, 8) * x.std(ddof=1) / 3, rel=1e-12)
+    assert paired_delta(np.zeros(9), x, groups) == got  # Δ accuracy is the same interval on run − ref
+    assert fidelity_stats.clustered_mean(x, groups) == pytest.approx((got.estimate, got.se))  # fidelity shares it
+
+
+def test_clustered_interval_equals_statsmodels_cluster_robust_ols():
+    """statsmodels' OLS on a constant with cov_type="cluster" (CR1, use_t: t with G-1 df), 14 clusters as in
+    MMLU-Pro. statsmodels is not an ortevals dependency: skipped where it is not installed."""
+    sm = pytest.importorskip("statsmodels.api")
+    from ortevals.report.stats import clustered_interval
+
+    rng = np.random.default_rng(3)
+    groups = rng.integers(0, 14, 300)
+    d = (rng.random(300) < 0.3 + 0.02 * groups).astype(float) - (rng.random(300) < 0.4).astype(float)
+    fit = sm.OLS(d, np.ones((300, 1))).fit(cov_type="cluster", cov_kwds={"groups": groups}, use_t=True)
+    got = clustered_interval(d, groups)
+    assert got.se == pytest.approx(float(fit.bse[0]), rel=1e-10)
+    assert (got.low, got.high) == pytest.approx(tuple(fit.conf_int(alpha=0.05)[0]), rel=1e-10)

@@ -85,7 +85,9 @@ def test_ppl_ratio_paired_and_clustered_by_hand():
     # mean 0.3; residual sums -0.3, 0.3 -> var = 2 * 0.18 / 16 = 0.0225 -> se 0.15
     assert r["log_ratio"] == pytest.approx(0.3) and r["log_ratio_se"] == pytest.approx(0.15)
     assert r["ratio"] == pytest.approx(math.exp(0.3)) and r["ratio_se"] == pytest.approx(math.exp(0.3) * 0.15)
-    assert r["ratio_ci95"] == pytest.approx([math.exp(0.3 - 1.959964 * 0.15), math.exp(0.3 + 1.959964 * 0.15)])
+    # 2 windows: t with 1 degree of freedom (Cauchy), 97.5% quantile tan(pi * 0.475) = 12.706
+    t1 = math.tan(math.pi * 0.475)
+    assert r["ratio_ci95"] == pytest.approx([math.exp(0.3 - t1 * 0.15), math.exp(0.3 + t1 * 0.15)])
     assert r["ppl_ref"] == pytest.approx(math.exp(1.5)) and r["ppl_cand"] == pytest.approx(math.exp(1.8))
 
 

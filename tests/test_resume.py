@@ -18,11 +18,13 @@ from ortevals.report.store import ResultStore, Scope
 LIMIT = "150"
 
 
-def cli(args, cache: Path) -> subprocess.Popen:
-    """The CLI in a subprocess; its output goes to files (a pipe nobody reads could fill and stall it)."""
-    cache.mkdir(parents=True, exist_ok=True)
+def cli(args, cache: Path, logs: Path | None = None) -> subprocess.Popen:
+    """The CLI in a subprocess; its output goes to files in ``logs`` (default: the cache folder; a pipe
+    nobody reads could fill and stall it)."""
+    logs = logs or cache
+    logs.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "ORTEVALS_CACHE": str(cache)}
-    out, err = (cache / "stdout.txt").open("w"), (cache / "stderr.txt").open("w")
+    out, err = (logs / "stdout.txt").open("w"), (logs / "stderr.txt").open("w")
     return subprocess.Popen([sys.executable, "-m", "ortevals.cli", *args], env=env, stdout=out, stderr=err)
 
 
@@ -119,3 +121,45 @@ def test_store_survives_reopen_and_holds_only_json(tmp_path):
     assert ResultStore.open(tmp_path / "x.sqlite", xyz).get("loglikelihood", ["a", "b"]) is None
     with pytest.raises(TypeError):
         s.put("loglikelihood", ["a"], object())  # not JSON: refused, never pickled
+
+
+def test_two_connections_see_each_others_commits_and_never_lock(tmp_path):
+    """Two runs on one store file: a commit of one is visible to the other's next lookup, and a run
+    that read before the other committed can still write (the stale-snapshot 'database is locked')."""
+    scope = Scope("results", "/p", (("model.onnx", "abc"),), "{}", ())
+    a, b = (ResultStore.open(tmp_path / "x.sqlite", scope) for _ in range(2))
+    assert b.get("loglikelihood", ["q"]) is None  # b looked first
+    a.put("loglikelihood", ["q"], [-1.0, True])
+    a.commit()
+    assert b.get("loglikelihood", ["q"]) == [-1.0, True]  # a's committed answer, reused by b
+    b.put("loglikelihood", ["r"], [-2.0, False])
+    b.commit()
+    a.put("loglikelihood", ["s"], [-3.0, False])  # a holds no lock between puts: b's commit went through
+    a.close()
+    b.close()
+    fresh = ResultStore.open(tmp_path / "x.sqlite", scope)
+    assert [fresh.get("loglikelihood", [k]) for k in "qrs"] == [[-1.0, True], [-2.0, False], [-3.0, False]]
+
+
+def test_two_runs_at_once_on_one_store(tiny_pkg, tmp_path):
+    """Two CLI processes on the tiny package write the same result store at the same time (batch sizes
+    1 and 4, two scopes): both finish, each with the answers of a run made alone; a third run with the
+    first one's settings reuses every answer the two committed."""
+    args = ["mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--limit", "40", "--truncate", "left"]
+    alone = cli(args + ["--batch-size", "1", "--no-resume", "--output", str(tmp_path / "alone")], tmp_path / "c0")
+    assert alone.wait(timeout=600) == 0, stderr(tmp_path / "c0")
+    cache = tmp_path / "shared"
+    runs = [cli(args + ["--batch-size", b, "--output", str(tmp_path / f"run{b}")], cache, tmp_path / f"log{b}")
+            for b in ("1", "4")]
+    for b, run in zip(("1", "4"), runs):  # one shared cache (and store), a log folder each
+        assert run.wait(timeout=600) == 0, stderr(tmp_path / f"log{b}")
+    ref = samples(tmp_path / "alone")
+    for b in ("1", "4"):
+        got = samples(tmp_path / f"run{b}")
+        assert [s["acc"] for s in got] == [s["acc"] for s in ref]
+        for x, y in zip(got, ref):
+            assert [r[0][0] for r in x["resps"]] == pytest.approx([r[0][0] for r in y["resps"]], abs=1e-4)
+    again = cli(args + ["--batch-size", "1", "--output", str(tmp_path / "again")], cache, tmp_path / "log-again")
+    assert again.wait(timeout=600) == 0, stderr(tmp_path / "log-again")
+    body = json.loads((tmp_path / "again" / "results.json").read_text())
+    assert body["ortevals"]["requests"] == 0 and body["ortevals"]["reused"] > 0

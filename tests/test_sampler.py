@@ -219,3 +219,40 @@ def test_packages_without_full_logits_generate_on_og(fixture_cache, caplog):
     with pytest.raises(OrtEvalsError, match=r"^gen_path=raw is impossible for this package: the LM head is pruned"):
         OrtLM.from_package(ModelArgs(pkg=pkg, max_length=256, gen_path="raw")).generate_until(
             repeats([PROMPT], SAMPLED, 1), disable_tqdm=True)
+
+
+def raw_ort_logprobs(pkg, ids: list[int]) -> np.ndarray:
+    """log softmax of every position's logits ``[len(ids), V]`` from a plain onnxruntime session on the
+    package's decoder (one pass, empty past): the oracle, no ortevals code."""
+    import json
+
+    import onnxruntime as ort
+
+    dec = json.loads((pkg / "genai_config.json").read_text())["model"]["decoder"]
+    sess = ort.InferenceSession(str(pkg / "model.onnx"), providers=["CPUExecutionProvider"])
+    feeds = {"input_ids": np.array([ids], np.int64), "attention_mask": np.ones((1, len(ids)), np.int64)}
+    for i in (i for i in sess.get_inputs() if i.name.startswith("past_key_values")):
+        feeds[i.name] = np.zeros((1, dec["num_key_value_heads"], 0, dec["head_size"]), np.float32)
+    logits = sess.run(["logits"], feeds)[0][0].astype(np.float64)
+    top = logits.max(-1, keepdims=True)
+    return logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+
+
+@pytest.mark.parametrize("after", [0, 3])
+def test_a_sample_ended_by_eos_has_the_eos_log_prob_in_its_sum(raw, tiny_pkg, after):
+    """best-of-k scores the whole sequence: a row that ends on EOS after `after` tokens (0: at once) has
+    log p(tokens) + log p(EOS) (it was 0 for an immediate EOS, which then beat every real answer), checked
+    against a plain onnxruntime pass; the scored tokens count the EOS."""
+    prompt = raw.tok_encode(PROMPT)
+    greedy = rows(sampler(raw), raw, PROMPT, {"until": [], "max_gen_toks": 8, "do_sample": False}, [0])[0]
+    eos = greedy.ids[after]  # make the greedy token at this step the EOS: the row ends there
+    assert eos not in greedy.ids[:after]
+    s = SharedPromptSampler(raw._sampler().runner, raw.tokenizer, {eos})
+    settings = parse_gen_kwargs({"until": [], "max_gen_toks": 8, "do_sample": False}, 8)
+    logits, past = s.prompt(tuple(prompt), settings.max_gen_toks)
+    [got] = s.decode(logits, past, settings, [np.random.default_rng(0)], ["r"], prompt)
+    assert (got.ids, got.tokens, got.eos, got.scored) == (greedy.ids[:after], after, True, after + 1)
+    seq = [*prompt, *greedy.ids[:after + 1]]  # the generated tokens and the EOS
+    logp = raw_ort_logprobs(tiny_pkg, seq[:-1])
+    oracle = sum(logp[len(prompt) - 1 + t, seq[len(prompt) + t]] for t in range(after + 1))
+    assert got.logprob == pytest.approx(oracle, abs=1e-4) and got.logprob < -1e-3

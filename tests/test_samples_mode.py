@@ -6,7 +6,7 @@ import json
 import pytest
 
 from ortevals.errors import OrtEvalsError
-from ortevals.report.samples import add_scaling, sample_answers, sampling_gen_kwargs, with_samples
+from ortevals.report.samples import add_scaling, sample_answers, sampling_kwargs, with_samples
 
 
 @pytest.fixture(scope="module")
@@ -18,14 +18,68 @@ def cot_config():
     return task_specs(preset, resolve_data(preset, "bundled"))[0]
 
 
-def test_configs_get_repeats_and_sampling_defaults(cot_config):
+def test_configs_get_repeats_and_sampling_defaults(cot_config, caplog):
+    """--samples rewrites each generate_until task's own settings to sample; the YAML says do_sample: false,
+    temperature: 0.0 (a temperature given with --samples used to leave it greedy: K identical samples)."""
+    assert cot_config["generation_kwargs"]["do_sample"] is False  # the task as lm-eval ships it
     [cfg] = with_samples([cot_config], 8, None)
     assert cfg["repeats"] == 8 and "repeats" not in cot_config  # a copy: the caller's config is untouched
-    assert sampling_gen_kwargs(None) == {"do_sample": True, "temperature": 0.7}
-    assert sampling_gen_kwargs({"max_gen_toks": 64}) == {"do_sample": True, "temperature": 0.7, "max_gen_toks": 64}
-    assert sampling_gen_kwargs({"temperature": 0.2}) == {"temperature": 0.2}  # the user's temperature wins
+    assert cfg["generation_kwargs"] == {**cot_config["generation_kwargs"], "do_sample": True, "temperature": 0.7}
+    assert "do_sample False -> True, temperature 0.0 -> 0.7" in caplog.text  # said in the output
+    [cfg] = with_samples([cot_config], 4, None, {"temperature": 0.9})  # the user's temperature, sampled
+    assert cfg["generation_kwargs"]["do_sample"] is True and cfg["generation_kwargs"]["temperature"] == 0.9
+    assert cfg["generation_kwargs"]["until"] == ["Question:"]  # the task's other settings stay
+    sampling = {**cot_config, "generation_kwargs": {"until": ["Q:"], "do_sample": True, "temperature": 0.2}}
+    assert sampling_kwargs(sampling["generation_kwargs"], None, 4) == (sampling["generation_kwargs"], "")
+    assert sampling_kwargs(sampling["generation_kwargs"], {"temperature": "0.5"}, 4)[0]["temperature"] == 0.5
+    for greedy in ({"do_sample": False}, {"temperature": 0}, {"do_sample": "false", "temperature": 0.9}):
+        with pytest.raises(OrtEvalsError, match=r"^--samples 4 with --gen-kwargs do_sample=false/temperature=0 "):
+            with_samples([cot_config], 4, None, greedy)
     with pytest.raises(OrtEvalsError, match=r"^--samples 4 needs generate_until tasks; .*use --cot\)$"):
         with_samples([{**cot_config, "output_type": "multiple_choice"}], 4, None)
+
+
+def test_cli_samples_with_a_temperature_sample_a_greedy_task(tiny_pkg, tmp_path):
+    """`ortevals run --tasks T --samples 4 --gen-kwargs temperature=0.9` on a task whose YAML says
+    do_sample: false: the 4 samples differ (they were 4 copies of the greedy text)."""
+    from click.testing import CliRunner
+
+    from ortevals.cli import cli
+
+    rows = [{"question": f"Question {i}: the cat sat on the", "answer": "mat"} for i in range(2)]
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "greedy_task.yaml").write_text(f"""task: greedy_task
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {tmp_path / "data.jsonl"}
+test_split: test
+output_type: generate_until
+doc_to_text: "{{{{question}}}}"
+doc_to_target: "{{{{answer}}}}"
+generation_kwargs:
+  until: ["Question"]
+  do_sample: false
+  temperature: 0.0
+  max_gen_toks: 12
+metric_list:
+  - metric: exact_match
+""")
+    out = tmp_path / "run"
+    result = CliRunner().invoke(cli, ["run", "--pkg", str(tiny_pkg), "--include-path", str(tasks), "--tasks",
+                                      "greedy_task", "--samples", "4", "--gen-kwargs", "temperature=0.9",
+                                      "--no-resume", "--output", str(out)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(x) for x in (out / "samples_greedy_task.jsonl").read_text().splitlines()]
+    assert len(lines) == 2
+    for line in lines:
+        texts = line["resps"][0]
+        assert len(texts) == 4 and len(set(texts)) > 1, texts
+    body = json.loads((out / "results.json").read_text())
+    kwargs = body["configs"]["greedy_task"]["generation_kwargs"]
+    assert kwargs["do_sample"] is True and kwargs["temperature"] == 0.9
 
 
 def test_each_sample_keeps_its_own_answer(cot_config):
@@ -34,7 +88,7 @@ def test_each_sample_keeps_its_own_answer(cot_config):
 
 
 class Model:
-    """What add_scaling reads from the model: each sample's (summed log-prob, tokens) by store key."""
+    """What add_scaling reads from the model: each sample's (summed log-prob, tokens, scored tokens) by store key."""
 
     def __init__(self, metas):
         self.sample_logprobs = metas
@@ -49,8 +103,8 @@ def test_scaling_metrics_in_lm_eval_layout(cot_config, tmp_path):
     q2 = ["answer is (A)", "answer is (A)", "answer is (D)", "answer is (D)"]  # target D: 2 right, tie 2-2
     samples = [{"doc_id": 0, "doc": {}, "target": "B", "resps": [q1], "arguments": [("p1", kw)]},
                {"doc_id": 1, "doc": {}, "target": "D", "resps": [q2], "arguments": [("p2", kw)]}]
-    lps = {"p1": [-1.0, -0.1, -2.0, -3.0], "p2": [-0.5, -0.4, -0.3, -0.2]}  # summed, over 10 tokens each
-    metas = {json.dumps([p, kw, j]): (lp, 10) for p, row in lps.items() for j, lp in enumerate(row)}
+    lps = {"p1": [-1.0, -0.1, -2.0, -3.0], "p2": [-0.5, -0.4, -0.3, -0.2]}  # summed, over 10 scored tokens each
+    metas = {json.dumps([p, kw, j]): (lp, 10, 10) for p, row in lps.items() for j, lp in enumerate(row)}
     results = {"results": {cfg["task"]: {}}, "samples": {cfg["task"]: samples}}
     points = add_scaling(results, [cfg], Model(metas), tmp_path)
     got = results["results"][cfg["task"]]
@@ -83,3 +137,25 @@ def test_cli_samples_reports_every_k(tiny_pkg, tmp_path):
     lines = [json.loads(x) for x in (out / "samples_mmlu_pro_biology.jsonl").read_text().splitlines()]
     assert len(lines) == 1 and len(lines[0]["resps"][0]) == 2  # one question, two samples
     assert body["scaling"]["questions"] == 14 and body["scaling"]["samples"] == 2
+
+
+def test_best_of_k_scores_the_whole_sequence_eos_included(cot_config):
+    """One question, K=4, by hand. Each sample's (log-prob of the whole sequence with its EOS, generated
+    tokens, scored tokens = generated + the EOS): a sample ending at once scores log p(EOS) = -2.3 (it
+    scored 0 and won every subset when the EOS was left out), and the EOS counts in the mean."""
+    cfg = {**cot_config, "repeats": 4}
+    kw = {"until": ["Question:"]}
+    texts = ["", "answer is (B)", "answer is (C)", "nothing"]  # target B
+    meta = [(-2.3, 0, 1),  # EOS at once: score -2.3
+            (-2.0, 3, 4),  # 3 tokens + EOS: -2.0 / 4 = -0.5 (best)
+            (-1.2, 2, 2),  # ended by the stop string, no EOS: -0.6
+            (-6.0, 5, 6)]  # -1.0
+    metas = {json.dumps(["p", kw, j]): m for j, m in enumerate(meta)}
+    samples = [{"doc_id": 0, "doc": {}, "target": "B", "resps": [texts], "arguments": [("p", kw)]}]
+    results = {"results": {cfg["task"]: {}}, "samples": {cfg["task"]: samples}}
+    add_scaling(results, [cfg], Model(metas), None)
+    got = results["results"][cfg["task"]]
+    # order by score: (B) -0.5, (C) -0.6, nothing -1.0, EOS -2.3; only (B) is right, ranked first
+    assert got["best@1,custom-extract"] == pytest.approx(1 / 4)
+    assert got["best@2,custom-extract"] == pytest.approx(3 / 6)  # (B) wins the C(3,1) subsets holding it
+    assert got["best@4,custom-extract"] == pytest.approx(1.0)

@@ -65,3 +65,14 @@ def test_cli_example_end_to_end(tmp_path):
     body = json.loads((tmp_path / "results.json").read_text())
     assert body["results"]["leaderboard_mmlu_pro"]["sample_len"] == LIMIT
     assert body["ortevals"]["requests"] >= 10 * (LIMIT - 1)
+
+
+def test_gsm8k_style_chat_generation_equals_lm_eval_hf(smollm2):
+    """Issue 22's acceptance on a few questions (scripts/accept_hf_text.py runs 24: 24/24 equal): a
+    gsm8k-style task, 3-shot as multi-turn chat with the chat template, greedy, special-token stops,
+    through lm_eval.simple_evaluate with HFLM and with OrtLM: the same prompts and the same texts."""
+    from scripts.accept_hf_text import compare
+
+    out = compare(questions=4, max_gen_toks=48)
+    assert out["questions"] == 4 and out["same_prompt"] == 4
+    assert out["same_text"] == 4, out["differences"]

@@ -20,8 +20,8 @@ and keeps a plain (not windowed) KV cache:
 * every row draws from its own generator, seeded by (seed, request, sample index), so a
   sample's tokens do not depend on which rows ran beside it; greedy rows are all equal, so
   greedy runs one row and copies it;
-* each sample's log-probability under the model (temperature 1, no filters), for
-  best-of-k.
+* each sample's log-probability under the model (temperature 1, no filters) of the whole
+  sequence, the EOS that ended it included, for best-of-k.
 
 :class:`RawStepModel` is the same runner behind engine/search.py's ``StepModel`` protocol
 (beam search). Exact mode (a graph whose numbers depend on the pass: engine/invariance.py)
@@ -57,13 +57,20 @@ class Job:
 
 @dataclass(frozen=True)
 class Sample:
-    """One finished row: text cut at the first stop, tokens generated, their summed model log-prob
-    (EOS excluded), and the token ids (EOS excluded)."""
+    """One finished row: text cut at the first stop, tokens generated, the summed model log-prob of the
+    whole sequence (the generated tokens and the EOS that ended it, if one did), the token ids (EOS
+    excluded), and whether an EOS ended it."""
 
     text: str
     tokens: int
     logprob: float
     ids: tuple[int, ...] = ()
+    eos: bool = False
+
+    @property
+    def scored(self) -> int:
+        """Tokens in ``logprob``: the generated ones and the ending EOS (best-of-k normalises by it)."""
+        return self.tokens + self.eos
 
 
 def plan_jobs(items: Sequence[tuple[Sequence[int], GenSettings]]) -> list[Job]:
@@ -174,8 +181,8 @@ class SharedPromptSampler:
         """Beam / diverse beam search (engine/search.py) on this runner; the best hypothesis, cut at a stop."""
         from ortevals.engine.search import beam_search
 
-        def is_stop(seq) -> bool:
-            text = self.tokenizer.decode(list(seq), skip_special_tokens=True)
+        def is_stop(seq) -> bool:  # special tokens kept, as TextStream (and lm-eval hf's criteria) look
+            text = self.tokenizer.decode(list(seq), skip_special_tokens=False)
             return any(u in text for u in settings.until)
 
         found = beam_search(RawStepModel(self.runner), prompt, settings, self.eos_ids, is_stop).best
@@ -186,7 +193,7 @@ class SharedPromptSampler:
         self.stats["prompts"] += 1
         self.stats["prompt_tokens"] += len(prompt)
         self.stats["generated_tokens"] += len(stream.out)
-        return Sample(*stream.result, float(found.logprob), tuple(stream.out))
+        return Sample(*stream.result, float(found.logprob), tuple(stream.out), stream.eos)  # EOS in the sum
 
     def _chunks(self, members: Sequence[int], prompt_len: int, max_new: int) -> list[Sequence[int]]:
         """Rows per decode batch: one in exact mode, else as many as the KV budget holds at the
@@ -261,8 +268,7 @@ class SharedPromptSampler:
             chosen = token_logprob(step_logits, tokens)
             keep = []
             for b, r in enumerate(live):
-                if tokens[b] not in self.eos_ids:
-                    logprob[r] += chosen[b]
+                logprob[r] += chosen[b]  # the EOS that ends a row too: best-of-k scores the whole sequence
                 if not streams[r].push(int(tokens[b])):
                     keep.append(b)
             if not keep:
@@ -275,7 +281,7 @@ class SharedPromptSampler:
             self.stats["decode_passes"] += 1
             self.stats["row_steps"] += len(live)
         self.stats["generated_tokens"] += sum(len(s.out) for s in streams)
-        return [Sample(*s.result, float(lp), tuple(s.out)) for s, lp in zip(streams, logprob, strict=True)]
+        return [Sample(*s.result, float(lp), tuple(s.out), s.eos) for s, lp in zip(streams, logprob, strict=True)]
 
 
 class RawStepModel:

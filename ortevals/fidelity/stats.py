@@ -19,7 +19,10 @@ empty and its term is 0·log 0 = 0) or when the two tails are proportional.
 Standard errors are clustered: tokens of one window share their context and
 are correlated, so the cluster-robust (CR1) variance of a mean is used,
 ``G/(G−1) · Σ_g (Σ_{i∈g} (x_i − x̄))² / N²`` over G windows, and the
-cross-covariance of two means likewise (for the paired PPL ratio).
+cross-covariance of two means likewise (for the paired PPL ratio); intervals
+use Student's t with G−1 degrees of freedom. The functions are
+:mod:`ortevals.report.stats`' own, so ``compare`` and ``fidelity`` share one
+convention (docs/compare.md).
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from ortevals.report.stats import clustered_cov, clustered_mean, n_clusters, t_critical
 
 PERCENTILES = (0.1, 1.0, 5.0, 10.0, 25.0, 50.0, 75.0, 90.0, 95.0, 99.0, 99.9)
 
@@ -134,24 +139,6 @@ def concat_stats(parts: list[TokenStats]) -> TokenStats:
                         ("kl", "same_top1", "overlap", "lp_ref", "lp_cand")))
 
 
-def clustered_cov(x: np.ndarray, y: np.ndarray, clusters: np.ndarray) -> float:
-    """CR1 covariance of the means of ``x`` and ``y`` ``[N]`` with cluster labels ``[N]`` (nan for one cluster)."""
-    x = np.asarray(x, np.float64)
-    y = np.asarray(y, np.float64)
-    labels, inv = np.unique(clusters, return_inverse=True)
-    g, n = len(labels), len(x)
-    if g < 2:
-        return math.nan
-    sx = np.bincount(inv, weights=x - x.mean(), minlength=g)
-    sy = np.bincount(inv, weights=y - y.mean(), minlength=g)
-    return float(g / (g - 1) * (sx * sy).sum() / n**2)
-
-
-def clustered_mean(x: np.ndarray, clusters: np.ndarray) -> tuple[float, float]:
-    """Mean of ``x`` ``[N]`` and its cluster-robust standard error."""
-    return float(np.mean(x)), math.sqrt(clustered_cov(x, x, clusters))
-
-
 def percentiles(x: np.ndarray) -> dict[str, float]:
     """min, the :data:`PERCENTILES` (numpy's linear interpolation) and max of ``x``."""
     vals = np.percentile(np.asarray(x, np.float64), PERCENTILES)
@@ -161,14 +148,15 @@ def percentiles(x: np.ndarray) -> dict[str, float]:
     return out
 
 
-def ppl_ratio(lp_ref: np.ndarray, lp_cand: np.ndarray, clusters: np.ndarray, z: float = 1.959964) -> dict[str, float]:
+def ppl_ratio(lp_ref: np.ndarray, lp_cand: np.ndarray, clusters: np.ndarray) -> dict[str, float]:
     """PPL_cand / PPL_ref from the actual tokens' log-probs ``[N]``, with a paired clustered interval.
 
     ln ratio = mean(nll_cand − nll_ref): its SE comes from the per-token
     differences (so the covariance of the two NLLs is accounted for), the
     ratio's SE by the delta method (ratio · SE), and the 95% interval is the
-    exponential of the log-ratio interval.
+    exponential of the log-ratio interval (t with G−1 degrees of freedom, G windows).
     """
+    z = t_critical(n_clusters(clusters, len(lp_ref)))
     nll_ref, nll_cand = -np.asarray(lp_ref, np.float64), -np.asarray(lp_cand, np.float64)
     log_ratio, se = clustered_mean(nll_cand - nll_ref, clusters)
     m_ref, se_ref = clustered_mean(nll_ref, clusters)

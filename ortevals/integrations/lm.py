@@ -64,7 +64,7 @@ class OrtLM(TemplateLM):
         from ortevals.integrations.lm_media import MediaRouter
 
         self.media = MediaRouter(self)  # issue 13: opens nothing until a request carries media
-        self.sample_logprobs: dict[str, tuple[float, int]] = {}  # store key (JSON) → (log-prob, tokens)
+        self.sample_logprobs: dict[str, tuple[float, int, int]] = {}  # key (JSON) → (log-prob, tokens, scored)
         self._modes: dict[str, str] = {}  # which mode ran and why, per request kind (stats["mode"] joins them)
         self._gen_plans: dict[str, tuple] = {}  # generation canary's plan per path, decided once
 
@@ -269,16 +269,17 @@ class OrtLM(TemplateLM):
         bar = tqdm(total=len(items), desc="ortevals generate", unit="req", disable=disable_tqdm, dynamic_ncols=True)
         start = time.perf_counter()
 
-        def finish(i: int, text: str, n: int, logprob: float | None = None) -> None:
+        def finish(i: int, text: str, n: int, logprob: float | None = None, scored: int = 0) -> None:
+            """``logprob``: the whole sequence's (EOS included), over ``scored`` tokens (n + the EOS)."""
             results[i] = text
             self.stats["generated_tokens"] += n
             self.cache_hook.add_partial("generate_until", requests[i].args, text)
             if self.store is not None:
                 self.store.put("generate_until", keys[i], text)
                 if logprob is not None:  # best-of-k (report/samples.py) reads it back, resumed or not
-                    self.store.put("generate_until/logprob", keys[i], [logprob, n])
+                    self.store.put("generate_until/logprob", keys[i], [logprob, n, scored])
             if logprob is not None:
-                self.sample_logprobs[json.dumps(keys[i], default=str)] = (logprob, n)
+                self.sample_logprobs[json.dumps(keys[i], default=str)] = (logprob, n, scored)
             bar.update(1)
 
         def name(i: int) -> str:  # a request in errors (non-finite logits)
@@ -287,9 +288,10 @@ class OrtLM(TemplateLM):
         try:
             if self.pool is not None:  # issue 15: workers on Ray; identical prompts stay on one worker
                 return self.pool.generate([r.args for r in requests], keys, [it[0] for it in items],
-                                          lambda i, text, lp, n: finish(i, text, n, lp), self._commit)
+                                          lambda i, text, lp, n, scored: finish(i, text, n, lp, scored),
+                                          self._commit)
             if path == "raw":  # issue 14: one prompt pass, K rows decoded together (engine/sampler.py)
-                self._generate_raw(items, keys, lambda i, s: finish(i, s.text, s.tokens, s.logprob), name)
+                self._generate_raw(items, keys, lambda i, s: finish(i, s.text, s.tokens, s.logprob, s.scored), name)
             else:
                 self._generate_og(runner, items, keys, finish, name)
         finally:
@@ -366,8 +368,18 @@ class OrtLM(TemplateLM):
             else self.tokenizer.chat_template
 
     def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        """Render the package's chat template (tokenizer_config.json or chat_template.jinja)."""
-        return self.tokenizer.render_chat(chat_history, add_generation_prompt)
+        """The package's chat template, as lm-eval's hf backend applies it: ``continue_final_message`` when
+        no generation prompt is asked for, and a template that refuses the conversation (a system role
+        it does not support) tried again without the system messages, with lm-eval's warning."""
+        from ortevals.package.chat import ChatTemplateError
+
+        continue_final = not add_generation_prompt
+        try:
+            return self.tokenizer.render_chat(chat_history, add_generation_prompt, continue_final)
+        except ChatTemplateError as e:
+            log.warning("Failed to apply chat template (%s). removing the system role in chat history.", e)
+            chat_history = [m for m in chat_history if m.get("role") != "system"]
+            return self.tokenizer.render_chat(chat_history, add_generation_prompt, continue_final)
 
     def _run(self, token_reqs: list[TokenRequest], on_done, disable_tqdm: bool) -> list[Score]:
         bar = tqdm(total=len(token_reqs), desc="ortevals", unit="req", disable=disable_tqdm,

@@ -143,8 +143,8 @@ class Worker:
         return "ok", [(s.logprob, s.greedy) for s in scores], getattr(engine, "mode", "incremental")
 
     def generate(self, args: list[tuple], keys: list[list]):
-        """("ok", [(text, log-prob or None, tokens)] per request, None): best-of-k needs each sample's
-        log-prob, which only the raw path computes."""
+        """("ok", [(text, log-prob or None, tokens, scored tokens)] per request, None): best-of-k needs each
+        sample's log-prob (EOS included, over the scored tokens), which only the raw path computes."""
         self._maybe_crash()
         if self.failed:
             return "error", self.failed, None
@@ -152,8 +152,8 @@ class Worker:
             texts = self.lm._generate([_Req(a) for a in args], keys, True)
         except OrtEvalsError as e:
             return "error", str(e), None
-        metas = [self.lm.sample_logprobs.get(json.dumps(k, default=str), (None, 0)) for k in keys]
-        return "ok", [(text, lp, n) for text, (lp, n) in zip(texts, metas, strict=True)], None
+        metas = [self.lm.sample_logprobs.get(json.dumps(k, default=str), (None, 0, 0)) for k in keys]
+        return "ok", [(text, *meta) for text, meta in zip(texts, metas, strict=True)], None
 
 
 @dataclass(frozen=True)
@@ -232,16 +232,17 @@ class WorkerPool:
         return out
 
     def generate(self, args: Sequence[tuple], keys: Sequence[list], prompts: Sequence[Sequence[int]],
-                 on_done: Callable[[int, str, float | None, int], None], after_chunk: Callable[[], None]) -> list[str]:
+                 on_done: Callable[[int, str, float | None, int, int], None],
+                 after_chunk: Callable[[], None]) -> list[str]:
         """Generated texts in order; identical prompts (samples of one prompt) stay in one chunk.
-        ``on_done(index, text, log-prob or None, tokens)`` as each chunk returns."""
+        ``on_done(index, text, log-prob or None, tokens, scored tokens)`` as each chunk returns."""
         def finish(chunk, reply):
             status, value, _ = reply
             if status == "error":
                 raise OrtEvalsError(value)
-            for index, (text, logprob, tokens) in zip(chunk.requests, value, strict=True):
-                on_done(index, text, logprob, tokens)
-            return [(index, text) for index, (text, _, _) in zip(chunk.requests, value, strict=True)]
+            for index, (text, logprob, tokens, scored) in zip(chunk.requests, value, strict=True):
+                on_done(index, text, logprob, tokens, scored)
+            return [(index, row[0]) for index, row in zip(chunk.requests, value, strict=True)]
 
         return self._run([tuple(p) for p in prompts], [tuple(p) for p in prompts],
                          lambda a, c: a.generate.remote([args[i] for i in c.requests], [keys[i] for i in c.requests]),

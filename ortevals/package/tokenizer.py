@@ -2,9 +2,10 @@
 
 Owns loading ``tokenizer.json`` (Hugging Face ``tokenizers``, the same Rust
 code transformers' fast tokenizers run) plus ``tokenizer_config.json`` for the
-special-token strings and the chat template, and encoding with lm-eval's BOS
-rules: special tokens are added as the tokenizer's post-processor says unless
-the caller decides, and never twice when the text already starts with BOS.
+special-token strings and the chat template (rendered by :mod:`ortevals.package.chat`
+as transformers renders it), and encoding with lm-eval's BOS rules: special
+tokens are added as the tokenizer's post-processor says unless the caller
+decides, and never twice when the text already starts with BOS.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ortevals.errors import PackageError
+from ortevals.package.chat import choose_template, render, special_token_vars
 from ortevals.package.loader import ModelPackage
 from ortevals.package.scope import Reads
 
@@ -53,11 +55,12 @@ class Tokenizer:
     """Encode/decode with a ``tokenizers.Tokenizer``. Build with :meth:`load`."""
 
     def __init__(self, backend, special: SpecialTokens, chat_template: str | None = None,
-                 add_bos_token: bool | None = None) -> None:
+                 add_bos_token: bool | None = None, template_vars: dict[str, str] | None = None) -> None:
         self.backend = backend
         self.special = special
         self.chat_template = chat_template
         self.add_bos_token = add_bos_token
+        self.template_vars = template_vars  # the named special tokens the template sees (package/chat.py)
 
     @classmethod
     def load(cls, package: ModelPackage, add_bos_token: bool | None = None) -> Tokenizer:
@@ -75,11 +78,10 @@ class Tokenizer:
             raise PackageError(f"{path}: not a valid tokenizers file ({e})") from None
         cfg = _read_json(files.config)
         special = _special_tokens(backend, cfg, package)
-        template = cfg.get("chat_template") if isinstance(cfg.get("chat_template"), str) else None
-        if template is None and files.template.is_file():
-            template = files.template.read_text(encoding="utf-8")
+        template = choose_template(cfg.get("chat_template"),  # transformers: the file wins over the config
+                                   files.template.read_text(encoding="utf-8") if files.template.is_file() else None)
         _check_vocab(backend, package, path)
-        return cls(backend, special, template, add_bos_token)
+        return cls(backend, special, template, add_bos_token, special_token_vars(cfg))
 
     @property
     def vocab_size(self) -> int:
@@ -100,23 +102,18 @@ class Tokenizer:
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        """The chat template rendered in a jinja2 sandbox, as transformers renders it."""
+    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    continue_final_message: bool = False) -> str:
+        """The chat template rendered as transformers' ``apply_chat_template(tokenize=False)`` renders it
+        (package/chat.py); a template that refuses the conversation raises :class:`ChatTemplateError`."""
         if not self.chat_template:
             raise PackageError("the package ships no chat template (tokenizer_config.json chat_template or "
                                "chat_template.jinja); run without --apply_chat_template")
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = _raise
-        bos = self.decode([self.special.bos_id]) if self.special.bos_id is not None else ""
-        eos = self.decode([self.special.eos_id]) if self.special.eos_id is not None else ""
-        return env.from_string(self.chat_template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt, bos_token=bos, eos_token=eos)
-
-
-def _raise(message: str):
-    raise PackageError(f"chat template: {message}")
+        variables = self.template_vars
+        if variables is None:  # built by hand: the BOS/EOS text only
+            ids = {"bos_token": self.special.bos_id, "eos_token": self.special.eos_id}
+            variables = {k: self.decode([i]) for k, i in ids.items() if i is not None}
+        return render(self.chat_template, messages, add_generation_prompt, continue_final_message, variables)
 
 
 def _read_json(path: Path) -> dict[str, Any]:

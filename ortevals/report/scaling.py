@@ -10,9 +10,11 @@ size-k subset (exact, never one random draw):
   Ties among the most frequent answers are broken uniformly at random, so a subset where the
   right answer ties with t others counts 1/(t + 1). Exact combinatorics (a DP over answer
   classes), no enumeration.
-- ``best@k``: the sample with the highest mean log-prob among the k (the model's own confidence)
-  is correct; equal log-probs are ranked by sample index. Sample r in the descending order is
-  chosen in C(K - 1 - r, k - 1) of the C(K, k) subsets.
+- ``best@k``: the sample with the highest score among the k (the model's own confidence) is
+  correct; the score is the log-prob of the whole sequence, the EOS that ended it included, per
+  scored token (generated tokens + that EOS; report/samples.py ``best_of_k_score``), so a sample
+  that ends at once scores log p(EOS) rather than 0. Equal scores are ranked by sample index.
+  Sample r in the descending order is chosen in C(K - 1 - r, k - 1) of the C(K, k) subsets.
 
 Per-question values are averaged over questions; the interval is a percentile bootstrap over
 questions (scipy.stats.bootstrap), the stderr the clustered one (questions are the clusters:
@@ -39,7 +41,7 @@ class QuestionSamples:
 
     answers: tuple[Hashable | None, ...]  # [K] the task's extracted answer (None: nothing extracted)
     correct: tuple[bool, ...]  # [K] the task's metric on each sample
-    mean_logprob: tuple[float, ...] | None = None  # [K] mean log-prob per generated token (best-of-k)
+    mean_logprob: tuple[float, ...] | None = None  # [K] log-prob per scored token, EOS included (best-of-k)
     tokens: tuple[int, ...] | None = None  # [K] generated tokens per sample
 
 

@@ -2,10 +2,17 @@
 
 Every function takes numpy arrays of per-question values (N questions, C
 choices) and returns numbers or frozen dataclasses; nothing here reads files.
-scipy provides the exact binomial (McNemar, Wilson) and the paired bootstrap;
-the cluster-robust standard error follows Miller (2024), "Adding Error Bars to
-Evals", eq. 4: SE² = (1/n²) Σ_clusters (Σ_{i∈c} (d_i − d̄))², which is the
-ordinary CLT standard error when every question is its own cluster.
+scipy provides the exact binomial (McNemar, Wilson), the t quantiles and the
+paired bootstrap.
+
+Clustered intervals, ONE convention for ``ortevals compare`` and ``ortevals
+fidelity`` (docs/compare.md): the cluster-robust (CR1) variance of a mean over G
+clusters, ``G/(G−1) · Σ_g (Σ_{i∈g} (x_i − x̄))² / N²`` (Miller 2024, "Adding Error
+Bars to Evals", eq. 4, with the small-sample factor G/(G−1) that Stata and
+statsmodels apply), and a two-sided interval from Student's t with G−1 degrees of
+freedom. With every question its own cluster (G = N) this is the textbook
+``std(x, ddof=1)/√N`` with t(N−1). 14 MMLU-Pro categories give t(13): 2.16 in place
+of 1.96, and the factor 14/13 on the variance.
 """
 
 from __future__ import annotations
@@ -70,22 +77,60 @@ def wilson(k: int, n: int) -> Interval:
     return Interval(k / n, float(ci.low), float(ci.high))
 
 
+def _cluster_index(clusters: np.ndarray | None, n: int) -> tuple[np.ndarray, int]:
+    """([N] cluster index, G); None: every observation its own cluster."""
+    if clusters is None:
+        return np.arange(n), n
+    labels = np.asarray(clusters)
+    if labels.dtype.kind not in "biuf":  # category names, maybe mixed with None: compare as text
+        labels = labels.astype(object).astype(str)
+    _, inverse = np.unique(labels, return_inverse=True)
+    return inverse.reshape(-1), int(inverse.max()) + 1 if n else 0
+
+
+def clustered_cov(x: np.ndarray, y: np.ndarray, clusters: np.ndarray | None = None) -> float:
+    """CR1 covariance of the means of ``x`` and ``y`` ``[N]`` with cluster labels ``[N]`` (None: one
+    cluster per observation); nan with fewer than 2 clusters."""
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    index, g = _cluster_index(clusters, len(x))
+    if g < 2:
+        return float("nan")
+    sx = np.bincount(index, weights=x - x.mean(), minlength=g)
+    sy = np.bincount(index, weights=y - y.mean(), minlength=g)
+    return float(g / (g - 1) * (sx * sy).sum() / len(x) ** 2)
+
+
+def clustered_mean(x: np.ndarray, clusters: np.ndarray | None = None) -> tuple[float, float]:
+    """Mean of ``x`` ``[N]`` and its CR1 standard error (nan with fewer than 2 clusters)."""
+    return float(np.mean(x)), float(np.sqrt(clustered_cov(x, x, clusters)))
+
+
+def t_critical(clusters: int, level: float = 0.95) -> float:
+    """The two-sided ``level`` quantile of Student's t with G−1 degrees of freedom (nan for G < 2)."""
+    from scipy.stats import t
+
+    return float(t.ppf(0.5 + level / 2, clusters - 1)) if clusters >= 2 else float("nan")
+
+
+def n_clusters(clusters: np.ndarray | None, n: int) -> int:
+    return _cluster_index(clusters, n)[1]
+
+
+def clustered_interval(x: np.ndarray, clusters: np.ndarray | None = None, level: float = 0.95) -> Interval:
+    """Mean of ``x`` ``[N]`` with its CR1 standard error and t(G−1) interval (module docstring)."""
+    mean, se = clustered_mean(x, clusters)
+    half = t_critical(n_clusters(clusters, len(x)), level) * se
+    return Interval(mean, mean - half, mean + half, se)
+
+
 def paired_delta(ref: np.ndarray, run: np.ndarray, clusters: np.ndarray | None = None) -> Interval:
-    """Δ accuracy (run − ref) with a 95% cluster-robust interval.
+    """Δ accuracy (run − ref) with a 95% cluster-robust interval (CR1, t with G−1 df).
 
     ref, run: [N] 0/1 scores of the same questions; clusters: [N] labels (categories), or None for
     one cluster per question.
     """
     d = np.asarray(run, dtype=np.float64) - np.asarray(ref, dtype=np.float64)
-    n = len(d)
-    resid = d - d.mean()
-    if clusters is None:
-        sums = resid
-    else:
-        _, inverse = np.unique(np.asarray(clusters, dtype=object).astype(str), return_inverse=True)
-        sums = np.bincount(inverse, weights=resid)
-    se = float(np.sqrt(np.sum(sums**2)) / n)
-    return Interval(float(d.mean()), float(d.mean() - Z95 * se), float(d.mean() + Z95 * se), se)
+    return clustered_interval(d, clusters)
 
 
 def bootstrap_delta(ref: np.ndarray, run: np.ndarray, resamples: int = 2000, seed: int = 0) -> Interval:

@@ -14,6 +14,14 @@ in a ``scopes`` table (digest -> JSON) and every answer row names its scope, so
 Rows are committed every ``commit_every`` results or ``commit_seconds``, so a
 kill costs at most that much work. Only JSON goes in and out; nothing is
 unpickled.
+
+Several processes may use one store at once (two runs in two terminals, a sweep):
+answers wait in memory and go to disk in one short ``BEGIN IMMEDIATE`` transaction
+per commit, so no connection holds SQLite's write lock between commits, and every
+read runs outside a transaction, so it sees what the other runs have committed
+(same scope: their answers are reused). Holding a transaction open from one put to
+the next made a second run die with "database is locked": its read snapshot went
+stale as soon as the first run committed.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from ortevals.report.scope import Scope
 
 __all__ = ["ResultStore", "Scope", "store_scopes"]
 log = logging.getLogger(__name__)
+BUSY_SECONDS = 60  # how long a commit waits for another run's commit (each holds the lock for milliseconds)
 
 
 class ResultStore:
@@ -42,7 +51,7 @@ class ResultStore:
         self.scope = scope
         self.commit_every = commit_every
         self.commit_seconds = commit_seconds
-        self._pending = 0
+        self._pending: dict[str, str] = {}  # key -> JSON value, not yet on disk
         self._last_commit = time.monotonic()
         self.hits = 0
         self.writes = 0
@@ -50,7 +59,8 @@ class ResultStore:
     @classmethod
     def open(cls, path: Path, scope: Scope) -> ResultStore:
         path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(str(path), timeout=30, isolation_level=None, check_same_thread=False)
+        # autocommit (isolation_level None): no statement opens a transaction that outlives it
+        conn = sqlite3.connect(str(path), timeout=BUSY_SECONDS, isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
         columns = [r[1] for r in conn.execute("PRAGMA table_info(answers)")]
@@ -59,10 +69,8 @@ class ResultStore:
             conn.execute("DROP TABLE answers")
         conn.execute("CREATE TABLE IF NOT EXISTS answers (key TEXT PRIMARY KEY, value TEXT NOT NULL, scope TEXT)")
         conn.execute("CREATE TABLE IF NOT EXISTS scopes (digest TEXT PRIMARY KEY, description TEXT NOT NULL)")
-        # autocommit, before BEGIN: no write lock is held between open and the first answer
         conn.execute("INSERT OR REPLACE INTO scopes (digest, description) VALUES (?, ?)",
                      (scope.digest, json.dumps(scope.describe(), sort_keys=True)))
-        conn.execute("BEGIN")
         return cls(conn, path, scope)
 
     def key(self, kind: str, request: Any) -> str:
@@ -70,29 +78,41 @@ class ResultStore:
         return hashlib.sha256(body.encode("utf-8")).hexdigest()
 
     def get(self, kind: str, request: Any) -> Any | None:
-        row = self.conn.execute("SELECT value FROM answers WHERE key = ?", (self.key(kind, request),)).fetchone()
-        if row is None:
+        """This run's answer not yet committed, else the latest committed one (any run's), else None."""
+        key = self.key(kind, request)
+        text = self._pending.get(key)
+        if text is None:
+            row = self.conn.execute("SELECT value FROM answers WHERE key = ?", (key,)).fetchone()
+            text = row[0] if row is not None else None
+        if text is None:
             return None
         self.hits += 1
-        return json.loads(row[0])
+        return json.loads(text)
 
     def put(self, kind: str, request: Any, value: Any) -> None:
-        self.conn.execute("INSERT OR REPLACE INTO answers (key, value, scope) VALUES (?, ?, ?)",
-                          (self.key(kind, request), json.dumps(value), self.scope.digest))
+        self._pending[self.key(kind, request)] = json.dumps(value)
         self.writes += 1
-        self._pending += 1
-        if self._pending >= self.commit_every or time.monotonic() - self._last_commit >= self.commit_seconds:
+        if len(self._pending) >= self.commit_every or time.monotonic() - self._last_commit >= self.commit_seconds:
             self.commit()
 
     def commit(self) -> None:
-        self.conn.execute("COMMIT")
-        self.conn.execute("BEGIN")
-        self._pending = 0
+        """Write the pending answers in one short transaction (the write lock is held only for it)."""
         self._last_commit = time.monotonic()
+        if not self._pending:
+            return
+        rows = [(key, value, self.scope.digest) for key, value in self._pending.items()]
+        self.conn.execute("BEGIN IMMEDIATE")  # waits (busy timeout) while another run commits
+        try:
+            self.conn.executemany("INSERT OR REPLACE INTO answers (key, value, scope) VALUES (?, ?, ?)", rows)
+            self.conn.execute("COMMIT")
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self._pending.clear()
 
     def close(self) -> None:
         try:
-            self.conn.execute("COMMIT")
+            self.commit()
         finally:
             self.conn.close()
 
