@@ -97,10 +97,33 @@ def evaluate(lm, spec: RunSpec) -> RunOutcome:
 
         add_scaling(results, tasks, lm, spec.output)
     requests = lm.stats["requests"] - before["requests"]
-    summary = summarize(results, requests, seconds, lm.stats["seconds"] - before["seconds"],
-                        lm.stats["reused"] - before["reused"], lm.stats.get("mode", ""))
+    reused = lm.stats["reused"] - before["reused"]
+    summary = summarize(results, requests, seconds, lm.stats["seconds"] - before["seconds"], reused,
+                        mode_text(lm.stats, requests, reused), workers_text(lm))
     files = tuple(write_outputs(spec.output, results, summary)) if spec.output else ()
     return RunOutcome(summary, results, files)
+
+
+GEN_PATHS = {"raw": "generation on raw onnxruntime", "og": "generation on onnxruntime-genai"}
+
+
+def mode_text(stats: dict, requests: int, reused: int) -> str:
+    """How this run's requests were answered: the log-likelihood mode, the generation engine, or the store."""
+    if not requests and reused:
+        return (f"all {reused} requests reused from the result store (scored earlier with the same package files, "
+                "settings and versions)")
+    parts = [stats["mode"]] if stats.get("mode") else []
+    parts += [GEN_PATHS[stats["gen_path"]]] if stats.get("gen_path") in GEN_PATHS else []
+    return "; ".join(parts)
+
+
+def workers_text(lm) -> str:
+    """``2 Ray workers (local cluster)`` when the run was data parallel (integrations/ray.py), else ``""``."""
+    pool = getattr(lm, "pool", None)
+    if pool is None or not getattr(pool, "workers", 0):
+        return ""
+    where = lm.args.ray_address or "a local cluster"
+    return f"{pool.workers} Ray worker{'s' if pool.workers > 1 else ''} on {where}"
 
 
 @functools.lru_cache(maxsize=8)

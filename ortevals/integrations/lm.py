@@ -28,6 +28,7 @@ from ortevals.options import ModelArgs, parse_model_args, scoped_settings
 from ortevals.package.loader import CONFIG_NAME, ModelPackage
 from ortevals.package.tokenizer import Tokenizer
 from ortevals.report import resume
+from ortevals.report.model_info import model_info
 from ortevals.report.store import ResultStore, Scope
 
 log = logging.getLogger(__name__)
@@ -127,6 +128,11 @@ class OrtLM(TemplateLM):
     def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> OrtLM:
         merged = {**arg_dict, **{k: v for k, v in (additional_config or {}).items() if v is not None}}
         return cls.from_package(parse_model_args(merged))
+
+    def get_model_info(self) -> dict:
+        """What lm-eval writes into ``results["config"]``: the package, its precision, provider and every model
+        argument (report/model_info.py), in place of ``"model": "OrtLM", "model_args": null``."""
+        return model_info(self.package, self.backends.provider, self.args)
 
     # --- lm-eval properties -------------------------------------------------
     @property
@@ -245,6 +251,7 @@ class OrtLM(TemplateLM):
         if not items:
             return []
         path = self._generation_path()
+        self.stats["gen_path"] = path  # the summary says which engine generated (report/results.py)
         runner = self.backends.genai if path == "og" and self.pool is None else None  # workers: the driver opens no og
         results: list[str] = [""] * len(items)
         bar = tqdm(total=len(items), desc="ortevals generate", unit="req", disable=disable_tqdm, dynamic_ncols=True)

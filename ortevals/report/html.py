@@ -74,6 +74,7 @@ def _notes(cmp: Comparison) -> list[str]:
 
 def _markdown(cmp: Comparison, tables) -> str:
     lines = [f"# Comparison against {cmp.ref}", "", f"Runs: {', '.join(cmp.runs)}.", ""]
+    lines += [f"- {label}: {model}" for label, model in cmp.models] + ([""] if cmp.models else [])
     for title, (header, rows) in tables.items():
         if not rows:
             continue
@@ -91,7 +92,8 @@ def _html(cmp: Comparison, tables, pngs: dict[str, bytes]) -> str:
     parts = ["<!DOCTYPE html><html><head><meta charset='utf-8'><title>ortevals compare</title><style>"
              "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:13px}"
              "td,th{border:1px solid #ccc;padding:3px 6px}th{background:#eee}img{max-width:100%}</style></head><body>",
-             f"<h1>Comparison against {e(cmp.ref)}</h1><p>Runs: {e(', '.join(cmp.runs))}.</p>"]
+             f"<h1>Comparison against {e(cmp.ref)}</h1><p>Runs: {e(', '.join(cmp.runs))}.</p>",
+             "<ul>" + "".join(f"<li>{e(label)}: {e(model)}</li>" for label, model in cmp.models) + "</ul>"]
     for title, (header, rows) in tables.items():
         if rows:
             parts.append(f"<h2>{e(title)}</h2><table><tr>" + "".join(f"<th>{e(h)}</th>" for h in header) + "</tr>")
