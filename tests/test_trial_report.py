@@ -26,7 +26,7 @@ def gsm_like_results():
     strict, flexible = [1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0]
     samples = [sample(i, "strict-match", v) for i, v in enumerate(strict)]
     samples += [sample(i, "flexible-extract", v) for i, v in enumerate(flexible)]
-    arc = [{"doc_id": 0, "doc": {}, "filter": "none", "acc": 1.0}, {"doc_id": 1, "doc": {}, "filter": "none", "acc": 0.0}]
+    arc = [{"doc_id": i, "doc": {}, "filter": "none", "acc": v} for i, v in enumerate([1.0, 0.0])]
     results = {"gsm": {"alias": "gsm", "exact_match,strict-match": 0.25, "exact_match_stderr,strict-match": 0.25,
                        "exact_match,flexible-extract": 0.75, "exact_match_stderr,flexible-extract": 0.25},
                "arc": {"alias": "arc", "acc,none": 0.5, "acc_stderr,none": 0.5}}
@@ -100,7 +100,8 @@ def test_results_say_what_was_scored_and_compare_says_which_is_which(tiny_pkg, t
     args = dict(kv.split("=", 1) for kv in config["model_args"].split(","))
     assert args["pkg"] == str(tiny_pkg.resolve()) and args["ep"] == "cpu" and args["truncate"] == "left"
     result = CliRunner().invoke(cli, ["compare", "--ref", str(tmp_path / "a"), str(tmp_path / "b")])
-    line = f"ortevals {tiny_pkg.resolve()} (llama, float32, CPUExecutionProvider, fingerprint {config['model_fingerprint']})"
+    line = (f"ortevals {tiny_pkg.resolve()} (llama, float32, CPUExecutionProvider, "
+            f"fingerprint {config['model_fingerprint']})")
     assert f"  a: {line}" in result.output and f"  b: {line}" in result.output
 
 
