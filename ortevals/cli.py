@@ -105,11 +105,32 @@ def run_options(fn):
     return fn
 
 
+# info-level notices a user should see at the default verbosity, printed as plain lines (not "WARNING …")
+NOTICES = ("ortevals.report.resume",)
+
+
+class _Format(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        if record.levelno == logging.INFO and record.name in NOTICES:
+            return record.getMessage()
+        return super().format(record)
+
+
 def _setup_logging(verbose: int) -> None:
+    import os
+
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=level)
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(_Format("%(levelname)s %(name)s: %(message)s"))
+    for name in NOTICES:
+        logging.getLogger(name).setLevel(min(level, logging.INFO))
     for name in ("lm_eval", "lm-eval", "datasets", "httpx", "urllib3"):
         logging.getLogger(name).setLevel(max(level, logging.WARNING if verbose < 2 else logging.DEBUG))
+    if verbose == 0:  # datasets draws a bar per filter pass (28 "Filter:" bars for --cot): -v shows them
+        os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+        if "datasets" in sys.modules:
+            sys.modules["datasets"].disable_progress_bars()
     # huggingface_hub is left alone: it resets its own level when lm-eval imports it, after this call. The
     # bundled data's "Repo card metadata block" warning is fixed at its source (its README has a card block).
 

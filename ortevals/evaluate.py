@@ -8,8 +8,11 @@ unreachable while offline is the common one), and writing outputs.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import os
+import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,11 +82,12 @@ def evaluate(lm, spec: RunSpec) -> RunOutcome:
     start = time.perf_counter()
     before = dict(lm.stats)
     try:
-        results = lm_eval.simple_evaluate(
-            model=model, tasks=tasks, limit=spec.limit, num_fewshot=spec.num_fewshot,
-            log_samples=True, task_manager=_run_task_manager(spec),
-            apply_chat_template=spec.apply_chat_template, gen_kwargs=gen_kwargs, **spec.extra,
-        )
+        with quiet_git_hash():
+            results = lm_eval.simple_evaluate(
+                model=model, tasks=tasks, limit=spec.limit, num_fewshot=spec.num_fewshot,
+                log_samples=True, task_manager=_run_task_manager(spec),
+                apply_chat_template=spec.apply_chat_template, gen_kwargs=gen_kwargs, **spec.extra,
+            )
     except OrtEvalsError:
         raise
     except Exception as e:  # datasets/hub raise many types; only data problems are re-worded
@@ -102,6 +106,29 @@ def evaluate(lm, spec: RunSpec) -> RunOutcome:
                         mode_text(lm.stats, requests, reused), workers_text(lm))
     files = tuple(write_outputs(spec.output, results, summary)) if spec.output else ()
     return RunOutcome(summary, results, files)
+
+
+@contextlib.contextmanager
+def quiet_git_hash():
+    """While lm-eval runs: its ``git_hash`` lookup (``git describe --always`` in the working folder) with git's
+    stderr dropped. lm-eval lets git print ``fatal: not a git repository`` on every run outside a repository;
+    the recorded value is unchanged (the same command, then lm-eval's own fallback)."""
+    import lm_eval.evaluator
+    from lm_eval.loggers.utils import get_commit_from_path
+
+    def git_hash():
+        try:
+            out = subprocess.check_output(["git", "describe", "--always"], stderr=subprocess.DEVNULL)  # noqa: S607
+            return out.strip().decode()
+        except (subprocess.CalledProcessError, FileNotFoundError):
+            return get_commit_from_path(os.getcwd())
+
+    original = lm_eval.evaluator.get_git_commit_hash
+    lm_eval.evaluator.get_git_commit_hash = git_hash
+    try:
+        yield
+    finally:
+        lm_eval.evaluator.get_git_commit_hash = original
 
 
 GEN_PATHS = {"raw": "generation on raw onnxruntime", "og": "generation on onnxruntime-genai"}

@@ -157,3 +157,22 @@ def test_workers_line():
     assert workers_text(Lm()) == "2 Ray workers on a local cluster"
     Lm.pool = None
     assert workers_text(Lm()) == ""
+
+
+def test_a_real_run_outside_git_prints_no_git_noise_no_filter_bars_and_a_plain_resume_notice(tiny_pkg, tmp_path):
+    """A process as a user starts it, in a folder outside any git repository (lm-eval's git hash lookup)."""
+    import os
+    import subprocess
+    import sys
+
+    assert subprocess.run(["git", "rev-parse"], cwd=tmp_path, capture_output=True).returncode != 0  # not a repo
+    env = {**os.environ, "ORTEVALS_CACHE": str(tmp_path / "cache")}
+    args = [sys.executable, "-m", "ortevals.cli", "mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--cot",
+            "--limit", "1", "--max-gen-toks", "2", "--truncate", "left", "--output", str(tmp_path / "out")]
+    runs = [subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600) for _ in "12"]
+    for r in runs:
+        assert r.returncode == 0, r.stderr
+        assert "fatal:" not in r.stderr and "Filter:" not in r.stderr, r.stderr
+    notice = [ln for ln in runs[1].stderr.splitlines() if "resuming:" in ln]
+    assert notice and all(ln.startswith("resuming: ") for ln in notice), runs[1].stderr
+    assert "scoring mode: all 14 requests reused" in runs[1].stdout
