@@ -89,7 +89,9 @@ def _flag(option):
 def run_options(fn):
     """--limit, --data, --output, --use-cache."""
     opts = [
-        click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N questions."),
+        click.option("--limit", type=click.IntRange(min=1), default=None,
+                     help="Only the first N questions: of the test split for mmlu-pro (with --cot, each in its "
+                          "subject's task); of each task for run (lm-eval's --limit)."),
         click.option("--data", default=None, help="Local copy of the data set (hub layout), or 'bundled'. "
                      "Default: the Hugging Face hub."),
         click.option("--output", type=click.Path(path_type=Path), default=None,
@@ -180,13 +182,14 @@ def _evaluate(kw: dict, tasks, data: Path | None, **spec_kw) -> None:
     ``tasks``: a Preset (its own lm-eval folder is indexed) or task names.
     """
     from ortevals.evaluate import RunSpec, check_spec, evaluate, task_manager
-    from ortevals.presets import task_specs
+    from ortevals.presets import apply_limit, task_specs
     from ortevals.report.results import format_table
 
     include = spec_kw.get("include_path")
     tm = task_manager(include) if include is not None else None
-    spec = RunSpec(tasks=tuple(task_specs(tasks, data, tm)), limit=kw["limit"], output=kw["output"],
-                   use_cache=kw["use_cache"], **spec_kw)
+    specs, samples, notes = apply_limit(tasks, task_specs(tasks, data, tm), kw["limit"])
+    spec = RunSpec(tasks=tuple(specs), limit=kw["limit"], output=kw["output"], use_cache=kw["use_cache"],
+                   samples=samples, notes=notes, **spec_kw)
     check_spec(spec)  # bad output paths, cache and options: one line before the model is even loaded
     lm = _load_lm(kw)
     outcome = evaluate(lm, spec)

@@ -39,6 +39,8 @@ class RunSpec:
     include_path: str | None = None
     apply_chat_template: bool = False
     gen_kwargs: dict[str, Any] | None = None
+    samples: dict[str, list[int]] | None = None  # documents to score per task (lm-eval's samples), not limit
+    notes: tuple[str, ...] = ()  # what an option meant in this run, printed under the table (--limit)
     extra: dict[str, Any] = field(default_factory=dict)  # more simple_evaluate kwargs
 
 
@@ -84,7 +86,8 @@ def evaluate(lm, spec: RunSpec) -> RunOutcome:
     try:
         with quiet_git_hash():
             results = lm_eval.simple_evaluate(
-                model=model, tasks=tasks, limit=spec.limit, num_fewshot=spec.num_fewshot,
+                model=model, tasks=tasks, limit=None if spec.samples else spec.limit, samples=spec.samples,
+                num_fewshot=spec.num_fewshot,
                 log_samples=True, task_manager=_run_task_manager(spec),
                 apply_chat_template=spec.apply_chat_template, gen_kwargs=gen_kwargs, **spec.extra,
             )
@@ -103,7 +106,7 @@ def evaluate(lm, spec: RunSpec) -> RunOutcome:
     requests = lm.stats["requests"] - before["requests"]
     reused = lm.stats["reused"] - before["reused"]
     summary = summarize(results, requests, seconds, lm.stats["seconds"] - before["seconds"], reused,
-                        mode_text(lm.stats, requests, reused), workers_text(lm))
+                        mode_text(lm.stats, requests, reused), workers_text(lm), spec.notes)
     files = tuple(write_outputs(spec.output, results, summary)) if spec.output else ()
     return RunOutcome(summary, results, files)
 

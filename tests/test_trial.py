@@ -6,6 +6,7 @@ not even loaded: a package path that does not exist proves it, since loading it 
 
 import json
 import os
+import re
 import stat
 
 import pytest
@@ -130,3 +131,78 @@ def test_output_files_are_world_readable_and_strict_json(tmp_path):
     assert stat.S_IMODE((tmp_path / "a.json").stat().st_mode) == 0o644  # what open() and lm-eval give
     assert json.loads((tmp_path / "a.json").read_text(), parse_constant=lambda c: pytest.fail(c)) == \
         {"x": None, "y": [1.5, None]}
+
+
+# --- item 4: --limit is the first N questions -------------------------------------------------------------
+def reordered_mmlu(tmp_path, categories):
+    """The bundled MMLU-Pro with the test split's first rows from ``categories`` in that order (then the rest)."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    from ortevals.presets import BUNDLED
+
+    dst = tmp_path / "mmlu"
+    shutil.copytree(BUNDLED / "mmlu_pro", dst)
+    path = dst / "data" / "test-00000-of-00001.parquet"
+    table = pq.read_table(path)
+    cats = table.column("category").to_pylist()
+    first, used = [], set()
+    for c in categories:
+        i = next(i for i, x in enumerate(cats) if x == c and i not in used)
+        first.append(i)
+        used.add(i)
+    order = first + [i for i in range(table.num_rows) if i not in used]
+    pq.write_table(table.take(order), path)
+    return dst, table.take(first).column("question_id").to_pylist()
+
+
+def question_ids(out):
+    return sorted(json.loads(ln)["doc"]["question_id"] for f in out.glob("samples_*.jsonl")
+                  for ln in f.read_text().splitlines())
+
+
+def test_limit_is_the_first_n_questions_of_the_test_split_with_and_without_cot(tmp_path, tiny_pkg):
+    data, ids = reordered_mmlu(tmp_path, ["math", "law", "math", "biology", "history"])
+    base = ["mmlu-pro", "--pkg", str(tiny_pkg), "--data", str(data), "--limit", "4", "--truncate", "left",
+            "--no-resume"]
+    cot = run(*base, "--cot", "--max-gen-toks", "2", "--output", str(tmp_path / "cot"))
+    assert cot.exit_code == 0, cot.output
+    # before: 4 questions from each of the 14 subjects (56); now the first 4 rows, each in its subject's task
+    assert question_ids(tmp_path / "cot") == sorted(ids[:4])
+    assert sorted(f.name for f in (tmp_path / "cot").glob("samples_*.jsonl")) == [
+        "samples_mmlu_pro_biology.jsonl", "samples_mmlu_pro_law.jsonl", "samples_mmlu_pro_math.jsonl"]
+    assert "questions 4 " in cot.output and "--limit 4: the first 4 questions of the test split" in cot.output
+    loglik = run(*base, "--output", str(tmp_path / "ll"))
+    assert loglik.exit_code == 0 and question_ids(tmp_path / "ll") == sorted(ids[:4])  # the same questions
+
+
+# --- item 6: bad data rows are named, not scored --------------------------------------------------------------
+def edited_row(column, row, value):
+    def edit(table):
+        import pyarrow as pa
+
+        values = table.column(column).to_pylist()
+        values[row] = value
+        kind = table.schema.field(column).type
+        return table.set_column(table.column_names.index(column), column, pa.array(values, kind))
+    return edit
+
+
+@pytest.mark.parametrize("edit,message", [
+    (edited_row("question", 2, None), "row 2 (question_id 72): field question is None; expected non-empty text"),
+    (edited_row("answer_index", 1, 12), "row 1 (question_id 71): field answer_index=12 is out of range for 10 "
+                                        "options; expected 0-9"),
+    (edited_row("answer", 0, "A"), "row 0 (question_id 70): field answer='A' but answer_index=8 is option I"),
+    (edited_row("answer", 3, "Q"), "row 3 (question_id 73): field answer='Q'; expected one letter of A-J"),
+], ids=["null-question", "index-out-of-range", "answer-vs-index", "answer-not-a-letter"])
+def test_bad_data_rows_name_the_row_and_field(tmp_path, tiny_pkg, edit, message):
+    from ortevals.errors import DataError
+    from ortevals.presets import PRESETS, validate_local
+    from tests.test_badinputs import mmlu_copy
+
+    data = mmlu_copy(tmp_path, edit)
+    with pytest.raises(DataError, match=re.escape(message)):
+        validate_local(PRESETS["mmlu-pro"], data)
+    assert_one_line_error(run("mmlu-pro", "--pkg", str(tiny_pkg), "--data", str(data), "--limit", "1",
+                              "--truncate", "left", "--no-resume"), message)
