@@ -17,7 +17,6 @@ It imports ``onnx`` (protobuf only, no weights) and no runtime.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -25,12 +24,20 @@ from pathlib import Path
 from typing import Any
 
 from ortevals.errors import PackageError
+from ortevals.package.config import (
+    CONFIG_NAME,
+    load_json_config,
+    optional_int,
+    read_context_length,
+    read_token_ids,
+    resolve_inside,
+    typed_field,
+)
 from ortevals.package.graph import external_data_files, read_signature
 from ortevals.runtime.providers import check_session_options
 
 log = logging.getLogger(__name__)
 
-CONFIG_NAME = "genai_config.json"
 # files besides config and models whose bytes can change a number: tokenization, chat template, generation
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "tokenizer.model", "chat_template.jinja", "chat_template.json", "generation_config.json")
@@ -162,54 +169,12 @@ class ModelPackage:
         return h.hexdigest()[:16]
 
 
-def resolve_inside(root: Path, name: object, field_name: str) -> Path:
-    """Resolve ``name`` (a config string) under ``root``; refuse anything outside it."""
-    if not isinstance(name, str) or not name.strip():
-        raise PackageError(f"{root / CONFIG_NAME}: field {field_name} must be a non-empty file name, got {name!r}")
-    candidate = Path(name)
-    if candidate.is_absolute():
-        raise PackageError(
-            f"{root / CONFIG_NAME}: field {field_name}={name!r} is an absolute path; "
-            "expected a file name inside the package folder"
-        )
-    # lexical check: symlinks the user placed (a hub cache's blobs) are theirs to make
-    resolved = Path(os.path.normpath(os.path.abspath(root / candidate)))
-    if not resolved.is_relative_to(Path(os.path.abspath(root))):
-        raise PackageError(
-            f"{root / CONFIG_NAME}: field {field_name}={name!r} escapes the package folder {root}; "
-            "expected a file inside it"
-        )
-    return resolved
-
-
-def load_json_config(root: Path) -> dict[str, Any]:
-    """Read genai_config.json with a one-line error for every way it can be wrong."""
-    cfg_path = root / CONFIG_NAME
-    if not root.exists():
-        raise PackageError(f"{root}: package folder not found; expected a folder holding {CONFIG_NAME}")
-    if not cfg_path.is_file():
-        raise PackageError(
-            f"{cfg_path}: not found; expected an ONNX Runtime GenAI package folder "
-            f"({CONFIG_NAME} + decoder .onnx), as written by Olive or the onnxruntime-genai model builder"
-        )
-    text = cfg_path.read_text(encoding="utf-8", errors="replace")
-    if not text.strip():
-        raise PackageError(f"{cfg_path}: file is empty; expected a JSON object with a 'model' section")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise PackageError(f"{cfg_path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
-        raise PackageError(f"{cfg_path}: expected a JSON object with a 'model' object, got {type(data).__name__}")
-    return data
-
-
 def _read_package(path: Path) -> ModelPackage:
     root = path.parent if path.name == CONFIG_NAME else path
     cfg = load_json_config(root)
     model = cfg["model"]
     where = root / CONFIG_NAME
-    model_type = _field(model, "type", str, where, "model.type")
+    model_type = typed_field(model, "type", str, where, "model.type")
     decoder = _model_file(root, model, "decoder", required=True)
     embedding = _model_file(root, model, "embedding", required=False)
     if embedding is None and decoder.input(decoder.inputs.get("inputs_embeds", "inputs_embeds")) is not None \
@@ -220,7 +185,7 @@ def _read_package(path: Path) -> ModelPackage:
         )
     skipped = tuple(k for k, v in model.items() if isinstance(v, dict) and k not in ("decoder", "embedding")
                     and isinstance(v.get("filename"), str) and v.get("filename"))
-    vocab = _field(model, "vocab_size", int, where, "model.vocab_size")
+    vocab = typed_field(model, "vocab_size", int, where, "model.vocab_size")
     pkg = ModelPackage(
         root=root,
         model_type=model_type,
@@ -228,48 +193,16 @@ def _read_package(path: Path) -> ModelPackage:
         embedding=embedding,
         kv=_kv_specs(decoder, model["decoder"], where),
         vocab_size=vocab,
-        context_length=_context_length(model, where),
-        bos_token_id=_optional_int(model, "bos_token_id", where),
-        eos_token_ids=_token_ids(model.get("eos_token_id"), where),
-        pad_token_id=_optional_int(model, "pad_token_id", where),
+        context_length=read_context_length(model, where),
+        bos_token_id=optional_int(model, "bos_token_id", where),
+        eos_token_ids=read_token_ids(model.get("eos_token_id"), where),
+        pad_token_id=optional_int(model, "pad_token_id", where),
         skipped_models=skipped,
         config=cfg,
     )
     _check_logits(pkg, where)
     log.info("loaded %s: type %s, %d layers, skipped %s", root, model_type, len(pkg.kv), list(skipped) or "none")
     return pkg
-
-
-def _field(section: dict, key: str, kind: type, where: Path, name: str):
-    if key not in section:
-        raise PackageError(f"{where}: field {name} is missing; expected {kind.__name__}")
-    value = section[key]
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise PackageError(f"{where}: field {name} must be {kind.__name__}, got {value!r}")
-    return value
-
-
-def _optional_int(section: dict, key: str, where: Path) -> int | None:
-    if section.get(key) is None:
-        return None
-    return _field(section, key, int, where, f"model.{key}")
-
-
-def _context_length(model: dict, where: Path) -> int:
-    """``model.context_length``; 0 when absent (ortevals' default applies), never <= 0 when given."""
-    value = _optional_int(model, "context_length", where)
-    if value is not None and value <= 0:
-        raise PackageError(f"{where}: field model.context_length must be a positive int, got {value}")
-    return value or 0
-
-
-def _token_ids(value: Any, where: Path) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    values = value if isinstance(value, list) else [value]
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        raise PackageError(f"{where}: field model.eos_token_id must be an int or a list of ints, got {value!r}")
-    return tuple(values)
 
 
 def _model_file(root: Path, model: dict, role: str, *, required: bool) -> ModelFile | None:
