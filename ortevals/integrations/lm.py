@@ -26,6 +26,7 @@ from ortevals.engine.scoring import NonFiniteScore, context_limit, describe_requ
 from ortevals.errors import OrtEvalsError
 from ortevals.options import ModelArgs, parse_model_args, scoped_settings
 from ortevals.package.loader import CONFIG_NAME, ModelPackage
+from ortevals.package.multimodal import check_media_tokens
 from ortevals.package.tokenizer import Tokenizer
 from ortevals.report import resume
 from ortevals.report.model_info import model_info
@@ -70,6 +71,7 @@ class OrtLM(TemplateLM):
 
         package = ModelPackage.load(args.pkg)
         tokenizer = Tokenizer.load(package, add_bos_token=args.add_bos_token)
+        check_media_tokens(package, tokenizer.backend)  # issue 22: a media token id that text produces
         provider = from_package(package.decoder.session_options, args.ep,
                                 parse_options(args.provider_options), args.threads)
         settings = EngineSettings(

@@ -1,6 +1,7 @@
 """``genai_config.json``: reading it and its scalar fields, each error one line naming the field.
 
-Owns the file's own problems (missing, empty, not JSON, no ``model`` object), typed fields
+Owns the file's own problems (missing, empty, not JSON, no ``model`` object; then, once ortevals' own
+checks pass, a config onnxruntime-genai refuses: :func:`check_og_accepts`), typed fields
 (``model.vocab_size``, token ids, ``context_length``) and model file names resolved inside the
 package folder. :mod:`ortevals.package.loader` builds the package from what this returns.
 """
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ortevals.errors import PackageError
+from ortevals.runtime.og_config import og_refusal
 
 CONFIG_NAME = "genai_config.json"
 
@@ -89,3 +91,12 @@ def read_token_ids(value: Any, where: Path) -> tuple[int, ...]:
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
         raise PackageError(f"{where}: field model.eos_token_id must be an int or a list of ints, got {value!r}")
     return tuple(values)
+
+
+def check_og_accepts(root: Path) -> None:
+    """The config is one onnxruntime-genai accepts (its parser and model types, runtime/og_config.py); else one
+    line with onnxruntime-genai's own reason. Run after ortevals' checks, whose messages name more."""
+    cfg_path = root / CONFIG_NAME
+    refusal = og_refusal(cfg_path.read_bytes())
+    if refusal:
+        raise PackageError(f"{cfg_path}: onnxruntime-genai refuses this config: {refusal}")

@@ -26,6 +26,7 @@ from typing import Any
 from ortevals.errors import PackageError
 from ortevals.package.config import (
     CONFIG_NAME,
+    check_og_accepts,
     load_json_config,
     optional_int,
     read_context_length,
@@ -33,7 +34,7 @@ from ortevals.package.config import (
     resolve_inside,
     typed_field,
 )
-from ortevals.package.graph import external_data_files, read_signature
+from ortevals.package.graph import external_data_files, graph_facts, read_signature
 from ortevals.runtime.providers import check_session_options
 
 log = logging.getLogger(__name__)
@@ -183,6 +184,7 @@ def _read_package(path: Path) -> ModelPackage:
             f"{where}: the decoder takes inputs_embeds but field model.embedding is missing; "
             "expected an embedding model that turns input_ids into inputs_embeds"
         )
+    _check_decoder_inputs(decoder, where)
     skipped = tuple(k for k, v in model.items() if isinstance(v, dict) and k not in ("decoder", "embedding")
                     and isinstance(v.get("filename"), str) and v.get("filename"))
     vocab = typed_field(model, "vocab_size", int, where, "model.vocab_size")
@@ -201,6 +203,7 @@ def _read_package(path: Path) -> ModelPackage:
         config=cfg,
     )
     _check_logits(pkg, where)
+    check_og_accepts(root)  # last: ortevals' own checks above name the field and what was expected
     log.info("loaded %s: type %s, %d layers, skipped %s", root, model_type, len(pkg.kv), list(skipped) or "none")
     return pkg
 
@@ -298,10 +301,44 @@ def _check_layers(specs: list[KVSpec], section: dict, decoder: ModelFile, where:
     if isinstance(heads, int) and specs and all(s.kv_heads != heads for s in specs):
         raise PackageError(f"{where}: model.decoder.num_key_value_heads={heads} but {decoder.path.name} "
                            f"declares {sorted({s.kv_heads for s in specs})} KV heads; config and graph must agree")
+    attention = graph_facts(decoder.path).attention_heads
+    query_heads = section.get("num_attention_heads")
+    if isinstance(query_heads, int) and attention and query_heads not in attention:
+        raise PackageError(f"{where}: model.decoder.num_attention_heads={query_heads} but {decoder.path.name}'s "
+                           f"attention nodes have num_heads {sorted(attention)}; config and graph must agree")
     size = section.get("head_size")
     if isinstance(size, int) and specs and all(s.head_size != size for s in specs):
         raise PackageError(f"{where}: model.decoder.head_size={size} but {decoder.path.name} declares "
                            f"head sizes {sorted({s.head_size for s in specs})}; config and graph must agree")
+
+
+FED_INPUTS = ("input_ids", "inputs_embeds", "attention_mask", "position_ids")  # what the decoder is fed by name
+
+
+def _check_decoder_inputs(decoder: ModelFile, where: Path) -> None:
+    """Every decoder input is one genai_config.json names (``model.decoder.inputs``, or its default name):
+    onnxruntime-genai and ortevals feed inputs by those names, so an input named otherwise (``ids`` for
+    ``input_ids``) would never be fed."""
+    names = {decoder.inputs.get(k, k): k for k in FED_INPUTS}
+    patterns = [decoder.inputs.get(k, d) for k, d in (("past_key_names", "past_key_values.%d.key"),
+                                                      ("past_value_names", "past_key_values.%d.value"))]
+    for inp in decoder.graph_inputs:
+        if inp.name in names or any(_is_layer_name(inp.name, p) for p in patterns):
+            continue
+        mapped = ", ".join(f"{k}={v!r}" for k, v in sorted(decoder.inputs.items()))
+        raise PackageError(f"{decoder.path}: input {inp.name!r} is not an input {where.name} names "
+                           f"(model.decoder.inputs: {mapped or 'none, so the default names'}); expected the "
+                           "graph's inputs to be the names the config gives, since inputs are fed by name")
+    if not any(decoder.input(decoder.inputs.get(k, k)) for k in ("input_ids", "inputs_embeds")):
+        ids = decoder.inputs.get("input_ids", "input_ids")
+        raise PackageError(f"{where}: neither model.decoder.inputs.input_ids={ids!r} nor inputs_embeds is an "
+                           f"input of {decoder.path.name}; config and graph must agree")
+
+
+def _is_layer_name(name: str, pattern: str) -> bool:
+    head, _, tail = pattern.partition("%d")
+    middle = name[len(head):len(name) - len(tail)] if name.startswith(head) and name.endswith(tail) else ""
+    return middle.isdigit()
 
 
 def _check_logits(pkg: ModelPackage, where: Path) -> None:
