@@ -116,3 +116,38 @@ def test_an_image_token_that_is_ordinary_text_is_named_at_load(gemma4_mm, copy_p
     assert_one_line_error(result, f"field model.image_token_id={image_id} is the ordinary text token 'e' in "
                                   "tokenizer.json; expected a special token")
 
+
+
+def hub_layout(src, root):
+    """``src`` as a Hugging Face cache snapshot: each file a symlink to ``../../blobs/<sha256>``."""
+    import hashlib
+
+    blobs, snap = root / "blobs", root / "snapshots" / "0123abc"
+    blobs.mkdir(parents=True)
+    snap.mkdir(parents=True)
+    for f in src.iterdir():
+        digest = hashlib.sha256(f.read_bytes()).hexdigest()
+        (blobs / digest).write_bytes(f.read_bytes())
+        (snap / f.name).symlink_to(f"../../blobs/{digest}")
+    return snap
+
+
+@pytest.mark.parametrize("scoring_graph", [True, False], ids=["derived-graph", "package-graph"])
+def test_a_package_of_symlinks_scores_as_the_real_files(tiny_pkg, tmp_path, scoring_graph):
+    """onnxruntime refused the derived graph's data ("External data path escapes model directory")."""
+    from lm_eval.api.instance import Instance
+
+    from ortevals.integrations.lm import ModelArgs, OrtLM
+    from tests.test_properties import REQS
+
+    snap = hub_layout(tiny_pkg, tmp_path / "hub")
+    assert (snap / "model.onnx.data").is_symlink()
+    scores = []
+    for pkg in (tiny_pkg, snap):
+        lm = OrtLM.from_package(ModelArgs(pkg=str(pkg), batch_size=2, scoring_graph=scoring_graph))
+        scores.append(lm.loglikelihood([Instance("loglikelihood", {}, r, i) for i, r in enumerate(REQS)],
+                                       disable_tqdm=True))
+    assert scores[0] == scores[1]  # the same files, byte for byte: the same numbers
+    result = CliRunner().invoke(cli, ["mmlu-pro", "--pkg", str(snap), "--data", "bundled", "--limit", "1",
+                                      "--truncate", "left", "--no-resume"], catch_exceptions=False)
+    assert result.exit_code == 0 and "questions 1 " in result.output, result.output

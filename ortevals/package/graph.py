@@ -160,3 +160,38 @@ def _all_tensors(model):
     from onnx.external_data_helper import _get_all_tensors
 
     return _get_all_tensors(model)
+
+
+def relocated(path: Path, source: Path | None = None) -> tuple[Path, bytes | None]:
+    """Where onnxruntime should read ``path``'s external data from, and the model to give it.
+
+    Returns ``(folder, None)`` in the usual case: the data sit in the model's folder (``source``, a
+    derived copy of the model kept elsewhere, is opened as it is). When the data files are symlinks
+    into another folder (a Hugging Face cache snapshot: every file links to ``../../blobs/<hash>``),
+    onnxruntime refuses them ("External data path escapes model directory") once the model is opened
+    from anywhere but that folder; then the folder is the one they resolve into and the model
+    (``source`` or ``path``, protobuf only, no weights) comes back as bytes naming the real files. Data
+    that resolve into several folders cannot be named that way: a one-line error says what to do.
+    """
+    folder = Path(os.path.abspath(path.parent))
+    files = sorted(external_data_files(path))
+    real = {f: Path(os.path.realpath(f)) for f in files}
+    if all(r == f or r.parent == Path(os.path.realpath(folder)) and r.name == f.name for f, r in real.items()):
+        return folder, None
+    targets = {r.parent for r in real.values()}
+    if len(targets) != 1:
+        raise PackageError(f"{path}: its external data files are links into {len(targets)} different folders "
+                           f"({', '.join(sorted(map(str, targets)))}); onnxruntime needs them in one folder: copy "
+                           "the package with its links resolved (cp -rL)")
+    import onnx
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    model = onnx.load(str(source or path), load_external_data=False)
+    for tensor in _all_tensors(model):
+        if uses_external_data(tensor):
+            name = real[Path(os.path.normpath(folder / ExternalDataInfo(tensor).location))].name
+            for entry in tensor.external_data:
+                if entry.key == "location":
+                    entry.value = name
+    log.info("%s: external data read from %s (the package's files are links there)", path, targets.pop())
+    return Path(os.path.realpath(files[0])).parent, model.SerializeToString()
