@@ -15,11 +15,10 @@ onnxruntime handles an option it does not know in one of three ways, by provider
 
 from __future__ import annotations
 
-import difflib
 import logging
 from collections.abc import Iterable
 
-from ortevals.errors import ProviderError
+from ortevals.errors import ProviderError, did_you_mean
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +32,6 @@ KNOWN_OPTIONS: dict[str, frozenset[str]] = {
         "enable_skip_layer_norm_strict_mode", "prefer_nhwc", "use_ep_level_unified_stream", "use_tf32",
         "sdpa_kernel", "fuse_conv_bias"}),
 }
-
-
-def closest(name: str, known: Iterable[str]) -> str:
-    """`` (did you mean 'x'?)`` for the nearest known name, or an empty string."""
-    match = difflib.get_close_matches(name, sorted(known), n=1)
-    return f" (did you mean {match[0]!r}?)" if match else ""
 
 
 def check_user_options(provider: str, keys: Iterable[str]) -> None:
@@ -59,4 +52,4 @@ def check_user_options(provider: str, keys: Iterable[str]) -> None:
         if key not in known:
             log.warning("--provider-option %s: not a %s option this version of ortevals knows%s; onnxruntime "
                         "refuses it when the session opens if it does not know it either", key, provider,
-                        closest(key, known))
+                        did_you_mean(key, known))
