@@ -176,3 +176,36 @@ def test_a_real_run_outside_git_prints_no_git_noise_no_filter_bars_and_a_plain_r
     notice = [ln for ln in runs[1].stderr.splitlines() if "resuming:" in ln]
     assert notice and all(ln.startswith("resuming: ") for ln in notice), runs[1].stderr
     assert "scoring mode: all 14 requests reused" in runs[1].stdout
+
+
+# --- item 13: fidelity --------------------------------------------------------------------------------------
+def test_ppl_difference_equals_llama_cpp_published_output():
+    """llama.cpp's perplexity README (--kl-divergence): Mean PPL(Q) 18.274923 ± 0.147295, Mean PPL(base)
+    19.087688 ± 0.155066, Cor 97.75%, Mean PPL(Q)-PPL(base) -0.812765 ± 0.032991 (cor printed to 4 digits)."""
+    from ortevals.fidelity.run import ppl_difference
+
+    diff, se = ppl_difference({"ppl_cand": 18.274923, "ppl_cand_se": 0.147295, "ppl_ref": 19.087688,
+                               "ppl_ref_se": 0.155066, "cor_ln_ppl": 0.9775})
+    assert diff == pytest.approx(-0.812765, abs=1e-6) and se == pytest.approx(0.032991, abs=5e-5)
+
+
+def test_fidelity_with_one_window_says_there_is_no_interval(tiny_pkg, tmp_path):
+    out = tmp_path / "s.json"
+    result = CliRunner().invoke(cli, ["fidelity", "--pkg", str(tiny_pkg), "--ref", str(tiny_pkg), "--tokens", "255",
+                                      "--json", str(out)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "1 windows of 512" in result.output and "nan" not in result.output.lower()
+    assert "one window gives no standard error or interval" in result.output
+    assert "Mean PPL(cand)-PPL(ref)       :   0.000000 ±        n/a" in result.output
+    s = strict_json(out.read_text())
+    assert s["ppl"]["ppl_cand_se"] is None and s["ppl"]["diff"] == 0.0 and s["ppl"]["diff_se"] is None
+
+
+def test_fidelity_prints_the_ppl_difference_with_its_error(tiny_pkg, tmp_path):
+    """Several windows: the line equals the formula on the printed values (package against itself: 0 ± 0)."""
+    out = tmp_path / "s.json"
+    result = CliRunner().invoke(cli, ["fidelity", "--pkg", str(tiny_pkg), "--ref", str(tiny_pkg), "--ctx", "64",
+                                      "--tokens", "300", "--json", str(out)], catch_exceptions=False)
+    s = strict_json(out.read_text())["ppl"]
+    assert s["diff"] == pytest.approx(s["ppl_cand"] - s["ppl_ref"], abs=1e-12)
+    assert "Mean PPL(cand)-PPL(ref)       :" in result.output and "one window" not in result.output
