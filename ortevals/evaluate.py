@@ -140,8 +140,8 @@ GEN_PATHS = {"raw": "generation on raw onnxruntime", "og": "generation on onnxru
 def mode_text(stats: dict, requests: int, reused: int) -> str:
     """How this run's requests were answered: the log-likelihood mode, the generation engine, or the store."""
     if not requests and reused:
-        return (f"all {reused} requests reused from the result store (scored earlier with the same package files, "
-                "settings and versions)")
+        return (f"all {reused} request{'s' if reused != 1 else ''} reused from the result store (scored earlier with "
+                "the same package files, settings and versions)")
     parts = [stats["mode"]] if stats.get("mode") else []
     parts += [GEN_PATHS[stats["gen_path"]]] if stats.get("gen_path") in GEN_PATHS else []
     return "; ".join(parts)

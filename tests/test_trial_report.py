@@ -168,14 +168,14 @@ def test_a_real_run_outside_git_prints_no_git_noise_no_filter_bars_and_a_plain_r
     assert subprocess.run(["git", "rev-parse"], cwd=tmp_path, capture_output=True).returncode != 0  # not a repo
     env = {**os.environ, "ORTEVALS_CACHE": str(tmp_path / "cache")}
     args = [sys.executable, "-m", "ortevals.cli", "mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--cot",
-            "--limit", "1", "--max-gen-toks", "2", "--truncate", "left", "--output", str(tmp_path / "out")]
+            "--limit", "2", "--max-gen-toks", "2", "--truncate", "left", "--output", str(tmp_path / "out")]
     runs = [subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600) for _ in "12"]
     for r in runs:
         assert r.returncode == 0, r.stderr
         assert "fatal:" not in r.stderr and "Filter:" not in r.stderr, r.stderr
     notice = [ln for ln in runs[1].stderr.splitlines() if "resuming:" in ln]
     assert notice and all(ln.startswith("resuming: ") for ln in notice), runs[1].stderr
-    assert "scoring mode: all 14 requests reused" in runs[1].stdout
+    assert "scoring mode: all 2 requests reused" in runs[1].stdout
 
 
 # --- item 13: fidelity --------------------------------------------------------------------------------------

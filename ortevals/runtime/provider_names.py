@@ -4,7 +4,8 @@ onnxruntime handles an option it does not know in one of three ways, by provider
 
 * **CPU** takes no options. onnxruntime silently ignores any (``get_provider_options()`` shows
   ``{}``) and onnxruntime-genai 0.18 refuses every one ("CPU execution provider does not support
-  provider options"): a user option on CPU is an **error**.
+  provider options"): a user option on CPU is a **warning** naming it, ignored (ortevals never hands
+  onnxruntime-genai CPU options, and onnxruntime drops them).
 * **CUDA** parses its options with onnxruntime's ``ProviderOptionsParser``, which refuses an unknown
   name when the session opens (``Unknown provider option``). The names below are those of
   ``cuda_execution_provider_info.cc`` (onnxruntime 1.17–1.22); a name outside them is a **warning**
@@ -18,7 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from ortevals.errors import ProviderError, did_you_mean
+from ortevals.errors import did_you_mean
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +36,8 @@ KNOWN_OPTIONS: dict[str, frozenset[str]] = {
 
 
 def check_user_options(provider: str, keys: Iterable[str]) -> None:
-    """The user's option names for ``provider`` (a short name): an error on CPU, a warning for an unknown
-    CUDA name, nothing for providers whose names are not listed."""
+    """The user's option names for ``provider`` (a short name): a warning on CPU (it takes none), a warning
+    for an unknown CUDA name, nothing for providers whose names are not listed."""
     keys = list(keys)
     if not keys:
         return
@@ -45,9 +46,10 @@ def check_user_options(provider: str, keys: Iterable[str]) -> None:
         log.info("%s provider options are passed on unchecked: %s", provider, ", ".join(keys))
         return
     if provider == "cpu":
-        raise ProviderError(f"--provider-option {keys[0]}: the CPU execution provider takes no provider options "
-                            "(onnxruntime ignores them and onnxruntime-genai refuses them); use --threads for "
-                            "threads, or --ep for another provider")
+        log.warning("--provider-option %s: the CPU execution provider takes no provider options, so %s ignored "
+                    "(onnxruntime ignores them, onnxruntime-genai refuses them); use --threads for threads, or --ep "
+                    "for another provider", ", ".join(keys), "it is" if len(keys) == 1 else "they are")
+        return
     for key in keys:
         if key not in known:
             log.warning("--provider-option %s: not a %s option this version of ortevals knows%s; onnxruntime "

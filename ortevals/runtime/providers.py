@@ -166,7 +166,7 @@ def from_package(
     listed = provider_entries(session_options, where)
     name = normalize(ep) if ep else (listed[0][0] if listed else "cpu")
     options = dict(next((o for n, o in listed if n == name), {}))
-    check_user_options(name, overrides or {})  # runtime/provider_names.py: an error on CPU, a warning on CUDA
+    check_user_options(name, overrides or {})  # runtime/provider_names.py: warnings naming ignored options
     options.update(overrides or {})
     if threads is None:
         threads = thread_count(session_options, where)
