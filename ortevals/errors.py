@@ -36,3 +36,11 @@ def first_line(e: BaseException) -> str:
     """The first line of an exception's message, or its type name: third-party errors span many lines."""
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
+
+
+def did_you_mean(name: str, known) -> str:
+    """`` (did you mean 'x'?)`` for the nearest of ``known`` (difflib), or an empty string."""
+    import difflib
+
+    match = difflib.get_close_matches(name, sorted(known), n=1)
+    return f" (did you mean {match[0]!r}?)" if match else ""

@@ -8,14 +8,18 @@ unreachable while offline is the common one), and writing outputs.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import os
+import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ortevals.errors import DataError, OrtEvalsError, first_line
+from ortevals.files import cache_root, check_writable_file, check_writable_folder
 from ortevals.report.results import RunSummary, summarize, write_outputs
 
 log = logging.getLogger(__name__)
@@ -35,6 +39,8 @@ class RunSpec:
     include_path: str | None = None
     apply_chat_template: bool = False
     gen_kwargs: dict[str, Any] | None = None
+    samples: dict[str, list[int]] | None = None  # documents to score per task (lm-eval's samples), not limit
+    notes: tuple[str, ...] = ()  # what an option meant in this run, printed under the table (--limit)
     extra: dict[str, Any] = field(default_factory=dict)  # more simple_evaluate kwargs
 
 
@@ -45,12 +51,25 @@ class RunOutcome:
     files: tuple[Path, ...]
 
 
+def check_spec(spec: RunSpec) -> None:
+    """Everything about a run that can be wrong before any work: one line each (a file as --output, a
+    folder as --use-cache, no tasks, a cache path that is a file)."""
+    if not spec.tasks:
+        raise OrtEvalsError("no tasks given; expected at least one lm-eval task or group name")
+    if spec.limit is not None and spec.limit <= 0:
+        raise OrtEvalsError(f"--limit must be > 0, got {spec.limit}")
+    if spec.output is not None:
+        check_writable_folder(spec.output, "--output")
+    if spec.use_cache is not None:
+        check_writable_file(spec.use_cache, "--use-cache")
+    cache_root()  # $ORTEVALS_CACHE naming a file is refused here, not halfway through the run
+
+
 def evaluate(lm, spec: RunSpec) -> RunOutcome:
     """Run lm-eval on ``lm`` (an :class:`~ortevals.integrations.lm.OrtLM`) and summarize."""
     import lm_eval
 
-    if spec.limit is not None and spec.limit <= 0:
-        raise OrtEvalsError(f"--limit must be > 0, got {spec.limit}")
+    check_spec(spec)
     model: Any = lm
     if spec.use_cache is not None:
         from lm_eval.api.model import CachingLM
@@ -65,11 +84,13 @@ def evaluate(lm, spec: RunSpec) -> RunOutcome:
     start = time.perf_counter()
     before = dict(lm.stats)
     try:
-        results = lm_eval.simple_evaluate(
-            model=model, tasks=tasks, limit=spec.limit, num_fewshot=spec.num_fewshot,
-            log_samples=True, task_manager=_run_task_manager(spec),
-            apply_chat_template=spec.apply_chat_template, gen_kwargs=gen_kwargs, **spec.extra,
-        )
+        with quiet_git_hash():
+            results = lm_eval.simple_evaluate(
+                model=model, tasks=tasks, limit=None if spec.samples else spec.limit, samples=spec.samples,
+                num_fewshot=spec.num_fewshot,
+                log_samples=True, task_manager=_run_task_manager(spec),
+                apply_chat_template=spec.apply_chat_template, gen_kwargs=gen_kwargs, **spec.extra,
+            )
     except OrtEvalsError:
         raise
     except Exception as e:  # datasets/hub raise many types; only data problems are re-worded
@@ -83,10 +104,56 @@ def evaluate(lm, spec: RunSpec) -> RunOutcome:
 
         add_scaling(results, tasks, lm, spec.output)
     requests = lm.stats["requests"] - before["requests"]
-    summary = summarize(results, requests, seconds, lm.stats["seconds"] - before["seconds"],
-                        lm.stats["reused"] - before["reused"], lm.stats.get("mode", ""))
+    reused = lm.stats["reused"] - before["reused"]
+    summary = summarize(results, requests, seconds, lm.stats["seconds"] - before["seconds"], reused,
+                        mode_text(lm.stats, requests, reused), workers_text(lm), spec.notes)
     files = tuple(write_outputs(spec.output, results, summary)) if spec.output else ()
     return RunOutcome(summary, results, files)
+
+
+@contextlib.contextmanager
+def quiet_git_hash():
+    """While lm-eval runs: its ``git_hash`` lookup (``git describe --always`` in the working folder) with git's
+    stderr dropped. lm-eval lets git print ``fatal: not a git repository`` on every run outside a repository;
+    the recorded value is unchanged (the same command, then lm-eval's own fallback)."""
+    import lm_eval.evaluator
+    from lm_eval.loggers.utils import get_commit_from_path
+
+    def git_hash():
+        try:
+            out = subprocess.check_output(["git", "describe", "--always"], stderr=subprocess.DEVNULL)  # noqa: S607
+            return out.strip().decode()
+        except (subprocess.CalledProcessError, FileNotFoundError):
+            return get_commit_from_path(os.getcwd())
+
+    original = lm_eval.evaluator.get_git_commit_hash
+    lm_eval.evaluator.get_git_commit_hash = git_hash
+    try:
+        yield
+    finally:
+        lm_eval.evaluator.get_git_commit_hash = original
+
+
+GEN_PATHS = {"raw": "generation on raw onnxruntime", "og": "generation on onnxruntime-genai"}
+
+
+def mode_text(stats: dict, requests: int, reused: int) -> str:
+    """How this run's requests were answered: the log-likelihood mode, the generation engine, or the store."""
+    if not requests and reused:
+        return (f"all {reused} request{'s' if reused != 1 else ''} reused from the result store (scored earlier with "
+                "the same package files, settings and versions)")
+    parts = [stats["mode"]] if stats.get("mode") else []
+    parts += [GEN_PATHS[stats["gen_path"]]] if stats.get("gen_path") in GEN_PATHS else []
+    return "; ".join(parts)
+
+
+def workers_text(lm) -> str:
+    """``2 Ray workers (local cluster)`` when the run was data parallel (integrations/ray.py), else ``""``."""
+    pool = getattr(lm, "pool", None)
+    if pool is None or not getattr(pool, "workers", 0):
+        return ""
+    where = lm.args.ray_address or "a local cluster"
+    return f"{pool.workers} Ray worker{'s' if pool.workers > 1 else ''} on {where}"
 
 
 @functools.lru_cache(maxsize=8)
@@ -121,6 +188,10 @@ def _reword_data_error(e: Exception, spec: RunSpec) -> None:
     if "out of bounds for size 0" in text or "must have valid or test docs" in text:
         raise DataError(f"the data set is empty after filters for {', '.join(map(str, names))[:200]} "
                         "(check --data, --limit and the task names)") from None
+    if "number of fewshot samples requested exceeds" in text:  # lm-eval's assert while building prompts
+        available = next((w for w in first_line(e).split() if w.isdigit()), "fewer")
+        raise DataError(f"--num-fewshot {spec.num_fewshot}: {', '.join(map(str, names))[:200]} has only "
+                        f"{available} few-shot examples; expected --num-fewshot {available} or less") from None
     if "not a registered task" in text or "spec '" in text:
         raise DataError(f"unknown task in {', '.join(names)}: {first_line(e)}") from None
     if "must have valid or test docs" in text or "dataset" in text and "not found" in text:

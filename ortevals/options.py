@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ortevals.engine.scoring import TRUNCATE_MODES
-from ortevals.errors import OrtEvalsError
+from ortevals.errors import OrtEvalsError, did_you_mean
 
 PKG_ALIASES = ("pretrained", "model")  # lm-eval spellings of the package folder
 IGNORED = ("device", "max_batch_size")  # lm-eval passes its torch device and batch cap; the EP is `ep`
@@ -184,7 +184,8 @@ def parse_model_args(args: Mapping[str, Any]) -> ModelArgs:
         raise OrtEvalsError("model_args needs pkg=PATH (the GenAI package folder)")
     unknown = sorted(set(args) - set(BY_NAME))
     if unknown:
-        raise OrtEvalsError(f"unknown ortevals model_args {unknown}; expected some of {sorted(BY_NAME)}")
+        raise OrtEvalsError(f"unknown ortevals model_args {unknown}{did_you_mean(unknown[0], BY_NAME)}; expected "
+                            f"some of {sorted(BY_NAME)}")
     return ModelArgs(**{k: BY_NAME[k].parse(v) for k, v in args.items()})
 
 
@@ -199,6 +200,17 @@ def parse_arg_string(text: str | None) -> dict[str, str]:
             raise OrtEvalsError(f"--model-args entry {pair!r} must look like key=value")
         out[key.strip()] = value.strip()
     return out
+
+
+def check_flags_agree(flags: Mapping[str, Any], model_args: Mapping[str, Any]) -> None:
+    """A CLI flag and a ``--model-args`` entry for the same option must not disagree: one would be ignored."""
+    for name, value in flags.items():
+        if name in model_args:
+            option = BY_NAME[name]
+            if option.parse(value) != option.parse(model_args[name]):
+                shown = ",".join(value) if isinstance(value, tuple) else value
+                raise OrtEvalsError(f"{option.flag} {shown} and --model-args {name}={model_args[name]} disagree; "
+                                    "give the option once")
 
 
 def scoped_settings(args: ModelArgs) -> dict[str, Any]:

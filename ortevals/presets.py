@@ -20,7 +20,8 @@ from ortevals.errors import DataError
 log = logging.getLogger(__name__)
 
 BUNDLED = Path(__file__).parent / "data"
-MMLU_PRO_COLUMNS = {"question": "string", "options": "list", "answer": "string", "category": "string"}
+MMLU_PRO_COLUMNS = {"question": "string", "options": "list", "answer": "string", "answer_index": "int",
+                    "category": "string"}
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class Preset:
     columns: dict[str, str]
     splits: tuple[str, ...]
     lm_eval_dir: str  # the folder under lm_eval/tasks holding these tasks' YAMLs
+    id_column: str = "question_id"  # a question's identity in the data set (``--limit``: first_questions)
 
     def task_manager(self):
         """A TaskManager indexing only this preset's lm-eval folder (the full index takes ~6 s)."""
@@ -124,6 +126,59 @@ def _leaf_configs(tm, name: str, load_yaml) -> list[dict[str, Any]]:
     return [cfg]
 
 
+def apply_limit(tasks, specs: list, limit: int | None) -> tuple[list, dict[str, list[int]] | None, tuple[str, ...]]:
+    """What ``--limit N`` means, said under the table: a preset takes the first N questions of its data
+    (:func:`first_questions`); named tasks take lm-eval's first N of each. Returns (specs, samples, notes)."""
+    if not limit:
+        return specs, None, ()
+    if isinstance(tasks, Preset):
+        specs, samples = first_questions(tasks, specs, limit)
+        where = f", in {len(specs)} of the subject tasks" if samples else ""
+        return specs, samples or None, (f"--limit {limit}: the first {limit} questions of the test split{where}",)
+    if len(specs) > 1:
+        return specs, None, (f"--limit {limit}: the first {limit} questions of each task (lm-eval's --limit)",)
+    return specs, None, ()
+
+
+def first_questions(preset: Preset, specs: list, n: int) -> tuple[list, dict[str, list[int]]]:
+    """``--limit N`` on a preset of several tasks (``mmlu-pro --cot``: one task per subject): the first N
+    questions of the test split, each scored by the subject task it belongs to.
+
+    lm-eval's own limit takes the first N documents of every task (42 questions for ``--limit 3`` over 14
+    subjects). Returns the tasks that hold any of the N questions and, per task, the indices of its
+    documents to score (for lm-eval's ``samples``): the data set is loaded as lm-eval loads it and each
+    task's own ``process_docs`` picks its documents, so the indices are those lm-eval sees.
+    """
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    configs = [c for t in specs for c in ([t] if isinstance(t, dict) else _leaf_configs(
+        preset.task_manager(), t, load_yaml))]
+    if len(configs) < 2:
+        return specs, {}
+    test = _load_split(configs[0])
+    first = set(test.select(range(min(n, len(test))))[preset.id_column])
+    kept, samples = [], {}
+    for cfg in configs:
+        docs = cfg["process_docs"](test) if callable(cfg.get("process_docs")) else test
+        indices = [i for i, q in enumerate(docs[preset.id_column]) if q in first]
+        if indices:
+            kept.append(cfg)
+            samples[cfg["task"]] = indices
+    return kept, samples
+
+
+def _load_split(cfg: dict):
+    """The task's test split, loaded by the call lm-eval makes (datasets caches it for lm-eval's own load)."""
+    import datasets
+
+    try:
+        data = datasets.load_dataset(cfg["dataset_path"], cfg.get("dataset_name"), **(cfg.get("dataset_kwargs") or {}))
+    except Exception as e:  # datasets/hub raise many types; offline is the common one
+        raise DataError(f"could not load {cfg['dataset_path']} to find the first questions for --limit "
+                        f"({type(e).__name__}); pass --data PATH to a local copy, or --data bundled") from None
+    return data[cfg.get("test_split") or "test"]
+
+
 def split_file(folder: Path, split: str) -> Path:
     """The parquet file of ``split`` in the hub layout (``data/test-00000-of-00001.parquet``)."""
     for pattern in (f"data/{split}-*.parquet", f"{split}-*.parquet", f"data/{split}.parquet", f"{split}.parquet"):
@@ -157,10 +212,36 @@ def _validate_table(path: Path, columns: dict[str, str]) -> None:
         if not _has_kind(table.schema.field(col).type, kind):
             raise DataError(f"{path}: column {col!r} has type {table.schema.field(col).type}; expected {kind}")
     if "options" in columns:
-        lengths = table.column("options").to_pylist()
-        for row, opts in enumerate(lengths):
-            if not opts or any(not isinstance(o, str) for o in opts):
-                raise DataError(f"{path}: row {row} has empty or non-text options; expected a list of strings")
+        _check_rows(path, {c: table.column(c).to_pylist() for c in (*columns, "question_id") if c in names})
+
+
+LETTERS = "ABCDEFGHIJKLMNOP"
+
+
+def _check_rows(path: Path, cols: dict[str, list]) -> None:
+    """Each row of a multiple-choice split as lm-eval reads it: text where text is used (a null question
+    would become the prompt "None"), options, and an answer letter and index that point at the same option."""
+    for row, opts in enumerate(cols["options"]):
+        qid = cols["question_id"][row] if "question_id" in cols else None
+        where = f"{path}: row {row}" + (f" (question_id {qid})" if qid is not None else "")
+        if not opts or any(not isinstance(o, str) for o in opts):
+            raise DataError(f"{where} has empty or non-text options; expected a list of strings")
+        for field in ("question", "category"):
+            value = cols[field][row] if field in cols else ""
+            if not isinstance(value, str) or not value.strip():
+                raise DataError(f"{where}: field {field} is {value!r}; expected non-empty text")
+        letters = LETTERS[:len(opts)]
+        answer = cols["answer"][row] if "answer" in cols else None
+        index = cols["answer_index"][row] if "answer_index" in cols else None
+        if answer not in tuple(letters):
+            raise DataError(f"{where}: field answer={answer!r}; expected one letter of {letters[0]}-{letters[-1]} "
+                            f"for {len(opts)} options")
+        if "answer_index" in cols and (not isinstance(index, int) or not 0 <= index < len(opts)):
+            raise DataError(f"{where}: field answer_index={index!r} is out of range for {len(opts)} options; "
+                            f"expected 0-{len(opts) - 1}")
+        if "answer_index" in cols and letters[index] != answer:
+            raise DataError(f"{where}: field answer={answer!r} but answer_index={index} is option "
+                            f"{letters[index]}; they must name the same option")
 
 
 def _has_kind(arrow_type, kind: str) -> bool:
@@ -170,4 +251,6 @@ def _has_kind(arrow_type, kind: str) -> bool:
         return pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type)
     if kind == "list":
         return pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type)
+    if kind == "int":
+        return pa.types.is_integer(arrow_type)
     return True

@@ -138,3 +138,18 @@ def test_import_patches_nothing_and_the_builder_shim_is_scoped():
                          cwd=REPO)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["True", "True", "True"], out.stdout + out.stderr[-2000:]
+
+
+def test_an_unknown_evaluator_key_stops_the_workflow_naming_the_closest(work, tiny_pkg):
+    """Olive hands keys it does not know to the evaluator; "limt" ran the whole benchmark before (issue 22)."""
+    from ortevals.errors import OrtEvalsError
+    from ortevals.integrations.olive import OrtEvalsEvaluator
+
+    with pytest.raises(OrtEvalsError, match=r"unknown key 'limt' in the evaluator config \(did you mean 'limit'\?\)"):
+        OrtEvalsEvaluator(tasks=["mmlu-pro"], limt=5)
+    cfg = config("evaluate_package.json", tiny_pkg)
+    cfg["evaluators"]["ortevals"].pop("limit", None)
+    cfg["evaluators"]["ortevals"]["limt"] = 5
+    proc, metrics = olive_run(work, "typo", cfg)
+    assert proc.returncode != 0 and metrics is None
+    assert "unknown key 'limt' in the evaluator config (did you mean 'limit'?)" in proc.stderr + proc.stdout

@@ -70,11 +70,11 @@ def test_model_args_on_the_cli_choose_the_path(tiny_pkg, tmp_path, caplog):
     assert max(abs(a - b) for a, b in zip(outs["prefill"], outs["incremental"])) < 1e-4
 
 
-def test_flags_win_over_model_args_and_bad_model_args_are_one_line(tiny_pkg):
+def test_flags_and_model_args_agree_and_bad_model_args_are_one_line(tiny_pkg):
     assert_one_line_error(run("mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--model-args", "pkgg=1"),
                           "unknown ortevals model_args ['pkgg']")
     assert_one_line_error(run("mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--model-args", "seed"),
                           "--model-args entry 'seed' must look like key=value")
-    # the flag's bad value wins over a good one in --model-args, so the error names the flag's value
+    # a flag and a --model-args entry for the same option: a bad value is named first, then any disagreement
     assert_one_line_error(run("mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--batch-size", "0",
                               "--model-args", "batch_size=2"), "batch_size must be > 0, got 0")

@@ -98,7 +98,7 @@ def test_mutated_data_is_usable_or_refused(tmp_path_factory, column, values, dro
     from lm_eval.tasks.leaderboard.mmlu_pro.utils import doc_to_choice, doc_to_text
 
     rows = {"question": ["What is 1+1?"] * len(values), "options": [["1", "2"]] * len(values),
-            "answer": ["B"] * len(values), "category": ["math"] * len(values)}
+            "answer": ["B"] * len(values), "answer_index": [1] * len(values), "category": ["math"] * len(values)}
     if drop:
         rows.pop(column)
     else:
@@ -116,6 +116,8 @@ def test_mutated_data_is_usable_or_refused(tmp_path_factory, column, values, dro
     except DataError as e:
         assert "\n" not in str(e) and str(path) in str(e)
         return
-    for doc in table.to_pylist():  # accepted: the task must be able to use every row
+    for doc in table.to_pylist():  # accepted: the task must be able to use every row, and score it right
         assert isinstance(doc_to_text(doc), str) and doc_to_choice(doc)
         assert all(isinstance(c, str) and c in string.ascii_uppercase for c in doc_to_choice(doc))
+        assert isinstance(doc["question"], str) and doc["question"].strip()  # never the prompt text "None"
+        assert doc["answer"] == doc_to_choice(doc)[doc["answer_index"]]  # the gold letter is the gold index

@@ -48,9 +48,12 @@ def test_two_workers_give_the_same_results_json_and_samples(ray_cluster, tiny_pk
     base = ["mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--limit", "6", "--truncate", "left",
             "--no-resume"]
     run_cli(base + ["--output", str(tmp_path / "one")])
-    run_cli(base + ["--output", str(tmp_path / "two"), "--workers", "2"])
+    two_workers = run_cli(base + ["--output", str(tmp_path / "two"), "--workers", "2"])
     one, two = (json.loads((tmp_path / d / "results.json").read_text()) for d in ("one", "two"))
     assert one["results"] == two["results"]
+    # issue 22: the console and results.json say the workers ran (a one-process run says nothing)
+    assert "workers: 2 Ray workers on a local cluster" in two_workers.output
+    assert two["ortevals"]["workers"] == "2 Ray workers on a local cluster" and one["ortevals"]["workers"] == ""
     s1, s2 = ((tmp_path / d / "samples_leaderboard_mmlu_pro.jsonl").read_text() for d in ("one", "two"))
     assert s1 == s2 and len(s1.splitlines()) == 6
 

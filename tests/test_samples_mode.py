@@ -126,17 +126,18 @@ def test_cli_samples_reports_every_k(tiny_pkg, tmp_path):
     from ortevals.cli import cli
 
     out = tmp_path / "run"
+    # --limit 2: the test split's first two questions, both business (issue 22: not two per subject)
     result = CliRunner().invoke(cli, ["mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--cot", "--limit",
-                                      "1", "--max-gen-toks", "6", "--samples", "2", "--no-resume", "--truncate",
+                                      "2", "--max-gen-toks", "6", "--samples", "2", "--no-resume", "--truncate",
                                       "left", "--output", str(out)], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     body = json.loads((out / "results.json").read_text())
-    biology = body["results"]["mmlu_pro_biology"]
+    business = body["results"]["mmlu_pro_business"]
     assert {"maj@1,custom-extract", "maj@2,custom-extract", "pass@2,custom-extract", "best@2,custom-extract"} \
-        <= set(biology)
-    lines = [json.loads(x) for x in (out / "samples_mmlu_pro_biology.jsonl").read_text().splitlines()]
-    assert len(lines) == 1 and len(lines[0]["resps"][0]) == 2  # one question, two samples
-    assert body["scaling"]["questions"] == 14 and body["scaling"]["samples"] == 2
+        <= set(business)
+    lines = [json.loads(x) for x in (out / "samples_mmlu_pro_business.jsonl").read_text().splitlines()]
+    assert len(lines) == 2 and all(len(x["resps"][0]) == 2 for x in lines)  # two questions, two samples each
+    assert body["scaling"]["questions"] == 2 and body["scaling"]["samples"] == 2
 
 
 def test_best_of_k_scores_the_whole_sequence_eos_included(cot_config):

@@ -120,6 +120,16 @@ def describe_request(context: str, continuation: str = "") -> str:
     return repr(text[:40] + ("…" if len(text) > 40 else ""))
 
 
+def effective_max_length(user_max_length: int | None, context_length: int, config: object, default: int) -> int:
+    """The user's max_length, else the package's context_length, else ``default``. A max_length beyond the
+    package's context is refused: its positions were never trained, and onnxruntime-genai refuses it too."""
+    if user_max_length and context_length and user_max_length > context_length:
+        raise OrtEvalsError(f"max_length={user_max_length} is beyond the package's context: "
+                            f"model.context_length={context_length} in {config}; expected max_length <= "
+                            f"{context_length} (onnxruntime-genai refuses a longer one as well)")
+    return user_max_length or context_length or default
+
+
 def context_limit(max_length: int, user_max_length: int | None, context_length: int, config: object,
                   truncate: str = "error") -> ContextLimit:
     """The limit in force and its origin: the user's max_length, else the package's context_length."""

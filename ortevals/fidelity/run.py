@@ -8,7 +8,6 @@ ids, window settings, vocabulary), and the printed and JSON report.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from dataclasses import dataclass, field
@@ -198,6 +197,7 @@ def run_fidelity(o: FidelityOptions) -> FidelityReport:
     summary = {"candidate": str(o.pkg), "reference": desc, "n_ctx": plan.n_ctx,
                "top_k": int(saved.tokens.topk_ids.shape[1]) if saved else (o.top_k or DEFAULT_TOP_K),
                **summarize(stats, clusters)}
+    summary["ppl"]["diff"], summary["ppl"]["diff_se"] = ppl_difference(summary["ppl"])  # llama.cpp's PPL(Q)-PPL(base)
     files = []
     if o.save_ref is not None:
         tokens = RefTokens(*(np.concatenate([getattr(r, f) for r in kept]) for f in
@@ -208,9 +208,9 @@ def run_fidelity(o: FidelityOptions) -> FidelityReport:
                                      "llama_cpp_bytes_per_token": 2 * package.vocab_size}
         files.append(Path(o.save_ref))
     if o.json is not None:
-        from ortevals.files import atomic_write
+        from ortevals.files import atomic_write, json_text
 
-        atomic_write(Path(o.json), json.dumps(summary, indent=2) + "\n")
+        atomic_write(Path(o.json), json_text(summary, indent=2) + "\n")  # strict: no SE is null, not NaN
         files.append(Path(o.json))
     return FidelityReport(summary, stats, clusters, plan, ids, tuple(files))
 
@@ -239,38 +239,63 @@ def _progress(plan: WindowPlan):
     return step
 
 
+def ppl_difference(ppl: dict) -> tuple[float, float]:
+    """llama.cpp's ``Mean PPL(Q)-PPL(base)`` and its standard error: the two perplexities' SEs combined
+    with their correlation, ``sqrt(se_c² + se_r² − 2·cor·se_c·se_r)`` (llama.cpp's ``ppl_diff_unc``);
+    NaN where one window gives no SE."""
+    a, b, cor = ppl["ppl_cand_se"], ppl["ppl_ref_se"], ppl["cor_ln_ppl"]
+    var = a * a + b * b - 2.0 * cor * a * b
+    return ppl["ppl_cand"] - ppl["ppl_ref"], math.sqrt(var) if var > 0 else (0.0 if var == 0 else math.nan)
+
+
+def _pm(value: float, se: float, width: int = 10, digits: int = 6) -> str:
+    """``value ± se``, with ``± n/a`` where there is no standard error (one window)."""
+    err = f"{se:{width}.{digits}f}" if math.isfinite(se) else f"{'n/a':>{width}}"
+    return f"{value:{width}.{digits}f} ± {err}"
+
+
 def format_report(s: dict) -> str:
     """The printed report: llama.cpp's ``--kl-divergence`` layout; every ± is a window-clustered SE."""
     kl, dp, ppl = s["kl"], s["delta_p"], s["ppl"]
     lo, hi = ppl["ratio_ci95"]
+    diff, diff_se = ppl_difference(ppl)
+    one = s["windows"] < 2
+    cor = f"{100 * ppl['cor_ln_ppl']:6.2f}%" if math.isfinite(ppl["cor_ln_ppl"]) else "   n/a"
+    interval = f"95% CI {lo:.6f} … {hi:.6f}, paired" if math.isfinite(lo) and math.isfinite(hi) else "no interval"
     lines = [
         f"candidate: {s['candidate']}", f"reference: {s['reference']}",
         f"{s['tokens']} tokens scored in {s['windows']} windows of {s['n_ctx']} (second half of each window); "
         f"top-k {s['top_k']}; ± is a standard error clustered by window",
+        *([f"one window gives no standard error or interval (n/a below): errors are clustered by window, so at "
+           f"least two are needed; raise --tokens above {s['tokens']} (or lower --ctx)"] if one else []),
         "", "====== Perplexity statistics ======",
-        f"Mean PPL(cand)                : {ppl['ppl_cand']:10.6f} ± {ppl['ppl_cand_se']:10.6f}",
-        f"Mean PPL(ref)                 : {ppl['ppl_ref']:10.6f} ± {ppl['ppl_ref_se']:10.6f}",
-        f"Cor(ln(PPL(cand)), ln(PPL(ref))): {100 * ppl['cor_ln_ppl']:6.2f}%",
-        f"Mean ln(PPL(cand)/PPL(ref))   : {ppl['log_ratio']:10.6f} ± {ppl['log_ratio_se']:10.6f}",
-        f"Mean PPL(cand)/PPL(ref)       : {ppl['ratio']:10.6f} ± {ppl['ratio_se']:10.6f}  "
-        f"(95% CI {lo:.6f} … {hi:.6f}, paired)",
+        f"Mean PPL(cand)                : {_pm(ppl['ppl_cand'], ppl['ppl_cand_se'])}",
+        f"Mean PPL(ref)                 : {_pm(ppl['ppl_ref'], ppl['ppl_ref_se'])}",
+        f"Cor(ln(PPL(cand)), ln(PPL(ref))): {cor}",
+        f"Mean ln(PPL(cand)/PPL(ref))   : {_pm(ppl['log_ratio'], ppl['log_ratio_se'])}",
+        f"Mean PPL(cand)/PPL(ref)       : {_pm(ppl['ratio'], ppl['ratio_se'])}  ({interval})",
+        f"Mean PPL(cand)-PPL(ref)       : {_pm(diff, diff_se)}",
         "", "====== KL divergence statistics (nats; top-k + tail: a lower bound of the full KL) ======",
-        f"Mean    KLD: {kl['mean']:12.6g} ± {kl['se']:10.4g}",
+        f"Mean    KLD: {kl['mean']:12.6g} ± " + (f"{kl['se']:10.4g}" if math.isfinite(kl["se"]) else f"{'n/a':>10}"),
         *(f"{label:<7} KLD: {kl[key]:12.6g}" for label, key in
           (("Maximum", "max"), ("99.9%", "p99.9"), ("99.0%", "p99"), ("90.0%", "p90"), ("Median", "p50"),
            ("10.0%", "p10"), ("5.0%", "p5"), ("1.0%", "p1"), ("Minimum", "min"))),
         "", "====== Token probability statistics ======",
-        f"Mean    Δp: {100 * dp['mean']:9.4f} ± {100 * dp['se']:.4f} %",
+        f"Mean    Δp: {_percent(dp['mean'], dp['se'])}",
         *(f"{label:<7} Δp: {100 * dp[key]:9.4f}%" for label, key in
           (("Maximum", "max"), ("99.9%", "p99.9"), ("99.0%", "p99"), ("95.0%", "p95"), ("90.0%", "p90"),
            ("75.0%", "p75"), ("Median", "p50"), ("25.0%", "p25"), ("10.0%", "p10"), ("5.0%", "p5"),
            ("1.0%", "p1"), ("0.1%", "p0.1"), ("Minimum", "min"))),
-        f"RMS Δp    : {100 * dp['rms']:9.4f} ± {100 * dp['rms_se']:.4f} %",
-        f"Same top p: {100 * s['same_top1']['mean']:9.4f} ± {100 * s['same_top1']['se']:.4f} %",
-        f"Top-k overlap: {100 * s['topk_overlap']['mean']:9.4f} ± {100 * s['topk_overlap']['se']:.4f} %",
+        f"RMS Δp    : {_percent(dp['rms'], dp['rms_se'])}",
+        f"Same top p: {_percent(s['same_top1']['mean'], s['same_top1']['se'])}",
+        f"Top-k overlap: {_percent(s['topk_overlap']['mean'], s['topk_overlap']['se'])}",
     ]
     if "reference_file" in s:
         f = s["reference_file"]
         lines += ["", f"reference file: {f['path']}, {f['bytes']} bytes, {f['bytes_per_token']:.0f} bytes per token "
                       f"(llama.cpp: {f['llama_cpp_bytes_per_token']})"]
     return "\n".join(lines)
+
+
+def _percent(value: float, se: float) -> str:
+    return f"{100 * value:9.4f} ± " + (f"{100 * se:.4f} %" if math.isfinite(se) else "n/a %")

@@ -23,14 +23,16 @@ from tqdm import tqdm
 
 from ortevals.engine.backends import Backends
 from ortevals.engine.prefill import EngineSettings, Score, TokenRequest
-from ortevals.engine.scoring import NonFiniteScore, context_limit, describe_request, fits
+from ortevals.engine.scoring import NonFiniteScore, context_limit, describe_request, effective_max_length, fits
 from ortevals.errors import OrtEvalsError
 from ortevals.files import cache_root, store_path
 from ortevals.options import ModelArgs, parse_model_args, scoped_settings
 from ortevals.package.loader import CONFIG_NAME, ModelPackage
+from ortevals.package.multimodal import check_media_tokens
 from ortevals.package.scope import Reads
 from ortevals.package.tokenizer import Tokenizer, tokenizer_reads
 from ortevals.report import resume
+from ortevals.report.model_info import model_info
 from ortevals.report.scope import results_scope
 from ortevals.report.store import ResultStore
 
@@ -77,10 +79,12 @@ class OrtLM(TemplateLM):
 
         package = ModelPackage.load(args.pkg)
         tokenizer = Tokenizer.load(package, add_bos_token=args.add_bos_token)
+        check_media_tokens(package, tokenizer.backend)  # issue 22: a media token id that text produces
         provider = from_package(package.decoder.session_options, args.ep,
                                 parse_options(args.provider_options), args.threads)
         settings = EngineSettings(
-            max_length=args.max_length or package.context_length or DEFAULT_MAX_LENGTH,
+            max_length=effective_max_length(args.max_length, package.context_length, package.root / CONFIG_NAME,
+                                            DEFAULT_MAX_LENGTH),
             vocab_size=package.vocab_size,
             batch_size=args.batch_size,
             pad_token_id=package.pad_token_id or 0,
@@ -146,6 +150,11 @@ class OrtLM(TemplateLM):
         if args.store is None and not off:
             args = dataclasses.replace(args, store=str(store_path(args.pkg)))
         return cls.from_package(args)
+
+    def get_model_info(self) -> dict:
+        """What lm-eval writes into ``results["config"]``: the package, its precision, provider and every model
+        argument (report/model_info.py), in place of ``"model": "OrtLM", "model_args": null``."""
+        return model_info(self.package, self.backends.provider, self.args)
 
     # --- lm-eval properties -------------------------------------------------
     @property
@@ -264,6 +273,7 @@ class OrtLM(TemplateLM):
         if not items:
             return []
         path = self._generation_path()
+        self.stats["gen_path"] = path  # the summary says which engine generated (report/results.py)
         runner = self.backends.genai if path == "og" and self.pool is None else None  # workers: the driver opens no og
         results: list[str] = [""] * len(items)
         bar = tqdm(total=len(items), desc="ortevals generate", unit="req", disable=disable_tqdm, dynamic_ncols=True)

@@ -21,11 +21,12 @@ only while that pass runs.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from pathlib import Path
 from typing import Any
 
-from ortevals.errors import OrtEvalsError
+from ortevals.errors import OrtEvalsError, did_you_mean
 
 try:
     from olive.evaluator.metric_result import MetricResult, SubMetricResult, flatten_metric_result
@@ -76,7 +77,12 @@ class OrtEvalsEvaluator(OliveEvaluator):
                  num_fewshot: int | None = None, max_gen_toks: int | None = None,
                  truncate: str | None = None, model_args: str | dict | None = None,
                  reference: str | None = None, **kwargs) -> None:
-        super().__init__(**kwargs)
+        if kwargs:  # Olive hands every key it does not know itself to the evaluator: a typo would be ignored
+            valid = [p for p in inspect.signature(OrtEvalsEvaluator.__init__).parameters if p not in ("self", "kwargs")]
+            key = sorted(kwargs)[0]
+            raise OrtEvalsError(f"{NAME}: unknown key {key!r} in the evaluator config{did_you_mean(key, valid)}; "
+                                f"expected some of {valid}")
+        super().__init__()
         self.model_args = model_args
         self.reference = reference  # a run folder: adds flip_rate and kl_mean per task (issue 12)
         self.tasks = [tasks] if isinstance(tasks, str) else list(tasks)

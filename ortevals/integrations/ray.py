@@ -170,6 +170,7 @@ class WorkerPool:
         self.args = args
         self.on_device = on_device
         self.modes: list[str] = []
+        self.workers = 0  # actors started by the last call
 
     # --- cluster ---------------------------------------------------------------
     def _ray(self):
@@ -189,6 +190,7 @@ class WorkerPool:
         resources = ray.cluster_resources()
         workers = self.args.workers or (int(resources.get("GPU", 0)) if self.on_device else
                                         len([n for n in ray.nodes() if n.get("Alive")]))
+        self.workers = max(workers, 1)  # what the run summary reports
         place = placement(self.on_device, max(workers, 1), self.args.threads, float(resources.get("CPU", 0)))
         check_resources(resources, max(workers, 1), place, self.args.ray_address or "(local)")
         model_args = {k: v for k, v in asdict(self.args).items() if v not in (None, ())}

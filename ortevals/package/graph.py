@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from ortevals.errors import PackageError
@@ -18,13 +19,31 @@ from ortevals.errors import PackageError
 log = logging.getLogger(__name__)
 
 
-@functools.lru_cache(maxsize=16)
+@dataclass(frozen=True)
+class GraphFacts:
+    """What a model's proto says beyond its signature (read once with it, weights never loaded)."""
+
+    precision: str  # "float32", "int4 (MatMulNBits)", "int8 (dynamic: MatMulInteger)", ...
+    attention_heads: frozenset[int]  # num_heads of the attention nodes (GroupQueryAttention, ...)
+    kv_heads: frozenset[int]  # kv_num_heads of the GroupQueryAttention nodes
+
+
 def read_signature(path: Path) -> tuple[tuple, tuple, frozenset[Path]]:
     """Return (inputs, outputs, external files) of the ONNX model at ``path``.
 
     inputs/outputs are tuples of ``(name, numpy dtype name, shape)`` where each
     dim is an int, a symbol string, or None.
     """
+    return _read(path)[:3]
+
+
+def graph_facts(path: Path) -> GraphFacts:
+    """Precision and attention head counts of the ONNX model at ``path``."""
+    return _read(path)[3]
+
+
+@functools.lru_cache(maxsize=16)
+def _read(path: Path) -> tuple[tuple, tuple, frozenset[Path], GraphFacts]:
     import onnx
 
     if not path.is_file():
@@ -39,7 +58,50 @@ def read_signature(path: Path) -> tuple[tuple, tuple, frozenset[Path]]:
     initializers = {i.name for i in graph.initializer}
     inputs = tuple(_value_info(v, path) for v in graph.input if v.name not in initializers)
     outputs = tuple(_value_info(v, path) for v in graph.output)
-    return inputs, outputs, frozenset(_check_external_data(model, path))
+    return inputs, outputs, frozenset(_check_external_data(model, path)), _facts(graph)
+
+
+ATTENTION_OPS = ("GroupQueryAttention", "MultiHeadAttention", "Attention", "PagedAttention")
+FLOAT_NAMES = {1: "float32", 10: "float16", 16: "bfloat16", 11: "float64"}
+
+
+def _facts(graph) -> GraphFacts:
+    """Weight precision from the quantized ops (their ``bits``) or the float initializers' dominant type."""
+    import onnx
+
+    bits: set[int] = set()
+    ops: set[str] = set()
+    heads: set[int] = set()
+    kv_heads: set[int] = set()
+    for node in graph.node:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        if node.op_type in ("MatMulNBits", "GatherBlockQuantized"):
+            bits.add(int(attrs.get("bits", 4)))
+            ops.add(node.op_type)
+        elif node.op_type in ("MatMulInteger", "DynamicQuantizeLinear", "QLinearMatMul", "DequantizeLinear"):
+            ops.add(node.op_type)
+        if node.op_type in ATTENTION_OPS and "num_heads" in attrs:
+            heads.add(int(attrs["num_heads"]))
+            if "kv_num_heads" in attrs:
+                kv_heads.add(int(attrs["kv_num_heads"]))
+    return GraphFacts(_precision(graph, bits, ops), frozenset(heads), frozenset(kv_heads))
+
+
+def _precision(graph, bits: set[int], ops: set[str]) -> str:
+    if bits:
+        return f"{'/'.join(f'int{b}' for b in sorted(bits))} ({', '.join(sorted(ops))})"
+    if "MatMulInteger" in ops or "DynamicQuantizeLinear" in ops:
+        return "int8 (dynamic: MatMulInteger)"
+    if "QLinearMatMul" in ops or "DequantizeLinear" in ops:
+        return f"int8 ({', '.join(sorted(ops))})"
+    sizes: dict[str, int] = {}
+    for t in graph.initializer:
+        if t.data_type in FLOAT_NAMES:
+            n = 1
+            for d in t.dims:
+                n *= d
+            sizes[FLOAT_NAMES[t.data_type]] = sizes.get(FLOAT_NAMES[t.data_type], 0) + n
+    return max(sizes, key=sizes.get) if sizes else "unknown"
 
 
 def external_data_files(path: Path) -> frozenset[Path]:
@@ -98,3 +160,38 @@ def _all_tensors(model):
     from onnx.external_data_helper import _get_all_tensors
 
     return _get_all_tensors(model)
+
+
+def relocated(path: Path, source: Path | None = None) -> tuple[Path, bytes | None]:
+    """Where onnxruntime should read ``path``'s external data from, and the model to give it.
+
+    Returns ``(folder, None)`` in the usual case: the data sit in the model's folder (``source``, a
+    derived copy of the model kept elsewhere, is opened as it is). When the data files are symlinks
+    into another folder (a Hugging Face cache snapshot: every file links to ``../../blobs/<hash>``),
+    onnxruntime refuses them ("External data path escapes model directory") once the model is opened
+    from anywhere but that folder; then the folder is the one they resolve into and the model
+    (``source`` or ``path``, protobuf only, no weights) comes back as bytes naming the real files. Data
+    that resolve into several folders cannot be named that way: a one-line error says what to do.
+    """
+    folder = Path(os.path.abspath(path.parent))
+    files = sorted(external_data_files(path))
+    real = {f: Path(os.path.realpath(f)) for f in files}
+    if all(r == f or r.parent == Path(os.path.realpath(folder)) and r.name == f.name for f, r in real.items()):
+        return folder, None
+    targets = {r.parent for r in real.values()}
+    if len(targets) != 1:
+        raise PackageError(f"{path}: its external data files are links into {len(targets)} different folders "
+                           f"({', '.join(sorted(map(str, targets)))}); onnxruntime needs them in one folder: copy "
+                           "the package with its links resolved (cp -rL)")
+    import onnx
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    model = onnx.load(str(source or path), load_external_data=False)
+    for tensor in _all_tensors(model):
+        if uses_external_data(tensor):
+            name = real[Path(os.path.normpath(folder / ExternalDataInfo(tensor).location))].name
+            for entry in tensor.external_data:
+                if entry.key == "location":
+                    entry.value = name
+    log.info("%s: external data read from %s (the package's files are links there)", path, targets.pop())
+    return Path(os.path.realpath(files[0])).parent, model.SerializeToString()

@@ -17,7 +17,6 @@ It imports ``onnx`` (protobuf only, no weights) and no runtime.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -25,12 +24,21 @@ from pathlib import Path
 from typing import Any
 
 from ortevals.errors import PackageError
-from ortevals.package.graph import external_data_files, read_signature
+from ortevals.package.config import (
+    CONFIG_NAME,
+    check_og_accepts,
+    load_json_config,
+    optional_int,
+    read_context_length,
+    read_token_ids,
+    resolve_inside,
+    typed_field,
+)
+from ortevals.package.graph import external_data_files, graph_facts, read_signature
 from ortevals.runtime.providers import check_session_options
 
 log = logging.getLogger(__name__)
 
-CONFIG_NAME = "genai_config.json"
 Dim = int | str | None
 
 
@@ -152,54 +160,12 @@ class ModelPackage:
         return h.hexdigest()[:16]
 
 
-def resolve_inside(root: Path, name: object, field_name: str) -> Path:
-    """Resolve ``name`` (a config string) under ``root``; refuse anything outside it."""
-    if not isinstance(name, str) or not name.strip():
-        raise PackageError(f"{root / CONFIG_NAME}: field {field_name} must be a non-empty file name, got {name!r}")
-    candidate = Path(name)
-    if candidate.is_absolute():
-        raise PackageError(
-            f"{root / CONFIG_NAME}: field {field_name}={name!r} is an absolute path; "
-            "expected a file name inside the package folder"
-        )
-    # lexical check: symlinks the user placed (a hub cache's blobs) are theirs to make
-    resolved = Path(os.path.normpath(os.path.abspath(root / candidate)))
-    if not resolved.is_relative_to(Path(os.path.abspath(root))):
-        raise PackageError(
-            f"{root / CONFIG_NAME}: field {field_name}={name!r} escapes the package folder {root}; "
-            "expected a file inside it"
-        )
-    return resolved
-
-
-def load_json_config(root: Path) -> dict[str, Any]:
-    """Read genai_config.json with a one-line error for every way it can be wrong."""
-    cfg_path = root / CONFIG_NAME
-    if not root.exists():
-        raise PackageError(f"{root}: package folder not found; expected a folder holding {CONFIG_NAME}")
-    if not cfg_path.is_file():
-        raise PackageError(
-            f"{cfg_path}: not found; expected an ONNX Runtime GenAI package folder "
-            f"({CONFIG_NAME} + decoder .onnx), as written by Olive or the onnxruntime-genai model builder"
-        )
-    text = cfg_path.read_text(encoding="utf-8", errors="replace")
-    if not text.strip():
-        raise PackageError(f"{cfg_path}: file is empty; expected a JSON object with a 'model' section")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise PackageError(f"{cfg_path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
-        raise PackageError(f"{cfg_path}: expected a JSON object with a 'model' object, got {type(data).__name__}")
-    return data
-
-
 def _read_package(path: Path) -> ModelPackage:
     root = path.parent if path.name == CONFIG_NAME else path
     cfg = load_json_config(root)
     model = cfg["model"]
     where = root / CONFIG_NAME
-    model_type = _field(model, "type", str, where, "model.type")
+    model_type = typed_field(model, "type", str, where, "model.type")
     decoder = _model_file(root, model, "decoder", required=True)
     embedding = _model_file(root, model, "embedding", required=False)
     if embedding is None and decoder.input(decoder.inputs.get("inputs_embeds", "inputs_embeds")) is not None \
@@ -208,9 +174,10 @@ def _read_package(path: Path) -> ModelPackage:
             f"{where}: the decoder takes inputs_embeds but field model.embedding is missing; "
             "expected an embedding model that turns input_ids into inputs_embeds"
         )
+    _check_decoder_inputs(decoder, where)
     skipped = tuple(k for k, v in model.items() if isinstance(v, dict) and k not in ("decoder", "embedding")
                     and isinstance(v.get("filename"), str) and v.get("filename"))
-    vocab = _field(model, "vocab_size", int, where, "model.vocab_size")
+    vocab = typed_field(model, "vocab_size", int, where, "model.vocab_size")
     pkg = ModelPackage(
         root=root,
         model_type=model_type,
@@ -218,48 +185,17 @@ def _read_package(path: Path) -> ModelPackage:
         embedding=embedding,
         kv=_kv_specs(decoder, model["decoder"], where),
         vocab_size=vocab,
-        context_length=_context_length(model, where),
-        bos_token_id=_optional_int(model, "bos_token_id", where),
-        eos_token_ids=_token_ids(model.get("eos_token_id"), where),
-        pad_token_id=_optional_int(model, "pad_token_id", where),
+        context_length=read_context_length(model, where),
+        bos_token_id=optional_int(model, "bos_token_id", where),
+        eos_token_ids=read_token_ids(model.get("eos_token_id"), where),
+        pad_token_id=optional_int(model, "pad_token_id", where),
         skipped_models=skipped,
         config=cfg,
     )
     _check_logits(pkg, where)
+    check_og_accepts(root)  # last: ortevals' own checks above name the field and what was expected
     log.info("loaded %s: type %s, %d layers, skipped %s", root, model_type, len(pkg.kv), list(skipped) or "none")
     return pkg
-
-
-def _field(section: dict, key: str, kind: type, where: Path, name: str):
-    if key not in section:
-        raise PackageError(f"{where}: field {name} is missing; expected {kind.__name__}")
-    value = section[key]
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise PackageError(f"{where}: field {name} must be {kind.__name__}, got {value!r}")
-    return value
-
-
-def _optional_int(section: dict, key: str, where: Path) -> int | None:
-    if section.get(key) is None:
-        return None
-    return _field(section, key, int, where, f"model.{key}")
-
-
-def _context_length(model: dict, where: Path) -> int:
-    """``model.context_length``; 0 when absent (ortevals' default applies), never <= 0 when given."""
-    value = _optional_int(model, "context_length", where)
-    if value is not None and value <= 0:
-        raise PackageError(f"{where}: field model.context_length must be a positive int, got {value}")
-    return value or 0
-
-
-def _token_ids(value: Any, where: Path) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    values = value if isinstance(value, list) else [value]
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        raise PackageError(f"{where}: field model.eos_token_id must be an int or a list of ints, got {value!r}")
-    return tuple(values)
 
 
 def _model_file(root: Path, model: dict, role: str, *, required: bool) -> ModelFile | None:
@@ -355,10 +291,44 @@ def _check_layers(specs: list[KVSpec], section: dict, decoder: ModelFile, where:
     if isinstance(heads, int) and specs and all(s.kv_heads != heads for s in specs):
         raise PackageError(f"{where}: model.decoder.num_key_value_heads={heads} but {decoder.path.name} "
                            f"declares {sorted({s.kv_heads for s in specs})} KV heads; config and graph must agree")
+    attention = graph_facts(decoder.path).attention_heads
+    query_heads = section.get("num_attention_heads")
+    if isinstance(query_heads, int) and attention and query_heads not in attention:
+        raise PackageError(f"{where}: model.decoder.num_attention_heads={query_heads} but {decoder.path.name}'s "
+                           f"attention nodes have num_heads {sorted(attention)}; config and graph must agree")
     size = section.get("head_size")
     if isinstance(size, int) and specs and all(s.head_size != size for s in specs):
         raise PackageError(f"{where}: model.decoder.head_size={size} but {decoder.path.name} declares "
                            f"head sizes {sorted({s.head_size for s in specs})}; config and graph must agree")
+
+
+FED_INPUTS = ("input_ids", "inputs_embeds", "attention_mask", "position_ids")  # what the decoder is fed by name
+
+
+def _check_decoder_inputs(decoder: ModelFile, where: Path) -> None:
+    """Every decoder input is one genai_config.json names (``model.decoder.inputs``, or its default name):
+    onnxruntime-genai and ortevals feed inputs by those names, so an input named otherwise (``ids`` for
+    ``input_ids``) would never be fed."""
+    names = {decoder.inputs.get(k, k): k for k in FED_INPUTS}
+    patterns = [decoder.inputs.get(k, d) for k, d in (("past_key_names", "past_key_values.%d.key"),
+                                                      ("past_value_names", "past_key_values.%d.value"))]
+    for inp in decoder.graph_inputs:
+        if inp.name in names or any(_is_layer_name(inp.name, p) for p in patterns):
+            continue
+        mapped = ", ".join(f"{k}={v!r}" for k, v in sorted(decoder.inputs.items()))
+        raise PackageError(f"{decoder.path}: input {inp.name!r} is not an input {where.name} names "
+                           f"(model.decoder.inputs: {mapped or 'none, so the default names'}); expected the "
+                           "graph's inputs to be the names the config gives, since inputs are fed by name")
+    if not any(decoder.input(decoder.inputs.get(k, k)) for k in ("input_ids", "inputs_embeds")):
+        ids = decoder.inputs.get("input_ids", "input_ids")
+        raise PackageError(f"{where}: neither model.decoder.inputs.input_ids={ids!r} nor inputs_embeds is an "
+                           f"input of {decoder.path.name}; config and graph must agree")
+
+
+def _is_layer_name(name: str, pattern: str) -> bool:
+    head, _, tail = pattern.partition("%d")
+    middle = name[len(head):len(name) - len(tail)] if name.startswith(head) and name.endswith(tail) else ""
+    return middle.isdigit()
 
 
 def _check_logits(pkg: ModelPackage, where: Path) -> None:

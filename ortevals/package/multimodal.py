@@ -134,6 +134,34 @@ def _json_with(path: Path, key: str, field: str) -> None:
                            "the file does not match its field")
 
 
+MEDIA_TOKEN_FIELDS = ("image_token_id", "audio_token_id")
+
+
+def check_media_tokens(package: ModelPackage, tokenizer) -> None:
+    """``model.image_token_id`` / ``audio_token_id`` name special tokens of the package's tokenizer.
+
+    The embedding model puts image/audio features where ``input_ids`` hold that id, so an id that
+    ordinary text produces (a text token) sends text to the feature slots: every prompt holding it fails
+    inside the embedding model (Gather/ScatterND out of bounds) or is silently wrong. ``tokenizer``: the
+    package's HF ``tokenizers.Tokenizer``.
+    """
+    where = package.root / CONFIG_NAME
+    special = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
+    for name in MEDIA_TOKEN_FIELDS:
+        value = package.config["model"].get(name)
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise PackageError(f"{where}: field model.{name} must be a token id (int >= 0), got {value!r}")
+        if value in special:
+            continue
+        text = tokenizer.id_to_token(value)
+        what = f"the ordinary text token {text!r}" if text is not None else "not a token"
+        raise PackageError(f"{where}: field model.{name}={value} is {what} in tokenizer.json; expected a special "
+                           "token (the model's media marker), since the embedding model puts media features where "
+                           "input_ids hold this id")
+
+
 def place_markers(spec: MultimodalSpec, context: str, n_images: int, n_audio: int) -> str:
     """The prompt with one model marker per image and per audio clip (rule in the module docstring)."""
     if n_images and not spec.takes_images:

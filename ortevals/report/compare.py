@@ -102,6 +102,7 @@ class Comparison:
     agreement_labels: tuple[str, ...]  # ref first
     agreement: np.ndarray = field(repr=False, compare=False)  # [R+1, R+1] share of identical answers
     skipped: tuple[str, ...] = ()  # tasks not compared, with why
+    models: tuple[tuple[str, str], ...] = ()  # (label, what was scored) for the ref and each run that says
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,7 @@ def compare(ref: Run, runs: list[Run]) -> Comparison:
     """Every run against ``ref`` on the tasks they share; misaligned runs raise OrtEvalsError."""
     names = [ref.name] + [r.name for r in runs]
     if len(set(names)) != len(names):  # two folders with one name: label by position
-        runs = [Run(f"{r.name}#{i + 1}", r.path, r.tasks) for i, r in enumerate(runs)]
+        runs = [Run(f"{r.name}#{i + 1}", r.path, r.tasks, r.model) for i, r in enumerate(runs)]
     common = [t for t in ref.tasks if all(t in r.tasks for r in runs)]
     skipped = [f"{t}: not in every run" for t in ref.tasks if t not in common]
     skipped += [f"{t}: in {r.name} only" for r in runs for t in r.tasks if t not in ref.tasks]
@@ -139,7 +140,7 @@ def compare(ref: Run, runs: list[Run]) -> Comparison:
     changed.sort(key=lambda q: -q.difference)
     labels, matrix = agreement_matrix([ref, *runs], tasks)
     return Comparison(ref.name, tuple(r.name for r in runs), tuple(results), tuple(changed), labels, matrix,
-                      tuple(skipped))
+                      tuple(skipped), tuple((r.name, r.model) for r in [ref, *runs] if r.model))
 
 
 def align(ref: Run, run: Run, task: str) -> None:

@@ -74,6 +74,7 @@ def _notes(cmp: Comparison) -> list[str]:
 
 def _markdown(cmp: Comparison, tables) -> str:
     lines = [f"# Comparison against {cmp.ref}", "", f"Runs: {', '.join(cmp.runs)}.", ""]
+    lines += [f"- {label}: {model}" for label, model in cmp.models] + ([""] if cmp.models else [])
     for title, (header, rows) in tables.items():
         if not rows:
             continue
@@ -91,7 +92,8 @@ def _html(cmp: Comparison, tables, pngs: dict[str, bytes]) -> str:
     parts = ["<!DOCTYPE html><html><head><meta charset='utf-8'><title>ortevals compare</title><style>"
              "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:13px}"
              "td,th{border:1px solid #ccc;padding:3px 6px}th{background:#eee}img{max-width:100%}</style></head><body>",
-             f"<h1>Comparison against {e(cmp.ref)}</h1><p>Runs: {e(', '.join(cmp.runs))}.</p>"]
+             f"<h1>Comparison against {e(cmp.ref)}</h1><p>Runs: {e(', '.join(cmp.runs))}.</p>",
+             "<ul>" + "".join(f"<li>{e(label)}: {e(model)}</li>" for label, model in cmp.models) + "</ul>"]
     for title, (header, rows) in tables.items():
         if rows:
             parts.append(f"<h2>{e(title)}</h2><table><tr>" + "".join(f"<th>{e(h)}</th>" for h in header) + "</tr>")
@@ -123,22 +125,27 @@ def _png(plt, fig) -> bytes:
 
 
 def plot_delta(cmp: Comparison) -> bytes:
-    """Per run, Δ accuracy per category (or per task where a task has no categories) with its interval."""
+    """Per run, Δ accuracy per category (or per task where a task has no categories) with its interval.
+
+    Categories read top to bottom; each category's runs sit in a band of fixed height around its row, so
+    one category does not push the runs to the edges of the axes."""
     rows = [(c.run, k.category, k.delta) for c in cmp.tasks for k in c.categories] or \
            [(c.run, c.task, c.delta) for c in cmp.tasks]
     labels = sorted({r[1] for r in rows})
-    plt, fig, ax = _figure(7.5, max(3.0, 0.32 * len(labels) + 1.2))
     runs = list(dict.fromkeys(r[0] for r in rows))
+    plt, fig, ax = _figure(7.5, max(2.4, 0.32 * len(labels) * max(1, len(runs) / 3) + 1.4))
+    step = min(0.25, 0.7 / max(len(runs), 1))  # between runs of one row, in rows
     for j, run in enumerate(runs):
         pts = [(labels.index(lab), d) for r, lab, d in rows if r == run]
-        y = np.array([p[0] for p in pts]) + (j - (len(runs) - 1) / 2) * 0.8 / max(len(runs), 1)
+        y = np.array([p[0] for p in pts]) + (j - (len(runs) - 1) / 2) * step
         est = np.array([p[1].estimate for p in pts])
         err = np.array([[p[1].estimate - p[1].low for p in pts], [p[1].high - p[1].estimate for p in pts]])
         ax.errorbar(est, y, xerr=err, fmt="o", capsize=3, label=run)
     ax.axvline(0, color="grey", lw=0.8)
     ax.set_yticks(range(len(labels)), labels)
+    ax.set_ylim(len(labels) - 0.5, -0.5)  # first label on top; a row is one unit tall whatever the count
     ax.set_xlabel("Δ accuracy (run − reference)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="best")
     return _png(plt, fig)
 
 
@@ -168,17 +175,37 @@ def plot_margin(cmp: Comparison) -> bytes:
 
 
 def plot_kl(cmp: Comparison) -> bytes:
-    """Histogram of log10 KL(ref‖run) per question (KL below 1e-16 shown at −16)."""
+    """Histogram of log10 KL(ref‖run) per question (KL below 1e-16 shown at −16), every run on the same bins.
+
+    One set of bin edges over all runs (about 40 over the whole range, fewer for few questions), so runs far
+    apart on the axis keep bars one can see; question counts are whole numbers on the y axis."""
+    from matplotlib.ticker import MaxNLocator
+
     plt, fig, ax = _figure()
     series = _choice_series(cmp, ax)
-    for c in series:
-        x = np.log10(np.maximum(c.choice.kl_values[np.isfinite(c.choice.kl_values)], 1e-16))
-        ax.hist(x, bins=40, alpha=0.6, label=f"{c.run} {c.task} (mean {c.choice.kl.mean:.2g})")
+    values = [np.log10(np.maximum(c.choice.kl_values[np.isfinite(c.choice.kl_values)], 1e-16)) for c in series]
+    edges = _bin_edges(values)
+    for c, x in zip(series, values):
+        ax.hist(x, bins=edges, alpha=0.6, edgecolor="white", linewidth=0.4,
+                label=f"{c.run} {c.task} (mean {c.choice.kl.mean:.2g})")
     ax.set_xlabel("log10 KL(ref‖run), nats")
     ax.set_ylabel("questions")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     if series:
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="best")
     return _png(plt, fig)
+
+
+def _bin_edges(values: list[np.ndarray]) -> np.ndarray:
+    """Shared edges: 40 bins over all the data, or 2·sqrt(n) (at least 5) when the largest run has few questions."""
+    data = np.concatenate(values) if values else np.zeros(0)
+    if data.size == 0:
+        return np.linspace(-1.0, 0.0, 6)
+    low, high = float(data.min()), float(data.max())
+    if high - low < 1e-9:
+        return np.linspace(low - 0.5, high + 0.5, 6)
+    count = min(40, max(5, int(2 * np.sqrt(max(len(v) for v in values)))))
+    return np.linspace(low, high, count + 1)
 
 
 def plot_agreement(cmp: Comparison) -> bytes:
@@ -187,7 +214,9 @@ def plot_agreement(cmp: Comparison) -> bytes:
     im = ax.imshow(cmp.agreement, vmin=min(0.5, float(np.min(cmp.agreement))), vmax=1.0, cmap="viridis")
     for i in range(len(labels)):
         for j in range(len(labels)):
-            ax.text(j, i, f"{cmp.agreement[i, j]:.3f}", ha="center", va="center", color="w", fontsize=8)
+            r, g, b, _ = im.cmap(im.norm(cmp.agreement[i, j]))
+            ink = "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "white"  # readable on its cell
+            ax.text(j, i, f"{cmp.agreement[i, j]:.3f}", ha="center", va="center", color=ink, fontsize=9)
     ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right")
     ax.set_yticks(range(len(labels)), labels)
     fig.colorbar(im, ax=ax)

@@ -66,6 +66,7 @@ def _finite(x: Any) -> Any:
 def format_text(cmp: Comparison) -> str:
     """What ``ortevals compare`` prints: one block per run and task, then the agreement matrix."""
     lines = [f"reference: {cmp.ref}"]
+    lines += [f"  {label}: {model}" for label, model in cmp.models]  # which run is which (report/model_info.py)
     for c in cmp.tasks:
         lines += [""] + task_lines(c)
     if len(cmp.agreement_labels) > 2:

@@ -1,24 +1,48 @@
 """Run results: summary records, the final table, and files on disk.
 
-Owns turning lm-eval's results dict into a :class:`RunSummary` (metrics per
-task, accuracy per category when the documents carry one, questions,
-requests, wall time, requests/s), formatting the table the CLI prints, and
-writing lm-eval's results JSON plus per-sample JSONL atomically (a crash never
-leaves a half-written file).
+Owns turning lm-eval's results dict into a :class:`RunSummary` and the text the CLI prints:
+
+* one row per task, filter and metric with its stderr, as lm-eval's own table (gsm8k's
+  ``strict-match`` and ``flexible-extract`` are two rows, never averaged together);
+* accuracy per category when the documents carry one, and the overall accuracy per filter over
+  every task's questions, each question counted once per filter;
+* with ``--samples K`` the headline is the k=1 estimate (every sample of every question, not the
+  first sample lm-eval's ``exact_match`` scores) with its interval, then maj@k / pass@k / best@k;
+* questions, requests, wall time, requests/s, the scoring mode, what was scored, the workers.
+
+A statistic with no value (one question has no standard error) prints as ``n/a`` and is ``null``
+in the files. Writes lm-eval's results JSON (strict: no bare NaN) plus per-sample JSONL atomically,
+and removes the samples files an earlier run of other tasks left in the same ``--output`` folder.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import math
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ortevals.files import atomic_write
+from ortevals.files import atomic_write, json_text
+from ortevals.report.model_info import describe
 
+log = logging.getLogger(__name__)
 CATEGORY_KEYS = ("category", "subject")
 SAMPLE_METRICS = ("acc", "exact_match", "acc_norm")  # the per-question score a category averages
+SKIP_KEYS = ("alias", "name", "sample_len", " ")
+
+
+@dataclass(frozen=True)
+class MetricRow:
+    """One line of lm-eval's table: a task's metric under one filter."""
+
+    task: str
+    filter: str  # lm-eval's filter name; "none" for a task without filters
+    metric: str
+    value: float | None
+    stderr: float | None  # None: lm-eval has none, or it is not a number (one question)
 
 
 @dataclass(frozen=True)
@@ -27,44 +51,99 @@ class CategoryScore:
     category: str
     questions: int
     accuracy: float
+    filter: str = "none"
+
+
+@dataclass(frozen=True)
+class Overall:
+    """The accuracy over every task's questions under one filter (a question counted once)."""
+
+    filter: str
+    value: float
+    questions: int
+    low: float | None = None  # a 95% interval where one is known (the k=1 estimate of --samples)
+    high: float | None = None
+    label: str = ""
 
 
 @dataclass(frozen=True)
 class RunSummary:
-    metrics: dict[str, dict[str, float]]  # task -> metric -> value
+    rows: tuple[MetricRow, ...]
     categories: tuple[CategoryScore, ...]
-    questions: int
+    questions: int  # distinct (task, document) pairs
     requests: int
-    overall: float | None  # the per-question metric over every question of every task
+    overall: tuple[Overall, ...]
     seconds: float  # wall time of the whole run (data loading included)
     model_seconds: float  # time inside the scoring engine
     peak_rss_mb: float = 0.0  # the process's peak resident memory
     reused: int = 0  # requests answered from the result store (a resumed run), not in ``requests``
-    mode: str = ""  # log-likelihood scoring mode and why: "batched (canary passed …)", "exact (…)"
+    mode: str = ""  # how requests were scored and why: "batched (canary passed …)", "exact (…)", resumed
+    model: str = ""  # what was scored (report/model_info.py)
+    workers: str = ""  # "4 Ray workers (local cluster)" when the run was data parallel
+    scaling: dict | None = None  # --samples: results["scaling"] (pooled curve points)
+    notes: tuple[str, ...] = ()  # what an option meant in this run (--limit)
 
     @property
     def requests_per_s(self) -> float:
         """Requests per second of scoring time, the figure the benchmarks compare."""
         return self.requests / self.model_seconds if self.model_seconds > 0 else 0.0
 
+    @property
+    def metrics(self) -> dict[str, dict[str, float | None]]:
+        """task -> ``metric,filter`` -> value (lm-eval's keys)."""
+        out: dict[str, dict[str, float | None]] = defaultdict(dict)
+        for r in self.rows:
+            out[r.task][f"{r.metric},{r.filter}"] = r.value
+        return dict(out)
+
 
 def summarize(results: dict[str, Any], requests: int, seconds: float, model_seconds: float,
-              reused: int = 0, mode: str = "") -> RunSummary:
+              reused: int = 0, mode: str = "", workers: str = "", notes: tuple[str, ...] = ()) -> RunSummary:
     """Build the summary from ``lm_eval.simple_evaluate``'s return value."""
-    metrics = {}
-    for task, values in results.get("results", {}).items():
-        metrics[task] = {k: float(v) for k, v in values.items()
-                         if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "sample_len"}
+    scaling = results.get("scaling")
+    by_filter: dict[str, dict[tuple[str, Any], float]] = defaultdict(dict)
     categories: list[CategoryScore] = []
-    values: list[float] = []
-    questions = 0
+    docs: set[tuple[str, Any]] = set()
     for task, samples in results.get("samples", {}).items():
-        questions += len(samples)
-        categories.extend(_per_category(task, samples))
-        values.extend(v for s in samples if (v := _sample_value(s)) is not None)
-    overall = sum(values) / len(values) if values else None
-    return RunSummary(metrics, tuple(categories), questions, requests, overall, seconds, model_seconds,
-                      peak_rss_mb(), reused, mode)
+        docs.update((task, s.get("doc_id")) for s in samples)
+        for s in samples:
+            if (v := _sample_value(s)) is not None:
+                by_filter[s.get("filter", "none")][(task, s.get("doc_id"))] = v
+        if not scaling:  # with --samples a sample file's score is its first sample's: no category table
+            categories.extend(_per_category(task, samples))
+    overall = _samples_overall(scaling) if scaling else tuple(
+        Overall(f, sum(v.values()) / len(v), len(v)) for f, v in by_filter.items() if v)
+    return RunSummary(_rows(results), tuple(categories), len(docs), requests, overall, seconds, model_seconds,
+                      peak_rss_mb(), reused, mode, describe(results.get("config") or {}), workers, scaling, notes)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _rows(results: dict[str, Any]) -> tuple[MetricRow, ...]:
+    """lm-eval's ``metric,filter`` / ``metric_stderr,filter`` keys as rows, in lm-eval's order."""
+    rows = []
+    for task, values in results.get("results", {}).items():
+        for key, value in values.items():
+            metric, _, filt = key.partition(",")
+            if key in SKIP_KEYS or metric.endswith("_stderr") or isinstance(value, bool) \
+                    or not isinstance(value, (int, float)):
+                continue
+            stderr = values.get(f"{metric}_stderr,{filt}" if filt else f"{metric}_stderr")
+            rows.append(MetricRow(task, filt or "none", metric, _number(value), _number(stderr)))
+    return tuple(rows)
+
+
+def _samples_overall(scaling: dict) -> tuple[Overall, ...]:
+    """The k=1 estimate (pass@1: every sample of every question) with its bootstrap interval."""
+    point = next((p for p in scaling.get("points", []) if p["estimator"] == "pass" and p["k"] == 1), None)
+    if point is None:
+        return ()
+    return (Overall("pooled", point["value"], scaling["questions"], _number(point.get("low")),
+                    _number(point.get("high")), f"k=1 estimate, all {scaling['samples']} samples of each question"),)
 
 
 def peak_rss_mb() -> float:
@@ -85,31 +164,55 @@ def _sample_value(sample: dict[str, Any]) -> float | None:
 
 
 def _per_category(task: str, samples: list[dict[str, Any]]) -> list[CategoryScore]:
-    groups: dict[str, list[float]] = defaultdict(list)
+    groups: dict[tuple[str, str], list[float]] = defaultdict(list)
     for s in samples:
         doc = s.get("doc", {})
         key = next((doc[k] for k in CATEGORY_KEYS if isinstance(doc.get(k), str)), None)
         value = _sample_value(s)
         if key is not None and value is not None:
-            groups[key].append(value)
-    return [CategoryScore(task, k, len(v), sum(v) / len(v)) for k, v in sorted(groups.items())]
+            groups[(s.get("filter", "none"), key)].append(value)
+    return [CategoryScore(task, k, len(v), sum(v) / len(v), f) for (f, k), v in sorted(groups.items())]
+
+
+def _num(value: float | None, width: int = 0) -> str:
+    return f"{value:>{width}.4f}" if value is not None else f"{'n/a':>{width}}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """Left-aligned text columns, the last ones (numbers) right-aligned."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    numeric = {i for i, h in enumerate(header) if h in ("questions", "accuracy", "value", "stderr")}
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    return [line(header).rstrip(), *(line(r).rstrip() for r in rows)]
+
+
+def _shown_rows(summary: RunSummary) -> list[MetricRow]:
+    """Every row; with --samples, pass@1 (the k=1 estimate) and the largest k of each estimator."""
+    if not summary.scaling:
+        return list(summary.rows)
+    k = summary.scaling["samples"]
+    keep = {"pass@1", f"maj@{k}", f"pass@{k}", f"best@{k}"}
+    return [r for r in summary.rows if r.metric in keep]
 
 
 def format_table(summary: RunSummary) -> str:
-    """A plain-text table: per-category accuracy, per-task metrics, then throughput."""
-    lines = []
+    """Per-category accuracy, lm-eval's task/filter/metric table, the overall line(s), then the run facts."""
+    lines: list[str] = []
     if summary.categories:
-        width = max(len(c.category) for c in summary.categories) + 2
-        lines.append(f"{'category':<{width}}{'questions':>10}{'accuracy':>10}")
-        for c in summary.categories:
-            lines.append(f"{c.category:<{width}}{c.questions:>10}{c.accuracy:>10.4f}")
-        lines.append("")
-    for task, values in summary.metrics.items():
-        shown = ", ".join(f"{k.split(',')[0]}={v:.4f}" for k, v in values.items() if "stderr" not in k)
-        err = next((v for k, v in values.items() if "stderr" in k), None)
-        lines.append(f"{task}: {shown}" + (f" (± {err:.4f})" if err is not None else ""))
-    if summary.overall is not None and len(summary.metrics) > 1:
-        lines.append(f"overall: {summary.overall:.4f} over {summary.questions} questions")
+        several = len({c.filter for c in summary.categories}) > 1
+        header = ["category", *(["filter"] if several else []), "questions", "accuracy"]
+        lines += _table(header, [[c.category, *([c.filter] if several else []), str(c.questions), _num(c.accuracy)]
+                                 for c in summary.categories]) + [""]
+    rows = _shown_rows(summary)
+    if rows:
+        lines += _table(["task", "filter", "metric", "value", "stderr"],
+                        [[r.task, r.filter, r.metric, _num(r.value), _num(r.stderr)] for r in rows])
+        if any(r.stderr is None for r in rows):
+            lines.append("(stderr n/a: lm-eval gives none, or too few questions for one)")
+    lines += _overall_lines(summary) + _scaling_lines(summary)
     lines.append(
         f"questions {summary.questions}  requests {summary.requests}"
         + (f" (+{summary.reused} reused from an earlier run)" if summary.reused else "")
@@ -117,25 +220,84 @@ def format_table(summary: RunSummary) -> str:
         f"scoring {summary.model_seconds:.1f} s  {summary.requests_per_s:.2f} req/s  "
         f"peak RSS {summary.peak_rss_mb:.0f} MiB"
     )
-    if summary.mode:
-        lines.append(f"scoring mode: {summary.mode}")
-    return "\n".join(lines)
+    for label, value in (("scoring mode", summary.mode), ("model", summary.model), ("workers", summary.workers)):
+        if value:
+            lines.append(f"{label}: {value}")
+    return "\n".join(lines + list(summary.notes))
+
+
+def _overall_lines(summary: RunSummary) -> list[str]:
+    lines = []
+    for o in summary.overall:
+        interval = f" [{o.low:.4f}, {o.high:.4f}] (95% bootstrap over questions)" if o.low is not None \
+            and o.high is not None else ""
+        if o.label:
+            lines.append(f"overall ({o.label}): {o.value:.4f}{interval} over {o.questions} questions")
+        elif len({r.task for r in summary.rows}) > 1:  # one task: its own row says it
+            lines.append(f"overall, filter {o.filter}: {o.value:.4f} over {o.questions} questions")
+    return lines
+
+
+def _scaling_lines(summary: RunSummary) -> list[str]:
+    """--samples: maj@k, pass@k and best@k pooled over every question, each with its 95% interval."""
+    if not summary.scaling:
+        return []
+    points = summary.scaling["points"]
+    cell = {(p["estimator"], p["k"]): p for p in points}
+    ks = sorted({p["k"] for p in points})
+    estimators = [e for e in ("maj", "pass", "best") if any(key[0] == e for key in cell)]
+
+    def show(p) -> str:
+        if p is None:
+            return "–"
+        low, high = _number(p.get("low")), _number(p.get("high"))
+        return _num(_number(p["value"])) + (f" [{low:.4f}, {high:.4f}]" if low is not None and high is not None
+                                             else " [n/a]")
+
+    rows = [[str(k), *(show(cell.get((e, k))) for e in estimators)] for k in ks]
+    return ["", f"inference-time scaling over {summary.scaling['questions']} questions, "
+                f"K={summary.scaling['samples']} (pooled; 95% bootstrap intervals; n/a: too few questions):",
+            *_table(["k", *(f"{e}@k" for e in estimators)], rows),
+            "(exact_match in results.json is lm-eval's score of each question's first sample)"]
 
 
 def write_outputs(out_dir: Path, results: dict[str, Any], summary: RunSummary) -> list[Path]:
-    """``results.json`` (lm-eval's dict without samples, plus ortevals' summary) and samples JSONL."""
+    """``results.json`` (lm-eval's dict without samples, plus ortevals' summary) and samples JSONL.
+
+    Samples files of tasks an earlier run wrote into the same folder (named by its results.json) and
+    that this run does not write are removed, so a reused folder holds one run."""
+    tasks = list(results.get("samples", {}))
+    _remove_stale(out_dir, tasks, scaling=bool(summary.scaling))
     written = []
     body = {k: v for k, v in results.items() if k != "samples"}
-    body["ortevals"] = {"questions": summary.questions, "requests": summary.requests, "overall": summary.overall,
-                        "seconds": summary.seconds, "model_seconds": summary.model_seconds,
-                        "peak_rss_mb": summary.peak_rss_mb, "requests_per_s": summary.requests_per_s,
-                        "reused": summary.reused, "mode": summary.mode,
-                        "categories": [c.__dict__ for c in summary.categories]}
+    body["ortevals"] = {"questions": summary.questions, "requests": summary.requests,
+                        "overall": [asdict(o) for o in summary.overall], "seconds": summary.seconds,
+                        "model_seconds": summary.model_seconds, "peak_rss_mb": summary.peak_rss_mb,
+                        "requests_per_s": summary.requests_per_s, "reused": summary.reused, "mode": summary.mode,
+                        "workers": summary.workers, "notes": list(summary.notes),
+                        "categories": [asdict(c) for c in summary.categories]}
     path = out_dir / "results.json"
-    atomic_write(path, json.dumps(body, indent=2, default=str, ensure_ascii=False))
+    atomic_write(path, json_text(body, indent=2))
     written.append(path)
-    for task, samples in results.get("samples", {}).items():
+    for task in tasks:
         path = out_dir / f"samples_{task}.jsonl"
-        atomic_write(path, "".join(json.dumps(s, default=str, ensure_ascii=False) + "\n" for s in samples))
+        atomic_write(path, "".join(json_text(s) + "\n" for s in results["samples"][task]))
         written.append(path)
     return written
+
+
+def _remove_stale(out_dir: Path, tasks: list[str], scaling: bool) -> None:
+    previous = out_dir / "results.json"
+    try:
+        earlier = json.loads(previous.read_text(encoding="utf-8")) if previous.is_file() else {}
+    except (OSError, ValueError):
+        return  # not an ortevals results file: touch nothing
+    if not isinstance(earlier, dict) or "ortevals" not in earlier:
+        return
+    for task in set(earlier.get("n-samples", {})) | set(earlier.get("configs", {})):
+        stale = out_dir / f"samples_{task}.jsonl"
+        if task not in tasks and stale.is_file():
+            stale.unlink()
+            log.info("removed %s: an earlier run's task, not part of this run", stale)
+    if not scaling and (out_dir / "scaling.png").is_file() and "scaling" in earlier:
+        (out_dir / "scaling.png").unlink()

@@ -51,7 +51,7 @@ def answer(store, kind: str, requests: Sequence, compute: Callable[[list, list[l
     if stats is not None:
         stats["reused"] = stats.get("reused", 0) + reused
     if reused:
-        log.warning("resuming: %d of %d %s requests reused from %s", reused, len(requests), kind, store.path)
+        log.info("resuming: %d of %d %s requests reused from %s", reused, len(requests), kind, store.path)
     try:
         fresh = iter(compute(todo, todo_keys) if todo else [])
     finally:  # Ctrl-C or a crash: keep every answer finished so far

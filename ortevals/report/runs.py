@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ortevals.errors import OrtEvalsError
+from ortevals.report.model_info import describe
 
 log = logging.getLogger(__name__)
 CATEGORY_KEYS = ("category", "subject")
@@ -59,6 +60,21 @@ class Run:
     name: str  # a short label: the folder or file name
     path: str
     tasks: dict[str, TaskRun]
+    model: str = ""  # what was scored, from the results' config (report/model_info.py), if the run says
+
+
+def run_model(path: Path) -> str:
+    """The model line of a run folder's results file (ortevals' results.json, lm-eval's results_*.json)."""
+    folder = path.parent if path.is_file() else path
+    for f in [folder / "results.json", *sorted(folder.rglob("results_*.json"))]:
+        if f.is_file():
+            try:
+                config = json.loads(f.read_text(encoding="utf-8")).get("config") or {}
+            except (OSError, ValueError, AttributeError):
+                continue
+            if isinstance(config, dict) and describe(config):
+                return describe(config)
+    return ""
 
 
 def load_run(path: str | Path, name: str | None = None) -> Run:
@@ -81,7 +97,7 @@ def load_run(path: str | Path, name: str | None = None) -> Run:
     for task, f in by_task.items():
         tasks.update(parse_task(task, read_jsonl(f), str(f)))
     label = name or (path.parent.name if path.is_file() else path.name)
-    return Run(label, str(path), tasks)
+    return Run(label, str(path), tasks, run_model(path))
 
 
 def run_from_results(results: dict[str, Any], name: str) -> Run:
@@ -91,7 +107,7 @@ def run_from_results(results: dict[str, Any], name: str) -> Run:
         tasks.update(parse_task(task, samples, name))
     if not tasks:
         raise OrtEvalsError(f"{name}: the results hold no samples (log_samples was off)")
-    return Run(name, name, tasks)
+    return Run(name, name, tasks, describe(results.get("config") or {}))
 
 
 def task_name(file: Path) -> str:

@@ -182,14 +182,23 @@ def curve_plot(points: Sequence[CurvePoint], path: str | Path, title: str = "") 
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    styles = {"maj": ("o", "-"), "pass": ("s", "--"), "best": ("^", ":")}  # curves that coincide stay visible
     for est in ESTIMATORS:
         pts = [p for p in points if p.estimator == est]
         if not pts:
             continue
+        marker, line = styles[est]
         for ax, xs in ((axes[0], [p.k for p in pts]), (axes[1], [p.tokens for p in pts])):
-            ax.plot(xs, [p.value for p in pts], marker="o", label=f"{est}@k")
-            ax.fill_between(xs, [p.low for p in pts], [p.high for p in pts], alpha=0.2)
+            ax.plot(xs, [p.value for p in pts], marker=marker, linestyle=line, markerfacecolor="none",
+                    label=f"{est}@k")
+            ax.fill_between(xs, [p.low for p in pts], [p.high for p in pts], alpha=0.15)
     axes[0].set_xscale("log", base=2)
+    ks = sorted({p.k for p in points})
+    axes[0].set_xticks(ks, [str(k) for k in ks])  # 1, 2, 4, … rather than 2^0, 2^1, …
+    axes[0].minorticks_off()
+    top = max([p.high for p in points if np.isfinite(p.high)] + [p.value for p in points], default=1.0)
+    upper = min(1.0, max(0.05, 1.1 * top))
+    axes[0].set_ylim(-0.02 * upper, upper)  # accuracies: 0 to 1 at most (a sliver below 0 keeps 0 visible)
     axes[0].set_xlabel("k (samples)")
     axes[1].set_xlabel("generated tokens per question")
     axes[0].set_ylabel("accuracy")

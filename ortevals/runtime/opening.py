@@ -16,6 +16,7 @@ import logging
 from pathlib import Path
 
 from ortevals.errors import PackageError, ProviderError, first_line
+from ortevals.package.graph import relocated
 from ortevals.package.loader import ModelFile
 from ortevals.runtime import import_ort
 from ortevals.runtime.providers import ProviderConfig
@@ -64,10 +65,11 @@ def open_session(model: ModelFile, provider: ProviderConfig, derived: Path | Non
     if provider.name != "cpu":
         providers.append(("CPUExecutionProvider", {}))
     so = session_options(settings, model)
-    if derived is not None:
-        so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(model.path.parent))
+    folder, relinked = relocated(model.path, derived)  # issue 22: data linked from a Hugging Face cache
+    if derived is not None or relinked is not None:
+        so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(folder))
     try:
-        session = ort.InferenceSession(str(derived or model.path), so, providers=providers)
+        session = ort.InferenceSession(relinked or str(derived or model.path), so, providers=providers)
     except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph/... types
         raise PackageError(f"{model.path}: onnxruntime could not load the model: {first_line(e)}") from None
     check_provider(session, provider, model.path)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ortevals.errors import ProviderError
+from ortevals.runtime.provider_names import check_user_options
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +174,7 @@ def from_package(
         source = f"--ep {ep}" if ep else f"the package's model.decoder.{where}.provider_options (first entry)"
         raise ProviderError(f"{source}: execution provider {name} ({PROVIDERS[name]}) is {REFUSED[name]}")
     options = dict(next((o for n, o in listed if n == name), {}))
+    check_user_options(name, overrides or {})  # runtime/provider_names.py: warnings naming ignored options
     options.update(overrides or {})
     if threads is None:
         threads = thread_count(session_options, where)

@@ -1,0 +1,65 @@
+"""What a run records about the model it scored: lm-eval's ``config.model_args`` and ``get_model_info``.
+
+lm-eval writes ``results["config"]["model"]`` and ``["model_args"]`` from what it was given, which is
+``"OrtLM"`` and ``None`` for a model object, then updates the config with the model's
+``get_model_info()`` (the ``hf`` backend adds ``model_dtype``, ``model_sha``, …). ortevals answers
+with the same keys filled: ``model_args`` as an lm-eval argument string that reproduces the run
+(every model argument, the package as an absolute path, the execution provider resolved), and the
+package's identity: folder, type, fingerprint, weight precision, provider and its options, threads.
+So fp32, int8 and int4 runs of one model can be told apart afterwards (``ortevals compare`` prints it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from ortevals.package.graph import graph_facts
+
+
+def model_args_string(args, provider) -> str:
+    """``pkg=/abs/path,ep=cpu,batch_size=auto,…``: lm-eval's ``--model_args`` syntax for this run."""
+    values = dict(asdict(args))
+    values["pkg"] = str(Path(values["pkg"]).resolve())
+    values["ep"] = provider.name
+    parts = []
+    for key, value in values.items():
+        if value is None and key == "batch_size":
+            value = "auto"
+        if value is None or value == ():
+            continue
+        if isinstance(value, tuple):
+            value = ";".join(value)
+        elif isinstance(value, bool):
+            value = str(value).lower()
+        parts.append(f"{key}={value}")
+    return ",".join(parts)
+
+
+def model_info(package, provider, args) -> dict[str, Any]:
+    """The entries OrtLM adds to lm-eval's ``results["config"]`` (keys as lm-eval's hf backend where it has one)."""
+    return {
+        "model": "ortevals",
+        "model_args": model_args_string(args, provider),
+        "model_path": str(package.root.resolve()),
+        "model_type": package.model_type,
+        "model_fingerprint": package.fingerprint(),
+        "model_dtype": graph_facts(package.decoder.path).precision,
+        "execution_provider": provider.ort_name,
+        "provider_options": dict(provider.options),
+        "threads": provider.intra_op_threads,
+    }
+
+
+def describe(config: dict[str, Any]) -> str:
+    """One line naming a run's model from its results ``config`` (ortevals', or any lm-eval backend's)."""
+    if config.get("model") == "ortevals" and config.get("model_path"):
+        return (f"ortevals {config['model_path']} ({config.get('model_type', '?')}, {config.get('model_dtype', '?')}, "
+                f"{config.get('execution_provider', '?')}, fingerprint {config.get('model_fingerprint', '?')})")
+    model, args = config.get("model"), config.get("model_args")
+    if not model:
+        return ""
+    if isinstance(args, dict):
+        args = ",".join(f"{k}={v}" for k, v in args.items())
+    return f"{model} {args}" if args else str(model)
