@@ -152,9 +152,24 @@ def test_the_driver_opens_no_session_with_workers(ray_cluster, tiny_pkg, monkeyp
         opened.append(("InferenceSession", str(args[0] if args else kwargs.get("path_or_bytes"))[:80]))
         session_init(self, *args, **kwargs)
 
+    config_init = onnxruntime_genai.Config.__init__
+
+    def spy_config(self, path, *args):
+        self.folder = str(path)  # which folder og was pointed at
+        config_init(self, path, *args)
+
+    def spy_model(self, config, *args, **kwargs):
+        # og's own check of genai_config.json at load (runtime/og_config.py) asks og.Model for its verdict on
+        # a copy of the config alone in a temporary folder, providers cleared: no model file, no device
+        if getattr(config, "folder", "") == str(tiny_pkg):
+            opened.append(("og.Model", config.folder))
+        model_init(self, config, *args, **kwargs)
+
     monkeypatch.setattr(onnxruntime.InferenceSession, "__init__", spy_session)
-    monkeypatch.setattr(onnxruntime_genai, "Model", type("SpyModel", (onnxruntime_genai.Model,), {
-        "__init__": lambda self, *a, **k: opened.append(("og.Model", "")) or model_init(self, *a, **k)}))
+    monkeypatch.setattr(onnxruntime_genai, "Config", type("SpyConfig", (onnxruntime_genai.Config,),
+                                                          {"__init__": spy_config}))
+    monkeypatch.setattr(onnxruntime_genai, "Model", type("SpyModel", (onnxruntime_genai.Model,),
+                                                         {"__init__": spy_model}))
     reqs = ll_requests(4)
     rolling = [Instance("loglikelihood_rolling", {}, ("one two three four five six seven",), 0)]
     gen = [Instance("generate_until", {}, ("one two three", {"until": ["\n\n"], "max_gen_toks": 5}), 0)]
