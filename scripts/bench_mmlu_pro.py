@@ -34,7 +34,7 @@ def build_lm(name: str, args) -> object:
         from ortevals.integrations.lm import OrtLM
 
         extra = dict(kv.split("=", 1) for kv in args.ortevals_args.get(name, "").split(",") if kv)
-        return OrtLM.create_from_arg_obj({"pkg": args.pkg, "ep": args.ep, **extra})
+        return OrtLM.create_from_arg_obj({"pkg": args.pkg, "ep": args.ep, "store": "none", **extra})  # timed: no resume
     from lm_eval.api.registry import get_model
 
     if name == "hf":

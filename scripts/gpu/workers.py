@@ -31,7 +31,8 @@ def build(spec: dict):
 
         extra = dict(kv.split("=", 1) for kv in spec["ortevals_args"].split(",") if kv)
         threads = {"threads": spec["threads"]} if spec["threads"] else {}
-        return OrtLM.create_from_arg_obj({"pkg": spec["pkg"], "ep": ep, **threads, **extra})
+        # timed: no answers resumed from the result store (the lm-eval route opens it by default)
+        return OrtLM.create_from_arg_obj({"pkg": spec["pkg"], "ep": ep, "store": "none", **threads, **extra})
     if backend == "hf":
         import torch
         from lm_eval.models.huggingface import HFLM
