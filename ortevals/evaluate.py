@@ -62,6 +62,10 @@ def evaluate(lm, spec: RunSpec) -> RunOutcome:
         from ortevals.report.samples import sampling_gen_kwargs, with_samples
 
         tasks, gen_kwargs = with_samples(tasks, k, _run_task_manager(spec)), sampling_gen_kwargs(gen_kwargs)
+    if getattr(getattr(lm, "args", None), "temperature_fit", "cv") == "split":  # issue 24: <task>@validation too
+        from ortevals.report.calibration_results import with_fit_split
+
+        tasks = with_fit_split(tasks, _run_task_manager(spec))
     start = time.perf_counter()
     before = dict(lm.stats)
     try:
@@ -82,11 +86,25 @@ def evaluate(lm, spec: RunSpec) -> RunOutcome:
         from ortevals.report.samples import add_scaling
 
         add_scaling(results, tasks, lm, spec.output)
+    plots = _calibration(results, lm, spec.output)
     requests = lm.stats["requests"] - before["requests"]
     summary = summarize(results, requests, seconds, lm.stats["seconds"] - before["seconds"],
                         lm.stats["reused"] - before["reused"], lm.stats.get("mode", ""))
-    files = tuple(write_outputs(spec.output, results, summary)) if spec.output else ()
+    files = tuple(write_outputs(spec.output, results, summary)) + tuple(plots) if spec.output else ()
     return RunOutcome(summary, results, files)
+
+
+def _calibration(results: dict, lm, output: Path | None) -> list[Path]:
+    """Issue 24: calibration metrics of every multiple-choice task (numpy/scipy on the logged
+    log-likelihoods), P(True) where ``--self-eval`` asked for it, the PNGs under ``output``."""
+    from ortevals.report.calibration_results import add_calibration
+
+    scores = None
+    if getattr(getattr(lm, "args", None), "self_eval", False):
+        from ortevals.integrations.self_eval import generation_scores
+
+        scores = {**lm.self_eval_scores, **generation_scores(lm, results)}
+    return add_calibration(results, output, scores)
 
 
 @functools.lru_cache(maxsize=8)

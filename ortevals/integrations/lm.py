@@ -24,6 +24,7 @@ from ortevals.engine.backends import Backends
 from ortevals.engine.prefill import EngineSettings, Score, TokenRequest
 from ortevals.engine.scoring import NonFiniteScore, context_limit, describe_request, fits
 from ortevals.errors import OrtEvalsError
+from ortevals.integrations import self_eval
 from ortevals.options import ModelArgs, parse_model_args, scoped_settings
 from ortevals.package.loader import CONFIG_NAME, ModelPackage
 from ortevals.package.tokenizer import Tokenizer
@@ -58,6 +59,7 @@ class OrtLM(TemplateLM):
 
         self.media = MediaRouter(self)  # issue 13: opens nothing until a request carries media
         self.sample_logprobs: dict[str, tuple[float, int]] = {}  # store key (JSON) → (log-prob, tokens)
+        self.self_eval_scores: dict = {}  # issue 24 --self-eval: (task, doc_id) → choice → (log p " (A)", " (B)")
 
     @classmethod
     def from_package(cls, args: ModelArgs) -> OrtLM:
@@ -170,9 +172,13 @@ class OrtLM(TemplateLM):
 
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         text = lambda rs: super(OrtLM, self).loglikelihood(rs, disable_tqdm)  # noqa: E731
-        return self._stored("loglikelihood", requests,
-                            lambda rs, keys: self.media.loglikelihood(rs, keys, text, disable_tqdm),  # issue 13
-                            lambda v: (float(v[0]), bool(v[1])))
+        # issue 24 --self-eval: P(True) of every choice in this same call, so the prefix plan shares the prompt
+        extra = self_eval.choice_requests(requests) if self.args.self_eval else []
+        scores = self._stored("loglikelihood", [*requests, *extra],
+                              lambda rs, keys: self.media.loglikelihood(rs, keys, text, disable_tqdm),  # issue 13
+                              lambda v: (float(v[0]), bool(v[1])))
+        self.self_eval_scores.update(self_eval.collect(extra, scores[len(requests):]))
+        return scores[:len(requests)]
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
         token_reqs = [TokenRequest(tuple(ctx), tuple(cont)) for _, ctx, cont in requests]
