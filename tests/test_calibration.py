@@ -275,3 +275,34 @@ def test_calibration_delta_by_hand_and_zero_for_identical_runs():
     same = calibration_delta(ref, ref, gold, resamples=200)
     assert same.delta_ece.estimate == same.delta_ece.low == same.delta_ece.high == 0.0
     assert same.delta_brier.low == same.delta_brier.high == 0.0
+
+
+def test_compare_reports_calibration_deltas(tmp_path):
+    from click.testing import CliRunner
+
+    from ortevals.cli import cli
+    from tests.test_compare import CATS, LABELS, record, write_ortevals_run
+
+    # the same answers in both runs (gold A; q4 answers B, q7 C), the run surer of each: over-confidence grows
+    answers = "AAAABAAC"
+    lls = {m: [[-2.0 + (m if lab == a else 0.0) - 0.1 * i for i, lab in enumerate(LABELS)] for a in answers]
+           for m in (1.0, 3.0)}
+
+    def folder(name: str, margin: float):
+        return write_ortevals_run(tmp_path / name, [record(i, v, category=c) for i, (v, c) in
+                                                    enumerate(zip(lls[margin], CATS))])
+
+    ref, run = folder("ref", 1.0), folder("run", 3.0)
+    out = tmp_path / "cmp.json"
+    result = CliRunner().invoke(cli, ["compare", "--ref", str(ref), str(run), "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    (rec,) = __import__("json").loads(out.read_text())
+    gold = np.zeros(8, dtype=int)
+    by_hand = {m: cal.confidence(np.array(v), gold) for m, v in lls.items()}
+    assert rec["ref_ece"] == pytest.approx(float(cal.ece(*by_hand[1.0])))
+    assert rec["delta_ece"] == pytest.approx(float(cal.ece(*by_hand[3.0]) - cal.ece(*by_hand[1.0])))
+    gap = {m: float(np.mean(c - k)) for m, (c, k) in by_hand.items()}
+    assert rec["delta_overconfidence"] == pytest.approx(gap[3.0] - gap[1.0])
+    assert rec["delta_overconfidence_ci"][0] > 0  # every question more confident, none more often right
+    assert rec["temperature"] > rec["ref_temperature"]
+    assert f"over-confident by {gap[3.0]:.4f}" in result.output and "temperature needed" in result.output

@@ -1,15 +1,15 @@
 """Calibration of two runs on the same questions: paired differences (issue 24, ``ortevals compare``).
 
-Owns Δ ECE and Δ Brier (run − reference) with paired bootstrap intervals (one
-resample of the questions weights both runs alike) and the temperature each run
-needs, so "int4 kept its accuracy but became over-confident by X" is one line.
-Pure numpy over per-question arrays; the statistics are those of
+Owns Δ ECE, Δ Brier and Δ over-confidence (run − reference) with paired bootstrap
+intervals (one resample of the questions weights both runs alike), and the
+temperature each run needs, so "int4 kept its accuracy but became over-confident
+by X" is one line. Pure numpy over per-question arrays; the statistics are those of
 :mod:`ortevals.report.calibration`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -29,8 +29,15 @@ class CalibrationDelta:
     ref_brier: float
     brier: float
     delta_brier: Interval  # multi-class Brier, paired bootstrap
+    ref_overconfidence: float  # mean confidence − accuracy (> 0: over-confident)
+    overconfidence: float
+    delta_overconfidence: Interval
     ref_temperature: Interval  # the T each run needs (fitted on all its questions), one-step bootstrap
     temperature: Interval
+    ref_reliability: cal.Reliability = field(repr=False, compare=False)  # for the report's plots
+    reliability: cal.Reliability = field(repr=False, compare=False)
+    ref_risk: np.ndarray = field(repr=False, compare=False)  # [N] risk curves
+    risk: np.ndarray = field(repr=False, compare=False)
 
 
 def calibration_delta(ref_loglik: np.ndarray, run_loglik: np.ndarray, gold: np.ndarray,
@@ -40,18 +47,22 @@ def calibration_delta(ref_loglik: np.ndarray, run_loglik: np.ndarray, gold: np.n
     ref_ll, g = cal.known(ref_loglik, gold)
     run_ll = np.asarray(run_loglik, np.float64)[keep]
     (ref_c, ref_k), (run_c, run_k) = cal.confidence(ref_ll, g), cal.confidence(run_ll, g)
-    edges = cal.bin_edges(ref_c)
-    ref_ece = boot.ece_fixed(ref_c, ref_k, cal.bin_ids(ref_c, edges), cal.N_BINS)
-    run_ece = boot.ece_fixed(run_c, run_k, cal.bin_ids(run_c, edges), cal.N_BINS)
-    e_ref, e_run = float(cal.ece(ref_c, ref_k)), float(cal.ece(run_c, run_k))
+    ref_ece, run_ece = cal.ece_statistic(ref_c, ref_k), cal.ece_statistic(run_c, run_k)
     ref_b, run_b = cal.brier_values(log_softmax(ref_ll), g), cal.brier_values(log_softmax(run_ll), g)
-    found = boot.intervals({"ece": lambda w: run_ece(w) - ref_ece(w), "brier": boot.mean(run_b - ref_b)}, len(g),
-                           resamples)
-    d_ece, d_brier = found["ece"], found["brier"]
-    return CalibrationDelta(len(g), e_ref, e_run, Interval(e_run - e_ref, d_ece.low, d_ece.high, d_ece.se),
-                            float(ref_b.mean()), float(run_b.mean()),
-                            Interval(float(run_b.mean() - ref_b.mean()), d_brier.low, d_brier.high, d_brier.se),
-                            needed(ref_ll, g, resamples), needed(run_ll, g, resamples))
+    ref_gap, run_gap = ref_c - ref_k, run_c - run_k
+    found = boot.intervals({"ece": lambda w: run_ece(w) - ref_ece(w), "brier": boot.mean(run_b - ref_b),
+                            "gap": boot.mean(run_gap - ref_gap)}, len(g), resamples)
+    e_ref, e_run = float(cal.ece(ref_c, ref_k)), float(cal.ece(run_c, run_k))
+
+    def around(estimate: float, key: str) -> Interval:
+        return Interval(estimate, found[key].low, found[key].high, found[key].se)
+
+    return CalibrationDelta(
+        len(g), e_ref, e_run, around(e_run - e_ref, "ece"), float(ref_b.mean()), float(run_b.mean()),
+        around(float(run_b.mean() - ref_b.mean()), "brier"), float(ref_gap.mean()), float(run_gap.mean()),
+        around(float(run_gap.mean() - ref_gap.mean()), "gap"), needed(ref_ll, g, resamples),
+        needed(run_ll, g, resamples), cal.reliability(ref_c, ref_k), cal.reliability(run_c, run_k),
+        cal.risk_curve(ref_c, ref_k), cal.risk_curve(run_c, run_k))
 
 
 def needed(loglik: np.ndarray, gold: np.ndarray, resamples: int = cal.RESAMPLES) -> Interval:
