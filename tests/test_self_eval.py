@@ -24,15 +24,19 @@ PROMPTS = [SHOTS + f"Question: what is {k} times two, in the decimal system?\nA.
 WRITTEN_OUT = "\n\nIs the proposed answer:\n (A) True\n (B) False\nThe proposed answer is:"  # the paper's format
 
 
+CHOICES = (" the", " of", " and", " to")  # one token each in the tiny tokenizer (" A" is two)
+
+
 def questions() -> list[Instance]:
-    return [Instance("loglikelihood", {}, (q, f" {c}"), j, ("task", d, 1)) for d, q in enumerate(PROMPTS)
-            for j, c in enumerate("ABCD")]
+    return [Instance("loglikelihood", {}, (q, c), j, ("task", d, 1)) for d, q in enumerate(PROMPTS)
+            for j, c in enumerate(CHOICES)]
 
 
 def test_p_true_reruns_no_prompt_token(tiny_pkg):
     """Tokens run through the decoder (canary excluded): with --self-eval, exactly each P(True) input's own
-    new tokens (its answer, the question and its option) plus one: the prompt's last token, which the
-    question's own scores read in their own pass. Not one token more of any prompt."""
+    new tokens (its answer, the question and its option) plus two: the prompt's last two tokens, which the
+    question's own scores read in their own pass (never a one-token pass: see the int8 test). Not one token
+    more of any prompt."""
     runs = {}
     for self_eval in (False, True):
         lm = OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg), self_eval=self_eval))
@@ -43,7 +47,7 @@ def test_p_true_reruns_no_prompt_token(tiny_pkg):
     assert len(extra) == 2 * 4 * 3
     prompt_tokens = [len(lm.tok_encode(q)) for q in PROMPTS]
     new = sum(len(lm.tok_encode(r.args[0] + r.args[1])) - 1 - prompt_tokens[r.doc_id] for r in extra)
-    assert runs[True][2] - runs[False][2] == new + len(extra)
+    assert runs[True][2] - runs[False][2] == new + 2 * len(extra)
     assert runs[True][2] - runs[False][2] < sum(prompt_tokens) * 2  # the 24 inputs' prompts would be 24 × 537
     np.testing.assert_allclose(np.array(runs[True][1])[:, 0], np.array(runs[False][1])[:, 0], atol=1e-4)
 
@@ -53,8 +57,8 @@ def test_p_true_scores_equal_each_request_scored_alone(tiny_pkg):
     lm.loglikelihood(questions(), disable_tqdm=True)
     alone = OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg), exact=True, prefix_cache=False))
     for d, q in enumerate(PROMPTS):
-        for j, c in enumerate("ABCD"):
-            ctx = q + f" {c}" + WRITTEN_OUT
+        for j, c in enumerate(CHOICES):
+            ctx = q + c + WRITTEN_OUT
             (a, _), (b, _) = alone.loglikelihood([Instance("loglikelihood", {}, (ctx, " (A)"), 0),
                                                   Instance("loglikelihood", {}, (ctx, " (B)"), 0)], disable_tqdm=True)
             assert lm.self_eval_scores[("task", d)][j] == pytest.approx((a, b), abs=1e-4)
@@ -165,3 +169,53 @@ def test_temperature_fit_on_the_validation_split(tiny_pkg, tmp_path):
     t = res["results"]["leaderboard_mmlu_pro"]["temperature,none"]
     assert t == pytest.approx(cal.fit_temperature(lls, gold), rel=1e-6)
     assert not any(p.name.startswith("samples_") and "@" in p.name for p in tmp_path.iterdir())
+
+
+def test_no_pass_over_a_cached_prefix_runs_one_token(tiny_pkg):
+    """Every pass on top of a cached prefix runs at least 2 new tokens per row (a question whose whole
+    prompt is a prefix of its P(True) inputs included): the real runner, wrapped to record its passes."""
+    lm = OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg), self_eval=True, check=False))
+    runner = lm.engine.runner
+    new_tokens: list[int] = []
+    forward = runner.forward
+
+    def recording(ids, mask, past=None, want_present=False, *rest):
+        if past is not None:
+            new_tokens.append(int(ids.shape[1]))
+        return forward(ids, mask, past, want_present, *rest)
+
+    runner.forward = recording
+    lm.loglikelihood(questions(), disable_tqdm=True)
+    assert new_tokens and min(new_tokens) >= 2
+
+
+@pytest.fixture(scope="module")
+def smollm2_int8():
+    from ortevals.package.examples import smollm2_package
+
+    return smollm2_package("int8")  # ~20 s with the builder, once, from the cached HF folder
+
+
+def test_int8_prefix_reuse_equals_one_row_passes(smollm2_int8):
+    """On the builder's int8 package (MatMulNBits accuracy_level=4) a one-token pass over cached KV gives
+    other logits than the same position in a longer pass (0.12 nats here before the fix): with the P(True)
+    requests each question's prompt is a prefix of longer inputs, and every score must still equal exact mode."""
+    reqs = [Instance("loglikelihood", {}, (q[-900:], f" {c}"), j, ("task", d, 1)) for d, q in enumerate(PROMPTS[:2])
+            for j, c in enumerate("ABCD")]
+    reqs += choice_requests(reqs)
+    scores = {}
+    for name, kw in (("configured", {"check": False}), ("exact", {"exact": True})):
+        lm = OrtLM.from_package(ModelArgs(pkg=str(smollm2_int8), **kw))
+        scores[name] = np.array([lp for lp, _ in lm.loglikelihood(reqs, disable_tqdm=True)])
+    np.testing.assert_allclose(scores["configured"], scores["exact"], atol=1e-5)
+
+
+def test_no_prefix_node_extends_its_parent_by_one_token():
+    from ortevals.engine.prefix import plan_prefixes
+
+    head = tuple(range(100, 120))  # 20 tokens every input shares
+    inputs = [head + (7, 1000 + i, 2000 + i) for i in range(66)] + [head + (8, 3000 + i, 4000 + i) for i in range(4)]
+    plan = plan_prefixes(inputs, [1] * len(inputs))
+    # the head is a node; head + (7,) would save 65 × 1 = 65 ≥ 64 tokens but would be computed by a one-token pass
+    assert [n.depth for n in plan.nodes] == [20]
+    assert [n.depth for n in plan_prefixes(inputs, [1] * len(inputs), min_step=1).nodes] == [20, 21]
