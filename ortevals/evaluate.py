@@ -104,6 +104,9 @@ def _calibration(results: dict, lm, output: Path | None) -> list[Path]:
         from ortevals.integrations.self_eval import generation_scores
 
         scores = {**lm.self_eval_scores, **generation_scores(lm, results)}
+        if not scores:
+            log.warning("--self-eval: no multiple-choice question and no single generated answer to ask about; "
+                        "no P(True) is reported")
     return add_calibration(results, output, scores)
 
 

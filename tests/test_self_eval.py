@@ -219,3 +219,14 @@ def test_no_prefix_node_extends_its_parent_by_one_token():
     # the head is a node; head + (7,) would save 65 × 1 = 65 ≥ 64 tokens but would be computed by a one-token pass
     assert [n.depth for n in plan.nodes] == [20]
     assert [n.depth for n in plan_prefixes(inputs, [1] * len(inputs), min_step=1).nodes] == [20, 21]
+
+
+@pytest.mark.parametrize("args,needle", [
+    ("temperature_fit=folds", "temperature_fit must be one of cv, split, got 'folds'"),
+    ("self_eval=maybe", "self_eval must be true or false, got 'maybe'")])
+def test_bad_calibration_options_are_one_line_errors(tiny_pkg, args, needle):
+    from tests.test_cli import assert_one_line_error
+
+    result = CliRunner().invoke(cli, ["mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--limit", "1",
+                                      "--model-args", args])
+    assert_one_line_error(result, needle)
