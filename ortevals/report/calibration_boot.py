@@ -135,7 +135,15 @@ def risk(conf: np.ndarray, correct: np.ndarray) -> tuple[Statistic, Callable[[fl
     err = 1.0 - np.asarray(correct, np.float64)[order]
     harmonic = np.r_[0.0, np.cumsum(1.0 / np.arange(1, len(conf) + 1))]
 
+    last: list = [None, None]  # (counts, parts): AURC and the accuracy at a coverage share one resample's sums
+
     def parts(w: np.ndarray):
+        if last[0] is w:  # the same array object (held here, so its id cannot be reused)
+            return last[1]
+        last[:] = [w, _parts(w)]
+        return last[1]
+
+    def _parts(w: np.ndarray):
         ws = np.atleast_2d(w)[:, order]
         big_w = np.add.reduceat(ws, starts, axis=1)
         big_e = np.add.reduceat(ws * err, starts, axis=1)
