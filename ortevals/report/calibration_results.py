@@ -19,6 +19,7 @@ Only numpy and scipy work on log-likelihoods already held; nothing here runs the
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -28,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from ortevals.errors import OrtEvalsError
+from ortevals.files import atomic_write, atomic_write_bytes
 from ortevals.report import calibration as cal
 from ortevals.report.runs import TaskRun, arguments, parse_task
 from ortevals.report.stats import Interval
@@ -65,10 +67,6 @@ def _detach_fits(results: dict[str, Any], names: list[str], output: Path | None)
     """Take the ``<task>@<split>`` copies out of the run's results (its table, accuracy and comparisons are
     about the test split); their samples go to ``output`` on their own, their accuracy into
     ``results["calibration"]``."""
-    import json
-
-    from ortevals.files import atomic_write
-
     written = []
     for name in names:
         records = results["samples"].pop(name)
@@ -217,8 +215,7 @@ def _p_true(task: str, run: TaskRun, scores: SelfEvalScores):
 
 
 def _write_plots(output: Path, name: str, series, risks) -> list[Path]:
-    from ortevals.files import atomic_write_bytes
-    from ortevals.report.calibration_plots import reliability_png, risk_coverage_png
+    from ortevals.report.calibration_plots import reliability_png, risk_coverage_png  # matplotlib: only with --output
 
     output.mkdir(parents=True, exist_ok=True)
     safe = name.replace("/", "_").replace("[", "_").replace("]", "")
