@@ -294,7 +294,8 @@ def test_compare_reports_calibration_deltas(tmp_path):
 
     ref, run = folder("ref", 1.0), folder("run", 3.0)
     out = tmp_path / "cmp.json"
-    result = CliRunner().invoke(cli, ["compare", "--ref", str(ref), str(run), "--json", str(out)])
+    result = CliRunner().invoke(cli, ["compare", "--ref", str(ref), str(run), "--json", str(out), "--report",
+                                      str(tmp_path / "report")])
     assert result.exit_code == 0, result.output
     (rec,) = __import__("json").loads(out.read_text())
     gold = np.zeros(8, dtype=int)
@@ -306,3 +307,6 @@ def test_compare_reports_calibration_deltas(tmp_path):
     assert rec["delta_overconfidence_ci"][0] > 0  # every question more confident, none more often right
     assert rec["temperature"] > rec["ref_temperature"]
     assert f"over-confident by {gap[3.0]:.4f}" in result.output and "temperature needed" in result.output
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "## Calibration (paired 95% intervals)" in md and f"{rec['delta_ece']:+.4f}" in md
+    assert "![Reliability diagram (issue 24)](reliability.png)" in md
