@@ -84,6 +84,8 @@ def summarize(data: dict[str, dict]) -> dict:
 
 
 def ci(x, fmt: str = ".4f") -> str:
+    if x.low != x.low:  # NaN: no interval (a temperature fitted on a bound of its search)
+        return f"{x.estimate:{fmt}} (bound: no finite optimum)"
     return f"{x.estimate:{fmt}} [{x.low:{fmt}}, {x.high:{fmt}}]"
 
 
