@@ -64,7 +64,8 @@ def report_tables(cmp: Comparison) -> dict[str, tuple[list[str], list[list[str]]
                     "conf − acc", "T needed [95%]", "ref T"],
                    [[c.run, c.task, f"{d.ece:.4f}", f"{d.ref_ece:.4f}", _delta(d.delta_ece), f"{d.brier:.4f}",
                      f"{d.ref_brier:.4f}", _delta(d.delta_brier), f"{d.overconfidence:+.4f}",
-                     f"{d.temperature.estimate:.3g} [{d.temperature.low:.3g}, {d.temperature.high:.3g}]",
+                     f"{d.temperature.estimate:.3g} [{d.temperature.low:.3g}, {d.temperature.high:.3g}]"
+                     if d.temperature.low == d.temperature.low else f"{d.temperature.estimate:.3g} (bound)",
                      f"{d.ref_temperature.estimate:.3g}"] for c in cmp.tasks if (d := c.calibration) is not None])
     return {"Summary": summary, "Per category": cats, "Calibration (paired 95% intervals)": calibration,
             "Questions that changed (most different first)": changed}

@@ -134,6 +134,8 @@ def calibration_lines(d) -> list[str]:
         return f"{x.estimate:+.4f} [{x.low:+.4f}, {x.high:+.4f}]"
 
     def temp(x) -> str:
+        if math.isnan(x.low):  # fitted on a bound of the search: the NLL keeps falling beyond it
+            return f"{x.estimate:.3g} (a bound: no finite optimum)"
         return f"{x.estimate:.3g} [{x.low:.3g}, {x.high:.3g}]"
 
     gap = d.overconfidence
