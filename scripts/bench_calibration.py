@@ -3,6 +3,7 @@
 
     nice -n 19 python scripts/bench_calibration.py --limit 300 --runs /work/calib-runs --out docs/bench-calibration
     python scripts/bench_calibration.py --from-json docs/bench-calibration/questions.json   # redraw, no model
+    python scripts/bench_calibration.py --from-samples docs/bench-calibration/runs          # the same from the samples
 
 1. ``scripts/bench_compare.py`` (not copied: called) runs lm-eval ``hf`` and ``ortevals mmlu-pro --self-eval``
    on the three packages over the first ``--limit`` questions of leaderboard_mmlu_pro into ``--runs``.
@@ -55,6 +56,22 @@ def extract(runs: Path) -> dict[str, dict]:
                      "loglik": [[float(x) if np.isfinite(x) else None for x in row] for row in task.loglik],
                      "p_true": [ptrue.get(int(d)) for d in task.doc_id] if ptrue else None}
     return out
+
+
+def from_samples(folder: Path) -> dict[str, dict]:
+    """:func:`extract` on saved runs whose samples files may be gzipped (unpacked into a temporary folder)."""
+    import gzip
+    import shutil
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in RUNS:
+            for f in (folder / name).glob("samples_*.jsonl*"):
+                (Path(tmp) / "runs" / name).mkdir(parents=True, exist_ok=True)
+                with (gzip.open(f) if f.suffix == ".gz" else open(f, "rb")) as src, \
+                        open(Path(tmp) / "runs" / name / f.name.removesuffix(".gz"), "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+        return extract(Path(tmp))
 
 
 def arrays(run: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -214,12 +231,16 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=REPO / "docs" / "bench-calibration")
     p.add_argument("--skip-existing", action="store_true", help="keep runs already in --runs")
     p.add_argument("--from-json", type=Path, help="redraw the table and plots from a questions.json")
+    p.add_argument("--from-samples", type=Path, help="redraw from saved runs: <DIR>/{hf,fp32,int8,int4}/ holding "
+                   "samples_*.jsonl or .jsonl.gz")
     p.add_argument("--probe", type=int, default=20, help="questions for the token probe (0: skip)")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     extra: dict = {}
     if args.from_json:
         data = json.loads(args.from_json.read_text())
+    elif args.from_samples:
+        data = from_samples(args.from_samples)
     else:
         run_models(args)
         data = extract(args.runs)
