@@ -81,6 +81,10 @@ def evaluate(lm, spec: RunSpec) -> RunOutcome:
         from ortevals.report.samples import with_samples
 
         tasks = with_samples(tasks, k, _run_task_manager(spec), gen_kwargs)
+    if getattr(getattr(lm, "args", None), "temperature_fit", "cv") == "split":  # issue 24: <task>@validation too
+        from ortevals.report.calibration_results import with_fit_split
+
+        tasks = with_fit_split(tasks, _run_task_manager(spec))
     start = time.perf_counter()
     before = dict(lm.stats)
     try:
@@ -103,11 +107,12 @@ def evaluate(lm, spec: RunSpec) -> RunOutcome:
         from ortevals.report.samples import add_scaling
 
         add_scaling(results, tasks, lm, spec.output)
+    plots = _calibration(results, lm, spec.output)
     requests = lm.stats["requests"] - before["requests"]
     reused = lm.stats["reused"] - before["reused"]
     summary = summarize(results, requests, seconds, lm.stats["seconds"] - before["seconds"], reused,
                         mode_text(lm.stats, requests, reused), workers_text(lm), spec.notes)
-    files = tuple(write_outputs(spec.output, results, summary)) if spec.output else ()
+    files = tuple(write_outputs(spec.output, results, summary)) + tuple(plots) if spec.output else ()
     return RunOutcome(summary, results, files)
 
 
@@ -154,6 +159,22 @@ def workers_text(lm) -> str:
         return ""
     where = lm.args.ray_address or "a local cluster"
     return f"{pool.workers} Ray worker{'s' if pool.workers > 1 else ''} on {where}"
+
+
+def _calibration(results: dict, lm, output: Path | None) -> list[Path]:
+    """Issue 24: calibration metrics of every multiple-choice task (numpy/scipy on the logged
+    log-likelihoods), P(True) where ``--self-eval`` asked for it, the PNGs under ``output``."""
+    from ortevals.report.calibration_results import add_calibration
+
+    scores = None
+    if getattr(getattr(lm, "args", None), "self_eval", False):
+        from ortevals.integrations.self_eval import generation_scores
+
+        scores = {**lm.self_eval_scores, **generation_scores(lm, results)}
+        if not scores:
+            log.warning("--self-eval: no multiple-choice question and no single generated answer to ask about; "
+                        "no P(True) is reported")
+    return add_calibration(results, output, scores)
 
 
 @functools.lru_cache(maxsize=8)

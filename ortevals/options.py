@@ -162,6 +162,15 @@ OPTIONS: tuple[Option, ...] = (
     Option("samples", positive_int("samples"), None, "Samples per question: overrides the tasks' repeats and "
            "reports maj@k, pass@k and best-of-k for k = 1, 2, 4, … K (always sampling: at the --gen-kwargs "
            "temperature, else the task's if it samples, else 0.7).", scoped=False, flag="--samples", metavar="K"),
+    # issue 24 (report/calibration*.py): extra requests keyed by their own text; other answers unchanged
+    Option("self_eval", boolean("self_eval"), False, "P(True): after each chosen choice (or generated answer) ask "
+           "the package whether the proposed answer is true, and report its AUROC and calibration (multiple "
+           "choice: the prompt's KV is reused, each choice costs its ~20 new tokens).", scoped=False,
+           flag="--self-eval"),
+    Option("temperature_fit", choice("temperature_fit", ("cv", "split")), "cv", "Where the calibration "
+           "temperature is fitted: cv (10-fold cross-validation on the evaluated questions, no model work) or "
+           "split (also run each multiple-choice task on its validation, else few-shot, split and fit there).",
+           scoped=False),
 )
 BY_NAME = {o.name: o for o in OPTIONS}
 

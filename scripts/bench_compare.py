@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -67,6 +68,7 @@ def main() -> None:
     p.add_argument("--precisions", default="fp32,int8,int4")
     p.add_argument("--hf-batch-size", type=int, default=4)
     p.add_argument("--skip-existing", action="store_true", help="keep runs already in --out")
+    p.add_argument("--ortevals-args", default="", help="more `ortevals mmlu-pro` flags, e.g. --self-eval")
     args = p.parse_args()
     from ortevals.package.examples import smollm2_hf_dir, smollm2_package
 
@@ -84,7 +86,8 @@ def main() -> None:
         if args.skip_existing and (runs / prec / "results.json").is_file():
             continue
         step(prec, [sys.executable, "-m", "ortevals.cli", "mmlu-pro", "--pkg", str(pkg), "--data", "bundled",
-                    "--limit", str(args.limit), "--output", str(runs / prec), "--no-resume"], timings, log)
+                    "--limit", str(args.limit), "--output", str(runs / prec), "--no-resume",
+                    *shlex.split(args.ortevals_args)], timings, log)
     step("compare", [sys.executable, "-m", "ortevals.cli", "compare", "--ref", str(runs / "hf"),
                      *(str(runs / n) for n in names), "--json", str(args.out / "compare.json"),
                      "--changed", str(args.out / "changed.jsonl"), "--report", str(args.out / "report")],

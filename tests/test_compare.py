@@ -244,7 +244,7 @@ def test_max_kl_without_a_loglikelihood_task_is_a_user_error(tmp_path):
     assert_one_line_error(invoke("--ref", str(ref), str(run), "--max-kl", "1"), "--max-kl")
 
 
-def test_report_is_self_contained_with_four_plots(tmp_path):
+def test_report_is_self_contained_with_six_plots(tmp_path):
     ref, run = hand_runs(tmp_path)
     run2 = write_ortevals_run(tmp_path / "run2", [record(i, loglik(a, 0.3), category=c) for i, (a, c) in
                                                   enumerate(zip(REF_ANSWERS, CATS))])
@@ -254,8 +254,9 @@ def test_report_is_self_contained_with_four_plots(tmp_path):
     md, page = (out / "report.md").read_text(), (out / "report.html").read_text()
     assert "| run | task |" in md and "math" in md
     images = re.findall(r"<img[^>]*src='data:image/png;base64,([^']+)'", page)
-    assert len(images) == 4 and all(base64.b64decode(i)[:8] == b"\x89PNG\r\n\x1a\n" for i in images)
-    for alt in ("delta_by_category", "flips_by_margin", "kl_distribution", "agreement"):
+    assert len(images) == 6 and all(base64.b64decode(i)[:8] == b"\x89PNG\r\n\x1a\n" for i in images)
+    for alt in ("delta_by_category", "flips_by_margin", "kl_distribution", "agreement", "reliability",
+                "risk_coverage"):
         assert f"alt='{alt}'" in page
     assert not re.search(r"(src|href)\s*=\s*['\"](?!data:)", page)  # nothing fetched from elsewhere
     assert "<link" not in page and "<script" not in page

@@ -35,6 +35,7 @@ from ortevals.engine.scoring import NonFiniteScore, Score, ScoreSink, input_wind
 from ortevals.errors import OrtEvalsError
 
 log = logging.getLogger(__name__)
+MIN_OWN_TOKENS = 2  # tokens of an input run in its own pass on top of a cached prefix (see score_batched)
 
 
 @dataclass(frozen=True)
@@ -271,7 +272,11 @@ class PrefillEngine:
         done = ScoreSink(requests, results, on_done)
         plain = groups
         if self.settings.prefix_cache and len(groups) > 1:
-            plan = plan_prefixes([g.tokens for g in groups], [max(n for _, n in g.members) for g in groups],
+            # each input keeps at least 2 tokens for its own pass: on MatMulNBits accuracy_level=4 graphs (the
+            # builder's int4/int8) a 1-token pass takes another kernel path than the full pass (up to 0.59 nats on
+            # SmolLM2 int8), while 2 or more are bit-identical to it (docs/calibration.md, issue 24)
+            plan = plan_prefixes([g.tokens for g in groups],
+                                 [max(MIN_OWN_TOKENS, *(n for _, n in g.members)) for g in groups],
                                  self.settings.prefix_min_saving)
             plain = [g for g, a in zip(groups, plan.ancestor) if a is None]
             log.info("prefill: %d requests, %d inputs, %d share %d cached prefixes", len(requests), len(groups),

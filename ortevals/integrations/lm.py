@@ -26,6 +26,7 @@ from ortevals.engine.prefill import EngineSettings, Score, TokenRequest
 from ortevals.engine.scoring import NonFiniteScore, context_limit, describe_request, effective_max_length, fits
 from ortevals.errors import OrtEvalsError
 from ortevals.files import cache_root, store_path
+from ortevals.integrations import self_eval
 from ortevals.options import ModelArgs, parse_model_args, scoped_settings
 from ortevals.package.loader import CONFIG_NAME, ModelPackage
 from ortevals.package.multimodal import check_media_tokens
@@ -69,6 +70,7 @@ class OrtLM(TemplateLM):
         self.sample_logprobs: dict[str, tuple[float, int, int]] = {}  # key (JSON) → (log-prob, tokens, scored)
         self._modes: dict[str, str] = {}  # which mode ran and why, per request kind (stats["mode"] joins them)
         self._gen_plans: dict[str, tuple] = {}  # generation canary's plan per path, decided once
+        self.self_eval_scores: dict = {}  # issue 24 --self-eval: (task, doc_id) → choice → (log p " (A)", " (B)")
 
     @classmethod
     def from_package(cls, args: ModelArgs) -> OrtLM:
@@ -199,9 +201,13 @@ class OrtLM(TemplateLM):
 
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         text = lambda rs: super(OrtLM, self).loglikelihood(rs, disable_tqdm)  # noqa: E731
-        return self._stored("loglikelihood", requests,
-                            lambda rs, keys: self.media.loglikelihood(rs, keys, text, disable_tqdm),  # issue 13
-                            lambda v: (float(v[0]), bool(v[1])))
+        # issue 24 --self-eval: P(True) of every choice in this same call, so the prefix plan shares the prompt
+        extra = self_eval.choice_requests(requests) if self.args.self_eval else []
+        scores = self._stored("loglikelihood", [*requests, *extra],
+                              lambda rs, keys: self.media.loglikelihood(rs, keys, text, disable_tqdm),  # issue 13
+                              lambda v: (float(v[0]), bool(v[1])))
+        self.self_eval_scores.update(self_eval.collect(extra, scores[len(requests):]))
+        return scores[:len(requests)]
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
         token_reqs = [TokenRequest(tuple(ctx), tuple(cont)) for _, ctx, cont in requests]

@@ -19,6 +19,7 @@ import numpy as np
 
 from ortevals.errors import OrtEvalsError
 from ortevals.report import stats
+from ortevals.report.calibration_delta import CalibrationDelta, calibration_delta
 from ortevals.report.runs import Run, TaskRun
 
 
@@ -68,6 +69,7 @@ class TaskComparison:
     categories: tuple[CategoryDelta, ...]
     choice: ChoiceStats | None
     generation: GenerationStats | None
+    calibration: CalibrationDelta | None = None  # issue 24: choice tasks with a known gold
 
     @property
     def flip_rate(self) -> float:
@@ -187,7 +189,9 @@ def compare_task(a: TaskRun, b: TaskRun, ref_name: str, run_name: str) -> TaskCo
         min_detectable=mde, power=stats.power_line(n, mde),
         categories=_categories(cats, ra, rb) if all(a.category) else (),
         choice=_choice_stats(a, b) if a.kind == "choice" else None,
-        generation=_generation_stats(a, b) if a.kind == "generation" else None)
+        generation=_generation_stats(a, b) if a.kind == "generation" else None,
+        calibration=calibration_delta(a.loglik, b.loglik, a.gold) if a.kind == "choice" and (a.gold >= 0).any()
+        else None)
 
 
 def _categories(cats: np.ndarray, ra: np.ndarray, rb: np.ndarray) -> tuple[CategoryDelta, ...]:

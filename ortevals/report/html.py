@@ -18,10 +18,11 @@ import numpy as np
 from ortevals.files import atomic_write, atomic_write_bytes
 from ortevals.report.compare import Comparison
 
-PLOTS = ("delta_by_category", "flips_by_margin", "kl_distribution", "agreement")
+PLOTS = ("delta_by_category", "flips_by_margin", "kl_distribution", "agreement", "reliability", "risk_coverage")
 TITLES = {"delta_by_category": "Δ accuracy per category (95% interval)",
           "flips_by_margin": "Answer changes by the reference's top-1 margin",
-          "kl_distribution": "KL(ref‖run) per question", "agreement": "Answer agreement, run by run"}
+          "kl_distribution": "KL(ref‖run) per question", "agreement": "Answer agreement, run by run",
+          "reliability": "Reliability diagram (issue 24)", "risk_coverage": "Risk against coverage (issue 24)"}
 MAX_CHANGED = 25  # questions listed in the report (all of them go to --changed)
 
 
@@ -29,7 +30,8 @@ def write_report(cmp: Comparison, out_dir: Path) -> list[Path]:
     """Write report.md, its PNGs and report.html into ``out_dir``; return the paths."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    pngs = {name: fn(cmp) for name, fn in zip(PLOTS, (plot_delta, plot_margin, plot_kl, plot_agreement))}
+    pngs = {name: fn(cmp) for name, fn in zip(PLOTS, (plot_delta, plot_margin, plot_kl, plot_agreement,
+                                                      plot_reliability, plot_risk_coverage))}
     written = []
     for name, data in pngs.items():
         atomic_write_bytes(out_dir / f"{name}.png", data)
@@ -58,7 +60,19 @@ def report_tables(cmp: Comparison) -> dict[str, tuple[list[str], list[list[str]]
                [[q.run, q.task, str(q.doc_id), q.category or "", q.gold or "", q.ref_answer[:40], q.run_answer[:40],
                  f"{q.difference:.3g}", _prob(q.ref_probs, q.ref_answer), _prob(q.run_probs, q.run_answer)]
                 for q in cmp.changed[:MAX_CHANGED]])
-    return {"Summary": summary, "Per category": cats, "Questions that changed (most different first)": changed}
+    calibration = (["run", "task", "ECE", "ref", "Δ ECE [95%]", "Brier", "ref", "Δ Brier [95%]",
+                    "conf − acc", "T needed [95%]", "ref T"],
+                   [[c.run, c.task, f"{d.ece:.4f}", f"{d.ref_ece:.4f}", _delta(d.delta_ece), f"{d.brier:.4f}",
+                     f"{d.ref_brier:.4f}", _delta(d.delta_brier), f"{d.overconfidence:+.4f}",
+                     f"{d.temperature.estimate:.3g} [{d.temperature.low:.3g}, {d.temperature.high:.3g}]"
+                     if d.temperature.low == d.temperature.low else f"{d.temperature.estimate:.3g} (bound)",
+                     f"{d.ref_temperature.estimate:.3g}"] for c in cmp.tasks if (d := c.calibration) is not None])
+    return {"Summary": summary, "Per category": cats, "Calibration (paired 95% intervals)": calibration,
+            "Questions that changed (most different first)": changed}
+
+
+def _delta(x) -> str:
+    return f"{x.estimate:+.4f} [{x.low:+.4f}, {x.high:+.4f}]"
 
 
 def _prob(probs: dict[str, float] | None, label: str) -> str:
@@ -221,3 +235,31 @@ def plot_agreement(cmp: Comparison) -> bytes:
     ax.set_yticks(range(len(labels)), labels)
     fig.colorbar(im, ax=ax)
     return _png(plt, fig)
+
+
+def _calibration_series(cmp: Comparison, pick) -> list:
+    """(label, data) per run and task with calibration, the reference first for each task."""
+    out, seen = [], set()
+    for c in cmp.tasks:
+        if c.calibration is None:
+            continue
+        if c.task not in seen:
+            seen.add(c.task)
+            out.append((f"{c.ref} (ref) · {c.task}", pick(c.calibration, True)))
+        out.append((f"{c.run} · {c.task}", pick(c.calibration, False)))
+    return out
+
+
+def plot_reliability(cmp: Comparison) -> bytes:
+    """Every run's reliability diagram over the reference's (choice tasks)."""
+    from ortevals.report.calibration_plots import reliability_png
+
+    series = _calibration_series(cmp, lambda d, ref: d.ref_reliability if ref else d.reliability)
+    return reliability_png(series, "accuracy against confidence, 10 equal-width bins")
+
+
+def plot_risk_coverage(cmp: Comparison) -> bytes:
+    from ortevals.report.calibration_plots import risk_coverage_png
+
+    series = _calibration_series(cmp, lambda d, ref: d.ref_risk if ref else d.risk)
+    return risk_coverage_png(series, "risk of answering only the most confident questions")

@@ -36,11 +36,27 @@ def task_record(c: TaskComparison) -> dict[str, Any]:
                     "dp_gold": asdict(ch.dp_gold) if ch.dp_gold else None,
                     "margin_bins": [{"low": b.low, "high": b.high, "n": b.n, "answer_changes": b.answer_changes,
                                      "flips": b.flips} for b in ch.margin_bins]})
+    if c.calibration is not None:
+        rec.update(calibration_record(c.calibration))
     if c.generation is not None:
         g = c.generation
         rec.update({"text_agreement": g.text_agreement,
                     "first_divergence_char": asdict(g.first_divergence) if g.first_divergence else None})
     return _finite(rec)
+
+
+def calibration_record(d) -> dict[str, Any]:
+    """Issue 24's ``--json`` fields of a :class:`~ortevals.report.calibration_delta.CalibrationDelta`."""
+    def ci(x) -> list[float]:
+        return [x.low, x.high]
+
+    return {"ece": d.ece, "ref_ece": d.ref_ece, "delta_ece": d.delta_ece.estimate, "delta_ece_ci": ci(d.delta_ece),
+            "brier": d.brier, "ref_brier": d.ref_brier, "delta_brier": d.delta_brier.estimate,
+            "delta_brier_ci": ci(d.delta_brier), "overconfidence": d.overconfidence,
+            "ref_overconfidence": d.ref_overconfidence, "delta_overconfidence": d.delta_overconfidence.estimate,
+            "delta_overconfidence_ci": ci(d.delta_overconfidence), "temperature": d.temperature.estimate,
+            "temperature_ci": ci(d.temperature), "ref_temperature": d.ref_temperature.estimate,
+            "ref_temperature_ci": ci(d.ref_temperature)}
 
 
 def write_json(cmp: Comparison, path: Path) -> None:
@@ -102,6 +118,8 @@ def task_lines(c: TaskComparison) -> list[str]:
         bins = [b for b in c.choice.margin_bins if b.n]
         lines.append("  answer changes by ref margin: " + ", ".join(
             f"[{b.low:g},{b.high:g}) {b.answer_changes}/{b.n}" for b in bins))
+    if c.calibration is not None:
+        lines += calibration_lines(c.calibration)
     if c.generation is not None:
         g = c.generation
         lines.append(f"  identical text {g.text_agreement:.4f}; extracted-answer agreement {f.agreement:.4f}"
@@ -109,6 +127,25 @@ def task_lines(c: TaskComparison) -> list[str]:
                         if g.first_divergence else ""))
     lines.append(f"  power: {c.power}")
     return lines
+
+
+def calibration_lines(d) -> list[str]:
+    """Issue 24: the calibration of the run against the reference's, paired 95% intervals."""
+    def delta(x) -> str:
+        return f"{x.estimate:+.4f} [{x.low:+.4f}, {x.high:+.4f}]"
+
+    def temp(x) -> str:
+        if math.isnan(x.low):  # fitted on a bound of the search: the NLL keeps falling beyond it
+            return f"{x.estimate:.3g} (a bound: no finite optimum)"
+        return f"{x.estimate:.3g} [{x.low:.3g}, {x.high:.3g}]"
+
+    gap = d.overconfidence
+    word = "over-confident" if gap > 0 else "under-confident"
+    return [f"  calibration: {word} by {abs(gap):.4f} (mean confidence - accuracy; ref {d.ref_overconfidence:+.4f}, "
+            f"delta {delta(d.delta_overconfidence)})",
+            f"  ECE {d.ece:.4f} (ref {d.ref_ece:.4f}, delta {delta(d.delta_ece)}); Brier {d.brier:.4f} "
+            f"(ref {d.ref_brier:.4f}, delta {delta(d.delta_brier)}); temperature needed {temp(d.temperature)} "
+            f"(ref {temp(d.ref_temperature)})"]
 
 
 def compare_paths(ref: str | Path, runs: list[str | Path], echo, json_path: Path | None = None,
