@@ -162,14 +162,14 @@ def test_custom_ops_library_is_not_loaded(tiny_pkg, copy_pkg):
 
 
 def test_mixed_install_is_detected(monkeypatch):
-    from ortevals import runtime
+    from ortevals import install
     from ortevals.errors import RuntimeMissingError
 
-    monkeypatch.setattr(runtime, "installed", lambda names, module=None: [n for n in names if n in ("onnxruntime",
+    monkeypatch.setattr(install, "installed", lambda names, module=None: [n for n in names if n in ("onnxruntime",
                                                                                         "onnxruntime-gpu")])
     with pytest.raises(RuntimeMissingError, match="onnxruntime and onnxruntime-gpu are both installed"):
-        runtime.check_install()
-    monkeypatch.setattr(runtime, "installed", lambda names, module=None: [n for n in names if n in ("onnxruntime-gpu",
+        install.check_install()
+    monkeypatch.setattr(install, "installed", lambda names, module=None: [n for n in names if n in ("onnxruntime-gpu",
                                                                                         "onnxruntime-genai")])
     with pytest.raises(RuntimeMissingError, match="onnxruntime-genai needs onnxruntime but onnxruntime-gpu"):
-        runtime.check_install()
+        install.check_install()

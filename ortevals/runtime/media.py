@@ -21,10 +21,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ortevals.errors import OrtEvalsError, PackageError, first_line
+from ortevals.install import import_og
 from ortevals.package.loader import ModelPackage
 from ortevals.package.media import Media
 from ortevals.package.scope import Reads
-from ortevals.runtime import import_og
 from ortevals.runtime.genai import NEUTRAL_SEARCH, og_config, og_files, og_settings
 from ortevals.runtime.providers import ProviderConfig
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ortevals.runtime import import_ort
+from ortevals.install import import_ort
 from ortevals.runtime.buffers import KVView
 from ortevals.runtime.opening import check_provider
 from ortevals.runtime.providers import ProviderConfig
