@@ -7,7 +7,8 @@ import pytest
 
 from ortevals.errors import PackageError, ProviderError
 from ortevals.package.loader import ModelPackage
-from ortevals.runtime.providers import from_package, normalize, parse_options
+from ortevals.package.session_options import normalize
+from ortevals.runtime.providers import from_package, parse_options
 
 
 def edit_config(pkg: Path, fn) -> None:
