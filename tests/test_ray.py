@@ -159,7 +159,7 @@ def test_the_driver_opens_no_session_with_workers(ray_cluster, tiny_pkg, monkeyp
         config_init(self, path, *args)
 
     def spy_model(self, config, *args, **kwargs):
-        # og's own check of genai_config.json at load (runtime/og_config.py) asks og.Model for its verdict on
+        # og's own check of genai_config.json at load (package/og_config.py) asks og.Model for its verdict on
         # a copy of the config alone in a temporary folder, providers cleared: no model file, no device
         if getattr(config, "folder", "") == str(tiny_pkg):
             opened.append(("og.Model", config.folder))
