@@ -252,8 +252,8 @@ def run(tasks: str, num_fewshot, include_path, apply_chat_template, gen_kwargs, 
 @click.option("--example", is_flag=True, help="Describe the embedded SmolLM2 example package.")
 def info(pkg: Path | None, example: bool) -> None:
     """What the loader found: models, layers, KV shapes per layer, providers."""
-    from ortevals.package.describe import describe_package
     from ortevals.package.loader import ModelPackage
+    from ortevals.report.describe import describe_package
 
     click.echo(describe_package(ModelPackage.load(_package_path(pkg, example))))
 
