@@ -11,6 +11,6 @@ lm-eval registration lives in :mod:`ortevals.integrations.lm_eval_plugin`.
 
 from ortevals.errors import OrtEvalsError, PackageError
 from ortevals.package.loader import KVSpec, ModelPackage
+from ortevals.version import __version__ as __version__
 
 __all__ = ["KVSpec", "ModelPackage", "OrtEvalsError", "PackageError"]
-__version__ = "0.1.0"

@@ -41,6 +41,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from ortevals.version import __version__
+
 FULL_HASH_LIMIT = 64 << 20  # files below this are hashed by content
 EDGE = 1 << 16  # bytes read at each end of a larger file
 ORT_WHEELS = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-directml", "onnxruntime-openvino", "onnxruntime-qnn",
@@ -139,8 +141,6 @@ def dist_version(name: str) -> str | None:
 
 
 def ortevals_version() -> str:
-    from ortevals import __version__
-
     return __version__
 
 
