@@ -320,7 +320,7 @@ def test_detection_on_real_graphs(tiny_pkg, dynquant, gemma4):
 
 def test_canary_inputs_are_cut_short_and_keep_their_shared_prefix():
     from ortevals.engine.invariance import CANARY_TOKENS, SHARED_KEEP, shorten
-    from ortevals.engine.prefix import common_prefix
+    from ortevals.tokens import common_prefix
 
     header = tuple(range(1000, 1500))  # a 500-token few-shot header
     pairs = [(header + (1, 2, 3), (7,)), (header + (4, 5), (8,)), (header + (6,), (9, 9)),

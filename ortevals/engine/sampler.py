@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ortevals.engine.generation import GenSettings, TextStream, check_logits
-from ortevals.engine.prefix import common_prefix
+from ortevals.tokens import common_prefix
 
 log = logging.getLogger(__name__)
 FREE_SHARE = 0.8  # of the free memory, for decode KV: the rest for activations, fragmentation, other users

@@ -28,8 +28,9 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
-from ortevals.engine.prefix import common_prefix, plan_prefixes
+from ortevals.engine.prefix import plan_prefixes
 from ortevals.errors import OrtEvalsError
+from ortevals.tokens import common_prefix
 
 NO_GROUP = -1  # units that share no kept prefix with any other
 
