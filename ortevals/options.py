@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ortevals.engine.scoring import TRUNCATE_MODES
+from ortevals.engine.score.scoring import TRUNCATE_MODES
 from ortevals.errors import OrtEvalsError, did_you_mean
 
 PKG_ALIASES = ("pretrained", "model")  # lm-eval spellings of the package folder

@@ -66,7 +66,7 @@ def workloads(docs: int, shots: int):
 def naive_loglikelihood(engine, reqs) -> list[float]:
     """A new processor run and Generator per request; the continuation appended to the prompt."""
     from ortevals.engine.multimodal import split_context
-    from ortevals.engine.scoring import continuation_logprob
+    from ortevals.engine.score.scoring import continuation_logprob
 
     out = []
     for r in reqs:

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from ortevals.engine.scoring import log_softmax
+from ortevals.engine.score.scoring import log_softmax
 from ortevals.integrations.lm import ModelArgs, OrtLM
 from ortevals.package.loader import ModelPackage
 from ortevals.runtime.providers import from_package

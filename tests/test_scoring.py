@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from ortevals.engine.scoring import check_finite, continuation_logprob, input_window, log_softmax
+from ortevals.engine.score.scoring import check_finite, continuation_logprob, input_window, log_softmax
 from ortevals.errors import OrtEvalsError
 
 

@@ -15,9 +15,9 @@ import functools
 import logging
 from dataclasses import dataclass, replace
 
-from ortevals.engine.incremental import IncrementalEngine
-from ortevals.engine.invariance import Verdicts
-from ortevals.engine.prefill import EngineSettings, PrefillEngine
+from ortevals.engine.score.incremental import IncrementalEngine
+from ortevals.engine.score.invariance import Verdicts
+from ortevals.engine.score.prefill import EngineSettings, PrefillEngine
 from ortevals.errors import OrtEvalsError, PackageError
 from ortevals.package.loader import ModelPackage
 from ortevals.package.multimodal import has_media_models
@@ -74,7 +74,7 @@ class Backends:
         self.loglikelihood_path = loglikelihood_path(path, self.capability)
         self.gen_path = gen_path
         self.media_path = media_path
-        self.verdicts = Verdicts()  # canary verdicts; OrtLM gives it the result store (engine/invariance.py)
+        self.verdicts = Verdicts()  # canary verdicts; OrtLM gives it the result store (engine/score/invariance.py)
 
     @functools.cached_property
     def prefill(self) -> PrefillEngine:
@@ -139,7 +139,7 @@ class Backends:
 
     def _prefill_settings(self) -> tuple[EngineSettings, str]:
         """Settings for the prefill engine: exact mode when asked or when the graph mixes rows."""
-        from ortevals.engine.invariance import detect
+        from ortevals.engine.score.invariance import detect
 
         out = self.package.decoder.output(self.package.logits_name)
         settings = replace(self.settings, dtype=out.dtype if out is not None else "float32")

@@ -1,7 +1,7 @@
 """Batch and prefix invariance of generation: checked, not assumed (issue 22, item 5).
 
 Generation reuses work across rows and prompts in two places, and each is right only if no op
-mixes the rows or tokens of a pass (engine/invariance.py):
+mixes the rows or tokens of a pass (engine/score/invariance.py):
 
 * the raw path (:mod:`ortevals.engine.sampler`) decodes a prompt's K sample rows in one pass and
   runs a prompt on top of the KV of the prompt before it, cut to their shared prefix;
@@ -10,11 +10,11 @@ mixes the rows or tokens of a pass (engine/invariance.py):
   previous prompt.
 
 Owns the canary that checks both before the first generation: a few of the run's own prompts,
-cut short (:func:`~ortevals.engine.invariance.shorten`) and decoded for a few tokens, the
+cut short (:func:`~ortevals.engine.score.invariance.shorten`) and decoded for a few tokens, the
 configured way and alone (one row per pass, each prompt from an empty cache). The same tokens,
 and (raw path) each row's log-prob within the dtype's tolerance, keep the configured way;
 anything else makes the run decode one row per pass with no prefix reuse, and the mode says
-so. A verdict is filed like the prefill canary's (:class:`~ortevals.engine.invariance.Verdicts`).
+so. A verdict is filed like the prefill canary's (:class:`~ortevals.engine.score.invariance.Verdicts`).
 
 Pure orchestration over a sampler / og runner passed in; no runtime import.
 """
@@ -25,7 +25,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 
-from ortevals.engine.invariance import Verdicts, pick_canary, shorten, tolerance
+from ortevals.engine.score.invariance import Verdicts, pick_canary, shorten, tolerance
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def short(settings, cut: Sequence[int]):
 
 
 def _cut(prompts: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
-    """Prompts cut to about :data:`~ortevals.engine.invariance.CANARY_TOKENS`, shared prefixes kept."""
+    """Prompts cut to about :data:`~ortevals.engine.score.invariance.CANARY_TOKENS`, shared prefixes kept."""
     return [c + x for c, x in shorten([(tuple(p[:-1]), tuple(p[-1:])) for p in prompts])]
 
 

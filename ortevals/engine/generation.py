@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ortevals.engine.scoring import describe_request
+from ortevals.engine.score.scoring import describe_request
 from ortevals.engine.stops import TextStream, first_stop  # noqa: F401  (re-exported)
 from ortevals.errors import OrtEvalsError
 

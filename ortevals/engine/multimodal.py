@@ -35,7 +35,7 @@ import numpy as np
 
 from ortevals.engine.generation import GenSettings, generate
 from ortevals.engine.schedule import sample_rng
-from ortevals.engine.scoring import NonFiniteScore, check_finite, continuation_logprob, describe_request
+from ortevals.engine.score.scoring import NonFiniteScore, check_finite, continuation_logprob, describe_request
 from ortevals.errors import OrtEvalsError
 from ortevals.package.loader import ModelPackage
 from ortevals.package.media import Media

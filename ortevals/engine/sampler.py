@@ -24,7 +24,7 @@ and keeps a plain (not windowed) KV cache:
   sequence, the EOS that ended it included, for best-of-k.
 
 :class:`RawStepModel` is the same runner behind engine/search.py's ``StepModel`` protocol
-(beam search). Exact mode (a graph whose numbers depend on the pass: engine/invariance.py)
+(beam search). Exact mode (a graph whose numbers depend on the pass: engine/score/invariance.py)
 decodes one row per pass and never reuses a prefix. Token choice lives in
 :mod:`ortevals.engine.generation`.
 """

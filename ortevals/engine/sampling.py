@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ortevals.engine import scoring
+from ortevals.engine.score import scoring
 
 if TYPE_CHECKING:
     from ortevals.engine.generation import GenSettings

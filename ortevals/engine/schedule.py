@@ -42,7 +42,7 @@ def prompt_item(lm, args) -> tuple[list[int], object]:
     """(prompt ids, GenSettings) of one request; a prompt that leaves no room for max_gen_toks is an
     error naming the limit, or (truncate=left) left-truncated as lm-eval's hf backend does."""
     from ortevals.engine.generation import parse_gen_kwargs
-    from ortevals.engine.scoring import describe_request, fits
+    from ortevals.engine.score.scoring import describe_request, fits
 
     context, gen_kwargs = args
     settings = parse_gen_kwargs(gen_kwargs, lm.max_gen_toks, lm.tok_decode([lm.eot_token_id]), lm.args.seed)

@@ -22,8 +22,8 @@ from lm_eval.api.model import TemplateLM
 from tqdm import tqdm
 
 from ortevals.engine.backends import Backends
-from ortevals.engine.prefill import EngineSettings, Score, TokenRequest
-from ortevals.engine.scoring import NonFiniteScore, context_limit, describe_request, effective_max_length, fits
+from ortevals.engine.score.prefill import EngineSettings, Score, TokenRequest
+from ortevals.engine.score.scoring import NonFiniteScore, context_limit, describe_request, effective_max_length, fits
 from ortevals.errors import OrtEvalsError
 from ortevals.files import cache_root, store_path
 from ortevals.integrations import self_eval

@@ -125,8 +125,8 @@ class Worker:
             os._exit(1)
 
     def score(self, requests: list[tuple[tuple, tuple]]):
-        from ortevals.engine.prefill import TokenRequest
-        from ortevals.engine.scoring import NonFiniteScore
+        from ortevals.engine.score.prefill import TokenRequest
+        from ortevals.engine.score.scoring import NonFiniteScore
 
         self._maybe_crash()
         if self.failed:
@@ -206,8 +206,8 @@ class WorkerPool:
     # --- work --------------------------------------------------------------------
     def score(self, requests: Sequence, max_length: int, on_done: Callable, after_chunk: Callable[[], None]) -> list:
         """``Score``s of token requests in order; ``on_done(index, Score)`` as each chunk returns."""
-        from ortevals.engine.prefill import Score
-        from ortevals.engine.scoring import NonFiniteScore, input_window
+        from ortevals.engine.score.prefill import Score
+        from ortevals.engine.score.scoring import NonFiniteScore, input_window
 
         inputs = [input_window(r.context, r.continuation, max_length) for r in requests]  # what the engine runs
         units = [r.context for r in requests]  # a question's choices: one context, never split

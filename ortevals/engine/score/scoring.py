@@ -152,7 +152,7 @@ class ScoreSink:
 
     def group(self, logits: np.ndarray, group, end: int) -> None:
         """logits: ``[R, V]`` rows of one input whose scored tail ends at row ``end``; ``group``: the
-        input's members, (request index, continuation length) pairs (engine/prefill.py's ``Group``)."""
+        input's members, (request index, continuation length) pairs (engine/score/prefill.py's ``Group``)."""
         for index, n_cont in group.members:
             # row i predicts token i+1: the last n_cont input rows predict the continuation
             self._report(index, *continuation_logprob(logits[end - n_cont:end], self.requests[index].continuation))
