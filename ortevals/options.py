@@ -154,7 +154,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("ray_address", text("ray_address"), None, "Run the workers on this Ray cluster (ray start --head "
            "prints it); default: all its GPUs, or one worker per node on CPU.", scoped=False, flag="--ray-address",
            metavar="ADDR"),
-    # issue 14 (engine/sampler.py): which engine generates; raw = shared-prompt sampling on onnxruntime
+    # issue 14 (engine/generate/sampler.py): which engine generates; raw = shared-prompt sampling on onnxruntime
     Option("gen_path", choice("gen_path", ("auto", "raw", "og")), "auto",
            "generate_until path: auto (raw where the package has full logits and a plain KV cache), raw "
            "(shared-prompt sampling on onnxruntime), og (onnxruntime-genai Generators)."),

@@ -1,4 +1,4 @@
-"""The sampler's decode KV (engine/kvrows.py, issue 20 §1): the memory a batch really needs and the
+"""The sampler's decode KV (engine/generate/kvrows.py, issue 20 §1): the memory a batch really needs and the
 rows chosen from the free memory; device KV kept in place (bound by pointer as past and present),
 proven on CPU through the same OrtValue code path a device takes (``bind_device='cpu'``)."""
 
@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from ortevals.engine.generation import parse_gen_kwargs
-from ortevals.engine.kvrows import CopyKV, InplaceKV
-from ortevals.engine.sampler import Job, SharedPromptSampler
+from ortevals.engine.generate.generation import parse_gen_kwargs
+from ortevals.engine.generate.kvrows import CopyKV, InplaceKV
+from ortevals.engine.generate.sampler import Job, SharedPromptSampler
 from ortevals.integrations.lm import ModelArgs, OrtLM
 from ortevals.package.loader import ModelPackage
 
@@ -108,7 +108,7 @@ def test_rows_per_batch_from_the_real_peak(lm, kind):
 def test_rows_per_batch_from_the_free_memory_reading(lm):
     """The free-memory reading (injected) sets the budget: FREE_SHARE of it, plus the arenas already
     held, which the next batch reuses."""
-    from ortevals.engine.sampler import FREE_SHARE
+    from ortevals.engine.generate.sampler import FREE_SHARE
 
     prompt_len = len(lm.tok_encode(PROMPT))
     row = (prompt_len + 201) * 512
@@ -253,7 +253,7 @@ def test_a_device_graph_that_refuses_the_shared_buffer_falls_back_once(lm, devic
 def test_the_in_place_check_catches_a_row_op_that_writes_nothing(device_runner, monkeypatch, caplog, op):
     """The check runs every row op the sampler uses on buffers that start as NaN: a device copy that
     does not happen cannot pass because the allocator handed back memory holding the right values."""
-    from ortevals.engine.kvrows import choose_kv
+    from ortevals.engine.generate.kvrows import choose_kv
     from ortevals.runtime.replicate import Replicator
 
     original = getattr(Replicator, op)

@@ -1,4 +1,4 @@
-"""Sampling filters and penalties (engine/sampling.py) against transformers' logits processors;
+"""Sampling filters and penalties (engine/generate/sampling.py) against transformers' logits processors;
 Mirostat v2 against a worked example; per-row seeding."""
 
 import numpy as np
@@ -15,8 +15,8 @@ from transformers.generation import (
     TypicalLogitsWarper,
 )
 
-from ortevals.engine import sampling
-from ortevals.engine.generation import GenSettings, choose_token, parse_gen_kwargs
+from ortevals.engine.generate import sampling
+from ortevals.engine.generate.generation import GenSettings, choose_token, parse_gen_kwargs
 from ortevals.errors import OrtEvalsError
 
 V = 97

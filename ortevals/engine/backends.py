@@ -29,7 +29,7 @@ from ortevals.runtime.reads import runner_reads
 
 log = logging.getLogger(__name__)
 PATHS = ("auto", "prefill", "incremental")
-# the engine's own maths (scoring, token choice, seeded draws) and MBR's utilities (engine/mbr.py)
+# the engine's own maths (scoring, token choice, seeded draws) and MBR's utilities (engine/generate/mbr.py)
 ENGINE_READS = (Reads("engine", dists=("numpy",)), Reads("mbr", dists=("sacrebleu", "rouge-score")))
 
 
@@ -103,7 +103,7 @@ class Backends:
 
     def generation_path(self) -> tuple[str, str]:
         """(``raw`` or ``og``, why the raw path cannot serve this package or ""), from ``gen_path``."""
-        from ortevals.engine.sampler import can_serve
+        from ortevals.engine.generate.sampler import can_serve
 
         ok, why = can_serve(self.package, self.capability)
         if self.gen_path == "raw" and not ok:

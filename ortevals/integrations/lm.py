@@ -75,7 +75,7 @@ class OrtLM(TemplateLM):
     @classmethod
     def from_package(cls, args: ModelArgs) -> OrtLM:
         """Load the package and tokenizer; open the log-likelihood path now, generation on first use."""
-        from ortevals.engine.generation import SEARCH_POLICY
+        from ortevals.engine.generate.generation import SEARCH_POLICY
         from ortevals.runtime.buffers import kv_bytes_per_token
         from ortevals.runtime.providers import from_package, parse_options
 
@@ -272,8 +272,8 @@ class OrtLM(TemplateLM):
             rs, keys, lambda r, k: self._generate(r, k, disable_tqdm), disable_tqdm))
 
     def _generate(self, requests, keys: list[list], disable_tqdm: bool) -> list[str]:
-        from ortevals.engine.generation import request_name
-        from ortevals.engine.schedule import prompt_item
+        from ortevals.engine.generate.generation import request_name
+        from ortevals.engine.generate.schedule import prompt_item
 
         items = [prompt_item(self, req.args) for req in requests]
         if not items:
@@ -306,7 +306,7 @@ class OrtLM(TemplateLM):
                 return self.pool.generate([r.args for r in requests], keys, [it[0] for it in items],
                                           lambda i, text, lp, n, scored: finish(i, text, n, lp, scored),
                                           self._commit)
-            if path == "raw":  # issue 14: one prompt pass, K rows decoded together (engine/sampler.py)
+            if path == "raw":  # issue 14: one prompt pass, K rows decoded together (engine/generate/sampler.py)
                 self._generate_raw(items, keys, lambda i, s: finish(i, s.text, s.tokens, s.logprob, s.scored), name)
             else:
                 self._generate_og(runner, items, keys, finish, name)
@@ -317,9 +317,9 @@ class OrtLM(TemplateLM):
         return results
 
     def _generate_raw(self, items, keys: list[list], finish, name) -> None:
-        """The raw path, after the generation canary (engine/gencanary.py) where it applies."""
-        from ortevals.engine.gencanary import raw_plan
-        from ortevals.engine.sampler import run_sampling
+        """The raw path, after the generation canary (engine/generate/gencanary.py) where it applies."""
+        from ortevals.engine.generate.gencanary import raw_plan
+        from ortevals.engine.generate.sampler import run_sampling
 
         sampler = self._sampler()
         self._gen_check("raw", lambda: raw_plan(sampler, items, keys, name, self._dtype, self.args.check,
@@ -328,8 +328,8 @@ class OrtLM(TemplateLM):
 
     def _generate_og(self, runner, items, keys: list[list], finish, name) -> None:
         """og's path: batched greedy Generators and the rewinding cursor, as exact mode and the canary allow."""
-        from ortevals.engine.gencanary import og_plan
-        from ortevals.engine.schedule import run_generation
+        from ortevals.engine.generate.gencanary import og_plan
+        from ortevals.engine.generate.schedule import run_generation
 
         eos = {self.eot_token_id, *self.package.eos_token_ids}
         width, reuse = self._gen_check("og", lambda: og_plan(
@@ -339,7 +339,7 @@ class OrtLM(TemplateLM):
                        name=name, prefix_reuse=reuse)  # errors name the request
 
     def _gen_check(self, path: str, plan):
-        """The generation canary's plan (engine/gencanary.py), made once per run and path; its mode joins
+        """The generation canary's plan (engine/generate/gencanary.py), made once per run and path; its mode joins
         the run's mode. Returns the og path's (width, prefix reuse)."""
         if path not in self._gen_plans:
             out = plan()
@@ -358,7 +358,7 @@ class OrtLM(TemplateLM):
         return self.backends.prefill_choice[0].dtype
 
     def _generation_path(self) -> str:
-        """raw (engine/sampler.py) or og, from gen_path and what the package allows."""
+        """raw (engine/generate/sampler.py) or og, from gen_path and what the package allows."""
         path, why = self.backends.generation_path()
         if path == "og":
             log.info("generate_until goes to the onnxruntime-genai path%s", f" ({why})" if why else "")
@@ -367,7 +367,7 @@ class OrtLM(TemplateLM):
     def _sampler(self):
         """The raw path's sampler, on the log-likelihood path's runner (opened once)."""
         if getattr(self, "_raw_sampler", None) is None:
-            from ortevals.engine.sampler import SharedPromptSampler
+            from ortevals.engine.generate.sampler import SharedPromptSampler
 
             prefill = self.backends.prefill
             self._raw_sampler = SharedPromptSampler(

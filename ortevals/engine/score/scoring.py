@@ -20,7 +20,7 @@ from ortevals.errors import OrtEvalsError
 
 def log_softmax(logits: np.ndarray, dtype=np.float32) -> np.ndarray:
     """Log-softmax over the last axis (``[..., V]`` -> ``[..., V]``), in float32 on the scoring hot path;
-    token choice and search ask for float64 (engine/sampling.py)."""
+    token choice and search ask for float64 (engine/generate/sampling.py)."""
     x = np.asarray(logits, dtype=dtype)
     shifted = x - x.max(axis=-1, keepdims=True)
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))

@@ -2,7 +2,7 @@
 
 Owns lm-eval's generation kwargs and their aliases (:func:`parse_gen_kwargs`,
 one-line errors naming the field), token choice from logits (delegated to
-:mod:`ortevals.engine.sampling`: greedy, the filters, penalties and Mirostat,
+:mod:`ortevals.engine.generate.sampling`: greedy, the filters, penalties and Mirostat,
 from a seeded numpy generator: reproducible, pure), stop sequences checked as
 tokens arrive (generation stops at once, the text is cut at the first stop),
 EOS as a stop, and the loop over a Generator cursor (runtime/genai.py), which
@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from ortevals.engine.generate.stops import TextStream, first_stop  # noqa: F401  (re-exported)
 from ortevals.engine.score.scoring import describe_request
-from ortevals.engine.stops import TextStream, first_stop  # noqa: F401  (re-exported)
 from ortevals.errors import OrtEvalsError
 
 log = logging.getLogger(__name__)
@@ -185,11 +185,11 @@ def _check_combination(s: GenSettings) -> None:
 
 def choose_token(logits: np.ndarray, s: GenSettings, rng: np.random.Generator,
                  history: Sequence[int] = ()) -> int:
-    """One row's token (logits ``[V]``): see :func:`ortevals.engine.sampling.choose_tokens`.
+    """One row's token (logits ``[V]``): see :func:`ortevals.engine.generate.sampling.choose_tokens`.
 
     ``history``: the row's prompt + generated ids (repetition penalty, no-repeat n-gram).
-    Mirostat keeps state across steps: use :class:`ortevals.engine.sampling.Sampler` for it."""
-    from ortevals.engine.sampling import choose_tokens
+    Mirostat keeps state across steps: use :class:`ortevals.engine.generate.sampling.Sampler` for it."""
+    from ortevals.engine.generate.sampling import choose_tokens
 
     return int(choose_tokens(np.asarray(logits)[None, :], s, [history], [rng])[0])
 
@@ -227,7 +227,7 @@ def generate(cursor, tokenizer, context: Sequence[int], s: GenSettings, eos_ids:
     """Generate after ``context``; return (text cut at the first stop, tokens generated).
 
     ``name`` (see :func:`request_name`) names the request in errors."""
-    from ortevals.engine.sampling import Sampler
+    from ortevals.engine.generate.sampling import Sampler
 
     if s.num_beams > 1 or s.mbr_samples > 1:  # a safety net: the scheduler routes these to the raw path
         raise OrtEvalsError(f"gen_kwargs num_beams={s.num_beams}/mbr_samples={s.mbr_samples} need the "

@@ -6,7 +6,7 @@ limit), the split between batched greedy Generators (``gen_batch_size``) and
 the one rewinding cursor (prompts sorted so those sharing a few-shot header
 are adjacent), the per-request sampling seed, and reporting each finished
 text (store, lm-eval's cache hook, progress bar). Token choice and stop
-sequences live in :mod:`ortevals.engine.generation`.
+sequences live in :mod:`ortevals.engine.generate.generation`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def stable_ints(key: list) -> list[int]:
 def sample_rng(seed: int, key: list, candidate: int | None = None) -> np.random.Generator:
     """The generator of one sample (docs/decoding.md, Seeding): ``key`` is the store key, the request's
     args + its sample index (report/resume.request_keys); ``candidate``: an MBR candidate of it."""
-    from ortevals.engine.sampling import row_rng
+    from ortevals.engine.generate.sampling import row_rng
 
     request = json.dumps(key[:-1], sort_keys=True, default=str)
     return row_rng(seed, request if candidate is None else f"{request}/mbr/{candidate}", int(key[-1]))
@@ -41,7 +41,7 @@ def sample_rng(seed: int, key: list, candidate: int | None = None) -> np.random.
 def prompt_item(lm, args) -> tuple[list[int], object]:
     """(prompt ids, GenSettings) of one request; a prompt that leaves no room for max_gen_toks is an
     error naming the limit, or (truncate=left) left-truncated as lm-eval's hf backend does."""
-    from ortevals.engine.generation import parse_gen_kwargs
+    from ortevals.engine.generate.generation import parse_gen_kwargs
     from ortevals.engine.score.scoring import describe_request, fits
 
     context, gen_kwargs = args
@@ -67,9 +67,9 @@ def run_generation(runner, tokenizer, items: Sequence[tuple[list[int], object]],
 
     width: greedy requests per batched Generator (1: all go through the rewinding cursor).
     name: how an error names request i. prefix_reuse: False gives each request its own Generator
-    (exact mode, or the generation canary's verdict: engine/gencanary.py).
+    (exact mode, or the generation canary's verdict: engine/generate/gencanary.py).
     """
-    from ortevals.engine.generation import can_batch, generate, generate_batch
+    from ortevals.engine.generate.generation import can_batch, generate, generate_batch
 
     batched = [i for i in range(len(items)) if width > 1 and can_batch(*items[i], pad_id)]
     singles = sorted(set(range(len(items))) - set(batched), key=lambda i: items[i][0])

@@ -28,14 +28,14 @@ import numpy as np
 from ortevals.engine.score import scoring
 
 if TYPE_CHECKING:
-    from ortevals.engine.generation import GenSettings
+    from ortevals.engine.generate.generation import GenSettings
 
 NEG = -np.inf
 
 
 def row_rng(seed: int, request_key: str, sample_index: int) -> np.random.Generator:
     """The generator of one sample: a function of (seed, request key, sample index) only."""
-    from ortevals.engine.schedule import stable_ints
+    from ortevals.engine.generate.schedule import stable_ints
 
     return np.random.default_rng([int(seed), *stable_ints([str(request_key), int(sample_index)])])
 
