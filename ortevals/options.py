@@ -144,7 +144,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("gen_batch_size", positive_int("gen_batch_size"), 1,
            "Greedy requests per batched Generator (1: one cursor that rewinds)."),
     Option("seed", positive_int("seed", allow_zero=True), 1234, "Sampling seed."),
-    # issue 13: requests with images/audio (ortevals/engine/multimodal.py, multimodal_fast.py)
+    # issue 13: requests with images/audio (ortevals/engine/media/og.py, fast.py)
     Option("media_path", choice("media_path", ("auto", "og", "fast")), "auto",
            "Image/audio requests: og (onnxruntime-genai's pipeline), fast (its processor, then raw onnxruntime "
            "with shared text-prefix KV), or auto (fast where the layout allows)."),

@@ -259,7 +259,7 @@ def image_tasks(tmp_path_factory) -> tuple[Path, dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def mm_engine(gemma4_mm):
-    from ortevals.engine.multimodal import MediaEngine
+    from ortevals.engine.media.og import MediaEngine
     from ortevals.package.loader import ModelPackage
     from ortevals.package.tokenizer import Tokenizer
 
@@ -282,7 +282,7 @@ def image_of(doc_id: int):
 
 
 def test_image_multiple_choice_picks_the_lowest_nll_the_raw_ort_oracle_agrees(image_run, mm_engine):
-    from ortevals.engine.multimodal import MediaRequest
+    from ortevals.engine.media.og import MediaRequest
     from tests.test_multimodal import TOL, oracle_loglikelihood
 
     lm, run = image_run
@@ -302,7 +302,7 @@ def test_image_multiple_choice_picks_the_lowest_nll_the_raw_ort_oracle_agrees(im
 
 
 def test_image_generate_until_gives_the_engines_texts(image_run, mm_engine):
-    from ortevals.engine.multimodal import MediaRequest
+    from ortevals.engine.media.og import MediaRequest
     from ortevals.integrations.lm_media import prompt_settings
 
     lm, run = image_run
@@ -315,7 +315,7 @@ def test_image_generate_until_gives_the_engines_texts(image_run, mm_engine):
 
 
 def test_chat_model_renders_the_packages_template_with_its_image_marker(gemma4_mm, image_tasks, mm_engine):
-    from ortevals.engine.multimodal import MediaRequest
+    from ortevals.engine.media.og import MediaRequest
     from ortevals.integrations.lm_media import prompt_settings
 
     folder, names = image_tasks
@@ -366,7 +366,7 @@ def chirp_dict(seconds: float = 0.5, rate: int = 16000) -> dict:
 
 def test_audio_documents_score_as_the_oracle_on_both_models(image_run, mm_engine):
     """An audio dict from doc_to_visual (simple) or in a message part lmms-eval labels "video" (chat)."""
-    from ortevals.engine.multimodal import MediaRequest
+    from ortevals.engine.media.og import MediaRequest
     from ortevals.integrations.lm_media import prompt_settings
     from ortevals.package.media import to_media
     from tests.test_multimodal import TOL, oracle_loglikelihood

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from ortevals.engine.generate.generation import GenSettings
-from ortevals.engine.multimodal import MediaEngine, MediaRequest, split_context
+from ortevals.engine.media.og import MediaEngine, MediaRequest, split_context
 from ortevals.errors import OrtEvalsError, PackageError
 from ortevals.package.loader import ModelPackage
 from ortevals.package.media import Media, to_media, to_media_list
@@ -378,7 +378,7 @@ def test_info_shows_vision_speech_and_processor_without_opening(gemma4_mm, copy_
 
 
 def test_fast_path_equals_og_path_and_reuses_the_text_prefix(engine, fast_engine, windowed_engine):
-    from ortevals.engine.multimodal_fast import FastMediaEngine
+    from ortevals.engine.media.fast import FastMediaEngine
 
     assert type(fast_engine) is FastMediaEngine and type(windowed_engine) is MediaEngine
     header = "You answer questions about pictures. Be brief and exact.\n\n"

@@ -128,7 +128,7 @@ class Backends:
         return out
 
     def _fast_media_reads(self) -> list[Reads]:
-        from ortevals.engine.multimodal_fast import fast_layout, fast_reads
+        from ortevals.engine.media.fast import fast_layout, fast_reads
 
         if self.media_path == "og" or not fast_layout(self.package)[0]:
             return []

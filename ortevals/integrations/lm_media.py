@@ -8,7 +8,7 @@ contexts write lm-eval's ``<image>`` placeholder, which
 :func:`ortevals.package.multimodal.place_markers` turns into the model's own.
 
 Owns that split: requests whose extra argument holds media go to
-:class:`ortevals.engine.multimodal.MediaEngine` (opened and validated on the
+:class:`ortevals.engine.media.og.MediaEngine` (opened and validated on the
 first one); everything else goes, with the extra argument dropped, to the text
 path unchanged, which therefore never opens a vision or speech model. Also owns
 store keys for media requests (the media's content hashes, never a PIL object's
@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 
 from tqdm import tqdm
 
-from ortevals.engine.multimodal import MediaRequest, media_digest
+from ortevals.engine.media.og import MediaRequest, media_digest
 from ortevals.errors import OrtEvalsError
 from ortevals.package.media import Media, to_media_list
 
@@ -47,7 +47,7 @@ class MediaRouter:
     @property
     def engine(self):
         if self._engine is None:
-            from ortevals.engine.multimodal import MediaEngine
+            from ortevals.engine.media.og import MediaEngine
 
             lm = self.lm
             self._engine = MediaEngine.open(lm.package, lm.tokenizer, lm.backends.provider, lm.max_length,

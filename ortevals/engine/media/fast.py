@@ -1,6 +1,6 @@
 """The faster media path for Gemma-layout packages (vision → embedding → decoder), issue 13 §3.
 
-Owns :class:`FastMediaEngine`, a :class:`~ortevals.engine.multimodal.MediaEngine`
+Owns :class:`FastMediaEngine`, a :class:`~ortevals.engine.media.og.MediaEngine`
 that keeps onnxruntime-genai only for its processor (pixels, patch positions,
 log-mel features and the expanded ``input_ids``) and runs the models itself:
 
@@ -37,7 +37,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ortevals.engine.multimodal import MediaEngine, MediaRequest
+from ortevals.engine.media.og import MediaEngine, MediaRequest
 from ortevals.engine.score.scoring import check_finite, continuation_logprob
 from ortevals.package.loader import ModelFile, ModelPackage
 from ortevals.package.multimodal import multimodal_spec

@@ -86,7 +86,7 @@ class MediaEngine:
         """Validate the package for media (one-line errors naming the field); no model is opened yet.
 
         ``path``: "og" (onnxruntime-genai's pipeline), "fast" (og's processor, then raw onnxruntime with
-        shared text-prefix KV: :mod:`ortevals.engine.multimodal_fast`) or "auto" (fast where the layout
+        shared text-prefix KV: :mod:`ortevals.engine.media.fast`) or "auto" (fast where the layout
         allows)."""
         from ortevals.runtime.providers import from_package
 
@@ -94,7 +94,7 @@ class MediaEngine:
         if path not in ("auto", "og", "fast"):
             raise OrtEvalsError(f"media_path must be auto, og or fast, got {path!r}")
         if path != "og" and cls is MediaEngine:
-            from ortevals.engine.multimodal_fast import FastMediaEngine, fast_layout
+            from ortevals.engine.media.fast import FastMediaEngine, fast_layout
 
             ok, why = fast_layout(package)
             if ok:
