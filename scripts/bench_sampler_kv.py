@@ -72,9 +72,9 @@ def spy_allocations(logits_name: str) -> dict:
 
 
 def bench_kv(pkg: str, rows: int, tokens: int, prompt_len: int) -> dict:
-    from ortevals.engine.generate.generation import parse_gen_kwargs
     from ortevals.engine.generate.kvrows import CopyKV
     from ortevals.engine.generate.sampler import SharedPromptSampler
+    from ortevals.engine.generate.settings import parse_gen_kwargs
     from ortevals.package.loader import ModelPackage
     from ortevals.runtime.providers import ProviderConfig
     from ortevals.runtime.sessions import DecoderRunner

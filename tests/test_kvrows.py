@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from ortevals.engine.generate.generation import parse_gen_kwargs
 from ortevals.engine.generate.kvrows import CopyKV, InplaceKV
 from ortevals.engine.generate.sampler import Job, SharedPromptSampler
+from ortevals.engine.generate.settings import parse_gen_kwargs
 from ortevals.integrations.lm import ModelArgs, OrtLM
 from ortevals.package.loader import ModelPackage
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from lm_eval.api.instance import Instance
 
-from ortevals.engine.generate.generation import parse_gen_kwargs
 from ortevals.engine.generate.sampler import SharedPromptSampler, plan_jobs
+from ortevals.engine.generate.settings import parse_gen_kwargs
 from ortevals.integrations.lm import ModelArgs, OrtLM
 
 PROMPT = "Question: what is the river of the city? Answer: the river"
@@ -178,7 +178,7 @@ def test_mbr_returns_the_candidate_closest_to_the_others(raw):
     """mbr_samples=4: the answer is one of the 4 candidates (the same seeds decoded as plain samples),
     the one engine/generate/mbr.py picks from them."""
     from ortevals.engine.generate.mbr import mbr_select
-    from ortevals.engine.generate.schedule import sample_rng
+    from ortevals.engine.generate.seeds import sample_rng
 
     kwargs = {**SAMPLED, "mbr_samples": 4, "mbr_metric": "chrf"}
     [text] = raw.generate_until(repeats([PROMPT], kwargs, 1), disable_tqdm=True)

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from ortevals.engine.generate.generation import GenSettings, parse_gen_kwargs
 from ortevals.engine.generate.search import beam_search
+from ortevals.engine.generate.settings import GenSettings, parse_gen_kwargs
 
 
 class TorchStepModel:

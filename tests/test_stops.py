@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
-from ortevals.engine.generate.generation import GenSettings
+from ortevals.engine.generate.settings import GenSettings
 from ortevals.engine.generate.stops import TextStream, first_stop
 
 SPECIALS = ["<unk>", "<s>", "</s>", "<|im_start|>", "<end_of_turn>"]

@@ -84,7 +84,7 @@ def test_vocabulary_of_262k(p):
 
 def test_samples_are_token_equal_to_the_full_sort():
     """Same seeds, same settings: every drawn token is the one the full-sort top-p gives."""
-    from ortevals.engine.generate.generation import GenSettings
+    from ortevals.engine.generate.settings import GenSettings
 
     s = GenSettings(do_sample=True, temperature=0.8, top_k=0, top_p=0.9, min_p=0.01)
     rng = np.random.default_rng(5)

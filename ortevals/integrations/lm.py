@@ -75,7 +75,7 @@ class OrtLM(TemplateLM):
     @classmethod
     def from_package(cls, args: ModelArgs) -> OrtLM:
         """Load the package and tokenizer; open the log-likelihood path now, generation on first use."""
-        from ortevals.engine.generate.generation import SEARCH_POLICY
+        from ortevals.engine.generate.settings import SEARCH_POLICY
         from ortevals.runtime.buffers import kv_bytes_per_token
         from ortevals.runtime.providers import from_package, parse_options
 

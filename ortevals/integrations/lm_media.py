@@ -152,7 +152,7 @@ class MediaRouter:
 
 def prompt_settings(lm, gen_kwargs: dict):
     """GenSettings from lm-eval gen_kwargs, exactly as the text path reads them."""
-    from ortevals.engine.generate.generation import parse_gen_kwargs
+    from ortevals.engine.generate.settings import parse_gen_kwargs
 
     return parse_gen_kwargs(gen_kwargs, lm.max_gen_toks, lm.tok_decode([lm.eot_token_id]), lm.args.seed)
 

@@ -165,7 +165,7 @@ def raw_plan(sampler, items: Sequence, keys: Sequence[list], name: Callable[[int
     """Before the raw path's first generation: the canary unless ``sampler`` is exact or ``check`` is off.
     ``items[i]`` = (prompt ids, settings), ``keys[i]`` its store key (seeds). Returns the mode line."""
     from ortevals.engine.generate.sampler import plan_jobs
-    from ortevals.engine.generate.schedule import sample_rng
+    from ortevals.engine.generate.seeds import sample_rng
 
     if sampler.exact:
         return "generate_until: one row per pass, no prefix reuse (exact mode)"
@@ -184,7 +184,8 @@ def og_plan(runner, tokenizer, items: Sequence, keys: Sequence[list], eos: set[i
     canary finds the batched Generator or the rewinding cursor off; else ``width`` and reuse where
     og's rewind is exact."""
     from ortevals.engine.generate.generation import can_batch, generate
-    from ortevals.engine.generate.schedule import run_generation, sample_rng
+    from ortevals.engine.generate.schedule import run_generation
+    from ortevals.engine.generate.seeds import sample_rng
 
     if exact:
         return 1, False, "generate_until: one row per pass, no prefix reuse (exact mode)"

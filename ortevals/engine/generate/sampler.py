@@ -38,7 +38,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ortevals.engine.generate.generation import GenSettings, TextStream, check_logits
+from ortevals.engine.generate.generation import check_logits
+from ortevals.engine.generate.settings import GenSettings
+from ortevals.engine.generate.stops import TextStream
 from ortevals.tokens import common_prefix
 
 log = logging.getLogger(__name__)
@@ -311,7 +313,7 @@ def run_sampling(sampler: SharedPromptSampler, items: Sequence[tuple[Sequence[in
     """generate_until's raw path: ``items[i]`` = (prompt ids, settings) of request i, ``keys[i]`` its store
     key (request + sample index: resume.request_keys); request i draws from the generator the og path
     would give it (engine/generate/schedule.py), so a sample is the same whichever rows ran beside it."""
-    from ortevals.engine.generate.schedule import sample_rng
+    from ortevals.engine.generate.seeds import sample_rng
 
     jobs = plan_jobs(items)
     log.info("generate_until: %d requests (%d prompts, up to %d samples each) on the raw shared-prompt path "

@@ -13,9 +13,9 @@ checks them against transformers on random logits):
 
 :func:`choose_tokens` applies them in transformers' order (penalties, temperature, top-k, top-p,
 min-p, typical; Mirostat after temperature, in place of the truncating warpers) and draws one
-token per row from that row's own ``np.random.Generator``; :func:`row_rng` seeds it from
-(seed, request key, sample index), so a sample's text never depends on the batch it ran in.
-No onnxruntime here.
+token per row from that row's own ``np.random.Generator``, which
+:func:`~ortevals.engine.generate.seeds.row_rng` seeds from (seed, request key, sample index),
+so a sample's text never depends on the batch it ran in. No onnxruntime here.
 """
 
 from __future__ import annotations
@@ -28,16 +28,9 @@ import numpy as np
 from ortevals.engine.score import scoring
 
 if TYPE_CHECKING:
-    from ortevals.engine.generate.generation import GenSettings
+    from ortevals.engine.generate.settings import GenSettings
 
 NEG = -np.inf
-
-
-def row_rng(seed: int, request_key: str, sample_index: int) -> np.random.Generator:
-    """The generator of one sample: a function of (seed, request key, sample index) only."""
-    from ortevals.engine.generate.schedule import stable_ints
-
-    return np.random.default_rng([int(seed), *stable_ints([str(request_key), int(sample_index)])])
 
 
 def softmax(x: np.ndarray) -> np.ndarray:

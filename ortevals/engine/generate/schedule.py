@@ -11,39 +11,21 @@ sequences live in :mod:`ortevals.engine.generate.generation`.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from collections.abc import Callable, Sequence
 
-import numpy as np
-
+from ortevals.engine.generate.generation import can_batch, generate, generate_batch
+from ortevals.engine.generate.seeds import sample_rng
+from ortevals.engine.generate.settings import parse_gen_kwargs
+from ortevals.engine.score.scoring import describe_request, fits
 from ortevals.errors import OrtEvalsError
 
 log = logging.getLogger(__name__)
 
 
-def stable_ints(key: list) -> list[int]:
-    """Seed material from a key, the same in every process (unlike hash())."""
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).digest()
-    return [int.from_bytes(digest[i:i + 4], "little") for i in range(0, 16, 4)]
-
-
-def sample_rng(seed: int, key: list, candidate: int | None = None) -> np.random.Generator:
-    """The generator of one sample (docs/decoding.md, Seeding): ``key`` is the store key, the request's
-    args + its sample index (report/resume.request_keys); ``candidate``: an MBR candidate of it."""
-    from ortevals.engine.generate.sampling import row_rng
-
-    request = json.dumps(key[:-1], sort_keys=True, default=str)
-    return row_rng(seed, request if candidate is None else f"{request}/mbr/{candidate}", int(key[-1]))
-
-
 def prompt_item(lm, args) -> tuple[list[int], object]:
     """(prompt ids, GenSettings) of one request; a prompt that leaves no room for max_gen_toks is an
     error naming the limit, or (truncate=left) left-truncated as lm-eval's hf backend does."""
-    from ortevals.engine.generate.generation import parse_gen_kwargs
-    from ortevals.engine.score.scoring import describe_request, fits
-
     context, gen_kwargs = args
     settings = parse_gen_kwargs(gen_kwargs, lm.max_gen_toks, lm.tok_decode([lm.eot_token_id]), lm.args.seed)
     room = lm.max_length - settings.max_gen_toks
@@ -69,8 +51,6 @@ def run_generation(runner, tokenizer, items: Sequence[tuple[list[int], object]],
     name: how an error names request i. prefix_reuse: False gives each request its own Generator
     (exact mode, or the generation canary's verdict: engine/generate/gencanary.py).
     """
-    from ortevals.engine.generate.generation import can_batch, generate, generate_batch
-
     batched = [i for i in range(len(items)) if width > 1 and can_batch(*items[i], pad_id)]
     singles = sorted(set(range(len(items))) - set(batched), key=lambda i: items[i][0])
     log.info("generate_until: %d requests on the incremental path (%d in batches of up to %d)",

@@ -35,7 +35,7 @@ import numpy as np
 from ortevals.engine.generate.sampling import log_softmax, penalised
 
 if TYPE_CHECKING:
-    from ortevals.engine.generate.generation import GenSettings
+    from ortevals.engine.generate.settings import GenSettings
 
 BIG = 1.0e9  # transformers' "very large negative" for beams that must not be chosen
 

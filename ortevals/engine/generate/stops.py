@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ortevals.engine.generate.generation import GenSettings
+    from ortevals.engine.generate.settings import GenSettings
 
 log = logging.getLogger(__name__)
 

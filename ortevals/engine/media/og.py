@@ -33,8 +33,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ortevals.engine.generate.generation import GenSettings, generate
-from ortevals.engine.generate.schedule import sample_rng
+from ortevals.engine.generate.generation import generate
+from ortevals.engine.generate.seeds import sample_rng
+from ortevals.engine.generate.settings import GenSettings
 from ortevals.engine.score.scoring import NonFiniteScore, check_finite, continuation_logprob, describe_request
 from ortevals.errors import OrtEvalsError
 from ortevals.package.loader import ModelPackage
