@@ -12,7 +12,7 @@ worked text examples after the header (a longer shared text prefix); ``gen``: gr
 
 * ``fast``: :class:`ortevals.engine.media.fast.FastMediaEngine` (og's processor, then raw
   onnxruntime vision/embedding/decoder; the header's KV computed once);
-* ``og``: :class:`ortevals.engine.media.og.MediaEngine` with ``path="og"`` (og's Generator; one
+* ``og``: :class:`ortevals.engine.media.og.MediaEngine` (``open_media(path="og")``: og's Generator; one
   processor + vision + prefill per document, continuations appended then rewound);
 * ``naive``: a new processor run and a new Generator for every request (what Olive's draft PR
   #2615 does, without its temporary PNG files).
@@ -93,7 +93,7 @@ def timed(fn) -> tuple[float, object]:
 
 
 def run(docs: int, shots: int, threads: int, out: Path) -> dict:
-    from ortevals.engine.media.og import MediaEngine
+    from ortevals.engine.media.paths import open_media
     from ortevals.package.loader import ModelPackage
     from ortevals.package.tokenizer import Tokenizer
     from ortevals.runtime.providers import from_package
@@ -105,7 +105,7 @@ def run(docs: int, shots: int, threads: int, out: Path) -> dict:
     tok = Tokenizer.load(pkg)
     provider = from_package(pkg.decoder.session_options, threads=threads)
     work = workloads(docs, shots)
-    engines = {name: MediaEngine.open(pkg, tok, provider, path=path)
+    engines = {name: open_media(pkg, tok, provider, path=path)
                for name, path in (("fast", "fast"), ("og", "og"), ("naive", "og"))}
     results: dict = {"docs": docs, "shots": shots, "threads": threads,
                      "machine": platform.processor() or platform.machine(), "package": str(pkg_dir), "workloads": {}}

@@ -259,12 +259,12 @@ def image_tasks(tmp_path_factory) -> tuple[Path, dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def mm_engine(gemma4_mm):
-    from ortevals.engine.media.og import MediaEngine
+    from ortevals.engine.media.paths import open_media
     from ortevals.package.loader import ModelPackage
     from ortevals.package.tokenizer import Tokenizer
 
     pkg = ModelPackage.load(gemma4_mm[1])
-    return MediaEngine.open(pkg, Tokenizer.load(pkg))
+    return open_media(pkg, Tokenizer.load(pkg))
 
 
 @pytest.fixture(scope="module")

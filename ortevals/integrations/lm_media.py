@@ -47,11 +47,11 @@ class MediaRouter:
     @property
     def engine(self):
         if self._engine is None:
-            from ortevals.engine.media.og import MediaEngine
+            from ortevals.engine.media.paths import open_media
 
             lm = self.lm
-            self._engine = MediaEngine.open(lm.package, lm.tokenizer, lm.backends.provider, lm.max_length,
-                                            {lm.eot_token_id}, lm.args.media_path)
+            self._engine = open_media(lm.package, lm.tokenizer, lm.backends.provider, lm.max_length,
+                                     {lm.eot_token_id}, lm.args.media_path)
         # exact mode as the text path has it now (asked for, detected, or the canary's verdict)
         self._engine.exact = self.lm.backends.exact
         return self._engine
