@@ -181,9 +181,10 @@ def _evaluate(kw: dict, tasks, data: Path | None, **spec_kw) -> None:
 
     ``tasks``: a Preset (its own lm-eval folder is indexed) or task names.
     """
-    from ortevals.evaluate import RunSpec, check_spec, evaluate, task_manager
+    from ortevals.evaluate import RunSpec, check_spec, evaluate
     from ortevals.presets import apply_limit, task_specs
     from ortevals.report.results import format_table
+    from ortevals.tasks import task_manager
 
     include = spec_kw.get("include_path")
     tm = task_manager(include) if include is not None else None

@@ -89,11 +89,11 @@ def run_backend(backend: str, args, configs: list[dict]) -> dict:
     backend that runs fewer questions (``--hf-questions``) be compared on the same ones."""
     import lm_eval
 
-    from ortevals.evaluate import task_manager
     from ortevals.package.loader import ModelPackage
     from ortevals.package.tokenizer import Tokenizer
     from ortevals.report.samples import task_questions
     from ortevals.report.scaling import scaling_curves
+    from ortevals.tasks import task_manager
 
     t0 = time.perf_counter()
     lm = load(backend, args)

@@ -259,9 +259,9 @@ def test_the_lm_eval_route_resumes_like_the_cli(tiny_pkg, own_cache, caplog):
 
     import lm_eval
 
-    from ortevals.evaluate import task_manager
     from ortevals.integrations.lm_eval_plugin import register
     from ortevals.presets import PRESETS, resolve_data, task_specs
+    from ortevals.tasks import task_manager
 
     register()
     out = CliRunner().invoke(cli, ["mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--limit", "2",
