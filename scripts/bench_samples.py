@@ -119,8 +119,8 @@ def run_backend(backend: str, args, configs: list[dict]) -> dict:
            sum(q["samples"] for q in per_question), "generated_tokens": tokens, "tokens_per_s": tokens / wall,
            "curve": [p.__dict__ for p in scaling_curves(questions)], "per_question": per_question}
     if backend == "ortevals":
-        out["engine"] = dict(lm._sampler().stats)
-        out["engine"]["kv"] = lm._sampler().kv_rows.name
+        out["engine"] = dict(lm.run.generation.sampler().stats)
+        out["engine"]["kv"] = lm.run.generation.sampler().kv_rows.name
     return out
 
 

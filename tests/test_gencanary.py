@@ -172,4 +172,4 @@ def test_the_run_says_it_fell_back_and_a_stored_verdict_is_reused(dynquant, unde
     assert "one row per pass, no prefix reuse (canary: " in first.stats["mode"] and calls == [1]
     second = run(PROMPTS[4:])
     assert second.stats["mode"].endswith("stored verdict reused") and calls == [1]
-    assert second._raw_sampler.exact
+    assert second.run.generation._sampler.exact

@@ -93,7 +93,8 @@ def chunk_widths(s: SharedPromptSampler, lm, k: int, max_gen: int) -> tuple[list
 def test_rows_per_batch_from_the_real_peak(lm, kind):
     """A 1 MiB budget, 8 samples, max_gen_toks 400: the rows that fit when each grows to prompt + 400
     tokens. (The old sizing counted only the prompt's KV: 2 rows in place, all 8 with copies.)"""
-    s = SharedPromptSampler(lm._sampler().runner, lm.tokenizer, set(lm._sampler().eos_ids), kv_budget_mb=1)
+    s = SharedPromptSampler(lm.run.generation.sampler().runner, lm.tokenizer, set(lm.run.generation.sampler().eos_ids),
+                            kv_budget_mb=1)
     if kind == "copy":
         s._kv_rows = CopyKV(s.runner)
     assert s.kv_rows.name == kind
@@ -114,7 +115,7 @@ def test_rows_per_batch_from_the_free_memory_reading(lm):
     row = (prompt_len + 201) * 512
     per_row = row + row // 4 + 2048
     start = int((row + 5.5 * per_row) / FREE_SHARE)  # free before the first batch: room for 5 rows and a half
-    s = SharedPromptSampler(lm._sampler().runner, lm.tokenizer, set(lm._sampler().eos_ids),
+    s = SharedPromptSampler(lm.run.generation.sampler().runner, lm.tokenizer, set(lm.run.generation.sampler().eos_ids),
                             free_memory=lambda: start - s.kv_rows.held_bytes())  # what a device would report
     widths, _ = chunk_widths(s, lm, 12, 200)
     assert FREE_SHARE == 0.8 and widths == [5, 5, 2]
@@ -126,7 +127,7 @@ def test_rows_per_batch_from_the_free_memory_reading(lm):
 
 
 def test_unknown_free_memory_is_said_once_and_a_fixed_budget_used(lm, caplog):
-    s = SharedPromptSampler(lm._sampler().runner, lm.tokenizer, set(lm._sampler().eos_ids),
+    s = SharedPromptSampler(lm.run.generation.sampler().runner, lm.tokenizer, set(lm.run.generation.sampler().eos_ids),
                             free_memory=lambda: None)
     with caplog.at_level("INFO", logger="ortevals"):
         assert s.budget() == s.budget() == 4 * 2**30
@@ -192,7 +193,7 @@ def decode(s: SharedPromptSampler, lm, kwargs: dict, seeds, prompt: str = PROMPT
 
 def host_plain(lm) -> SharedPromptSampler:
     """The reference: host numpy KV, a new cache per pass (no buffer shared, no OrtValue)."""
-    s = SharedPromptSampler(lm._sampler().runner, lm.tokenizer, set())
+    s = SharedPromptSampler(lm.run.generation.sampler().runner, lm.tokenizer, set())
     s._kv_rows = CopyKV(s.runner)
     return s
 

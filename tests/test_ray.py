@@ -101,13 +101,13 @@ def test_interrupted_driver_resumes_from_the_store(ray_cluster, tiny_pkg, tmp_pa
     ref = OrtLM.from_package(parse_model_args({"pkg": str(tiny_pkg)})).loglikelihood(reqs, disable_tqdm=True)
     args = parse_model_args({"pkg": str(tiny_pkg), "workers": 2, "store": str(tmp_path / "s.sqlite")})
     lm = OrtLM.from_package(args)
-    commit = lm._commit
+    commit = lm.run.commit
 
     def die_after_first_chunk():
         commit()
         raise KeyboardInterrupt  # the driver stops: what the chunk returned is already on disk
 
-    lm._commit = die_after_first_chunk
+    lm.run.commit = die_after_first_chunk
     with pytest.raises(KeyboardInterrupt):
         lm.loglikelihood(reqs, disable_tqdm=True)
     kept = len(store_rows(tmp_path / "s.sqlite"))

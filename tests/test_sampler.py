@@ -34,7 +34,7 @@ def sampler(lm, kv: str = "auto", **kw) -> SharedPromptSampler:
     """A fresh sampler on lm's runner; kv: auto (in place where checked), or copy (a new cache per pass)."""
     from ortevals.engine.generate.kvrows import CopyKV
 
-    base = lm._sampler()
+    base = lm.run.generation.sampler()
     s = SharedPromptSampler(base.runner, lm.tokenizer, base.eos_ids, **kw)
     if kv == "copy":
         s._kv_rows = CopyKV(base.runner)
@@ -55,7 +55,7 @@ def oracle_logprob(lm, prompt: str, ids) -> float:
 
     ctx = lm.tok_encode(prompt)
     seq = np.asarray([ctx + list(ids)], dtype=np.int64)
-    logits, _ = lm._sampler().runner.forward(seq, np.ones_like(seq))
+    logits, _ = lm.run.generation.sampler().runner.forward(seq, np.ones_like(seq))
     lp = log_softmax(logits[0, len(ctx) - 1:-1].astype(np.float64), axis=-1)
     return float(lp[np.arange(len(ids)), ids].sum())
 
@@ -167,7 +167,7 @@ def test_beam_search_on_the_raw_runner_equals_transformers(raw, tiny):
     prompt = raw.tok_encode(PROMPT)
     eos = raw.eot_token_id
     settings = parse_gen_kwargs({"num_beams": 4, "max_gen_toks": 12, "until": []}, 12)
-    found = beam_search(RawStepModel(raw._sampler().runner), prompt, settings, {eos})
+    found = beam_search(RawStepModel(raw.run.generation.sampler().runner), prompt, settings, {eos})
     assert list(found.best.tokens) == hf_beams(model, prompt, eos, num_beams=4, max_new_tokens=12)
     [text] = raw.generate_until(repeats([PROMPT], {"num_beams": 4, "max_gen_toks": 12, "until": []}, 1),
                                 disable_tqdm=True)
@@ -247,7 +247,7 @@ def test_a_sample_ended_by_eos_has_the_eos_log_prob_in_its_sum(raw, tiny_pkg, af
     greedy = rows(sampler(raw), raw, PROMPT, {"until": [], "max_gen_toks": 8, "do_sample": False}, [0])[0]
     eos = greedy.ids[after]  # make the greedy token at this step the EOS: the row ends there
     assert eos not in greedy.ids[:after]
-    s = SharedPromptSampler(raw._sampler().runner, raw.tokenizer, {eos})
+    s = SharedPromptSampler(raw.run.generation.sampler().runner, raw.tokenizer, {eos})
     settings = parse_gen_kwargs({"until": [], "max_gen_toks": 8, "do_sample": False}, 8)
     logits, past = s.prompt(tuple(prompt), settings.max_gen_toks)
     [got] = s.decode(logits, past, settings, [np.random.default_rng(0)], ["r"], prompt)

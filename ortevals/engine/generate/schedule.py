@@ -1,12 +1,10 @@
-"""Generation scheduling: which ``generate_until`` requests run where, and in what order.
+"""Generation scheduling on onnxruntime-genai: which requests run where, and in what order.
 
-Owns turning lm-eval's ``generate_until`` requests into generation work:
-each request's prompt ids and decoding settings (gen_kwargs, the context
-limit), the split between batched greedy Generators (``gen_batch_size``) and
-the one rewinding cursor (prompts sorted so those sharing a few-shot header
-are adjacent), the per-request sampling seed, and reporting each finished
-text (store, lm-eval's cache hook, progress bar). Token choice and stop
-sequences live in :mod:`ortevals.engine.generate.generation`.
+Owns the split of prompts (ids and settings already made: ortevals/run/generate.py) between
+batched greedy Generators (``gen_batch_size``) and the one rewinding cursor (prompts sorted so
+those sharing a few-shot header are adjacent), and the per-request sampling seed; each finished
+text goes to the caller's ``finish``. Token choice and stop sequences live in
+:mod:`ortevals.engine.generate.generation`.
 """
 
 from __future__ import annotations
@@ -16,30 +14,8 @@ from collections.abc import Callable, Sequence
 
 from ortevals.engine.generate.generation import can_batch, generate, generate_batch
 from ortevals.engine.generate.seeds import sample_rng
-from ortevals.engine.generate.settings import parse_gen_kwargs
-from ortevals.engine.score.scoring import describe_request, fits
-from ortevals.errors import OrtEvalsError
 
 log = logging.getLogger(__name__)
-
-
-def prompt_item(lm, args) -> tuple[list[int], object]:
-    """(prompt ids, GenSettings) of one request; a prompt that leaves no room for max_gen_toks is an
-    error naming the limit, or (truncate=left) left-truncated as lm-eval's hf backend does."""
-    context, gen_kwargs = args
-    settings = parse_gen_kwargs(gen_kwargs, lm.max_gen_toks, lm.tok_decode([lm.eot_token_id]), lm.args.seed)
-    room = lm.max_length - settings.max_gen_toks
-    if room <= 0:
-        raise OrtEvalsError(f"max_gen_toks={settings.max_gen_toks} leaves no room for a prompt within "
-                            f"max_length={lm.max_length}")
-    ids = lm.tok_encode(context)
-    what = (f"generate_until request {describe_request(context)} (a prompt of {len(ids)} tokens + "
-            f"max_gen_toks={settings.max_gen_toks})")
-    if not fits(len(ids) + settings.max_gen_toks, lm.context_limit, what):  # truncate=left: as hf does
-        lm.stats["truncated"] += 1
-        log.warning("prompt of %d tokens left-truncated to %d", len(ids), room)
-        ids = ids[-room:]
-    return ids, settings
 
 
 def run_generation(runner, tokenizer, items: Sequence[tuple[list[int], object]], keys: Sequence[list],
