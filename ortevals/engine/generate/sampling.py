@@ -39,11 +39,6 @@ def softmax(x: np.ndarray) -> np.ndarray:
     return z / z.sum(axis=-1, keepdims=True)
 
 
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    """Row-wise log-softmax of ``[R, V]`` in float64 (the scoring path's function, at double precision)."""
-    return scoring.log_softmax(x, np.float64)
-
-
 def temperature(x: np.ndarray, t: float) -> np.ndarray:
     """TemperatureLogitsWarper: ``x / t``."""
     return x / t
@@ -147,7 +142,7 @@ def typical(x: np.ndarray, mass: float) -> np.ndarray:
     row's entropy until their mass reaches ``mass``."""
     if mass >= 1.0:
         return x
-    logp = log_softmax(x)
+    logp = scoring.log_softmax(x, np.float64)
     with np.errstate(invalid="ignore"):
         ent = -np.nansum(logp * np.exp(logp), axis=-1, keepdims=True)
     shifted = np.abs(-logp - ent)

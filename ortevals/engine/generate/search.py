@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from ortevals.engine.generate.sampling import log_softmax, penalised
+from ortevals.engine.generate.sampling import penalised
+from ortevals.engine.score.scoring import log_softmax
 
 if TYPE_CHECKING:
     from ortevals.engine.generate.settings import GenSettings
@@ -137,7 +138,7 @@ def beam_search(model: StepModel, prompt: Sequence[int], s: GenSettings, eos_ids
     logits = model.start(prompt, s.num_beams)
     steps = 0
     while True:
-        raw = log_softmax(np.asarray(logits, dtype=np.float64))
+        raw = log_softmax(logits, np.float64)
         raw = penalised(raw, s, [prompt + list(seq) for g in groups for seq in g.seqs])
         tokens = np.empty(s.num_beams, dtype=np.int64)
         parents = np.empty(s.num_beams, dtype=np.int64)
