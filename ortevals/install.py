@@ -19,9 +19,13 @@ from pathlib import Path
 
 from ortevals.errors import RuntimeMissingError
 
-ORT_WHEELS = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-directml", "onnxruntime-openvino", "onnxruntime-qnn")
+# ortevals' one list of runtime wheels: every wheel that installs the ``onnxruntime`` module (they overwrite
+# each other's files, so two in one folder is a mixed install) and every onnxruntime-genai wheel with the
+# onnxruntime wheel it is built against. The result store's scope (package/scope.py) records the same lists.
+ORT_WHEELS = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-directml", "onnxruntime-openvino", "onnxruntime-qnn",
+              "onnxruntime-rocm", "onnxruntime-training")
 OG_WHEELS = {"onnxruntime-genai": "onnxruntime", "onnxruntime-genai-cuda": "onnxruntime-gpu",
-             "onnxruntime-genai-directml": "onnxruntime-directml"}
+             "onnxruntime-genai-directml": "onnxruntime-directml", "onnxruntime-genai-rocm": "onnxruntime-rocm"}
 FIX_CPU = "pip uninstall -y onnxruntime-gpu onnxruntime-genai-cuda && pip install 'ortevals[cpu]'"
 FIX_CUDA = "pip uninstall -y onnxruntime onnxruntime-genai && pip install --force-reinstall 'ortevals[cuda]'"
 

@@ -174,3 +174,9 @@ def test_mixed_install_is_detected(monkeypatch):
                                                                                         "onnxruntime-genai")])
     with pytest.raises(RuntimeMissingError, match="onnxruntime-genai needs onnxruntime but onnxruntime-gpu"):
         install.check_install()
+    # the ROCm and training wheels install the same module as the CPU one (issue 23: one wheel list)
+    for other in ("onnxruntime-rocm", "onnxruntime-training"):
+        monkeypatch.setattr(install, "installed", lambda names, module=None, o=other: [
+            n for n in names if n in ("onnxruntime", o)])
+        with pytest.raises(RuntimeMissingError, match=f"onnxruntime and {other} are both installed"):
+            install.check_install()
