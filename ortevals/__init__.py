@@ -2,7 +2,7 @@
 
 Data flow: CLI (:mod:`ortevals.cli`) → presets/tasks (:mod:`ortevals.presets`)
 → lm-eval → :class:`ortevals.integrations.lm.OrtLM` → scoring engine
-(:mod:`ortevals.engine.prefill`, math in :mod:`ortevals.engine.scoring`) → ORT sessions
+(:mod:`ortevals.engine.score.prefill`, math in :mod:`ortevals.engine.score.scoring`) → ORT sessions
 (:mod:`ortevals.runtime`) → results (:mod:`ortevals.report.results`).
 
 Importing this package imports neither onnxruntime, lm-eval, Olive nor torch;
@@ -11,6 +11,6 @@ lm-eval registration lives in :mod:`ortevals.integrations.lm_eval_plugin`.
 
 from ortevals.errors import OrtEvalsError, PackageError
 from ortevals.package.loader import KVSpec, ModelPackage
+from ortevals.version import __version__ as __version__
 
 __all__ = ["KVSpec", "ModelPackage", "OrtEvalsError", "PackageError"]
-__version__ = "0.1.0"

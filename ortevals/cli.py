@@ -181,9 +181,10 @@ def _evaluate(kw: dict, tasks, data: Path | None, **spec_kw) -> None:
 
     ``tasks``: a Preset (its own lm-eval folder is indexed) or task names.
     """
-    from ortevals.evaluate import RunSpec, check_spec, evaluate, task_manager
+    from ortevals.evaluate import RunSpec, check_spec, evaluate
     from ortevals.presets import apply_limit, task_specs
     from ortevals.report.results import format_table
+    from ortevals.tasks import task_manager
 
     include = spec_kw.get("include_path")
     tm = task_manager(include) if include is not None else None
@@ -252,8 +253,8 @@ def run(tasks: str, num_fewshot, include_path, apply_chat_template, gen_kwargs, 
 @click.option("--example", is_flag=True, help="Describe the embedded SmolLM2 example package.")
 def info(pkg: Path | None, example: bool) -> None:
     """What the loader found: models, layers, KV shapes per layer, providers."""
-    from ortevals.package.describe import describe_package
     from ortevals.package.loader import ModelPackage
+    from ortevals.report.describe import describe_package
 
     click.echo(describe_package(ModelPackage.load(_package_path(pkg, example))))
 

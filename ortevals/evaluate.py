@@ -9,7 +9,6 @@ unreachable while offline is the common one), and writing outputs.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import subprocess
@@ -21,6 +20,7 @@ from typing import Any
 from ortevals.errors import DataError, OrtEvalsError, first_line
 from ortevals.files import cache_root, check_writable_file, check_writable_folder
 from ortevals.report.results import RunSummary, summarize, write_outputs
+from ortevals.tasks import task_manager, with_fit_split, with_samples
 
 log = logging.getLogger(__name__)
 OFFLINE_HINTS = ("offline", "connection", "couldn't reach", "could not reach", "resolve", "localentrynotfound",
@@ -77,13 +77,9 @@ def evaluate(lm, spec: RunSpec) -> RunOutcome:
         model = CachingLM(lm, str(spec.use_cache))
     tasks, gen_kwargs = list(spec.tasks), spec.gen_kwargs
     k = getattr(getattr(lm, "args", None), "samples", None)
-    if k:  # --samples K (issue 14 §3, report/samples.py): repeats K, each task's settings rewritten to sample
-        from ortevals.report.samples import with_samples
-
+    if k:  # --samples K (issue 14 §3, tasks.py): repeats K, each task's settings rewritten to sample
         tasks = with_samples(tasks, k, _run_task_manager(spec), gen_kwargs)
     if getattr(getattr(lm, "args", None), "temperature_fit", "cv") == "split":  # issue 24: <task>@validation too
-        from ortevals.report.calibration_results import with_fit_split
-
         tasks = with_fit_split(tasks, _run_task_manager(spec))
     start = time.perf_counter()
     before = dict(lm.stats)
@@ -175,21 +171,6 @@ def _calibration(results: dict, lm, output: Path | None) -> list[Path]:
             log.warning("--self-eval: no multiple-choice question and no single generated answer to ask about; "
                         "no P(True) is reported")
     return add_calibration(results, output, scores)
-
-
-@functools.lru_cache(maxsize=8)
-def task_manager(include_path: str | None = None, defaults: bool = True):
-    """lm-eval's TaskManager, with the user's extra task folder; built once per process.
-
-    Indexing every lm-eval task YAML takes ~6 s, so ``defaults=False`` indexes
-    only ``include_path`` (a preset's own lm-eval folder), and a run whose tasks
-    are all resolved configs (dicts) needs no index at all.
-    """
-    from lm_eval.tasks import TaskManager
-
-    if include_path is not None and not Path(include_path).exists():
-        raise DataError(f"{include_path}: --include-path folder not found")
-    return TaskManager(include_path=include_path, include_defaults=defaults)
 
 
 def _run_task_manager(spec: RunSpec):

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ortevals.engine.scoring import TRUNCATE_MODES
+from ortevals.engine.score.scoring import TRUNCATE_MODES
 from ortevals.errors import OrtEvalsError, did_you_mean
 
 PKG_ALIASES = ("pretrained", "model")  # lm-eval spellings of the package folder
@@ -144,7 +144,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("gen_batch_size", positive_int("gen_batch_size"), 1,
            "Greedy requests per batched Generator (1: one cursor that rewinds)."),
     Option("seed", positive_int("seed", allow_zero=True), 1234, "Sampling seed."),
-    # issue 13: requests with images/audio (ortevals/engine/multimodal.py, multimodal_fast.py)
+    # issue 13: requests with images/audio (ortevals/engine/media/og.py, fast.py)
     Option("media_path", choice("media_path", ("auto", "og", "fast")), "auto",
            "Image/audio requests: og (onnxruntime-genai's pipeline), fast (its processor, then raw onnxruntime "
            "with shared text-prefix KV), or auto (fast where the layout allows)."),
@@ -154,7 +154,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("ray_address", text("ray_address"), None, "Run the workers on this Ray cluster (ray start --head "
            "prints it); default: all its GPUs, or one worker per node on CPU.", scoped=False, flag="--ray-address",
            metavar="ADDR"),
-    # issue 14 (engine/sampler.py): which engine generates; raw = shared-prompt sampling on onnxruntime
+    # issue 14 (engine/generate/sampler.py): which engine generates; raw = shared-prompt sampling on onnxruntime
     Option("gen_path", choice("gen_path", ("auto", "raw", "og")), "auto",
            "generate_until path: auto (raw where the package has full logits and a plain KV cache), raw "
            "(shared-prompt sampling on onnxruntime), og (onnxruntime-genai Generators)."),

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ortevals.errors import DataError
+from ortevals.tasks import leaf_configs
+from ortevals.tasks import task_manager as task_index
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +43,7 @@ class Preset:
         """A TaskManager indexing only this preset's lm-eval folder (the full index takes ~6 s)."""
         import lm_eval.tasks
 
-        from ortevals.evaluate import task_manager
-
-        return task_manager(str(Path(lm_eval.tasks.__file__).parent / self.lm_eval_dir), defaults=False)
+        return task_index(str(Path(lm_eval.tasks.__file__).parent / self.lm_eval_dir), defaults=False)
 
 
 PRESETS: dict[str, Preset] = {
@@ -100,30 +100,12 @@ def task_specs(names: Preset | tuple[str, ...] | list[str], data: Path | None,
         return list(names)
     from lm_eval.tasks._yaml_loader import load_yaml  # the loader lm-eval itself uses (0.4.13 layout)
 
-    from ortevals.evaluate import task_manager as full_index
-
-    tm = task_manager or (preset.task_manager() if preset else full_index())
+    tm = task_manager or (preset.task_manager() if preset else task_index())
     specs: list[str | dict[str, Any]] = []
     for name in names:
-        for cfg in _leaf_configs(tm, name, load_yaml):
+        for cfg in leaf_configs(tm, name, load_yaml):
             specs.append({**cfg, "dataset_path": str(data)})
     return specs
-
-
-def _leaf_configs(tm, name: str, load_yaml) -> list[dict[str, Any]]:
-    """The YAML configs of ``name``'s tasks; a group expands to its members.
-
-    lm-eval 0.4.13 leaks a group dict's own keys into its members' configs,
-    so groups are expanded here and their aggregate is computed by results.py.
-    """
-    entry = tm._entry(name)  # lm-eval 0.4.13's index entry: where the task's YAML lives
-    if entry is None or not getattr(entry, "yaml_path", None):
-        raise DataError(f"task {name!r} is not a YAML task lm-eval knows; --data cannot re-point it")
-    cfg = load_yaml(str(entry.yaml_path), resolve_func=True)
-    if "group" in cfg and isinstance(cfg.get("task"), list):
-        members = [t if isinstance(t, str) else t.get("task") for t in cfg["task"]]
-        return [c for m in members if isinstance(m, str) for c in _leaf_configs(tm, m, load_yaml)]
-    return [cfg]
 
 
 def apply_limit(tasks, specs: list, limit: int | None) -> tuple[list, dict[str, list[int]] | None, tuple[str, ...]]:
@@ -151,7 +133,7 @@ def first_questions(preset: Preset, specs: list, n: int) -> tuple[list, dict[str
     """
     from lm_eval.tasks._yaml_loader import load_yaml
 
-    configs = [c for t in specs for c in ([t] if isinstance(t, dict) else _leaf_configs(
+    configs = [c for t in specs for c in ([t] if isinstance(t, dict) else leaf_configs(
         preset.task_manager(), t, load_yaml))]
     if len(configs) < 2:
         return specs, {}

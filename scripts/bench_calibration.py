@@ -192,11 +192,11 @@ def probe(questions: int) -> dict:
     without and with --self-eval, and the P(True) inputs' own new tokens counted from the tokenizer."""
     import lm_eval
 
-    from ortevals.evaluate import task_manager
     from ortevals.integrations.lm import ModelArgs, OrtLM
     from ortevals.integrations.self_eval import choice_requests
     from ortevals.package.examples import smollm2_package
     from ortevals.presets import PRESETS, resolve_data, task_specs
+    from ortevals.tasks import task_manager
 
     preset = PRESETS["mmlu-pro"]
     tasks = task_specs(preset, resolve_data(preset, "bundled"))

@@ -10,9 +10,9 @@ one real image (scikit-image's astronaut, chelsea, coffee, camera, text, rocket)
 worked text examples after the header (a longer shared text prefix); ``gen``: greedy generation
 (16 tokens, no stop). Three backends on the same request lists:
 
-* ``fast``: :class:`ortevals.engine.multimodal_fast.FastMediaEngine` (og's processor, then raw
+* ``fast``: :class:`ortevals.engine.media.fast.FastMediaEngine` (og's processor, then raw
   onnxruntime vision/embedding/decoder; the header's KV computed once);
-* ``og``: :class:`ortevals.engine.multimodal.MediaEngine` with ``path="og"`` (og's Generator; one
+* ``og``: :class:`ortevals.engine.media.og.MediaEngine` (``open_media(path="og")``: og's Generator; one
   processor + vision + prefill per document, continuations appended then rewound);
 * ``naive``: a new processor run and a new Generator for every request (what Olive's draft PR
   #2615 does, without its temporary PNG files).
@@ -46,8 +46,8 @@ IMAGES = ["astronaut.png", "chelsea.png", "coffee.png", "camera.png", "text.png"
 
 
 def workloads(docs: int, shots: int):
-    from ortevals.engine.generation import GenSettings
-    from ortevals.engine.multimodal import MediaRequest
+    from ortevals.engine.generate.settings import GenSettings
+    from ortevals.engine.media.og import MediaRequest
     from ortevals.package.media import to_media
     from tests.fixtures.gemma4_mm import image_path
 
@@ -65,8 +65,8 @@ def workloads(docs: int, shots: int):
 
 def naive_loglikelihood(engine, reqs) -> list[float]:
     """A new processor run and Generator per request; the continuation appended to the prompt."""
-    from ortevals.engine.multimodal import split_context
-    from ortevals.engine.scoring import continuation_logprob
+    from ortevals.engine.media.og import split_context
+    from ortevals.engine.score.scoring import continuation_logprob
 
     out = []
     for r in reqs:
@@ -93,7 +93,7 @@ def timed(fn) -> tuple[float, object]:
 
 
 def run(docs: int, shots: int, threads: int, out: Path) -> dict:
-    from ortevals.engine.multimodal import MediaEngine
+    from ortevals.engine.media.paths import open_media
     from ortevals.package.loader import ModelPackage
     from ortevals.package.tokenizer import Tokenizer
     from ortevals.runtime.providers import from_package
@@ -105,7 +105,7 @@ def run(docs: int, shots: int, threads: int, out: Path) -> dict:
     tok = Tokenizer.load(pkg)
     provider = from_package(pkg.decoder.session_options, threads=threads)
     work = workloads(docs, shots)
-    engines = {name: MediaEngine.open(pkg, tok, provider, path=path)
+    engines = {name: open_media(pkg, tok, provider, path=path)
                for name, path in (("fast", "fast"), ("og", "og"), ("naive", "og"))}
     results: dict = {"docs": docs, "shots": shots, "threads": threads,
                      "machine": platform.processor() or platform.machine(), "package": str(pkg_dir), "workloads": {}}

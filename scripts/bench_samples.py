@@ -5,7 +5,7 @@ One invocation runs every backend, one after the other, on the same task configs
 ortevals, offline), one question per subject (``limit`` 1 per subtask), ``repeats: K`` at
 temperature T, ``max_gen_toks`` M, stop "Question:".
 
-* ortevals: the package on the raw shared-prompt path (engine/sampler.py): one prompt pass per
+* ortevals: the package on the raw shared-prompt path (engine/generate/sampler.py): one prompt pass per
   question, K rows decoded together, each stopping on its own.
 * lm-eval ``hf``: the same weights in PyTorch (the example's transformers folder), batch_size K
   (the K repeats of a question are one batch: the strongest setting of that backend here).
@@ -89,11 +89,11 @@ def run_backend(backend: str, args, configs: list[dict]) -> dict:
     backend that runs fewer questions (``--hf-questions``) be compared on the same ones."""
     import lm_eval
 
-    from ortevals.evaluate import task_manager
     from ortevals.package.loader import ModelPackage
     from ortevals.package.tokenizer import Tokenizer
     from ortevals.report.samples import task_questions
     from ortevals.report.scaling import scaling_curves
+    from ortevals.tasks import task_manager
 
     t0 = time.perf_counter()
     lm = load(backend, args)
@@ -119,8 +119,8 @@ def run_backend(backend: str, args, configs: list[dict]) -> dict:
            sum(q["samples"] for q in per_question), "generated_tokens": tokens, "tokens_per_s": tokens / wall,
            "curve": [p.__dict__ for p in scaling_curves(questions)], "per_question": per_question}
     if backend == "ortevals":
-        out["engine"] = dict(lm._sampler().stats)
-        out["engine"]["kv"] = lm._sampler().kv_rows.name
+        out["engine"] = dict(lm.run.generation.sampler().stats)
+        out["engine"]["kv"] = lm.run.generation.sampler().kv_rows.name
     return out
 
 

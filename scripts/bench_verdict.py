@@ -33,10 +33,10 @@ def child(pkg: str, start: int, count: int, check: bool) -> None:
     """One run: simple_evaluate on questions [start, start + count) through OrtLM with the package's store."""
     import lm_eval
 
-    from ortevals.evaluate import task_manager
     from ortevals.files import store_path
     from ortevals.integrations.lm import ModelArgs, OrtLM
     from ortevals.presets import PRESETS, resolve_data, task_specs
+    from ortevals.tasks import task_manager
 
     lm = OrtLM.from_package(ModelArgs(pkg=pkg, check=check, truncate="left", store=str(store_path(pkg))))
     tasks = task_specs(PRESETS["mmlu-pro"], resolve_data(PRESETS["mmlu-pro"], "bundled"), None)

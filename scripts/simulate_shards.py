@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ortevals.engine.prefix import common_prefix
 from ortevals.engine.shard import Dispatcher, plan_shards
+from ortevals.tokens import common_prefix
 
 
 def build_contexts(lm, limit: int | None) -> list[tuple[int, ...]]:

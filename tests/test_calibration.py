@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 import pytest
+from scipy.special import log_softmax
 from sklearn.calibration import calibration_curve
 from sklearn.metrics import brier_score_loss, roc_auc_score
 
@@ -79,7 +80,7 @@ def test_one_question():
 def test_multiclass_brier_and_nll_by_hand_and_against_sklearn():
     p = [[0.5, 0.3, 0.2], [0.1, 0.6, 0.3], [0.25, 0.25, 0.5]]
     gold = np.array([0, 0, 2])
-    logp = cal.log_softmax(probs_to_loglik(p))
+    logp = log_softmax(np.asarray(probs_to_loglik(p), np.float64), axis=1)
     by_hand = [0.5**2 + 0.3**2 + 0.2**2, 0.9**2 + 0.6**2 + 0.3**2, 0.25**2 + 0.25**2 + 0.5**2]
     np.testing.assert_allclose(cal.brier_values(logp, gold), by_hand, atol=1e-12)
     assert np.mean(by_hand) == pytest.approx(brier_score_loss(gold, np.array(p), labels=[0, 1, 2]), abs=1e-12)
@@ -91,7 +92,7 @@ def test_multiclass_brier_and_nll_by_hand_and_against_sklearn():
 def test_two_choices_brier_is_twice_sklearns_binary():
     p1 = np.array([0.9, 0.4, 0.2, 0.65])
     gold = np.array([1, 1, 0, 0])
-    logp = cal.log_softmax(probs_to_loglik(np.stack([1 - p1, p1], axis=1).tolist()))
+    logp = log_softmax(np.asarray(probs_to_loglik(np.stack([1 - p1, p1], axis=1).tolist()), np.float64), axis=1)
     assert cal.brier_values(logp, gold).mean() == pytest.approx(2 * brier_score_loss(gold, p1), abs=1e-12)
 
 

@@ -19,7 +19,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from ortevals.engine.prefill import EngineSettings, PrefillEngine, TokenRequest
+from ortevals.engine.score.prefill import EngineSettings, PrefillEngine, TokenRequest
 from ortevals.errors import PackageError, ProviderError
 from ortevals.package.loader import KVSpec, ModelPackage
 from ortevals.runtime.buffers import _nbytes, empty_past, host_float32
@@ -376,7 +376,7 @@ def test_cpu_refusal_of_a_batched_continuation_falls_back_to_one_row(which, tiny
     runner = DecoderRunner.open(pkg, from_package({}, "cpu"))
     reqs = _requests(pkg.vocab_size, seed=1)
     one, _ = _score(runner, pkg, 1, reqs)
-    with caplog.at_level(logging.WARNING, logger="ortevals.engine.prefill"):
+    with caplog.at_level(logging.WARNING, logger="ortevals.engine.score.prefill"):
         got, engine = _score(runner, pkg, 4, reqs)
     refused = [r.getMessage() for r in caplog.records if "batched pass refused" in r.getMessage()]
     assert len(refused) == 1 and "batch_size must be 1 when sequence_length > 1" in refused[0]

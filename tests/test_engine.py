@@ -5,8 +5,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from ortevals.engine.prefill import EngineSettings, PrefillEngine, TokenRequest, pad_right, plan_groups, rows_for
-from ortevals.engine.scoring import continuation_logprob
+from ortevals.engine.score.prefill import EngineSettings, PrefillEngine, TokenRequest, pad_right, plan_groups, rows_for
+from ortevals.engine.score.scoring import continuation_logprob
 
 V = 11
 

@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from ortevals.cli import cli
+from ortevals.engine.score.scoring import log_softmax
 from ortevals.errors import OrtEvalsError
 from ortevals.fidelity import stats
 from ortevals.fidelity.run import FidelityOptions, run_fidelity
@@ -56,8 +57,8 @@ def test_topk_with_tail_by_hand_is_a_lower_bound():
 def test_topk_with_tail_equals_full_kl_when_k_is_v_and_bounds_it_when_smaller():
     rng = np.random.default_rng(0)
     v = 300
-    p = stats.log_softmax(rng.normal(size=(20, v)) * 3)
-    q = stats.log_softmax(np.asarray(p) + rng.normal(size=(20, v)) * 0.5)
+    p = log_softmax(rng.normal(size=(20, v)) * 3, np.float64)
+    q = log_softmax(np.asarray(p) + rng.normal(size=(20, v)) * 0.5, np.float64)
     targets = rng.integers(0, v, 20)
     full = kl_full(p, q)
     exact = stats.compare_window(stats.reduce_reference(p, targets, k=v), q, targets)
@@ -160,7 +161,7 @@ def oracle(tiny, tmp_path_factory):
         window = [1] + ids[w * per:(w + 1) * per]
         with torch.no_grad():
             ref = torch.log_softmax(model(torch.tensor([window])).logits[0].double(), -1).numpy()[32:63]
-        cand = stats.log_softmax(ort_logits(window))[32:63]
+        cand = log_softmax(ort_logits(window), np.float64)[32:63]
         targets = np.array(window[33:64])
         kl.append(kl_full(ref, cand))
         top1.append(ref.argmax(-1) == cand.argmax(-1))

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from ortevals.engine.scoring import log_softmax
+from ortevals.engine.score.scoring import log_softmax
 from ortevals.integrations.lm import ModelArgs, OrtLM
 from ortevals.package.loader import ModelPackage
 from ortevals.runtime.providers import from_package
@@ -41,13 +41,13 @@ def test_prefill_equals_pytorch_past_the_window(gemma4, windowed, which):
     ids = rng.integers(10, 500, size=(2, 40)).astype(np.int64)  # 40 tokens > window 16
     ref = reference_logprobs(hf_dir, ids.tolist())
     logits, _ = runner.forward(ids, np.ones_like(ids))
-    assert np.abs(log_softmax(logits) - ref).max() <= 1e-4
+    assert np.abs(log_softmax(logits, np.float32) - ref).max() <= 1e-4
     # right padding: the valid positions of a shorter row are unchanged
     mask = np.ones_like(ids)
     mask[1, 25:] = 0
     padded, _ = runner.forward(ids, mask)
     short_ref = reference_logprobs(hf_dir, ids[1:, :25].tolist())
-    assert np.abs(log_softmax(padded[1, :25]) - short_ref[0]).max() <= 1e-4
+    assert np.abs(log_softmax(padded[1, :25], np.float32) - short_ref[0]).max() <= 1e-4
 
 
 SHARED = "the city of the river paris berlin rome madrid france germany italy spain capital mountain " * 2

@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 from lm_eval.api.instance import Instance
 
-from ortevals.engine import gencanary, invariance
-from ortevals.engine.gencanary import raw_plan
-from ortevals.engine.generation import GenSettings
-from ortevals.engine.sampler import SharedPromptSampler, run_sampling
+from ortevals.engine.generate import gencanary
+from ortevals.engine.generate.gencanary import raw_plan
+from ortevals.engine.generate.sampler import SharedPromptSampler, run_sampling
+from ortevals.engine.generate.settings import GenSettings
+from ortevals.engine.score import invariance
 from ortevals.integrations.lm import ModelArgs, OrtLM
 from ortevals.package.loader import ModelPackage
 from ortevals.package.tokenizer import Tokenizer
@@ -171,4 +172,4 @@ def test_the_run_says_it_fell_back_and_a_stored_verdict_is_reused(dynquant, unde
     assert "one row per pass, no prefix reuse (canary: " in first.stats["mode"] and calls == [1]
     second = run(PROMPTS[4:])
     assert second.stats["mode"].endswith("stored verdict reused") and calls == [1]
-    assert second._raw_sampler.exact
+    assert second.run.generation._sampler.exact

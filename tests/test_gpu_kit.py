@@ -23,7 +23,7 @@ def fake_wheel_folder(root: Path, dist: str, version: str) -> None:
 
 
 def check_install(*path: Path) -> subprocess.CompletedProcess:
-    code = "from ortevals.runtime import check_install, installed, ORT_WHEELS\ncheck_install()\n" \
+    code = "from ortevals.install import check_install, installed, ORT_WHEELS\ncheck_install()\n" \
            "print(installed(ORT_WHEELS, 'onnxruntime'))"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, [*path, REPO]))}
     return subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, env=env)

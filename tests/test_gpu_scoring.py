@@ -18,8 +18,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from ortevals.engine.prefill import EngineSettings, PrefillEngine, TokenRequest
-from ortevals.engine.scoring import continuation_logprob, log_softmax
+from ortevals.engine.score.prefill import EngineSettings, PrefillEngine, TokenRequest
+from ortevals.engine.score.scoring import continuation_logprob, log_softmax
 from ortevals.errors import ProviderError
 from ortevals.package.loader import ModelPackage
 from ortevals.runtime.derive import GREEDY, LOGPROBS, TARGETS, _add_scores
@@ -127,7 +127,7 @@ def test_fp16_logits_are_scored_in_float32_in_the_graph():
 
 
 def test_fp16_logits_are_scored_in_float32_on_the_host():
-    """The host path (full logits, engine/scoring.py) upcasts before any reduction."""
+    """The host path (full logits, engine/score/scoring.py) upcasts before any reduction."""
     x, targets = _fp16_logits()
     exact = np.take_along_axis(log_softmax(x.astype(np.float64), np.float64), targets, axis=2)
     for j in range(targets.shape[2]):

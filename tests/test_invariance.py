@@ -18,7 +18,7 @@ import pytest
 from lm_eval.api.instance import Instance
 from onnx import TensorProto, helper, numpy_helper
 
-from ortevals.engine.invariance import compare, detect, pick_canary, scan_graph
+from ortevals.engine.score.invariance import compare, detect, pick_canary, scan_graph
 from ortevals.integrations.lm import ModelArgs, OrtLM
 from tests.fixtures.dynquant import build_dynquant, build_shape_dependent
 from tests.fixtures.tiny import WORDS
@@ -319,8 +319,8 @@ def test_detection_on_real_graphs(tiny_pkg, dynquant, gemma4):
 
 
 def test_canary_inputs_are_cut_short_and_keep_their_shared_prefix():
-    from ortevals.engine.invariance import CANARY_TOKENS, SHARED_KEEP, shorten
-    from ortevals.engine.prefix import common_prefix
+    from ortevals.engine.score.invariance import CANARY_TOKENS, SHARED_KEEP, shorten
+    from ortevals.tokens import common_prefix
 
     header = tuple(range(1000, 1500))  # a 500-token few-shot header
     pairs = [(header + (1, 2, 3), (7,)), (header + (4, 5), (8,)), (header + (6,), (9, 9)),

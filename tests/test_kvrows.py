@@ -1,4 +1,4 @@
-"""The sampler's decode KV (engine/kvrows.py, issue 20 §1): the memory a batch really needs and the
+"""The sampler's decode KV (engine/generate/kvrows.py, issue 20 §1): the memory a batch really needs and the
 rows chosen from the free memory; device KV kept in place (bound by pointer as past and present),
 proven on CPU through the same OrtValue code path a device takes (``bind_device='cpu'``)."""
 
@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from ortevals.engine.generation import parse_gen_kwargs
-from ortevals.engine.kvrows import CopyKV, InplaceKV
-from ortevals.engine.sampler import Job, SharedPromptSampler
+from ortevals.engine.generate.kvrows import CopyKV, InplaceKV
+from ortevals.engine.generate.sampler import Job, SharedPromptSampler
+from ortevals.engine.generate.settings import parse_gen_kwargs
 from ortevals.integrations.lm import ModelArgs, OrtLM
 from ortevals.package.loader import ModelPackage
 
@@ -93,7 +93,8 @@ def chunk_widths(s: SharedPromptSampler, lm, k: int, max_gen: int) -> tuple[list
 def test_rows_per_batch_from_the_real_peak(lm, kind):
     """A 1 MiB budget, 8 samples, max_gen_toks 400: the rows that fit when each grows to prompt + 400
     tokens. (The old sizing counted only the prompt's KV: 2 rows in place, all 8 with copies.)"""
-    s = SharedPromptSampler(lm._sampler().runner, lm.tokenizer, set(lm._sampler().eos_ids), kv_budget_mb=1)
+    s = SharedPromptSampler(lm.run.generation.sampler().runner, lm.tokenizer, set(lm.run.generation.sampler().eos_ids),
+                            kv_budget_mb=1)
     if kind == "copy":
         s._kv_rows = CopyKV(s.runner)
     assert s.kv_rows.name == kind
@@ -108,13 +109,13 @@ def test_rows_per_batch_from_the_real_peak(lm, kind):
 def test_rows_per_batch_from_the_free_memory_reading(lm):
     """The free-memory reading (injected) sets the budget: FREE_SHARE of it, plus the arenas already
     held, which the next batch reuses."""
-    from ortevals.engine.sampler import FREE_SHARE
+    from ortevals.engine.generate.sampler import FREE_SHARE
 
     prompt_len = len(lm.tok_encode(PROMPT))
     row = (prompt_len + 201) * 512
     per_row = row + row // 4 + 2048
     start = int((row + 5.5 * per_row) / FREE_SHARE)  # free before the first batch: room for 5 rows and a half
-    s = SharedPromptSampler(lm._sampler().runner, lm.tokenizer, set(lm._sampler().eos_ids),
+    s = SharedPromptSampler(lm.run.generation.sampler().runner, lm.tokenizer, set(lm.run.generation.sampler().eos_ids),
                             free_memory=lambda: start - s.kv_rows.held_bytes())  # what a device would report
     widths, _ = chunk_widths(s, lm, 12, 200)
     assert FREE_SHARE == 0.8 and widths == [5, 5, 2]
@@ -126,7 +127,7 @@ def test_rows_per_batch_from_the_free_memory_reading(lm):
 
 
 def test_unknown_free_memory_is_said_once_and_a_fixed_budget_used(lm, caplog):
-    s = SharedPromptSampler(lm._sampler().runner, lm.tokenizer, set(lm._sampler().eos_ids),
+    s = SharedPromptSampler(lm.run.generation.sampler().runner, lm.tokenizer, set(lm.run.generation.sampler().eos_ids),
                             free_memory=lambda: None)
     with caplog.at_level("INFO", logger="ortevals"):
         assert s.budget() == s.budget() == 4 * 2**30
@@ -192,7 +193,7 @@ def decode(s: SharedPromptSampler, lm, kwargs: dict, seeds, prompt: str = PROMPT
 
 def host_plain(lm) -> SharedPromptSampler:
     """The reference: host numpy KV, a new cache per pass (no buffer shared, no OrtValue)."""
-    s = SharedPromptSampler(lm._sampler().runner, lm.tokenizer, set())
+    s = SharedPromptSampler(lm.run.generation.sampler().runner, lm.tokenizer, set())
     s._kv_rows = CopyKV(s.runner)
     return s
 
@@ -253,7 +254,7 @@ def test_a_device_graph_that_refuses_the_shared_buffer_falls_back_once(lm, devic
 def test_the_in_place_check_catches_a_row_op_that_writes_nothing(device_runner, monkeypatch, caplog, op):
     """The check runs every row op the sampler uses on buffers that start as NaN: a device copy that
     does not happen cannot pass because the allocator handed back memory holding the right values."""
-    from ortevals.engine.kvrows import choose_kv
+    from ortevals.engine.generate.kvrows import choose_kv
     from ortevals.runtime.replicate import Replicator
 
     original = getattr(Replicator, op)

@@ -106,7 +106,7 @@ def test_cache_hook_receives_every_answer(ortlm):
 
 def test_io_binding_and_prefix_reuse_equal_plain_runs(tiny):
     """Long shared contexts: prefix KV reused (and kept as OrtValues under IOBinding) changes nothing."""
-    from ortevals.engine.prefill import EngineSettings, PrefillEngine, TokenRequest
+    from ortevals.engine.score.prefill import EngineSettings, PrefillEngine, TokenRequest
     from ortevals.package.loader import ModelPackage
     from ortevals.runtime.providers import from_package
     from ortevals.runtime.sessions import DecoderRunner

@@ -259,12 +259,12 @@ def image_tasks(tmp_path_factory) -> tuple[Path, dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def mm_engine(gemma4_mm):
-    from ortevals.engine.multimodal import MediaEngine
+    from ortevals.engine.media.paths import open_media
     from ortevals.package.loader import ModelPackage
     from ortevals.package.tokenizer import Tokenizer
 
     pkg = ModelPackage.load(gemma4_mm[1])
-    return MediaEngine.open(pkg, Tokenizer.load(pkg))
+    return open_media(pkg, Tokenizer.load(pkg))
 
 
 @pytest.fixture(scope="module")
@@ -282,7 +282,7 @@ def image_of(doc_id: int):
 
 
 def test_image_multiple_choice_picks_the_lowest_nll_the_raw_ort_oracle_agrees(image_run, mm_engine):
-    from ortevals.engine.multimodal import MediaRequest
+    from ortevals.engine.media.og import MediaRequest
     from tests.test_multimodal import TOL, oracle_loglikelihood
 
     lm, run = image_run
@@ -302,12 +302,12 @@ def test_image_multiple_choice_picks_the_lowest_nll_the_raw_ort_oracle_agrees(im
 
 
 def test_image_generate_until_gives_the_engines_texts(image_run, mm_engine):
-    from ortevals.engine.multimodal import MediaRequest
-    from ortevals.integrations.lm_media import prompt_settings
+    from ortevals.engine.media.og import MediaRequest
+    from ortevals.run.generate import gen_settings
 
     lm, run = image_run
     samples = run["samples"]["ortevals_img_gen"]
-    reqs = [MediaRequest(s["arguments"][0], None, image_of(s["doc_id"]), prompt_settings(lm.lm, s["arguments"][1]))
+    reqs = [MediaRequest(s["arguments"][0], None, image_of(s["doc_id"]), gen_settings(lm.lm.run, s["arguments"][1]))
             for s in samples]
     ref = mm_engine.generate(reqs)
     assert [s["resps"][0][0] for s in samples] == ref
@@ -315,8 +315,8 @@ def test_image_generate_until_gives_the_engines_texts(image_run, mm_engine):
 
 
 def test_chat_model_renders_the_packages_template_with_its_image_marker(gemma4_mm, image_tasks, mm_engine):
-    from ortevals.engine.multimodal import MediaRequest
-    from ortevals.integrations.lm_media import prompt_settings
+    from ortevals.engine.media.og import MediaRequest
+    from ortevals.run.generate import gen_settings
 
     folder, names = image_tasks
     chat = OrtLMMSChat.create_from_arg_string(f"pretrained={gemma4_mm[1]}", {"batch_size": 1})
@@ -327,7 +327,7 @@ def test_chat_model_renders_the_packages_template_with_its_image_marker(gemma4_m
             [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}])
         assert prompt.count("<|image|>") == 1
         ref = mm_engine.generate([MediaRequest(prompt, None, image_of(s["doc_id"]),
-                                               prompt_settings(chat.lm, s["arguments"][1]))])
+                                               gen_settings(chat.lm.run, s["arguments"][1]))])
         assert s["resps"][0][0] == ref[0]
 
 
@@ -366,9 +366,9 @@ def chirp_dict(seconds: float = 0.5, rate: int = 16000) -> dict:
 
 def test_audio_documents_score_as_the_oracle_on_both_models(image_run, mm_engine):
     """An audio dict from doc_to_visual (simple) or in a message part lmms-eval labels "video" (chat)."""
-    from ortevals.engine.multimodal import MediaRequest
-    from ortevals.integrations.lm_media import prompt_settings
+    from ortevals.engine.media.og import MediaRequest
     from ortevals.package.media import to_media
+    from ortevals.run.generate import gen_settings
     from tests.test_multimodal import TOL, oracle_loglikelihood
 
     lm, _ = image_run
@@ -390,7 +390,7 @@ def test_audio_documents_score_as_the_oracle_on_both_models(image_run, mm_engine
     prompt = chat.lm.tokenizer.render_chat([{"role": "user", "content": [{"type": "audio"},
                                                                           {"type": "text", "text": "Hear?"}]}])
     assert "<|audio|>" in prompt
-    assert text == mm_engine.generate([MediaRequest(prompt, None, (to_media(clip),), prompt_settings(lm.lm, gen))])[0]
+    assert text == mm_engine.generate([MediaRequest(prompt, None, (to_media(clip),), gen_settings(lm.lm.run, gen))])[0]
 
 
 def test_store_resumes_text_and_image_answers(gemma4_mm, tmp_path):

@@ -13,8 +13,9 @@ import json
 import numpy as np
 import pytest
 
-from ortevals.engine.generation import GenSettings
-from ortevals.engine.multimodal import MediaEngine, MediaRequest, split_context
+from ortevals.engine.generate.settings import GenSettings
+from ortevals.engine.media.og import MediaEngine, MediaRequest, split_context
+from ortevals.engine.media.paths import open_media
 from ortevals.errors import OrtEvalsError, PackageError
 from ortevals.package.loader import ModelPackage
 from ortevals.package.media import Media, to_media, to_media_list
@@ -34,19 +35,19 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 def engine(gemma4_mm):
     """onnxruntime-genai's own pipeline (processor → vision/speech → embedding → decoder)."""
     pkg = ModelPackage.load(gemma4_mm[1])
-    return MediaEngine.open(pkg, Tokenizer.load(pkg), path="og")
+    return open_media(pkg, Tokenizer.load(pkg), path="og")
 
 
 @pytest.fixture(scope="module")
 def fast_engine(gemma4_mm):
     pkg = ModelPackage.load(gemma4_mm[1])
-    return MediaEngine.open(pkg, Tokenizer.load(pkg), path="fast")
+    return open_media(pkg, Tokenizer.load(pkg), path="fast")
 
 
 @pytest.fixture(scope="module")
 def windowed_engine(gemma4_mm_windowed):
     pkg = ModelPackage.load(gemma4_mm_windowed[1])
-    return MediaEngine.open(pkg, Tokenizer.load(pkg))  # auto: the windowed cache keeps it on og's path
+    return open_media(pkg, Tokenizer.load(pkg))  # auto: the windowed cache keeps it on og's path
 
 
 def oracle_loglikelihood(engine: MediaEngine, req: MediaRequest) -> tuple[float, bool]:
@@ -201,7 +202,7 @@ def test_lm_eval_run_on_local_multimodal_task(gemma4_mm, tmp_path):
     assert lm.stats["media_requests"] == 3 * 3 + 3
     assert "genai" not in vars(lm.backends)  # the text path's og model (text-only) was never opened
     pkg = ModelPackage.load(gemma4_mm[1])
-    engine = MediaEngine.open(pkg, Tokenizer.load(pkg))
+    engine = open_media(pkg, Tokenizer.load(pkg))
     correct = 0
     for s in sorted(samples["tiny_mm_mc"], key=lambda s: s["doc_id"]):
         img = (to_media(image_path(names[s["doc_id"]])),)
@@ -269,7 +270,7 @@ def test_bad_package_is_one_line_at_load(gemma4_mm, copy_pkg, break_it, needle):
     break_it(pkg_dir)
     pkg = ModelPackage.load(pkg_dir)  # text benchmarks still load it
     with pytest.raises(PackageError) as e:
-        MediaEngine.open(pkg, Tokenizer.load(pkg))
+        open_media(pkg, Tokenizer.load(pkg))
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
@@ -277,7 +278,7 @@ def test_audio_without_speech_model_and_upsampling_are_one_line(gemma4_mm, copy_
     pkg_dir = copy_pkg(gemma4_mm[1])
     _edit(pkg_dir, lambda m: m.update(speech={"config_filename": ""}))
     pkg = ModelPackage.load(pkg_dir)
-    no_speech = MediaEngine.open(pkg, Tokenizer.load(pkg))
+    no_speech = open_media(pkg, Tokenizer.load(pkg))
     with pytest.raises(OrtEvalsError, match=r"no speech model, but the request has 1 audio clip"):
         no_speech.loglikelihood([MediaRequest("Hear:", " x", (to_media(chirp_wav(0.2)),))])
     with pytest.raises(OrtEvalsError) as e:  # og's decoder only down-samples to 16 kHz
@@ -378,7 +379,7 @@ def test_info_shows_vision_speech_and_processor_without_opening(gemma4_mm, copy_
 
 
 def test_fast_path_equals_og_path_and_reuses_the_text_prefix(engine, fast_engine, windowed_engine):
-    from ortevals.engine.multimodal_fast import FastMediaEngine
+    from ortevals.engine.media.fast import FastMediaEngine
 
     assert type(fast_engine) is FastMediaEngine and type(windowed_engine) is MediaEngine
     header = "You answer questions about pictures. Be brief and exact.\n\n"
@@ -434,7 +435,7 @@ def test_fast_path_honours_exact_mode_on_a_batch_dependent_decoder(mm_dynquant):
 def test_fast_path_refused_where_the_layout_does_not_allow(gemma4_mm_windowed):
     pkg = ModelPackage.load(gemma4_mm_windowed[1])
     with pytest.raises(OrtEvalsError, match=r"media_path=fast: .* cannot take the fast media path \(a windowed"):
-        MediaEngine.open(pkg, Tokenizer.load(pkg), path="fast")
+        open_media(pkg, Tokenizer.load(pkg), path="fast")
 
 
 def test_ortlm_routes_media_and_keeps_text_on_the_text_path(gemma4_mm, engine):

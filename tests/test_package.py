@@ -7,7 +7,8 @@ import pytest
 
 from ortevals.errors import PackageError, ProviderError
 from ortevals.package.loader import ModelPackage
-from ortevals.runtime.providers import from_package, normalize, parse_options
+from ortevals.package.session_options import normalize
+from ortevals.runtime.providers import from_package, parse_options
 
 
 def edit_config(pkg: Path, fn) -> None:
@@ -162,14 +163,20 @@ def test_custom_ops_library_is_not_loaded(tiny_pkg, copy_pkg):
 
 
 def test_mixed_install_is_detected(monkeypatch):
-    from ortevals import runtime
+    from ortevals import install
     from ortevals.errors import RuntimeMissingError
 
-    monkeypatch.setattr(runtime, "installed", lambda names, module=None: [n for n in names if n in ("onnxruntime",
+    monkeypatch.setattr(install, "installed", lambda names, module=None: [n for n in names if n in ("onnxruntime",
                                                                                         "onnxruntime-gpu")])
     with pytest.raises(RuntimeMissingError, match="onnxruntime and onnxruntime-gpu are both installed"):
-        runtime.check_install()
-    monkeypatch.setattr(runtime, "installed", lambda names, module=None: [n for n in names if n in ("onnxruntime-gpu",
+        install.check_install()
+    monkeypatch.setattr(install, "installed", lambda names, module=None: [n for n in names if n in ("onnxruntime-gpu",
                                                                                         "onnxruntime-genai")])
     with pytest.raises(RuntimeMissingError, match="onnxruntime-genai needs onnxruntime but onnxruntime-gpu"):
-        runtime.check_install()
+        install.check_install()
+    # the ROCm and training wheels install the same module as the CPU one (issue 23: one wheel list)
+    for other in ("onnxruntime-rocm", "onnxruntime-training"):
+        monkeypatch.setattr(install, "installed", lambda names, module=None, o=other: [
+            n for n in names if n in ("onnxruntime", o)])
+        with pytest.raises(RuntimeMissingError, match=f"onnxruntime and {other} are both installed"):
+            install.check_install()

@@ -101,13 +101,13 @@ def test_interrupted_driver_resumes_from_the_store(ray_cluster, tiny_pkg, tmp_pa
     ref = OrtLM.from_package(parse_model_args({"pkg": str(tiny_pkg)})).loglikelihood(reqs, disable_tqdm=True)
     args = parse_model_args({"pkg": str(tiny_pkg), "workers": 2, "store": str(tmp_path / "s.sqlite")})
     lm = OrtLM.from_package(args)
-    commit = lm._commit
+    commit = lm.run.commit
 
     def die_after_first_chunk():
         commit()
         raise KeyboardInterrupt  # the driver stops: what the chunk returned is already on disk
 
-    lm._commit = die_after_first_chunk
+    lm.run.commit = die_after_first_chunk
     with pytest.raises(KeyboardInterrupt):
         lm.loglikelihood(reqs, disable_tqdm=True)
     kept = len(store_rows(tmp_path / "s.sqlite"))
@@ -159,7 +159,7 @@ def test_the_driver_opens_no_session_with_workers(ray_cluster, tiny_pkg, monkeyp
         config_init(self, path, *args)
 
     def spy_model(self, config, *args, **kwargs):
-        # og's own check of genai_config.json at load (runtime/og_config.py) asks og.Model for its verdict on
+        # og's own check of genai_config.json at load (package/og_config.py) asks og.Model for its verdict on
         # a copy of the config alone in a temporary folder, providers cleared: no model file, no device
         if getattr(config, "folder", "") == str(tiny_pkg):
             opened.append(("og.Model", config.folder))

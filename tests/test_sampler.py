@@ -1,4 +1,4 @@
-"""The shared-prompt sampling engine (engine/sampler.py, issue 14 §1-2): K rows of one prompt decoded
+"""The shared-prompt sampling engine (engine/generate/sampler.py, issue 14 §1-2): K rows of one prompt decoded
 together give each sample exactly what it gives alone; greedy equals the og path and transformers;
 per-row stops; prefix reuse; lm-eval ``repeats`` grouping; the store reuses the first K samples."""
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from lm_eval.api.instance import Instance
 
-from ortevals.engine.generation import parse_gen_kwargs
-from ortevals.engine.sampler import SharedPromptSampler, plan_jobs
+from ortevals.engine.generate.sampler import SharedPromptSampler, plan_jobs
+from ortevals.engine.generate.settings import parse_gen_kwargs
 from ortevals.integrations.lm import ModelArgs, OrtLM
 
 PROMPT = "Question: what is the river of the city? Answer: the river"
@@ -32,9 +32,9 @@ def repeats(prompts, kwargs, k):
 
 def sampler(lm, kv: str = "auto", **kw) -> SharedPromptSampler:
     """A fresh sampler on lm's runner; kv: auto (in place where checked), or copy (a new cache per pass)."""
-    from ortevals.engine.kvrows import CopyKV
+    from ortevals.engine.generate.kvrows import CopyKV
 
-    base = lm._sampler()
+    base = lm.run.generation.sampler()
     s = SharedPromptSampler(base.runner, lm.tokenizer, base.eos_ids, **kw)
     if kv == "copy":
         s._kv_rows = CopyKV(base.runner)
@@ -55,7 +55,7 @@ def oracle_logprob(lm, prompt: str, ids) -> float:
 
     ctx = lm.tok_encode(prompt)
     seq = np.asarray([ctx + list(ids)], dtype=np.int64)
-    logits, _ = lm._sampler().runner.forward(seq, np.ones_like(seq))
+    logits, _ = lm.run.generation.sampler().runner.forward(seq, np.ones_like(seq))
     lp = log_softmax(logits[0, len(ctx) - 1:-1].astype(np.float64), axis=-1)
     return float(lp[np.arange(len(ids)), ids].sum())
 
@@ -100,7 +100,7 @@ def test_greedy_raw_equals_greedy_og_and_transformers(raw, og, tiny):
 
 
 def test_each_row_stops_on_its_own(raw, og):
-    from ortevals.engine.generation import generate
+    from ortevals.engine.generate.generation import generate
 
     seeds = [21, 22, 23, 24]
     free = rows(sampler(raw), raw, PROMPT, SAMPLED, seeds)
@@ -156,18 +156,18 @@ def test_store_reuses_the_first_k_samples_when_k_grows(tiny_pkg, tmp_path):
 
 def test_beam_search_on_the_raw_runner_equals_transformers(raw, tiny):
     """RawStepModel (prompt KV replicated, rows reordered by parents on the runner) under
-    engine/search.py gives transformers' generate(num_beams=4) tokens; generate_until routes it."""
+    engine/generate/search.py gives transformers' generate(num_beams=4) tokens; generate_until routes it."""
     from transformers import AutoModelForCausalLM
 
-    from ortevals.engine.sampler import RawStepModel
-    from ortevals.engine.search import beam_search
+    from ortevals.engine.generate.sampler import RawStepModel
+    from ortevals.engine.generate.search import beam_search
     from tests.test_search import hf_beams
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny[0]), dtype="float32").eval()
     prompt = raw.tok_encode(PROMPT)
     eos = raw.eot_token_id
     settings = parse_gen_kwargs({"num_beams": 4, "max_gen_toks": 12, "until": []}, 12)
-    found = beam_search(RawStepModel(raw._sampler().runner), prompt, settings, {eos})
+    found = beam_search(RawStepModel(raw.run.generation.sampler().runner), prompt, settings, {eos})
     assert list(found.best.tokens) == hf_beams(model, prompt, eos, num_beams=4, max_new_tokens=12)
     [text] = raw.generate_until(repeats([PROMPT], {"num_beams": 4, "max_gen_toks": 12, "until": []}, 1),
                                 disable_tqdm=True)
@@ -176,9 +176,9 @@ def test_beam_search_on_the_raw_runner_equals_transformers(raw, tiny):
 
 def test_mbr_returns_the_candidate_closest_to_the_others(raw):
     """mbr_samples=4: the answer is one of the 4 candidates (the same seeds decoded as plain samples),
-    the one engine/mbr.py picks from them."""
-    from ortevals.engine.mbr import mbr_select
-    from ortevals.engine.schedule import sample_rng
+    the one engine/generate/mbr.py picks from them."""
+    from ortevals.engine.generate.mbr import mbr_select
+    from ortevals.engine.generate.seeds import sample_rng
 
     kwargs = {**SAMPLED, "mbr_samples": 4, "mbr_metric": "chrf"}
     [text] = raw.generate_until(repeats([PROMPT], kwargs, 1), disable_tqdm=True)
@@ -247,7 +247,7 @@ def test_a_sample_ended_by_eos_has_the_eos_log_prob_in_its_sum(raw, tiny_pkg, af
     greedy = rows(sampler(raw), raw, PROMPT, {"until": [], "max_gen_toks": 8, "do_sample": False}, [0])[0]
     eos = greedy.ids[after]  # make the greedy token at this step the EOS: the row ends there
     assert eos not in greedy.ids[:after]
-    s = SharedPromptSampler(raw._sampler().runner, raw.tokenizer, {eos})
+    s = SharedPromptSampler(raw.run.generation.sampler().runner, raw.tokenizer, {eos})
     settings = parse_gen_kwargs({"until": [], "max_gen_toks": 8, "do_sample": False}, 8)
     logits, past = s.prompt(tuple(prompt), settings.max_gen_toks)
     [got] = s.decode(logits, past, settings, [np.random.default_rng(0)], ["r"], prompt)

@@ -6,7 +6,8 @@ import json
 import pytest
 
 from ortevals.errors import OrtEvalsError
-from ortevals.report.samples import add_scaling, sample_answers, sampling_kwargs, with_samples
+from ortevals.report.samples import add_scaling, sample_answers
+from ortevals.tasks import sampling_kwargs, with_samples
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Sampling filters and penalties (engine/sampling.py) against transformers' logits processors;
+"""Sampling filters and penalties (engine/generate/sampling.py) against transformers' logits processors;
 Mirostat v2 against a worked example; per-row seeding."""
 
 import numpy as np
@@ -15,8 +15,10 @@ from transformers.generation import (
     TypicalLogitsWarper,
 )
 
-from ortevals.engine import sampling
-from ortevals.engine.generation import GenSettings, choose_token, parse_gen_kwargs
+from ortevals.engine.generate import sampling
+from ortevals.engine.generate.generation import choose_token
+from ortevals.engine.generate.seeds import row_rng
+from ortevals.engine.generate.settings import GenSettings, parse_gen_kwargs
 from ortevals.errors import OrtEvalsError
 
 V = 97
@@ -147,7 +149,7 @@ def test_rows_are_independent_of_their_batch():
     """A row's tokens equal the same (seed, request, sample) run alone: one generator per row."""
     s = GenSettings(do_sample=True, temperature=0.9, top_p=0.95, repetition_penalty=1.2)
     logits = [random_logits(seed, rows=4) for seed in range(12)]
-    batch = sampling.Sampler(s, [sampling.row_rng(7, "req-a", i) for i in range(4)])
+    batch = sampling.Sampler(s, [row_rng(7, "req-a", i) for i in range(4)])
     hist = [[1, 2, 3] for _ in range(4)]
     together = []
     for x in logits:
@@ -156,7 +158,7 @@ def test_rows_are_independent_of_their_batch():
         hist = [h + [int(v)] for h, v in zip(hist, t, strict=True)]
     together = np.array(together)
     for i in range(4):
-        alone = sampling.Sampler(s, [sampling.row_rng(7, "req-a", i)])
+        alone = sampling.Sampler(s, [row_rng(7, "req-a", i)])
         h = [1, 2, 3]
         for step, x in enumerate(logits):
             t = int(alone.choose(x[i:i + 1], [h])[0])
@@ -164,12 +166,12 @@ def test_rows_are_independent_of_their_batch():
             h.append(t)
     assert len({tuple(together[:, i]) for i in range(4)}) == 4  # the samples differ
     # row subsets (finished rows dropped) keep each row's own stream
-    sub = sampling.Sampler(s, [sampling.row_rng(7, "req-a", i) for i in range(4)])
+    sub = sampling.Sampler(s, [row_rng(7, "req-a", i) for i in range(4)])
     assert sub.choose(logits[0][[1, 3]], hist[:2], rows=[1, 3]).tolist() == together[0, [1, 3]].tolist()
 
 
 def test_row_rng_depends_on_key_and_index_only():
-    draw = lambda *a: sampling.row_rng(*a).random()  # noqa: E731
+    draw = lambda *a: row_rng(*a).random()  # noqa: E731
     assert draw(1, "q", 0) == draw(1, "q", 0)
     assert len({draw(1, "q", 0), draw(1, "q", 1), draw(1, "r", 0), draw(2, "q", 0)}) == 4
 

@@ -242,7 +242,7 @@ def test_source_digest_covers_every_module_of_every_layer():
     root = Path(ortevals.__file__).resolve().parent
     hashed = {p.relative_to(root).as_posix() for p in scope_mod.source_files()}
     modules = {p.relative_to(root).as_posix() for p in root.rglob("*.py")}
-    assert hashed == modules and {"cli.py", "engine/prefill.py", "runtime/derive.py", "report/store.py"} <= hashed
+    assert hashed == modules and {"cli.py", "engine/score/prefill.py", "runtime/derive.py", "report/store.py"} <= hashed
 
 
 def test_samples_leaves_the_scope_alone(base_store, tiny_pkg):
@@ -259,9 +259,9 @@ def test_the_lm_eval_route_resumes_like_the_cli(tiny_pkg, own_cache, caplog):
 
     import lm_eval
 
-    from ortevals.evaluate import task_manager
     from ortevals.integrations.lm_eval_plugin import register
     from ortevals.presets import PRESETS, resolve_data, task_specs
+    from ortevals.tasks import task_manager
 
     register()
     out = CliRunner().invoke(cli, ["mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--limit", "2",

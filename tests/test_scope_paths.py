@@ -23,7 +23,7 @@ import pytest
 from lm_eval.api.instance import Instance
 
 from ortevals.engine.backends import Backends
-from ortevals.engine.prefill import EngineSettings
+from ortevals.engine.score.prefill import EngineSettings
 from ortevals.integrations.lm import ModelArgs, OrtLM
 from ortevals.package import scope as scope_mod
 from ortevals.package.loader import ModelPackage

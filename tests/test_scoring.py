@@ -5,16 +5,29 @@ import math
 import numpy as np
 import pytest
 
-from ortevals.engine.scoring import check_finite, continuation_logprob, input_window, log_softmax
+from ortevals.engine.score.scoring import check_finite, continuation_logprob, input_window, log_softmax
 from ortevals.errors import OrtEvalsError
 
 
 def test_log_softmax_matches_definition():
     x = np.array([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]], dtype=np.float32)
     expected = x - np.log(np.exp(x).sum(-1, keepdims=True))
-    np.testing.assert_allclose(log_softmax(x), expected, atol=1e-6)
-    assert log_softmax(np.array([[1000.0, 0.0]])).max() == 0.0  # no overflow
+    np.testing.assert_allclose(log_softmax(x, np.float32), expected, atol=1e-6)
+    assert log_softmax(np.array([[1000.0, 0.0]]), np.float32).max() == 0.0  # no overflow
 
+
+def test_log_softmax_is_scipys_bit_for_bit():
+    """The one log-softmax (issue 23) replaced scipy.special.log_softmax in report/ and fidelity/: the same
+    float64 numbers, bit for bit, on choice distributions with -inf pads and on float32 logits."""
+    from scipy.special import log_softmax as scipy_log_softmax
+
+    rng = np.random.default_rng(3)
+    choices = rng.normal(size=(200, 10)) * 5
+    choices[rng.random(choices.shape) < 0.3] = -np.inf
+    choices[:, 0] = rng.normal(size=200)  # every question has a choice
+    logits = (rng.normal(size=(16, 4096)) * 4).astype(np.float32)
+    for x in (choices, logits):
+        assert np.array_equal(log_softmax(x, np.float64), scipy_log_softmax(np.asarray(x, np.float64), axis=-1))
 
 def test_continuation_logprob_sums_target_rows():
     rows = np.log(np.array([[0.5, 0.25, 0.25], [0.1, 0.1, 0.8]], dtype=np.float32))

@@ -1,10 +1,10 @@
-"""Beam search and diverse beam search (engine/search.py) against transformers and by hand."""
+"""Beam search and diverse beam search (engine/generate/search.py) against transformers and by hand."""
 
 import numpy as np
 import pytest
 
-from ortevals.engine.generation import GenSettings, parse_gen_kwargs
-from ortevals.engine.search import beam_search
+from ortevals.engine.generate.search import beam_search
+from ortevals.engine.generate.settings import GenSettings, parse_gen_kwargs
 
 
 class TorchStepModel:

@@ -214,7 +214,7 @@ def test_int8_prefix_reuse_equals_one_row_passes(smollm2_int8):
 
 
 def test_no_prefix_node_extends_its_parent_by_one_token():
-    from ortevals.engine.prefix import plan_prefixes
+    from ortevals.engine.score.prefix import plan_prefixes
 
     head = tuple(range(100, 120))  # 20 tokens every input shares
     inputs = [head + (7, 1000 + i, 2000 + i) for i in range(66)] + [head + (8, 3000 + i, 4000 + i) for i in range(4)]

@@ -15,9 +15,9 @@ import functools
 import logging
 from dataclasses import dataclass, replace
 
-from ortevals.engine.incremental import IncrementalEngine
-from ortevals.engine.invariance import Verdicts
-from ortevals.engine.prefill import EngineSettings, PrefillEngine
+from ortevals.engine.score.incremental import IncrementalEngine
+from ortevals.engine.score.invariance import Verdicts
+from ortevals.engine.score.prefill import EngineSettings, PrefillEngine
 from ortevals.errors import OrtEvalsError, PackageError
 from ortevals.package.loader import ModelPackage
 from ortevals.package.multimodal import has_media_models
@@ -29,7 +29,7 @@ from ortevals.runtime.reads import runner_reads
 
 log = logging.getLogger(__name__)
 PATHS = ("auto", "prefill", "incremental")
-# the engine's own maths (scoring, token choice, seeded draws) and MBR's utilities (engine/mbr.py)
+# the engine's own maths (scoring, token choice, seeded draws) and MBR's utilities (engine/generate/mbr.py)
 ENGINE_READS = (Reads("engine", dists=("numpy",)), Reads("mbr", dists=("sacrebleu", "rouge-score")))
 
 
@@ -74,7 +74,7 @@ class Backends:
         self.loglikelihood_path = loglikelihood_path(path, self.capability)
         self.gen_path = gen_path
         self.media_path = media_path
-        self.verdicts = Verdicts()  # canary verdicts; OrtLM gives it the result store (engine/invariance.py)
+        self.verdicts = Verdicts()  # canary verdicts; OrtLM gives it the result store (engine/score/invariance.py)
 
     @functools.cached_property
     def prefill(self) -> PrefillEngine:
@@ -103,7 +103,7 @@ class Backends:
 
     def generation_path(self) -> tuple[str, str]:
         """(``raw`` or ``og``, why the raw path cannot serve this package or ""), from ``gen_path``."""
-        from ortevals.engine.sampler import can_serve
+        from ortevals.engine.generate.sampler import can_serve
 
         ok, why = can_serve(self.package, self.capability)
         if self.gen_path == "raw" and not ok:
@@ -128,7 +128,7 @@ class Backends:
         return out
 
     def _fast_media_reads(self) -> list[Reads]:
-        from ortevals.engine.multimodal_fast import fast_layout, fast_reads
+        from ortevals.engine.media.fast import fast_layout, fast_reads
 
         if self.media_path == "og" or not fast_layout(self.package)[0]:
             return []
@@ -139,7 +139,7 @@ class Backends:
 
     def _prefill_settings(self) -> tuple[EngineSettings, str]:
         """Settings for the prefill engine: exact mode when asked or when the graph mixes rows."""
-        from ortevals.engine.invariance import detect
+        from ortevals.engine.score.invariance import detect
 
         out = self.package.decoder.output(self.package.logits_name)
         settings = replace(self.settings, dtype=out.dtype if out is not None else "float32")

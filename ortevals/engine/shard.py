@@ -6,7 +6,7 @@ how the chunks are handed out and merged back:
 * **units**: requests that must stay together (a question's choices: one context, several
   continuations; the repeats of one generation prompt). A unit is never split.
 * **groups**: units that share an expensive prefix (a benchmark's few-shot header). The
-  shared-prefix plan of :mod:`ortevals.engine.prefix` over the units' tokens gives each unit
+  shared-prefix plan of :mod:`ortevals.engine.score.prefix` over the units' tokens gives each unit
   a path of kept prefix nodes; its group is the *heaviest* node on that path (most tokens
   over its parent), so a header of 1,500 tokens wins over the dozen tokens every prompt
   of a benchmark shares and over the few words some questions share.
@@ -28,8 +28,9 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
-from ortevals.engine.prefix import common_prefix, plan_prefixes
+from ortevals.engine.score.prefix import plan_prefixes
 from ortevals.errors import OrtEvalsError
+from ortevals.tokens import common_prefix
 
 NO_GROUP = -1  # units that share no kept prefix with any other
 

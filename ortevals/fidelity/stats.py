@@ -37,13 +37,6 @@ from ortevals.report.stats import clustered_cov, clustered_mean, n_clusters, t_c
 PERCENTILES = (0.1, 1.0, 5.0, 10.0, 25.0, 50.0, 75.0, 90.0, 95.0, 99.0, 99.9)
 
 
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """``[n,V]`` logits (any float dtype) → ``[n,V]`` float64 log-probs (scipy's, in float64: KLs of 1e-11)."""
-    from scipy.special import log_softmax as _log_softmax
-
-    return _log_softmax(np.asarray(logits, dtype=np.float64), axis=-1)
-
-
 def topk(logp: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Top-k of each row of ``[n,V]``, sorted by descending value: ids ``[n,k]`` int32, values ``[n,k]``."""
     k = min(k, logp.shape[-1])

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ortevals.engine.score.scoring import log_softmax
 from ortevals.errors import OrtEvalsError
-from ortevals.fidelity.stats import RefTokens, TokenStats, compare_window, log_softmax, reduce_reference
+from ortevals.fidelity.stats import RefTokens, TokenStats, compare_window, reduce_reference
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,7 @@ def _scored_logp(source: LogitSource, plan: WindowPlan, text_ids: np.ndarray, w:
         raise OrtEvalsError(f"a model returned logits of shape {tuple(logits.shape)} for {len(ids)} tokens; "
                             "expected [tokens, vocab]")
     # only the scored half is converted: float64 log-softmax of [n, V]
-    logp = log_softmax(logits[plan.first:plan.first + len(targets)])
+    logp = log_softmax(logits[plan.first:plan.first + len(targets)], np.float64)
     if not np.isfinite(logp).all():
         raise OrtEvalsError(f"a model returned non-finite logits in window {w}")
     return logp, targets

@@ -8,7 +8,7 @@ contexts write lm-eval's ``<image>`` placeholder, which
 :func:`ortevals.package.multimodal.place_markers` turns into the model's own.
 
 Owns that split: requests whose extra argument holds media go to
-:class:`ortevals.engine.multimodal.MediaEngine` (opened and validated on the
+:class:`ortevals.engine.media.og.MediaEngine` (opened and validated on the
 first one); everything else goes, with the extra argument dropped, to the text
 path unchanged, which therefore never opens a vision or speech model. Also owns
 store keys for media requests (the media's content hashes, never a PIL object's
@@ -24,9 +24,10 @@ from collections.abc import Callable, Sequence
 
 from tqdm import tqdm
 
-from ortevals.engine.multimodal import MediaRequest, media_digest
+from ortevals.engine.media.og import MediaRequest, media_digest
 from ortevals.errors import OrtEvalsError
 from ortevals.package.media import Media, to_media_list
+from ortevals.run.generate import gen_settings
 
 log = logging.getLogger(__name__)
 
@@ -37,23 +38,24 @@ def is_aux(arg) -> bool:
 
 
 class MediaRouter:
-    """Per OrtLM: converts each request's media once, and answers the media requests."""
+    """Per run (``run``: :class:`ortevals.run.run.Run`): converts each request's media once, and answers
+    the media requests."""
 
-    def __init__(self, lm) -> None:
-        self.lm = lm
+    def __init__(self, run) -> None:
+        self.run = run
         self._engine = None
         self._memo: dict[int, tuple[dict, tuple[Media, ...]]] = {}
 
     @property
     def engine(self):
         if self._engine is None:
-            from ortevals.engine.multimodal import MediaEngine
+            from ortevals.engine.media.paths import open_media
 
-            lm = self.lm
-            self._engine = MediaEngine.open(lm.package, lm.tokenizer, lm.backends.provider, lm.max_length,
-                                            {lm.eot_token_id}, lm.args.media_path)
+            run = self.run
+            self._engine = open_media(run.package, run.tokenizer, run.backends.provider, run.max_length,
+                                      {run.eot_token_id}, run.args.media_path)
         # exact mode as the text path has it now (asked for, detected, or the canary's verdict)
-        self._engine.exact = self.lm.backends.exact
+        self._engine.exact = self.run.backends.exact
         return self._engine
 
     def media(self, args) -> tuple[Media, ...]:
@@ -99,8 +101,7 @@ class MediaRouter:
             reqs = [MediaRequest(requests[i].args[0], requests[i].args[1], media[i]) for i in rich]
 
             def finish(j: int, result) -> None:
-                if self.lm.store is not None:
-                    self.lm.store.put("loglikelihood", keys[rich[j]], [result[0], result[1]])
+                self.run.put("loglikelihood", keys[rich[j]], [result[0], result[1]])
 
             for i, v in zip(rich, self._timed(reqs, "loglikelihood", finish, disable_tqdm), strict=True):
                 out[i] = v
@@ -117,13 +118,12 @@ class MediaRouter:
         rich = [i for i, m in enumerate(media) if m]
         if rich:
             # gen_kwargs as on the text path (stops + EOS text, max_gen_toks, sampling, seed)
-            settings = [prompt_settings(self.lm, requests[i].args[1]) for i in rich]
+            settings = [gen_settings(self.run, requests[i].args[1]) for i in rich]
             reqs = [MediaRequest(requests[i].args[0], None, media[i], s) for i, s in zip(rich, settings, strict=True)]
 
             def finish(j: int, text_out: str, n: int) -> None:
-                self.lm.stats["generated_tokens"] += n
-                if self.lm.store is not None:
-                    self.lm.store.put("generate_until", keys[rich[j]], text_out)
+                self.run.stats["generated_tokens"] += n
+                self.run.put("generate_until", keys[rich[j]], text_out)
 
             texts = self._timed(reqs, "generate", finish, disable_tqdm, [keys[i] for i in rich])
             for i, v in zip(rich, texts, strict=True):
@@ -145,16 +145,9 @@ class MediaRouter:
             return self.engine.generate(reqs, keys, done)
         finally:
             bar.close()
-            self.lm.stats["requests"] += len(reqs)
-            self.lm.stats["seconds"] += time.perf_counter() - start
-            self.lm.stats["media_requests"] = self.lm.stats.get("media_requests", 0) + len(reqs)
-
-
-def prompt_settings(lm, gen_kwargs: dict):
-    """GenSettings from lm-eval gen_kwargs, exactly as the text path reads them."""
-    from ortevals.engine.generation import parse_gen_kwargs
-
-    return parse_gen_kwargs(gen_kwargs, lm.max_gen_toks, lm.tok_decode([lm.eot_token_id]), lm.args.seed)
+            self.run.stats["requests"] += len(reqs)
+            self.run.stats["seconds"] += time.perf_counter() - start
+            self.run.stats["media_requests"] = self.run.stats.get("media_requests", 0) + len(reqs)
 
 
 def _text_only(req):

@@ -1,9 +1,10 @@
 """Data-parallel evaluation on Ray: a pool of actors, each opening the package once.
 
-Owns the only ``import ray`` (lazy, with an install hint). ``OrtLM`` hands its token requests
-(``_run``) and generation requests (``_generate``) to :class:`WorkerPool` when ``workers`` or
-``ray_address`` is set; lm-eval itself keeps ``world_size`` 1 (the vLLM backend's pattern), so
-its rank split and padding never apply on top.
+Owns the only ``import ray`` (lazy, with an install hint). A run (:class:`ortevals.run.run.Run`)
+hands its token requests (``score``) and generation requests (``generate``) to :class:`WorkerPool`
+when ``workers`` or ``ray_address`` is set (``OrtLM.from_package`` gives the run its pool);
+lm-eval itself keeps ``world_size`` 1 (the vLLM backend's pattern), so its rank split and
+padding never apply on top. Each worker is a :class:`Worker` over a run of its own.
 
 * **Cluster**: ``ray_address`` joins an existing cluster; otherwise a local one is started on
   first use and stopped at exit (a cluster already started in this process, as the tests do,
@@ -37,8 +38,12 @@ import signal
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
+from ortevals.engine.score.prefill import Score, TokenRequest
+from ortevals.engine.score.scoring import NonFiniteScore, input_window
 from ortevals.engine.shard import Dispatcher, merge, plan_shards
 from ortevals.errors import OrtEvalsError
+from ortevals.options import parse_model_args
+from ortevals.run.run import Run
 
 log = logging.getLogger(__name__)
 MAX_RESTARTS = 3  # per actor: a worker that keeps dying is a bug, not bad luck
@@ -102,21 +107,18 @@ class WarmPrefix:
 
 
 class Worker:
-    """The actor body: one OrtLM without a store; scores or generates one chunk per call."""
+    """The actor body: one run without a store; scores or generates one chunk per call."""
 
     def __init__(self, model_args: dict) -> None:
-        from ortevals.integrations.lm import OrtLM
-        from ortevals.options import parse_model_args
-
         self.failed: str | None = None
         try:  # the driver opened no session (issue 20): a package the runtime refuses is first seen here
-            self.lm = OrtLM.from_package(parse_model_args(model_args))
+            self.run = Run.open(parse_model_args(model_args))
         except OrtEvalsError as e:  # said by the driver in one line, not as an actor that died 3 times
             self.failed = str(e)
 
     def where(self) -> tuple[str | None, str | None]:
         """(CUDA_VISIBLE_DEVICES Ray gave this actor, the device id its session uses)."""
-        return os.environ.get("CUDA_VISIBLE_DEVICES"), self.lm.backends.provider.options.get("device_id")
+        return os.environ.get("CUDA_VISIBLE_DEVICES"), self.run.backends.provider.options.get("device_id")
 
     def _maybe_crash(self) -> None:
         marker = os.environ.get(CRASH_MARKER)
@@ -125,13 +127,10 @@ class Worker:
             os._exit(1)
 
     def score(self, requests: list[tuple[tuple, tuple]]):
-        from ortevals.engine.prefill import TokenRequest
-        from ortevals.engine.scoring import NonFiniteScore
-
         self._maybe_crash()
         if self.failed:
             return "error", self.failed, None
-        engine = self.lm.engine
+        engine = self.run.engine
         if hasattr(engine, "runner") and not isinstance(engine.runner, WarmPrefix):
             engine.runner = WarmPrefix(engine.runner)
         try:
@@ -149,16 +148,16 @@ class Worker:
         if self.failed:
             return "error", self.failed, None
         try:
-            texts = self.lm._generate([_Req(a) for a in args], keys, True)
+            texts = self.run.generate([_Req(a) for a in args], keys, lambda i, text: None, True)
         except OrtEvalsError as e:
             return "error", str(e), None
-        metas = [self.lm.sample_logprobs.get(json.dumps(k, default=str), (None, 0, 0)) for k in keys]
+        metas = [self.run.sample_logprobs.get(json.dumps(k, default=str), (None, 0, 0)) for k in keys]
         return "ok", [(text, *meta) for text, meta in zip(texts, metas, strict=True)], None
 
 
 @dataclass(frozen=True)
 class _Req:
-    """What ``OrtLM._generate`` reads of an lm-eval Instance."""
+    """What ``Run.generate`` reads of an lm-eval Instance."""
 
     args: tuple
 
@@ -206,9 +205,6 @@ class WorkerPool:
     # --- work --------------------------------------------------------------------
     def score(self, requests: Sequence, max_length: int, on_done: Callable, after_chunk: Callable[[], None]) -> list:
         """``Score``s of token requests in order; ``on_done(index, Score)`` as each chunk returns."""
-        from ortevals.engine.prefill import Score
-        from ortevals.engine.scoring import NonFiniteScore, input_window
-
         inputs = [input_window(r.context, r.continuation, max_length) for r in requests]  # what the engine runs
         units = [r.context for r in requests]  # a question's choices: one context, never split
         payload = [(r.context, r.continuation) for r in requests]

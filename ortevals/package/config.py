@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ortevals.errors import PackageError
-from ortevals.runtime.og_config import og_refusal
+from ortevals.package.og_config import og_refusal
 
 CONFIG_NAME = "genai_config.json"
 
@@ -94,7 +94,7 @@ def read_token_ids(value: Any, where: Path) -> tuple[int, ...]:
 
 
 def check_og_accepts(root: Path) -> None:
-    """The config is one onnxruntime-genai accepts (its parser and model types, runtime/og_config.py); else one
+    """The config is one onnxruntime-genai accepts (its parser and model types, package/og_config.py); else one
     line with onnxruntime-genai's own reason. Run after ortevals' checks, whose messages name more."""
     cfg_path = root / CONFIG_NAME
     refusal = og_refusal(cfg_path.read_bytes())

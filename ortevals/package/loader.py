@@ -35,7 +35,7 @@ from ortevals.package.config import (
     typed_field,
 )
 from ortevals.package.graph import external_data_files, graph_facts, read_signature
-from ortevals.runtime.providers import check_session_options
+from ortevals.package.session_options import check_session_options
 
 log = logging.getLogger(__name__)
 

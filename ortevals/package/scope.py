@@ -41,11 +41,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from ortevals.install import OG_WHEELS, ORT_WHEELS
+from ortevals.version import __version__
+
 FULL_HASH_LIMIT = 64 << 20  # files below this are hashed by content
 EDGE = 1 << 16  # bytes read at each end of a larger file
-ORT_WHEELS = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-directml", "onnxruntime-openvino", "onnxruntime-qnn",
-              "onnxruntime-rocm", "onnxruntime-training")
-OG_WHEELS = ("onnxruntime-genai", "onnxruntime-genai-cuda", "onnxruntime-genai-directml", "onnxruntime-genai-rocm")
 ABSENT = "absent"
 
 
@@ -139,8 +139,6 @@ def dist_version(name: str) -> str | None:
 
 
 def ortevals_version() -> str:
-    from ortevals import __version__
-
     return __version__
 
 
@@ -165,7 +163,7 @@ def source_digest() -> str:
 @functools.cache
 def runtime_versions() -> dict[str, str | None]:
     """Installed runtime wheels from their metadata; the modules themselves are never imported here."""
-    return {"onnxruntime": _wheels(ORT_WHEELS), "onnxruntime-genai": _wheels(OG_WHEELS)}
+    return {"onnxruntime": _wheels(ORT_WHEELS), "onnxruntime-genai": _wheels(tuple(OG_WHEELS))}
 
 
 def _wheels(names: tuple[str, ...]) -> str | None:

@@ -29,8 +29,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ortevals.engine.score.scoring import log_softmax
 from ortevals.report import calibration_boot as boot
-from ortevals.report.stats import Interval, log_softmax
+from ortevals.report.stats import Interval
 
 N_BINS = 10
 RESAMPLES = boot.RESAMPLES
@@ -88,7 +89,7 @@ class SelfEval:
 
 def confidence(loglik: np.ndarray, gold: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """[N, C] log-likelihoods and [N] gold indices -> ([N] top probability, [N] 1.0 where argmax is gold)."""
-    logp = log_softmax(loglik)
+    logp = log_softmax(loglik, np.float64)
     return np.exp(logp.max(axis=1)), (np.argmax(loglik, axis=1) == np.asarray(gold)).astype(np.float64)
 
 
@@ -232,7 +233,7 @@ def _nan_interval(estimate: float) -> Interval:
 def scaled_logp(loglik: np.ndarray, t: float | np.ndarray) -> np.ndarray:
     """[N, C] log-likelihoods -> log-softmax(loglik / T); ``t`` a scalar or [N] (one per question)."""
     t = np.asarray(t, np.float64)
-    return log_softmax(np.asarray(loglik, np.float64) / (t[:, None] if t.ndim else t))
+    return log_softmax(np.asarray(loglik, np.float64) / (t[:, None] if t.ndim else t), np.float64)
 
 
 def fit_temperature(loglik: np.ndarray, gold: np.ndarray) -> float:
@@ -320,7 +321,7 @@ def calibrate(loglik: np.ndarray, gold: np.ndarray, fit: tuple[np.ndarray, np.nd
     loglik, gold = known(loglik, gold)
     if not len(gold):
         raise ValueError("calibration needs at least one question with a known gold choice")
-    logp = log_softmax(loglik)
+    logp = log_softmax(loglik, np.float64)
     conf, correct = np.exp(logp.max(axis=1)), (np.argmax(loglik, axis=1) == gold).astype(np.float64)
     area, accuracy_at = boot.risk(conf, correct)
     brier, nll = brier_values(logp, gold), nll_values(logp, gold)

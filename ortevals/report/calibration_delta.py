@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ortevals.engine.score.scoring import log_softmax
 from ortevals.report import calibration as cal
 from ortevals.report import calibration_boot as boot
-from ortevals.report.stats import Interval, log_softmax
+from ortevals.report.stats import Interval
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,8 @@ def calibration_delta(ref_loglik: np.ndarray, run_loglik: np.ndarray, gold: np.n
     run_ll = np.asarray(run_loglik, np.float64)[keep]
     (ref_c, ref_k), (run_c, run_k) = cal.confidence(ref_ll, g), cal.confidence(run_ll, g)
     ref_ece, run_ece = cal.ece_statistic(ref_c, ref_k), cal.ece_statistic(run_c, run_k)
-    ref_b, run_b = cal.brier_values(log_softmax(ref_ll), g), cal.brier_values(log_softmax(run_ll), g)
+    ref_b = cal.brier_values(log_softmax(ref_ll, np.float64), g)
+    run_b = cal.brier_values(log_softmax(run_ll, np.float64), g)
     ref_gap, run_gap = ref_c - ref_k, run_c - run_k
     found = boot.intervals({"ece": lambda w: run_ece(w) - ref_ece(w), "brier": boot.mean(run_b - ref_b),
                             "gap": boot.mean(run_gap - ref_gap)}, len(g), resamples)

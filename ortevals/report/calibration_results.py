@@ -11,7 +11,8 @@ Owns, for every multiple-choice task of a finished run (``results["samples"]``):
   ``ptrue_brier``, ``ptrue_mean`` (choice tasks: of the chosen choice; generation tasks: of the
   generated answer against its exact_match), and each sample's ``p_true``;
 * ``temperature_fit=split``: copies of the tasks on their validation (else few-shot) split, named
-  ``<task>@<split>`` and run with the rest (:func:`with_fit_split`), whose questions fit the temperature;
+  ``<task>@<split>`` and run with the rest (made before the run: :func:`ortevals.tasks.with_fit_split`),
+  whose questions fit the temperature, detached from the results after it;
 * ``reliability_<task>.png`` and ``risk_coverage_<task>.png`` in ``--output``.
 
 Only numpy and scipy work on log-likelihoods already held; nothing here runs the model.
@@ -225,24 +226,3 @@ def _write_plots(output: Path, name: str, series, risks) -> list[Path]:
     return paths
 
 
-def with_fit_split(tasks: Sequence[Any], task_manager) -> list[Any]:
-    """The tasks plus, for each multiple-choice one with a validation (else few-shot) split other than its
-    test split, a copy ``<task>@<split>`` evaluated on that split: its questions fit the temperature."""
-    from lm_eval.tasks._yaml_loader import load_yaml
-
-    from ortevals.presets import _leaf_configs
-
-    configs: list[dict] = []
-    for t in tasks:
-        configs.extend([dict(t)] if isinstance(t, dict) else _leaf_configs(task_manager, t, load_yaml))
-    extra = []
-    for c in configs:
-        test = c.get("test_split") or c.get("validation_split")
-        split = next((s for s in (c.get("validation_split"), c.get("fewshot_split")) if s and s != test), None)
-        if c.get("output_type") == "multiple_choice" and split:
-            copy = {k: v for k, v in c.items() if k not in ("tag", "group")}
-            extra.append({**copy, "task": f"{c['task']}{FIT_MARK}{split}", "test_split": split})
-    if not extra:
-        log.warning("temperature_fit=split: no multiple-choice task has a validation or few-shot split apart "
-                    "from its test split; the temperature is cross-validated")
-    return configs + extra

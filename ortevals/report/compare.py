@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ortevals.engine.score.scoring import log_softmax
 from ortevals.errors import OrtEvalsError
 from ortevals.report import stats
 from ortevals.report.calibration_delta import CalibrationDelta, calibration_delta
@@ -204,7 +205,7 @@ def _categories(cats: np.ndarray, ra: np.ndarray, rb: np.ndarray) -> tuple[Categ
 
 
 def _choice_stats(a: TaskRun, b: TaskRun) -> ChoiceStats:
-    lp, lq = stats.log_softmax(a.loglik), stats.log_softmax(b.loglik)
+    lp, lq = log_softmax(a.loglik, np.float64), log_softmax(b.loglik, np.float64)
     forward, reverse = stats.kl(lp, lq), stats.kl(lq, lp)
     known = a.gold >= 0
     rows = np.flatnonzero(known)
@@ -228,8 +229,8 @@ def _first_difference(x: str, y: str) -> int:
 
 def changed_questions(a: TaskRun, b: TaskRun, run_name: str) -> list[ChangedQuestion]:
     """Questions whose answer or correctness differs from the reference's."""
-    lp = stats.log_softmax(a.loglik) if a.kind == "choice" else None
-    lq = stats.log_softmax(b.loglik) if a.kind == "choice" else None
+    lp = log_softmax(a.loglik, np.float64) if a.kind == "choice" else None
+    lq = log_softmax(b.loglik, np.float64) if a.kind == "choice" else None
     div = stats.kl(lp, lq) if lp is not None else None
     out = []
     for i in range(a.n):

@@ -1,19 +1,13 @@
-"""``--samples K``: inference-time scaling as an evaluation mode.
+"""``--samples K``: inference-time scaling as an evaluation mode, scored after the run.
 
-Owns what the option does around one lm-eval run:
-
-* before: every ``generate_until`` task config gets ``repeats: K`` (lm-eval then hands the
-  model K identical requests per question, which the raw path decodes as K rows of one
-  prompt), and its generation_kwargs are rewritten to sample: ``do_sample=True`` whatever the
-  YAML says, at ``--gen-kwargs temperature=…``, else the task's own temperature if it already
-  samples, else 0.7 (:data:`DEFAULT_TEMPERATURE`); the change is logged;
-* after: each sample's answer through the task's own filter chain (``take_first`` and
-  ``majority_vote`` left out, so every sample keeps its own answer), its correctness by the
-  task's ``exact_match`` settings, its log-prob per scored token (the whole sequence, EOS
-  included: :func:`best_of_k_score`) and token count (stored by the model, resumed runs
-  included), then maj@k / pass@k / best-of-k for k = 1, 2, 4, … K (:mod:`ortevals.report.scaling`)
-  into results.json's per-task results in lm-eval's layout (``maj@4,custom-extract``,
-  ``maj@4_stderr,custom-extract``), and a plot per task.
+The task configs were rewritten before the run (``repeats: K`` and sampling settings:
+:func:`ortevals.tasks.with_samples`). Owns what the samples score after it: each sample's
+answer through the task's own filter chain (``take_first`` and ``majority_vote`` left out, so
+every sample keeps its own answer), its correctness by the task's ``exact_match`` settings, its
+log-prob per scored token (the whole sequence, EOS included: :func:`best_of_k_score`) and token
+count (stored by the model, resumed runs included), then maj@k / pass@k / best-of-k for
+k = 1, 2, 4, … K (:mod:`ortevals.report.scaling`) into results.json's per-task results in
+lm-eval's layout (``maj@4,custom-extract``, ``maj@4_stderr,custom-extract``), and a plot per task.
 """
 
 from __future__ import annotations
@@ -22,73 +16,11 @@ import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from ortevals.errors import OrtEvalsError
 
 log = logging.getLogger(__name__)
-DEFAULT_TEMPERATURE = 0.7
 SELECTORS = ("take_first", "majority_vote")  # filters that collapse the K samples to one answer
-
-
-def with_samples(tasks: Sequence[Any], k: int, task_manager, user: dict | None = None) -> list[dict]:
-    """Task configs (names resolved to their YAML) with ``repeats: k`` and sampling generation_kwargs
-    (:func:`sampling_kwargs`) on every generate_until task; what changed is logged once."""
-    from lm_eval.tasks._yaml_loader import load_yaml
-
-    from ortevals.presets import _leaf_configs
-
-    configs: list[dict] = []
-    for t in tasks:
-        configs.extend([dict(t)] if isinstance(t, dict) else _leaf_configs(task_manager, t, load_yaml))
-    generating = [c for c in configs if c.get("output_type") == "generate_until"]
-    if not generating:
-        names = ", ".join(str(c.get("task")) for c in configs)
-        raise OrtEvalsError(f"--samples {k} needs generate_until tasks; {names} score log-likelihoods "
-                            "(for MMLU-Pro use --cot)")
-    changed: dict[str, list[str]] = {}
-    for c in generating:
-        c["repeats"] = k
-        c["generation_kwargs"], changes = sampling_kwargs(c.get("generation_kwargs"), user, k)
-        if changes:
-            changed.setdefault(changes, []).append(str(c.get("task")))
-    for changes, names in changed.items():
-        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-        log.warning("--samples %d: generation settings of %s changed to sample: %s", k, shown, changes)
-    return configs
-
-
-def sampling_kwargs(task: dict | None, user: dict | None, k: int) -> tuple[dict, str]:
-    """A task's generation_kwargs for K samples, and what changed (``""`` if nothing), as one string.
-
-    ``--samples`` exists to sample: ``do_sample`` becomes true whatever the task's YAML says, at the
-    user's ``--gen-kwargs`` temperature, else the task's own if the task already samples, else
-    :data:`DEFAULT_TEMPERATURE`. A user asking for greedy decoding (``do_sample=false`` or
-    ``temperature=0``) with ``--samples`` would get K identical samples: a one-line error."""
-    task, user = dict(task or {}), dict(user or {})
-    merged = {**task, **user}  # lm-eval applies --gen-kwargs over the task's own settings
-    if _falsy(user.get("do_sample")) or ("temperature" in user and _number(user["temperature"]) == 0):
-        raise OrtEvalsError(f"--samples {k} with --gen-kwargs do_sample=false/temperature=0 would decode the "
-                            f"same greedy text {k} times; give a temperature > 0 or leave it out")
-    temperature = _number(merged.get("temperature"))
-    samples_already = not _falsy(merged.get("do_sample")) and "do_sample" in merged and bool(temperature)
-    if "temperature" not in user and not samples_already:
-        temperature = DEFAULT_TEMPERATURE
-    out = {**task, "do_sample": True, "temperature": temperature}
-    before = {key: merged.get(key) for key in ("do_sample", "temperature")}
-    changes = ", ".join(f"{key} {before[key]!r} -> {out[key]!r}" for key in before if before[key] != out[key])
-    return out, changes
-
-
-def _falsy(value: Any) -> bool:
-    return value is False or (isinstance(value, str) and value.strip().lower() in ("false", "0", "no"))
-
-
-def _number(value: Any) -> float | None:
-    try:
-        return None if value is None else float(value)
-    except (TypeError, ValueError):
-        raise OrtEvalsError(f"gen_kwargs temperature={value!r}: expected a number >= 0") from None
 
 
 def sample_answers(cfg: dict, texts: Sequence[str], doc: dict) -> dict[str, list]:

@@ -165,13 +165,6 @@ def flips(ref_correct: np.ndarray, run_correct: np.ndarray, ref_answer, run_answ
                  float(same.mean()) if len(same) else float("nan"))
 
 
-def log_softmax(loglik: np.ndarray) -> np.ndarray:
-    """[N, C] per-choice log-likelihoods (-inf pads) -> log-probabilities of the choice distribution."""
-    from scipy.special import log_softmax as _log_softmax
-
-    return _log_softmax(np.asarray(loglik, dtype=np.float64), axis=1)
-
-
 def kl(logp: np.ndarray, logq: np.ndarray) -> np.ndarray:
     """KL(p‖q) per question, nats: [N, C] log-probabilities (-inf pads in the same places) -> [N]."""
     p = np.exp(logp)

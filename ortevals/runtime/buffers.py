@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ortevals.errors import PackageError
+from ortevals.install import import_ort
 from ortevals.package.loader import KVSpec, ModelFile, ModelPackage
-from ortevals.runtime import import_ort
 
 
 @dataclass(frozen=True)

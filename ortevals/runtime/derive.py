@@ -14,7 +14,7 @@ positions, the token of each of M continuations sharing the input) gives
 ``ortevals_logprobs [B,K,M]`` = log-softmax of the logits at those tokens and
 ``ortevals_greedy [B,K,M]`` = whether each is the argmax. The logits are cast
 to float32 first, so fp16/bf16 heads never accumulate in their own type, and
-the arithmetic is the host path's (engine/scoring.py; see ``_add_scores``). A pass then copies
+the arithmetic is the host path's (engine/score/scoring.py; see ``_add_scores``). A pass then copies
 ``B·K·M·5`` bytes to the host instead of ``B·K·V`` logits (472 MB a call for a
 900-token prompt on a 262k vocabulary without the gather). The logits output
 stays, for the probe and callers that ask for it.

@@ -23,13 +23,13 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ortevals.engine.prefix import common_prefix
 from ortevals.errors import PackageError, ProviderError, first_line
+from ortevals.install import import_og
 from ortevals.package.graph import external_data_files
 from ortevals.package.loader import CONFIG_NAME, ModelPackage, resolve_inside
 from ortevals.package.scope import Reads
-from ortevals.runtime import import_og
 from ortevals.runtime.providers import ProviderConfig
+from ortevals.tokens import common_prefix
 
 log = logging.getLogger(__name__)
 

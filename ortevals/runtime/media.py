@@ -9,7 +9,7 @@ primed with ``generator.set_inputs(processed)``. Batch 1: the Gemma-4 processor
 ignores a list of prompts. One Generator per set of media: ``rewind_to(0)`` then
 a new image fails in og 0.18.
 
-Opened lazily by :class:`ortevals.engine.multimodal.MediaEngine`, on the first
+Opened lazily by :class:`ortevals.engine.media.og.MediaEngine`, on the first
 request that carries media; text requests never come here.
 """
 
@@ -21,10 +21,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ortevals.errors import OrtEvalsError, PackageError, first_line
+from ortevals.install import import_og
 from ortevals.package.loader import ModelPackage
 from ortevals.package.media import Media
 from ortevals.package.scope import Reads
-from ortevals.runtime import import_og
 from ortevals.runtime.genai import NEUTRAL_SEARCH, og_config, og_files, og_settings
 from ortevals.runtime.providers import ProviderConfig
 

@@ -16,9 +16,9 @@ import logging
 from pathlib import Path
 
 from ortevals.errors import PackageError, ProviderError, first_line
+from ortevals.install import import_ort
 from ortevals.package.graph import relocated
 from ortevals.package.loader import ModelFile
-from ortevals.runtime import import_ort
 from ortevals.runtime.providers import ProviderConfig
 from ortevals.runtime.reads import session_reads
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from ortevals.errors import PackageError, first_line
+from ortevals.install import import_ort
 from ortevals.package.loader import ModelPackage
-from ortevals.runtime import import_ort
 from ortevals.runtime.buffers import (
     NUMPY_NATIVE,
     KVCache,

@@ -121,7 +121,7 @@ def main() -> int:
             except Exception as e:  # noqa: BLE001 - any import failure is the finding
                 raise Failed(f"import {name} failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
         if util.find_spec("ortevals") is not None:  # ortevals' own install check must accept the shadowing
-            from ortevals.runtime import check_install
+            from ortevals.install import check_install
 
             try:
                 check_install()

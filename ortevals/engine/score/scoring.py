@@ -18,9 +18,13 @@ import numpy as np
 from ortevals.errors import OrtEvalsError
 
 
-def log_softmax(logits: np.ndarray, dtype=np.float32) -> np.ndarray:
-    """Log-softmax over the last axis (``[..., V]`` -> ``[..., V]``), in float32 on the scoring hot path;
-    token choice and search ask for float64 (engine/sampling.py)."""
+def log_softmax(logits: np.ndarray, dtype) -> np.ndarray:
+    """Log-softmax over the last axis (``[..., V]`` -> ``[..., V]``) in ``dtype``: ortevals' one log-softmax.
+
+    float32 on the scoring hot path (the derived graph runs the same arithmetic, runtime/derive.py);
+    float64 for token choice and search (engine/generate/), fidelity's token statistics and the
+    choice distributions of compare and calibration (report/). ``x - max`` first, as scipy's
+    ``special.log_softmax`` computes it (bit for bit on rows with a finite maximum)."""
     x = np.asarray(logits, dtype=dtype)
     shifted = x - x.max(axis=-1, keepdims=True)
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
@@ -38,7 +42,7 @@ def continuation_logprob(rows: np.ndarray, targets: Sequence[int]) -> tuple[floa
     tgt = np.asarray(targets, dtype=np.int64)
     if rows.ndim != 2 or rows.shape[0] != tgt.shape[0]:
         raise ValueError(f"rows {rows.shape} do not match {tgt.shape[0]} targets")
-    lp = log_softmax(rows)
+    lp = log_softmax(rows, np.float32)
     picked = lp[np.arange(tgt.shape[0]), tgt]
     greedy = bool((rows.argmax(axis=-1) == tgt).all())
     return float(picked.sum(dtype=np.float64)), greedy
@@ -152,7 +156,7 @@ class ScoreSink:
 
     def group(self, logits: np.ndarray, group, end: int) -> None:
         """logits: ``[R, V]`` rows of one input whose scored tail ends at row ``end``; ``group``: the
-        input's members, (request index, continuation length) pairs (engine/prefill.py's ``Group``)."""
+        input's members, (request index, continuation length) pairs (engine/score/prefill.py's ``Group``)."""
         for index, n_cont in group.members:
             # row i predicts token i+1: the last n_cont input rows predict the continuation
             self._report(index, *continuation_logprob(logits[end - n_cont:end], self.requests[index].continuation))

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from ortevals.errors import first_line
-from ortevals.runtime import OG_WHEELS, import_og, installed
+from ortevals.install import OG_WHEELS, import_og, installed
 
 log = logging.getLogger(__name__)
 UNSUPPORTED_TYPE = "Unsupported model_type"  # og's own message (model.cpp) for a type it cannot create

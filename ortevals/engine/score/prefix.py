@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ortevals.tokens import common_prefix
+
 
 @dataclass(frozen=True)
 class PrefixNode:
@@ -34,15 +36,6 @@ class PrefixPlan:
     nodes: tuple[PrefixNode, ...]
     ancestor: tuple[int | None, ...]  # per input: deepest kept node, or None
     paths: tuple[tuple[int, ...], ...]  # per input: kept nodes from the root down
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token sequences."""
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def _intervals(seqs: list[Sequence[int]], order: list[int]) -> list[tuple[int, int, int]]:

@@ -95,7 +95,7 @@ def _config_ops(path) -> str:
 
 def describe_package(pkg: ModelPackage) -> str:
     from ortevals.errors import ProviderError
-    from ortevals.runtime import available_providers
+    from ortevals.install import available_providers
     from ortevals.runtime.providers import from_package
 
     lines = [f"package   {pkg.root}", f"type      {pkg.model_type}", "models:"]

@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ortevals.engine.prefix import common_prefix
+from ortevals.tokens import common_prefix
 
 log = logging.getLogger(__name__)
 

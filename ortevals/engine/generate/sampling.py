@@ -13,9 +13,9 @@ checks them against transformers on random logits):
 
 :func:`choose_tokens` applies them in transformers' order (penalties, temperature, top-k, top-p,
 min-p, typical; Mirostat after temperature, in place of the truncating warpers) and draws one
-token per row from that row's own ``np.random.Generator``; :func:`row_rng` seeds it from
-(seed, request key, sample index), so a sample's text never depends on the batch it ran in.
-No onnxruntime here.
+token per row from that row's own ``np.random.Generator``, which
+:func:`~ortevals.engine.generate.seeds.row_rng` seeds from (seed, request key, sample index),
+so a sample's text never depends on the batch it ran in. No onnxruntime here.
 """
 
 from __future__ import annotations
@@ -25,30 +25,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ortevals.engine import scoring
+from ortevals.engine.score import scoring
 
 if TYPE_CHECKING:
-    from ortevals.engine.generation import GenSettings
+    from ortevals.engine.generate.settings import GenSettings
 
 NEG = -np.inf
-
-
-def row_rng(seed: int, request_key: str, sample_index: int) -> np.random.Generator:
-    """The generator of one sample: a function of (seed, request key, sample index) only."""
-    from ortevals.engine.schedule import stable_ints
-
-    return np.random.default_rng([int(seed), *stable_ints([str(request_key), int(sample_index)])])
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
     """Row-wise softmax of ``[R, V]`` (float64); -inf entries get probability 0."""
     z = np.exp(x - np.max(x, axis=-1, keepdims=True))
     return z / z.sum(axis=-1, keepdims=True)
-
-
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    """Row-wise log-softmax of ``[R, V]`` in float64 (the scoring path's function, at double precision)."""
-    return scoring.log_softmax(x, np.float64)
 
 
 def temperature(x: np.ndarray, t: float) -> np.ndarray:
@@ -154,7 +142,7 @@ def typical(x: np.ndarray, mass: float) -> np.ndarray:
     row's entropy until their mass reaches ``mass``."""
     if mass >= 1.0:
         return x
-    logp = log_softmax(x)
+    logp = scoring.log_softmax(x, np.float64)
     with np.errstate(invalid="ignore"):
         ent = -np.nansum(logp * np.exp(logp), axis=-1, keepdims=True)
     shifted = np.abs(-logp - ent)

@@ -20,7 +20,7 @@ raw-onnxruntime engine replicates the prompt's KV to ``rows`` and reorders it by
   penalised scores accumulate, as there). The answer is the best finished hypothesis of any group.
   Done groups stop contributing to the diversity counts.
 
-The penalties of :mod:`ortevals.engine.sampling` (repetition, no-repeat n-gram) apply to the
+The penalties of :mod:`ortevals.engine.generate.sampling` (repetition, no-repeat n-gram) apply to the
 log-probs, as transformers applies its processors in beam search.
 """
 
@@ -32,10 +32,11 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from ortevals.engine.sampling import log_softmax, penalised
+from ortevals.engine.generate.sampling import penalised
+from ortevals.engine.score.scoring import log_softmax
 
 if TYPE_CHECKING:
-    from ortevals.engine.generation import GenSettings
+    from ortevals.engine.generate.settings import GenSettings
 
 BIG = 1.0e9  # transformers' "very large negative" for beams that must not be chosen
 
@@ -137,7 +138,7 @@ def beam_search(model: StepModel, prompt: Sequence[int], s: GenSettings, eos_ids
     logits = model.start(prompt, s.num_beams)
     steps = 0
     while True:
-        raw = log_softmax(np.asarray(logits, dtype=np.float64))
+        raw = log_softmax(logits, np.float64)
         raw = penalised(raw, s, [prompt + list(seq) for g in groups for seq in g.seqs])
         tokens = np.empty(s.num_beams, dtype=np.int64)
         parents = np.empty(s.num_beams, dtype=np.int64)

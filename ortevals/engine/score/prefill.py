@@ -12,7 +12,7 @@ Owns grouping, ordering and batching of log-likelihood requests:
   scoring graph (LM head at the K scored positions), plus the present KV;
 * exact mode (``exact=True``): one row per pass, no prefix reuse, full logits,
   as if each input ran alone. Before the first batched run a canary scores a
-  few of the requests both ways (:mod:`ortevals.engine.invariance`) and switches to
+  few of the requests both ways (:mod:`ortevals.engine.score.invariance`) and switches to
   exact mode when they differ.
 
 The forward pass is passed in (a :class:`~ortevals.runtime.sessions.DecoderRunner`
@@ -29,9 +29,17 @@ from typing import Protocol
 
 import numpy as np
 
-from ortevals.engine.invariance import CanaryResult, Verdicts, canary_key, compare, pick_canary, shorten, tolerance
-from ortevals.engine.prefix import PrefixPlan, plan_prefixes
-from ortevals.engine.scoring import NonFiniteScore, Score, ScoreSink, input_window
+from ortevals.engine.score.invariance import (
+    CanaryResult,
+    Verdicts,
+    canary_key,
+    compare,
+    pick_canary,
+    shorten,
+    tolerance,
+)
+from ortevals.engine.score.prefix import PrefixPlan, plan_prefixes
+from ortevals.engine.score.scoring import NonFiniteScore, Score, ScoreSink, input_window
 from ortevals.errors import OrtEvalsError
 
 log = logging.getLogger(__name__)

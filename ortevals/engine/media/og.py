@@ -13,7 +13,7 @@ onnxruntime-genai's own processor and pipeline (:mod:`ortevals.runtime.media`):
   so there every further continuation gets a fresh Generator;
 * ``generate``: stops, EOS, sampling (penalties over prompt + output, Mirostat) and
   seeds (``sample_rng``) as on the text path, through the same loop
-  (:func:`ortevals.engine.generation.generate`), one request at a time (batch 1: og's
+  (:func:`ortevals.engine.generate.generation.generate`), one request at a time (batch 1: og's
   Gemma-4 processor ignores a list of prompts); repeats of a group reuse its
   prefill by rewinding, or a fresh Generator where rewinding is not exact.
 
@@ -33,13 +33,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ortevals.engine.generation import GenSettings, generate
-from ortevals.engine.schedule import sample_rng
-from ortevals.engine.scoring import NonFiniteScore, check_finite, continuation_logprob, describe_request
+from ortevals.engine.generate.generation import generate
+from ortevals.engine.generate.seeds import sample_rng
+from ortevals.engine.generate.settings import GenSettings
+from ortevals.engine.score.scoring import NonFiniteScore, check_finite, continuation_logprob, describe_request
 from ortevals.errors import OrtEvalsError
 from ortevals.package.loader import ModelPackage
 from ortevals.package.media import Media
 from ortevals.package.multimodal import MultimodalSpec, multimodal_spec, place_markers
+from ortevals.runtime.providers import from_package
 
 log = logging.getLogger(__name__)
 
@@ -82,28 +84,12 @@ class MediaEngine:
 
     @classmethod
     def open(cls, package: ModelPackage, tokenizer, provider=None, max_length: int | None = None,
-             eos_ids: set[int] | None = None, path: str = "auto") -> MediaEngine:
+             eos_ids: set[int] | None = None, spec: MultimodalSpec | None = None) -> MediaEngine:
         """Validate the package for media (one-line errors naming the field); no model is opened yet.
 
-        ``path``: "og" (onnxruntime-genai's pipeline), "fast" (og's processor, then raw onnxruntime with
-        shared text-prefix KV: :mod:`ortevals.engine.multimodal_fast`) or "auto" (fast where the layout
-        allows)."""
-        from ortevals.runtime.providers import from_package
-
-        spec = multimodal_spec(package)
-        if path not in ("auto", "og", "fast"):
-            raise OrtEvalsError(f"media_path must be auto, og or fast, got {path!r}")
-        if path != "og" and cls is MediaEngine:
-            from ortevals.engine.multimodal_fast import FastMediaEngine, fast_layout
-
-            ok, why = fast_layout(package)
-            if ok:
-                cls = FastMediaEngine
-            elif path == "fast":
-                raise OrtEvalsError(f"media_path=fast: {package.root} cannot take the fast media path ({why}); "
-                                    "use media_path=og or auto")
-            else:
-                log.info("media path: onnxruntime-genai's pipeline (%s)", why)
+        Which class serves a package (``media_path``) is :func:`ortevals.engine.media.paths.open_media`'s
+        choice; ``spec``: the package's checked media spec when the caller has it."""
+        spec = spec if spec is not None else multimodal_spec(package)
         provider = provider or from_package(package.decoder.session_options)
         eos = set(eos_ids or ()) | set(package.eos_token_ids)
         if tokenizer.special.eos_id is not None:
@@ -251,7 +237,7 @@ def _default_keys(reqs: Sequence[MediaRequest]) -> list[list]:
 
 
 class _PrefilledCursor:
-    """engine/generation.py's cursor on a Generator already holding the prompt and media: ``move_to``
+    """engine/generate/generation.py's cursor on a Generator already holding the prompt and media: ``move_to``
     returns the prefill logits ``[V]`` (the prompt ids are only the penalties' history), ``append``
     the logits ``[V]`` after new tokens."""
 

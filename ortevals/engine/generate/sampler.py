@@ -9,13 +9,13 @@ and keeps a plain (not windowed) KV cache:
 * each prompt is prefilled once; a prompt that starts like the one before it (the few-shot
   header) runs only its new tokens on top of the previous prompt's KV cut to the shared
   prefix (:meth:`SharedPromptSampler.prompt`);
-* the prompt's KV is replicated across the rows where it lives (engine/kvrows.py: in place on
+* the prompt's KV is replicated across the rows where it lives (engine/generate/kvrows.py: in place on
   the host or the device where the graph allows it), and all live rows take one token per
   decode pass; each row stops on its own (EOS, stop strings, max_gen_toks:
-  :class:`~ortevals.engine.generation.TextStream`) and leaves the batch at once (its KV row is
+  :class:`~ortevals.engine.generate.generation.TextStream`) and leaves the batch at once (its KV row is
   dropped);
 * rows per decode batch: as many as fit the KV budget at the batch's real peak
-  (:class:`~ortevals.engine.kvrows.KVPeak`: prompt + max_gen_toks per row, all layers), the
+  (:class:`~ortevals.engine.generate.kvrows.KVPeak`: prompt + max_gen_toks per row, all layers), the
   budget being a share of the memory free where the KV lives (runtime/memory.py) unless given;
 * every row draws from its own generator, seeded by (seed, request, sample index), so a
   sample's tokens do not depend on which rows ran beside it; greedy rows are all equal, so
@@ -23,10 +23,10 @@ and keeps a plain (not windowed) KV cache:
 * each sample's log-probability under the model (temperature 1, no filters) of the whole
   sequence, the EOS that ended it included, for best-of-k.
 
-:class:`RawStepModel` is the same runner behind engine/search.py's ``StepModel`` protocol
-(beam search). Exact mode (a graph whose numbers depend on the pass: engine/invariance.py)
+:class:`RawStepModel` is the same runner behind engine/generate/search.py's ``StepModel`` protocol
+(beam search). Exact mode (a graph whose numbers depend on the pass: engine/score/invariance.py)
 decodes one row per pass and never reuses a prefix. Token choice lives in
-:mod:`ortevals.engine.generation`.
+:mod:`ortevals.engine.generate.generation`.
 """
 
 from __future__ import annotations
@@ -38,8 +38,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ortevals.engine.generation import GenSettings, TextStream, check_logits
-from ortevals.engine.prefix import common_prefix
+from ortevals.engine.generate.generation import check_logits
+from ortevals.engine.generate.settings import GenSettings
+from ortevals.engine.generate.stops import TextStream
+from ortevals.tokens import common_prefix
 
 log = logging.getLogger(__name__)
 FREE_SHARE = 0.8  # of the free memory, for decode KV: the rest for activations, fragmentation, other users
@@ -124,7 +126,7 @@ class SharedPromptSampler:
 
     def fresh(self, exact: bool = False) -> SharedPromptSampler:
         """A copy holding no prompt KV, with its own stats; ``exact``: one row per pass, no prefix reuse
-        (the generation canary's two ways, engine/gencanary.py)."""
+        (the generation canary's two ways, engine/generate/gencanary.py)."""
         self.kv_rows  # noqa: B018  (chosen once, shared by the copies)
         other = copy.copy(self)
         other._held, other.stats = None, dict.fromkeys(self.stats, 0)
@@ -134,9 +136,9 @@ class SharedPromptSampler:
 
     @property
     def kv_rows(self):
-        """How rows' KV is kept (engine/kvrows.py): in place on the host where the graph allows it."""
+        """How rows' KV is kept (engine/generate/kvrows.py): in place on the host where the graph allows it."""
         if self._kv_rows is None:
-            from ortevals.engine.kvrows import choose_kv
+            from ortevals.engine.generate.kvrows import choose_kv
 
             self._kv_rows = choose_kv(self.runner)
             log.info("raw path: KV kept %s", self._kv_rows.name)
@@ -167,9 +169,9 @@ class SharedPromptSampler:
                             finish(twin, sample)
 
     def _mbr(self, job: Job, logits, past, rng, finish, name) -> None:
-        """MBR (engine/mbr.py): per request, ``mbr_samples`` candidates decoded together from the shared
+        """MBR (engine/generate/mbr.py): per request, ``mbr_samples`` candidates decoded together from the shared
         prompt (candidate j of request i draws from ``rng(i, j)``); the one closest to the others wins."""
-        from ortevals.engine.mbr import mbr_select
+        from ortevals.engine.generate.mbr import mbr_select
 
         m = job.settings.mbr_samples
         for i in job.members:
@@ -178,8 +180,8 @@ class SharedPromptSampler:
             finish(i, cands[mbr_select([c.text for c in cands], job.settings.mbr_metric).index])
 
     def beam(self, prompt: tuple[int, ...], settings: GenSettings) -> Sample:
-        """Beam / diverse beam search (engine/search.py) on this runner; the best hypothesis, cut at a stop."""
-        from ortevals.engine.search import beam_search
+        """Beam / diverse beam search (engine/generate/search.py) on this runner; the best hypothesis, cut at a stop."""
+        from ortevals.engine.generate.search import beam_search
 
         def is_stop(seq) -> bool:  # special tokens kept, as TextStream (and lm-eval hf's criteria) look
             text = self.tokenizer.decode(list(seq), skip_special_tokens=False)
@@ -249,7 +251,7 @@ class SharedPromptSampler:
 
         Each row draws from its own ``rngs[r]``; a finished row leaves the batch before the next pass.
         """
-        from ortevals.engine.sampling import Sampler
+        from ortevals.engine.generate.sampling import Sampler
 
         rows = len(rngs)
         streams = [TextStream(self.tokenizer, settings, self.eos_ids) for _ in range(rows)]
@@ -285,12 +287,12 @@ class SharedPromptSampler:
 
 
 class RawStepModel:
-    """engine/search.py's ``StepModel`` on a DecoderRunner: ``start`` prefills the prompt once and
+    """engine/generate/search.py's ``StepModel`` on a DecoderRunner: ``start`` prefills the prompt once and
     replicates its KV over ``rows``; ``step`` reorders the rows' KV by ``parents``, then appends
     ``tokens``. Logits are float32 ``[rows, V]``."""
 
     def __init__(self, runner) -> None:
-        from ortevals.engine.kvrows import CopyKV
+        from ortevals.engine.generate.kvrows import CopyKV
 
         self.kv_rows = CopyKV(runner)  # every step gathers rows by parents: a new cache each step anyway
         self.past = None
@@ -310,8 +312,8 @@ def run_sampling(sampler: SharedPromptSampler, items: Sequence[tuple[Sequence[in
                  keys: Sequence[list], finish: Callable[[int, Sample], None], name: Callable[[int], str]) -> None:
     """generate_until's raw path: ``items[i]`` = (prompt ids, settings) of request i, ``keys[i]`` its store
     key (request + sample index: resume.request_keys); request i draws from the generator the og path
-    would give it (engine/schedule.py), so a sample is the same whichever rows ran beside it."""
-    from ortevals.engine.schedule import sample_rng
+    would give it (engine/generate/schedule.py), so a sample is the same whichever rows ran beside it."""
+    from ortevals.engine.generate.seeds import sample_rng
 
     jobs = plan_jobs(items)
     log.info("generate_until: %d requests (%d prompts, up to %d samples each) on the raw shared-prompt path "

@@ -1,20 +1,20 @@
 """Batch and prefix invariance of generation: checked, not assumed (issue 22, item 5).
 
 Generation reuses work across rows and prompts in two places, and each is right only if no op
-mixes the rows or tokens of a pass (engine/invariance.py):
+mixes the rows or tokens of a pass (engine/score/invariance.py):
 
-* the raw path (:mod:`ortevals.engine.sampler`) decodes a prompt's K sample rows in one pass and
+* the raw path (:mod:`ortevals.engine.generate.sampler`) decodes a prompt's K sample rows in one pass and
   runs a prompt on top of the KV of the prompt before it, cut to their shared prefix;
-* the onnxruntime-genai path (:mod:`ortevals.engine.schedule`) decodes up to ``gen_batch_size``
+* the onnxruntime-genai path (:mod:`ortevals.engine.generate.schedule`) decodes up to ``gen_batch_size``
   greedy prompts in one batched Generator and rewinds its cursor to the prefix shared with the
   previous prompt.
 
 Owns the canary that checks both before the first generation: a few of the run's own prompts,
-cut short (:func:`~ortevals.engine.invariance.shorten`) and decoded for a few tokens, the
+cut short (:func:`~ortevals.engine.score.invariance.shorten`) and decoded for a few tokens, the
 configured way and alone (one row per pass, each prompt from an empty cache). The same tokens,
 and (raw path) each row's log-prob within the dtype's tolerance, keep the configured way;
 anything else makes the run decode one row per pass with no prefix reuse, and the mode says
-so. A verdict is filed like the prefill canary's (:class:`~ortevals.engine.invariance.Verdicts`).
+so. A verdict is filed like the prefill canary's (:class:`~ortevals.engine.score.invariance.Verdicts`).
 
 Pure orchestration over a sampler / og runner passed in; no runtime import.
 """
@@ -25,7 +25,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 
-from ortevals.engine.invariance import Verdicts, pick_canary, shorten, tolerance
+from ortevals.engine.score.invariance import Verdicts, pick_canary, shorten, tolerance
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def short(settings, cut: Sequence[int]):
 
 
 def _cut(prompts: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
-    """Prompts cut to about :data:`~ortevals.engine.invariance.CANARY_TOKENS`, shared prefixes kept."""
+    """Prompts cut to about :data:`~ortevals.engine.score.invariance.CANARY_TOKENS`, shared prefixes kept."""
     return [c + x for c, x in shorten([(tuple(p[:-1]), tuple(p[-1:])) for p in prompts])]
 
 
@@ -164,8 +164,8 @@ def raw_plan(sampler, items: Sequence, keys: Sequence[list], name: Callable[[int
              verdicts: Verdicts | None = None) -> str:
     """Before the raw path's first generation: the canary unless ``sampler`` is exact or ``check`` is off.
     ``items[i]`` = (prompt ids, settings), ``keys[i]`` its store key (seeds). Returns the mode line."""
-    from ortevals.engine.sampler import plan_jobs
-    from ortevals.engine.schedule import sample_rng
+    from ortevals.engine.generate.sampler import plan_jobs
+    from ortevals.engine.generate.seeds import sample_rng
 
     if sampler.exact:
         return "generate_until: one row per pass, no prefix reuse (exact mode)"
@@ -183,8 +183,9 @@ def og_plan(runner, tokenizer, items: Sequence, keys: Sequence[list], eos: set[i
     """(width, prefix reuse, mode line) for og's path: one row and no rewind in exact mode or when the
     canary finds the batched Generator or the rewinding cursor off; else ``width`` and reuse where
     og's rewind is exact."""
-    from ortevals.engine.generation import can_batch, generate
-    from ortevals.engine.schedule import run_generation, sample_rng
+    from ortevals.engine.generate.generation import can_batch, generate
+    from ortevals.engine.generate.schedule import run_generation
+    from ortevals.engine.generate.seeds import sample_rng
 
     if exact:
         return 1, False, "generate_until: one row per pass, no prefix reuse (exact mode)"

@@ -1,37 +1,23 @@
-"""Text generation for lm-eval's ``generate_until``.
+"""One request's decoding settings: lm-eval's gen_kwargs, normalised and checked.
 
-Owns lm-eval's generation kwargs and their aliases (:func:`parse_gen_kwargs`,
-one-line errors naming the field), token choice from logits (delegated to
-:mod:`ortevals.engine.sampling`: greedy, the filters, penalties and Mirostat,
-from a seeded numpy generator: reproducible, pure), stop sequences checked as
-tokens arrive (generation stops at once, the text is cut at the first stop),
-EOS as a stop, and the loop over a Generator cursor (runtime/genai.py), which
-rewinds to the prompt prefix shared with the previous request.
-
-Decoding policy (:data:`SEARCH_POLICY`): the request's gen_kwargs alone decide
-the tokens, as in lm-eval (docs/decoding.md lists them). The package's ``search`` section in
-genai_config.json (repetition_penalty, min_length, no_repeat_ngram_size, ...)
-is not applied on either path: the single-row path chooses tokens here from raw
-logits, and the batched path runs og's search with those options neutralised
-(runtime/genai.py ``NEUTRAL_SEARCH``) and checks every token it picks against
-the logits. Logits that are not finite end the run with an error naming the
-request and the step (:func:`check_logits`).
+Owns :class:`GenSettings`, :func:`parse_gen_kwargs` (lm-eval's aliases, each bad value or
+combination a one-line error naming the field) and the decoding policy :data:`SEARCH_POLICY`:
+the request's gen_kwargs alone decide the tokens, as in lm-eval (docs/decoding.md lists them).
+The package's ``search`` section in genai_config.json (repetition_penalty, min_length,
+no_repeat_ngram_size, ...) is applied on neither path: the single-row path chooses tokens from
+raw logits, and the batched path runs og's search with those options neutralised
+(runtime/genai.py ``NEUTRAL_SEARCH``) and checks every token it picks against the logits.
+Below every other module of engine/generate/.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ortevals.engine.scoring import describe_request
-from ortevals.engine.stops import TextStream, first_stop  # noqa: F401  (re-exported)
 from ortevals.errors import OrtEvalsError
-
-log = logging.getLogger(__name__)
 
 # Part of the result-store scope: a change of policy must never serve stored generations.
 # v2: the gen_kwargs grew (min_p, typical_p, Mirostat, repetition penalty, no-repeat n-gram, beam
@@ -181,104 +167,3 @@ def _check_combination(s: GenSettings) -> None:
             raise OrtEvalsError(f"gen_kwargs {key}={getattr(s, key)} samples: set do_sample=True or temperature > 0")
     if s.mirostat_tau > 0 and (s.top_k or s.top_p < 1 or s.min_p > 0 or s.typical_p < 1):
         raise OrtEvalsError("gen_kwargs mirostat_tau replaces top_k/top_p/min_p/typical_p: give one or the other")
-
-
-def choose_token(logits: np.ndarray, s: GenSettings, rng: np.random.Generator,
-                 history: Sequence[int] = ()) -> int:
-    """One row's token (logits ``[V]``): see :func:`ortevals.engine.sampling.choose_tokens`.
-
-    ``history``: the row's prompt + generated ids (repetition penalty, no-repeat n-gram).
-    Mirostat keeps state across steps: use :class:`ortevals.engine.sampling.Sampler` for it."""
-    from ortevals.engine.sampling import choose_tokens
-
-    return int(choose_tokens(np.asarray(logits)[None, :], s, [history], [rng])[0])
-
-
-def check_logits(logits: np.ndarray, step: int, request: str) -> None:
-    """Raise if ``logits [V]`` hold a NaN or +inf, or no finite value (all -inf).
-
-    One reduction: max() is NaN if any value is, +inf if any is, -inf only if all are.
-    ``step`` counts generated tokens from 1; ``request`` names the request.
-    """
-    top = float(np.max(logits))
-    if np.isfinite(top):
-        return
-    what = "NaN" if np.isnan(top) else ("+inf" if top > 0 else "all -inf")
-    raise OrtEvalsError(f"non-finite logits ({what}) at generated token {step} for {request}; "
-                        "the model overflowed (fp16?) or its weights hold NaN/inf")
-
-
-def request_name(index: int, request=None, context: Sequence[int] = (), tokenizer=None) -> str:
-    """``request #3 (task gsm8k, doc 7; prompt 'The capital of…')``, on one line.
-
-    ``request``: lm-eval's Instance (its task, doc id and prompt text); without it the prompt is
-    decoded from ``context`` (which may be left-truncated)."""
-    task, doc = getattr(request, "task_name", None), getattr(request, "doc_id", None)
-    if request is not None:
-        text = str(request.args[0])
-    else:
-        text = tokenizer.decode(list(context[:24]), skip_special_tokens=True) if tokenizer else ""
-    where = f"task {task}, doc {doc}; " if task is not None else ""
-    return f"request #{index} ({where}prompt {describe_request(' '.join(text.split()))})"
-
-
-def generate(cursor, tokenizer, context: Sequence[int], s: GenSettings, eos_ids: set[int],
-             rng: np.random.Generator, name: str | None = None) -> tuple[str, int]:
-    """Generate after ``context``; return (text cut at the first stop, tokens generated).
-
-    ``name`` (see :func:`request_name`) names the request in errors."""
-    from ortevals.engine.sampling import Sampler
-
-    if s.num_beams > 1 or s.mbr_samples > 1:  # a safety net: the scheduler routes these to the raw path
-        raise OrtEvalsError(f"gen_kwargs num_beams={s.num_beams}/mbr_samples={s.mbr_samples} need the "
-                            "raw-onnxruntime generation path, not the onnxruntime-genai cursor")
-    stream = TextStream(tokenizer, s, eos_ids)
-    sampler = Sampler(s, [rng])
-    logits = cursor.move_to(list(context))
-    while True:
-        if not np.isfinite(np.max(logits)):
-            check_logits(logits, len(stream.out) + 1, name or request_name(0, None, context, tokenizer))
-        if stream.push(int(sampler.choose(logits[None, :], [[*context, *stream.out]])[0])):
-            return stream.result
-        logits = cursor.append([stream.out[-1]])
-
-
-def can_batch(context: Sequence[int], s: GenSettings, pad_id: int | None) -> bool:
-    """Whether a request may join a batched Generator: plain greedy (og's own search picks the
-    tokens; no penalty, beam or MBR), and not ending in the pad id (og masks trailing pad ids as padding)."""
-    return not s.do_sample and s.plain and len(context) > 0 and pad_id is not None and context[-1] != pad_id
-
-
-def generate_batch(runner, tokenizer, contexts: Sequence[Sequence[int]], settings: Sequence[GenSettings],
-                   eos_ids: set[int], names: Sequence[str] | None = None) -> list[tuple[str, int]]:
-    """Greedy generation for several requests in one batched Generator; each row stops on its
-    own EOS, stop sequence or max_gen_toks, and the batch ends when every row has.
-
-    og's search picks the tokens; each row that is still running is checked: finite logits,
-    and a token that attains their maximum (what choose_token's argmax would pick), so no
-    search option og applies can make batched output differ from single-row output unseen."""
-    streams = [TextStream(tokenizer, s, eos_ids) for s in settings]
-    steps = runner.greedy_steps([list(c) for c in contexts], max(s.max_gen_toks for s in settings))
-    try:
-        for tokens, logits in steps:  # tokens: [B], logits: [B,V]
-            for row, stream in enumerate(streams):
-                if not stream.done:
-                    _check_row(logits[row], int(tokens[row]), len(stream.out) + 1,
-                               lambda r=row: names[r] if names else request_name(r, None, contexts[r], tokenizer))
-            # a list, not a generator: every row must take its token before all() decides
-            if all([stream.push(int(t)) for stream, t in zip(streams, tokens, strict=True)]):
-                break
-    finally:
-        steps.close()
-    return [stream.result for stream in streams]
-
-
-def _check_row(logits: np.ndarray, token: int, step: int, name) -> None:
-    """One batched row's step: finite logits (else the NaN error), and og's token at their max."""
-    top = np.max(logits)
-    if not np.isfinite(top):
-        check_logits(logits, step, name())
-    if logits[token] != top:
-        raise OrtEvalsError(f"onnxruntime-genai's search chose token {token} (logit {float(logits[token]):.6g}) "
-                            f"over the maximum {float(top):.6g} at generated token {step} for {name()}; its "
-                            f"search is not plain greedy here: run with gen_batch_size=1")

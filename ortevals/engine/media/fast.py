@@ -1,6 +1,6 @@
 """The faster media path for Gemma-layout packages (vision → embedding → decoder), issue 13 §3.
 
-Owns :class:`FastMediaEngine`, a :class:`~ortevals.engine.multimodal.MediaEngine`
+Owns :class:`FastMediaEngine`, a :class:`~ortevals.engine.media.og.MediaEngine`
 that keeps onnxruntime-genai only for its processor (pixels, patch positions,
 log-mel features and the expanded ``input_ids``) and runs the models itself:
 
@@ -15,7 +15,7 @@ log-mel features and the expanded ``input_ids``) and runs the models itself:
   key: their embeddings depend on the media, not on the ids.
 
 Exact mode (``exact``: asked for, or a decoder whose numbers depend on the pass,
-engine/invariance.py) reuses nothing: each continuation is scored by one pass
+engine/score/invariance.py) reuses nothing: each continuation is scored by one pass
 over the whole input (context with its media, the continuation but its last
 token) from an empty cache, as if run alone.
 
@@ -37,8 +37,8 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ortevals.engine.multimodal import MediaEngine, MediaRequest
-from ortevals.engine.scoring import check_finite, continuation_logprob
+from ortevals.engine.media.og import MediaEngine, MediaRequest
+from ortevals.engine.score.scoring import check_finite, continuation_logprob
 from ortevals.package.loader import ModelFile, ModelPackage
 from ortevals.package.multimodal import multimodal_spec
 from ortevals.package.scope import Reads

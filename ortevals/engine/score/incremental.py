@@ -18,8 +18,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ortevals.engine.prefill import EngineSettings, Score, TokenRequest, plan_groups
-from ortevals.engine.scoring import ScoreSink
+from ortevals.engine.score.prefill import EngineSettings, Score, TokenRequest, plan_groups
+from ortevals.engine.score.scoring import ScoreSink
 
 log = logging.getLogger(__name__)
 

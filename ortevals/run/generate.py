@@ -1,0 +1,149 @@
+"""A run's ``generate_until``: prompts and settings, the path that generates, its canary, finishing.
+
+Owns turning requests (anything with lm-eval's ``args``: ``(context, gen_kwargs)``) into
+generation work for one run: each prompt's ids and decoding settings (:func:`prompt_item`: the
+context limit, left truncation as lm-eval's hf backend does), the generation path (raw
+onnxruntime, engine/generate/sampler.py, or onnxruntime-genai's Generators), the generation
+canary's plan per path (engine/generate/gencanary.py), made once per run and joined to the run's
+mode, the raw path's sampler on the log-likelihood path's runner, a worker pool when the run has
+one, and each finished text: the store, each sample's log-prob, the stats and a progress bar.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from tqdm import tqdm
+
+from ortevals.engine.generate.gencanary import og_plan, raw_plan
+from ortevals.engine.generate.generation import request_name
+from ortevals.engine.generate.sampler import SharedPromptSampler, run_sampling
+from ortevals.engine.generate.schedule import run_generation
+from ortevals.engine.generate.settings import GenSettings, parse_gen_kwargs
+from ortevals.engine.score.scoring import describe_request, fits
+from ortevals.errors import OrtEvalsError
+
+log = logging.getLogger(__name__)
+
+
+def gen_settings(run, gen_kwargs: dict) -> GenSettings:
+    """GenSettings from lm-eval gen_kwargs, as every path of the run reads them (text and media)."""
+    return parse_gen_kwargs(gen_kwargs, run.max_gen_toks, run.tok_decode([run.eot_token_id]), run.args.seed)
+
+
+def prompt_item(run, args) -> tuple[list[int], GenSettings]:
+    """(prompt ids, GenSettings) of one request; a prompt that leaves no room for max_gen_toks is an
+    error naming the limit, or (truncate=left) left-truncated as lm-eval's hf backend does."""
+    context, gen_kwargs = args
+    settings = gen_settings(run, gen_kwargs)
+    room = run.max_length - settings.max_gen_toks
+    if room <= 0:
+        raise OrtEvalsError(f"max_gen_toks={settings.max_gen_toks} leaves no room for a prompt within "
+                            f"max_length={run.max_length}")
+    ids = run.tok_encode(context)
+    what = (f"generate_until request {describe_request(context)} (a prompt of {len(ids)} tokens + "
+            f"max_gen_toks={settings.max_gen_toks})")
+    if not fits(len(ids) + settings.max_gen_toks, run.context_limit, what):  # truncate=left: as hf does
+        run.stats["truncated"] += 1
+        log.warning("prompt of %d tokens left-truncated to %d", len(ids), room)
+        ids = ids[-room:]
+    return ids, settings
+
+
+class Generation:
+    """One run's generation: see the module docstring. ``run``: the :class:`ortevals.run.run.Run`."""
+
+    def __init__(self, run) -> None:
+        self.run = run
+        self._plans: dict[str, tuple] = {}  # generation canary's plan per path, decided once
+        self._sampler = None
+
+    def generate(self, requests, keys: list[list], on_text, disable_tqdm: bool) -> list[str]:
+        """Texts in request order; ``on_text(index, text)`` as each finishes (lm-eval's cache hook)."""
+        run = self.run
+        items = [prompt_item(run, req.args) for req in requests]
+        if not items:
+            return []
+        path = self.path()
+        run.stats["gen_path"] = path  # the summary says which engine generated (report/results.py)
+        runner = run.backends.genai if path == "og" and run.pool is None else None  # workers: the driver opens no og
+        results: list[str] = [""] * len(items)
+        bar = tqdm(total=len(items), desc="ortevals generate", unit="req", disable=disable_tqdm, dynamic_ncols=True)
+        start = time.perf_counter()
+
+        def finish(i: int, text: str, n: int, logprob: float | None = None, scored: int = 0) -> None:
+            """``logprob``: the whole sequence's (EOS included), over ``scored`` tokens (n + the EOS)."""
+            results[i] = text
+            run.stats["generated_tokens"] += n
+            on_text(i, text)
+            run.put("generate_until", keys[i], text)
+            if logprob is not None:  # best-of-k (report/samples.py) reads it back, resumed or not
+                run.put("generate_until/logprob", keys[i], [logprob, n, scored])
+                run.sample_logprobs[json.dumps(keys[i], default=str)] = (logprob, n, scored)
+            bar.update(1)
+
+        def name(i: int) -> str:  # a request in errors (non-finite logits)
+            return request_name(i, requests[i])
+
+        try:
+            if run.pool is not None:  # issue 15: workers on Ray; identical prompts stay on one worker
+                return run.pool.generate([r.args for r in requests], keys, [it[0] for it in items],
+                                         lambda i, text, lp, n, scored: finish(i, text, n, lp, scored), run.commit)
+            if path == "raw":  # issue 14: one prompt pass, K rows decoded together (engine/generate/sampler.py)
+                self._raw(items, keys, lambda i, s: finish(i, s.text, s.tokens, s.logprob, s.scored), name)
+            else:
+                self._og(runner, items, keys, finish, name)
+        finally:
+            bar.close()
+            run.stats["requests"] += len(items)
+            run.stats["seconds"] += time.perf_counter() - start
+        return results
+
+    def _raw(self, items, keys: list[list], finish, name) -> None:
+        """The raw path, after the generation canary (engine/generate/gencanary.py) where it applies."""
+        run = self.run
+        sampler = self.sampler()
+        self._check("raw", lambda: raw_plan(sampler, items, keys, name, run.backends.prefill_choice[0].dtype,
+                                            run.args.check, run.backends.verdicts))
+        run_sampling(sampler, items, keys, finish, name=name)
+
+    def _og(self, runner, items, keys: list[list], finish, name) -> None:
+        """og's path: batched greedy Generators and the rewinding cursor, as exact mode and the canary allow."""
+        run = self.run
+        eos = {run.eot_token_id, *run.package.eos_token_ids}
+        width, reuse = self._check("og", lambda: og_plan(
+            runner, run.tokenizer, items, keys, eos, run.package.pad_token_id, run.args.gen_batch_size,
+            run.backends.exact, run.args.check, run.backends.verdicts, name))
+        run_generation(runner, run.tokenizer, items, keys, eos, width, run.package.pad_token_id, finish,
+                       name=name, prefix_reuse=reuse)  # errors name the request
+
+    def _check(self, path: str, plan):
+        """The generation canary's plan (engine/generate/gencanary.py), made once per run and path; its
+        mode joins the run's mode. Returns the og path's (width, prefix reuse)."""
+        if path not in self._plans:
+            out = plan()
+            mode = out if isinstance(out, str) else out[2]
+            self._plans[path] = out[:2] if not isinstance(out, str) else ()
+            self.run.set_mode("generate_until", mode)
+        return self._plans[path]
+
+    def path(self) -> str:
+        """raw (engine/generate/sampler.py) or og, from gen_path and what the package allows."""
+        path, why = self.run.backends.generation_path()
+        if path == "og":
+            log.info("generate_until goes to the onnxruntime-genai path%s", f" ({why})" if why else "")
+        return path
+
+    def sampler(self) -> SharedPromptSampler:
+        """The raw path's sampler, on the log-likelihood path's runner (opened once)."""
+        run = self.run
+        if self._sampler is None:
+            prefill = run.backends.prefill
+            self._sampler = SharedPromptSampler(
+                prefill.runner, run.tokenizer, {run.eot_token_id, *run.package.eos_token_ids},
+                exact=prefill.settings.exact, prefix_cache=run.args.prefix_cache)
+        if run.backends.exact and not self._sampler.exact:  # the log-likelihood canary tripped since
+            self._sampler.exact, self._sampler.prefix_cache = True, False
+        return self._sampler

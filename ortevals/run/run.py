@@ -1,0 +1,207 @@
+"""The run object: package, tokenizer, engines, result store, canary verdicts, stats and modes.
+
+Owns opening a run from the model arguments (:meth:`Run.open`: the package and tokenizer
+loaded, the engines' settings, the log-likelihood path opened now unless workers will, the
+result store opened under the scope of everything every path reads), the package's token
+facts (EOS, BOS, context limit), answers read from and written to the store, scoring token
+requests on the engine or a worker pool (:meth:`Run.score`), generation
+(:mod:`ortevals.run.generate`), and the run's stats and mode per request kind. It knows no
+front door: lm-eval's ``OrtLM`` (integrations/lm.py), the Ray workers (integrations/ray.py)
+and the media router are adapters over it. ``Run(...)`` does no I/O; :meth:`Run.open` does.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from ortevals.engine.backends import Backends
+from ortevals.engine.generate.settings import SEARCH_POLICY
+from ortevals.engine.score.prefill import EngineSettings, Score, TokenRequest
+from ortevals.engine.score.scoring import context_limit, effective_max_length
+from ortevals.errors import OrtEvalsError
+from ortevals.files import cache_root
+from ortevals.options import ModelArgs, scoped_settings
+from ortevals.package.loader import CONFIG_NAME, ModelPackage
+from ortevals.package.multimodal import check_media_tokens
+from ortevals.package.scope import Reads
+from ortevals.package.tokenizer import Tokenizer, tokenizer_reads
+from ortevals.report import resume
+from ortevals.report.model_info import model_info
+from ortevals.report.scope import results_scope
+from ortevals.report.store import ResultStore
+from ortevals.run.generate import Generation
+from ortevals.runtime.buffers import kv_bytes_per_token
+from ortevals.runtime.providers import ProviderConfig, from_package, parse_options
+
+log = logging.getLogger(__name__)
+DEFAULT_MAX_LENGTH = 2048
+CPU_TOKEN_BUDGET = 1024  # auto batch on CPU: more tokens per pass only add memory traffic
+NO_STORE = ("none", "off", "false", "no")  # store=none: no result store (lm-eval's route has one by default)
+# lm-eval's own code splits context/continuation (_encode_pair) and cuts rolling windows
+LM_EVAL_READS = Reads("lm-eval requests", dists=("lm-eval",))
+
+
+class Run:
+    """One run's state; see the module docstring."""
+
+    def __init__(self, package: ModelPackage, tokenizer: Tokenizer, backends: Backends, args: ModelArgs,
+                 store: ResultStore | None = None) -> None:
+        self.package = package
+        self.tokenizer = tokenizer
+        self.backends = backends
+        self.args = args
+        self.store = store
+        self.pool = None  # issue 15: a Ray WorkerPool when workers/ray_address is set (integrations/ray.py)
+        self.stats = {"requests": 0, "seconds": 0.0, "generated_tokens": 0, "truncated": 0, "reused": 0}
+        self.sample_logprobs: dict[str, tuple[float, int, int]] = {}  # key (JSON) → (log-prob, tokens, scored)
+        self._modes: dict[str, str] = {}  # which mode ran and why, per request kind (stats["mode"] joins them)
+        self.generation = Generation(self)  # generate_until: its path, canary plans and the raw sampler
+
+    @classmethod
+    def open(cls, args: ModelArgs) -> Run:
+        """Load the package and tokenizer; open the log-likelihood path now, generation on first use."""
+        package = ModelPackage.load(args.pkg)
+        tokenizer = Tokenizer.load(package, add_bos_token=args.add_bos_token)
+        check_media_tokens(package, tokenizer.backend)  # issue 22: a media token id that text produces
+        provider = from_package(package.decoder.session_options, args.ep,
+                                parse_options(args.provider_options), args.threads)
+        settings = engine_settings(package, provider, args)
+        if args.prefix_cache and package.windowed:
+            log.info("prefix cache off: %s keeps a windowed sliding KV cache", package.root)
+        backends = Backends(package, provider, settings, args.path, cache_root() if args.scoring_graph else None,
+                            args.gen_path, args.media_path)
+        workers = bool(args.workers or args.ray_address)  # issue 20: the driver opens no session (workers do)
+        if backends.loglikelihood_path == "prefill" and not workers:
+            backends.prefill  # noqa: B018  (open now: a bad package fails before any data is loaded)
+        log.info("loglikelihood requests go to the %s path%s", backends.loglikelihood_path,
+                 f" ({backends.capability.reason})" if backends.capability.reason else "")
+        store = None
+        if args.store and args.store.lower() not in NO_STORE:
+            store = open_store(Path(args.store), package, tokenizer, backends, args)
+        return cls(package, tokenizer, backends, args, store)
+
+    # --- the package's token facts -------------------------------------------------------------
+    @property
+    def eot_token_id(self) -> int:
+        eos = self.tokenizer.special.eos_id
+        if eos is None:
+            raise OrtEvalsError(f"{self.package.root}: no eos token in tokenizer_config.json or genai_config.json")
+        return eos
+
+    @property
+    def prefix_token_id(self) -> int:
+        bos = self.tokenizer.special.bos_id
+        return bos if bos is not None else self.eot_token_id
+
+    @property
+    def max_length(self) -> int:
+        return self.backends.settings.max_length  # not self.engine: that would open a session
+
+    @property
+    def max_gen_toks(self) -> int:
+        return self.args.max_gen_toks
+
+    @property
+    def context_limit(self):
+        """The context limit, where it came from (for the error) and the truncate policy."""
+        return context_limit(self.max_length, self.args.max_length, self.package.context_length,
+                             self.package.root / CONFIG_NAME, self.args.truncate)
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None) -> list[int]:
+        return self.tokenizer.encode(string, add_special_tokens)
+
+    def tok_decode(self, tokens, skip_special_tokens: bool = False) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens)
+
+    def model_info(self) -> dict:
+        """What was scored (report/model_info.py): package, precision, provider and every model argument."""
+        return model_info(self.package, self.backends.provider, self.args)
+
+    # --- the result store ----------------------------------------------------------------------
+    def stored(self, kind: str, requests, compute, decode=lambda v: v, key_args=list) -> list:
+        """Answers from the store where it has them; ``compute(todo, keys)`` runs (and stores) the rest."""
+        return resume.answer(self.store, kind, requests, compute, decode, self.stats, key_args)
+
+    def put(self, kind: str, key: list, value) -> None:
+        """One answer into the store (none when the run has no store)."""
+        if self.store is not None:
+            self.store.put(kind, key, value)
+
+    def commit(self) -> None:
+        """After each chunk a worker returns: its answers are on disk (issue 15)."""
+        if self.store is not None:
+            self.store.commit()
+
+    # --- modes and scoring -----------------------------------------------------------------------
+    @property
+    def engine(self):
+        """The engine serving log-likelihood requests."""
+        return self.backends.scorer()
+
+    def set_mode(self, kind: str, mode: str) -> None:
+        if mode:
+            self._modes[kind] = mode
+        self.stats["mode"] = "; ".join(self._modes.values())
+
+    def score(self, token_reqs: list[TokenRequest], on_done, disable_tqdm: bool) -> list[Score]:
+        """Scores in order; ``on_done(index, Score)`` as each finishes (on the engine, or on the workers
+        with ``pool``, whose answers come back and are stored here)."""
+        bar = tqdm(total=len(token_reqs), desc="ortevals", unit="req", disable=disable_tqdm,
+                   dynamic_ncols=True, smoothing=0.1)
+
+        def done(index: int, score: Score) -> None:
+            on_done(index, score)
+            bar.update(1)
+
+        start = time.perf_counter()
+        try:
+            if self.pool is not None:  # issue 15: workers on Ray; answers come back (and are stored) here
+                return self.pool.score(token_reqs, self.max_length, done, self.commit)
+            return self.engine.score(token_reqs, done)
+        finally:
+            bar.close()
+            self.stats["requests"] += len(token_reqs)
+            self.stats["seconds"] += time.perf_counter() - start
+            self.set_mode("loglikelihood", (self.pool.modes or ["batched"])[0] if self.pool is not None else
+                          getattr(self.engine, "mode", "incremental"))  # which mode ran and why
+
+    def generate(self, requests, keys: list[list], on_text, disable_tqdm: bool) -> list[str]:
+        """Generated texts in order (:meth:`ortevals.run.generate.Generation.generate`)."""
+        return self.generation.generate(requests, keys, on_text, disable_tqdm)
+
+
+def engine_settings(package: ModelPackage, provider: ProviderConfig, args: ModelArgs) -> EngineSettings:
+    """The engines' settings from the model arguments, the package and where the provider runs."""
+    return EngineSettings(
+        max_length=effective_max_length(args.max_length, package.context_length, package.root / CONFIG_NAME,
+                                        DEFAULT_MAX_LENGTH),
+        vocab_size=package.vocab_size,
+        batch_size=args.batch_size,
+        pad_token_id=package.pad_token_id or 0,
+        memory_budget_mb=args.memory_budget_mb,
+        token_budget=0 if provider.on_device else CPU_TOKEN_BUDGET,
+        prefix_cache=args.prefix_cache and not package.windowed,
+        prefix_budget_mb=args.prefix_budget_mb,
+        # issue 10 §4: CPU GQA refuses batched continuations (CUDA's shared input check likely too: the
+        # engine then goes one row per pass; issue 20 §1, docs/architecture.md)
+        prefix_batch=0 if provider.on_device else 1,
+        kv_bytes_per_token=kv_bytes_per_token(package),
+        exact=args.exact, check=args.check,  # invariance switches (engine/score/invariance.py)
+    )
+
+
+def open_store(path: Path, package: ModelPackage, tokenizer: Tokenizer, backends: Backends,
+               args: ModelArgs) -> ResultStore:
+    """The result store under this run's scope: what every path of the run reads (files, the settings each
+    hands its runtime, the libraries that compute; package/scope.py) and every option that can change a
+    number. Canary verdicts are kept under the same scope (issue 22 §9)."""
+    run_settings = scoped_settings(args) | {"effective_max_length": backends.settings.max_length,
+                                            "search_policy": SEARCH_POLICY}
+    reads = [tokenizer_reads(package), LM_EVAL_READS, *backends.reads()]
+    store = ResultStore.open(path, results_scope(package.root, reads, run_settings))
+    backends.verdicts.store = store
+    return store
