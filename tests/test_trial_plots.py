@@ -4,7 +4,7 @@ inspected (text colour against its cell, bin widths, tick values, where points s
 import numpy as np
 import pytest
 
-from ortevals.report import html
+from ortevals.report import html, plots
 from ortevals.report.compare import compare
 from ortevals.report.runs import load_run
 from tests.test_compare import record, write_ortevals_run
@@ -22,9 +22,9 @@ def contrast(a, b) -> float:
 
 @pytest.fixture()
 def figures(monkeypatch):
-    """html's figures as matplotlib objects: _png keeps the figure instead of closing it."""
+    """The report's figures as matplotlib objects: plots.png keeps the figure instead of closing it."""
     kept = []
-    monkeypatch.setattr(html, "_png", lambda plt, fig: kept.append(fig) or b"")
+    monkeypatch.setattr(plots, "png", lambda plt, fig, dpi=110: kept.append(fig) or b"")
     return kept
 
 

@@ -9,31 +9,17 @@ from :mod:`ortevals.report.calibration`, one series per run or per score
 
 from __future__ import annotations
 
-import io
 from collections.abc import Sequence
 
 import numpy as np
 
+from ortevals.report import plots
 from ortevals.report.calibration import Reliability
 
 
 def _figure(width: float, height: float, rows: int = 1, ratios: tuple[int, ...] | None = None):
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(rows, 1, figsize=(width, height), sharex=True,
-                             gridspec_kw={"height_ratios": ratios} if ratios else None)
-    return plt, fig, axes
-
-
-def _png(plt, fig) -> bytes:
-    buf = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    return buf.getvalue()
+    return plots.figure(width, height, rows=rows, sharex=True,
+                        gridspec_kw={"height_ratios": ratios} if ratios else None)
 
 
 def reliability_png(series: Sequence[tuple[str, Reliability]], title: str) -> bytes:
@@ -57,7 +43,7 @@ def reliability_png(series: Sequence[tuple[str, Reliability]], title: str) -> by
     top.legend(fontsize=8, loc="upper left")
     bottom.set_xlabel("confidence (mean of the bin)")
     bottom.set_ylabel("share of questions")
-    return _png(plt, fig)
+    return plots.png(plt, fig)
 
 
 def risk_coverage_png(series: Sequence[tuple[str, np.ndarray]], title: str) -> bytes:
@@ -74,4 +60,4 @@ def risk_coverage_png(series: Sequence[tuple[str, np.ndarray]], title: str) -> b
     ax.set_ylabel("risk (error rate among those answered)")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8, loc="lower right")
-    return _png(plt, fig)
+    return plots.png(plt, fig)

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import base64
 import html
-import io
 from pathlib import Path
 
 import numpy as np
 
 from ortevals.files import atomic_write, atomic_write_bytes
+from ortevals.report import plots
 from ortevals.report.compare import Comparison
 
 PLOTS = ("delta_by_category", "flips_by_margin", "kl_distribution", "agreement", "reliability", "risk_coverage")
@@ -121,23 +121,6 @@ def _html(cmp: Comparison, tables, pngs: dict[str, bytes]) -> str:
     return "\n".join(parts)
 
 
-def _figure(width: float = 7.0, height: float = 4.0):
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    return plt, *plt.subplots(figsize=(width, height))
-
-
-def _png(plt, fig) -> bytes:
-    buf = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    return buf.getvalue()
-
-
 def plot_delta(cmp: Comparison) -> bytes:
     """Per run, Δ accuracy per category (or per task where a task has no categories) with its interval.
 
@@ -147,7 +130,7 @@ def plot_delta(cmp: Comparison) -> bytes:
            [(c.run, c.task, c.delta) for c in cmp.tasks]
     labels = sorted({r[1] for r in rows})
     runs = list(dict.fromkeys(r[0] for r in rows))
-    plt, fig, ax = _figure(7.5, max(2.4, 0.32 * len(labels) * max(1, len(runs) / 3) + 1.4))
+    plt, fig, ax = plots.figure(7.5, max(2.4, 0.32 * len(labels) * max(1, len(runs) / 3) + 1.4))
     step = min(0.25, 0.7 / max(len(runs), 1))  # between runs of one row, in rows
     for j, run in enumerate(runs):
         pts = [(labels.index(lab), d) for r, lab, d in rows if r == run]
@@ -160,7 +143,7 @@ def plot_delta(cmp: Comparison) -> bytes:
     ax.set_ylim(len(labels) - 0.5, -0.5)  # first label on top; a row is one unit tall whatever the count
     ax.set_xlabel("Δ accuracy (run − reference)")
     ax.legend(fontsize=8, loc="best")
-    return _png(plt, fig)
+    return plots.png(plt, fig)
 
 
 def _choice_series(cmp: Comparison, ax) -> list:
@@ -173,7 +156,7 @@ def _choice_series(cmp: Comparison, ax) -> list:
 
 def plot_margin(cmp: Comparison) -> bytes:
     """Answer-change rate per bin of the reference's top-1 probability margin, per run and task."""
-    plt, fig, ax = _figure()
+    plt, fig, ax = plots.figure()
     series = _choice_series(cmp, ax)
     for j, c in enumerate(series):
         bins = c.choice.margin_bins
@@ -185,7 +168,7 @@ def plot_margin(cmp: Comparison) -> bytes:
     ax.set_ylabel("share of answers that changed")
     if series:
         ax.legend(fontsize=8)
-    return _png(plt, fig)
+    return plots.png(plt, fig)
 
 
 def plot_kl(cmp: Comparison) -> bytes:
@@ -195,7 +178,7 @@ def plot_kl(cmp: Comparison) -> bytes:
     apart on the axis keep bars one can see; question counts are whole numbers on the y axis."""
     from matplotlib.ticker import MaxNLocator
 
-    plt, fig, ax = _figure()
+    plt, fig, ax = plots.figure()
     series = _choice_series(cmp, ax)
     values = [np.log10(np.maximum(c.choice.kl_values[np.isfinite(c.choice.kl_values)], 1e-16)) for c in series]
     edges = _bin_edges(values)
@@ -207,7 +190,7 @@ def plot_kl(cmp: Comparison) -> bytes:
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     if series:
         ax.legend(fontsize=8, loc="best")
-    return _png(plt, fig)
+    return plots.png(plt, fig)
 
 
 def _bin_edges(values: list[np.ndarray]) -> np.ndarray:
@@ -224,7 +207,7 @@ def _bin_edges(values: list[np.ndarray]) -> np.ndarray:
 
 def plot_agreement(cmp: Comparison) -> bytes:
     labels = cmp.agreement_labels
-    plt, fig, ax = _figure(1.2 * len(labels) + 2.5, 1.0 * len(labels) + 1.8)
+    plt, fig, ax = plots.figure(1.2 * len(labels) + 2.5, 1.0 * len(labels) + 1.8)
     im = ax.imshow(cmp.agreement, vmin=min(0.5, float(np.min(cmp.agreement))), vmax=1.0, cmap="viridis")
     for i in range(len(labels)):
         for j in range(len(labels)):
@@ -234,7 +217,7 @@ def plot_agreement(cmp: Comparison) -> bytes:
     ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right")
     ax.set_yticks(range(len(labels)), labels)
     fig.colorbar(im, ax=ax)
-    return _png(plt, fig)
+    return plots.png(plt, fig)
 
 
 def _calibration_series(cmp: Comparison, pick) -> list:

@@ -31,6 +31,8 @@ from pathlib import Path
 import numpy as np
 
 from ortevals.errors import OrtEvalsError
+from ortevals.files import atomic_write_bytes
+from ortevals.report import plots
 
 ESTIMATORS = ("maj", "pass", "best")
 
@@ -176,12 +178,7 @@ def lm_eval_metrics(points: Sequence[CurvePoint], filter_name: str | None = None
 
 def curve_plot(points: Sequence[CurvePoint], path: str | Path, title: str = "") -> Path:
     """Accuracy against k (log2 axis) and against generated tokens per question; 95% intervals as bands."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    plt, fig, axes = plots.figure(10, 4, cols=2, sharey=True)
     styles = {"maj": ("o", "-"), "pass": ("s", "--"), "best": ("^", ":")}  # curves that coincide stay visible
     for est in ESTIMATORS:
         pts = [p for p in points if p.estimator == est]
@@ -205,8 +202,6 @@ def curve_plot(points: Sequence[CurvePoint], path: str | Path, title: str = "") 
     axes[0].legend()
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    atomic_write_bytes(path, plots.png(plt, fig, dpi=120))
     return path
