@@ -1,0 +1,204 @@
+#!/usr/bin/env python
+"""`ortevals profile` against onnxruntime-genai's own benchmark on the same settings (issue 26).
+
+Runs, each in its own process and each under ``flock /work/bench.lock`` (the machine is shared):
+
+1. ``ortevals profile`` (raw path and og's Generator, one invocation);
+2. ``--og-script``: a port of the timing loop of ``benchmark/python/benchmark_e2e.py`` in
+   microsoft/onnxruntime-genai (MIT; read at commit a0c04eb13 of its main branch, 0.16.0-dev, the newest
+   stored copy; its loop uses only calls og 0.18 has). Rewritten here, not copied, so that it runs
+   offline without the script's ``metrics.py``/pandas; what it keeps from the script: a new ``og.Model``
+   per setting from ``og.Config`` with ``search.batch_size`` overlaid and the providers cleared (CPU);
+   ``warmup`` untimed full generations; per repetition a new Generator (untimed), the prompt timer around
+   ``append_tokens``, the sampling timer around the first ``generate_next_token`` + ``is_done``, TTFT their
+   sum, then one timer per later ``generate_next_token`` + ``is_done`` until prompt + gen tokens; means;
+   peak memory from a thread reading ``psutil.virtual_memory().used`` every 0.1 s over the whole setting
+   (model load included). What it changes, so that both sides run the same work: greedy (the script's
+   ``-k 1``), the same prompt ids as ``ortevals profile`` (the script's ``--use_random_tokens`` path also
+   hands ids), the same intra-op threads, and prompt tokens/s counted as batch × prompt length (the
+   script divides by ``len(tokens)``, which is already batch × prompt on its id and generated-prompt
+   paths, then multiplies by the batch again: its printed prompt tokens/s is batch× too high for batch > 1).
+
+Then writes ``--out`` (docs/bench-profile/): ``profile/`` (the command's JSON and plot), ``og_script.json``,
+``compare.json``, ``compare.md`` and ``compare.png``.
+
+    python scripts/bench_profile.py --batch 1,4 --prompt-len 128,512 --gen-len 64 --out docs/bench-profile
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+LOCK = ["flock", "/work/bench.lock"] if Path("/work").is_dir() else []
+METRICS = (("prefill_tok_s", "prefill tok/s"), ("decode_tok_s", "decode tok/s"), ("ttft_ms", "TTFT ms"),
+           ("tpot_ms", "TPOT ms"))
+
+
+def og_script(pkg: str, batch: int, plen: int, glen: int, repeats: int, warmup: int, threads: int) -> dict:
+    """One setting of benchmark_e2e.py's run_benchmark_memory, ported (see the module docstring)."""
+    import onnxruntime_genai as og
+    import psutil
+
+    from ortevals.engine.profile import prompt_ids
+    from ortevals.package.loader import ModelPackage
+    from ortevals.package.tokenizer import Tokenizer
+
+    peak, stop = [0.0], threading.Event()
+
+    def monitor():  # the script's CPU monitor: the machine's used memory, GiB, every 0.1 s
+        while not stop.is_set():
+            peak[0] = max(peak[0], round(psutil.virtual_memory().used / 1024**3, 2))
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=monitor)
+    watcher.start()
+    config = og.Config(pkg)
+    config.overlay(json.dumps({"search": {"batch_size": batch}, "model": {"decoder": {"session_options": {
+        "intra_op_num_threads": threads}}}}))
+    config.clear_providers()
+    model = og.Model(config)
+    tokens = np.tile(prompt_ids(Tokenizer.load(ModelPackage.load(pkg)), plen), (batch, 1)).astype(np.int32)
+    params = og.GeneratorParams(model)
+    params.set_search_options(do_sample=False, top_k=1, top_p=1.0, temperature=1.0, max_length=plen + glen,
+                              min_length=plen + glen, batch_size=batch)
+    for _ in range(warmup):
+        gen = og.Generator(model, params)
+        gen.append_tokens(tokens)
+        while not gen.is_done() and gen.token_count() < plen + glen:
+            gen.generate_next_token()
+        del gen
+    prompt_t, sampling_t, gen_t, wall_t = [], [], [], []
+    for _ in range(repeats):
+        wall0 = time.time()
+        gen = og.Generator(model, params)
+        t0 = time.perf_counter()
+        gen.append_tokens(tokens)
+        prompt_t.append(time.perf_counter() - t0)
+        target = gen.token_count() + glen
+        t0 = time.perf_counter()
+        gen.generate_next_token()
+        done = gen.is_done()
+        sampling_t.append(time.perf_counter() - t0)
+        while not done and gen.token_count() < target:
+            t0 = time.perf_counter()
+            gen.generate_next_token()
+            done = gen.is_done()
+            gen_t.append(time.perf_counter() - t0)
+        wall_t.append(time.time() - wall0)
+        del gen
+    stop.set()
+    watcher.join()
+    prompt_s, tpot_s = float(np.mean(prompt_t)), float(np.mean(gen_t))
+    return {"batch": batch, "prompt_len": plen, "gen_len": glen, "prefill_tok_s": batch * plen / prompt_s,
+            "script_printed_prefill_tok_s": batch * (batch * plen) / prompt_s,
+            "ttft_ms": 1e3 * float(np.mean(np.add(prompt_t, sampling_t))), "tpot_ms": 1e3 * tpot_s,
+            "decode_tok_s": batch / tpot_s, "sampling_ms": 1e3 * float(np.mean(sampling_t)),
+            "wall_s": float(np.mean(wall_t)), "peak_machine_used_gib": peak[0], "decode_steps": len(gen_t)}
+
+
+def run(cmd: list[str]) -> float:
+    t0 = time.perf_counter()
+    print("$", " ".join(cmd), flush=True)
+    subprocess.run([*LOCK, *cmd], check=True, env={**os.environ, "PYTHONPATH": str(HERE.parent)})
+    return time.perf_counter() - t0
+
+
+def compare(prof: dict, script: list[dict]) -> list[dict]:
+    """Per setting and metric: profile's og and raw against the script's, as ratios."""
+    out = []
+    for s in script:
+        key = (s["batch"], s["prompt_len"], s["gen_len"])
+        mine = {t["backend"]: t for t in prof["trials"] if (t["batch"], t["prompt_len"], t["gen_len"]) == key}
+        for metric, label in METRICS:
+            out.append({"batch": key[0], "prompt_len": key[1], "gen_len": key[2], "metric": label,
+                        "script": s[metric], "profile_og": mine["og"][metric], "profile_raw": mine["raw"][metric],
+                        "og_vs_script": mine["og"][metric] / s[metric] - 1,
+                        "raw_vs_script": mine["raw"][metric] / s[metric]})
+    return out
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| batch | prompt | gen | metric | og script (port) | profile og | Δ og vs script | profile raw | "
+             "raw / script |", "|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['batch']} | {r['prompt_len']} | {r['gen_len']} | {r['metric']} | {r['script']:.1f} | "
+                     f"{r['profile_og']:.1f} | {100 * r['og_vs_script']:+.1f}% | {r['profile_raw']:.1f} | "
+                     f"{r['raw_vs_script']:.2f} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    from ortevals.report.plots import figure, png
+
+    keys = list(dict.fromkeys((r["batch"], r["prompt_len"], r["gen_len"]) for r in rows))
+    plt, fig, axes = figure(width=10, height=4, cols=2)
+    for ax, label in zip(axes, ("prefill tok/s", "decode tok/s"), strict=True):
+        got = [r for r in rows if r["metric"] == label]
+        for j, (col, name) in enumerate((("script", "og benchmark_e2e (port)"), ("profile_og", "profile: og"),
+                                         ("profile_raw", "profile: raw"))):
+            ax.bar([i + 0.27 * j for i in range(len(keys))], [r[col] for r in got], 0.27, label=name)
+        ax.set_xticks([i + 0.27 for i in range(len(keys))])
+        ax.set_xticklabels([f"b{b} p{p}\ng{g}" for b, p, g in keys], fontsize=8)
+        ax.set_title(label)
+        ax.legend(fontsize=7)
+    path.write_bytes(png(plt, fig))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pkg", default=None, help="default: the SmolLM2-135M fp32 example package")
+    ap.add_argument("--batch", default="1,4")
+    ap.add_argument("--prompt-len", default="128,512")
+    ap.add_argument("--gen-len", default="64")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=Path("docs/bench-profile"))
+    ap.add_argument("--og-script", action="store_true", help="(internal) run the ported og script, print JSON")
+    a = ap.parse_args()
+    if a.pkg is None:
+        from ortevals.package.examples import smollm2_package
+
+        a.pkg = str(smollm2_package("fp32"))
+    grid = [(int(b), int(p), int(g)) for b in a.batch.split(",") for p in a.prompt_len.split(",")
+            for g in a.gen_len.split(",")]
+    if a.og_script:
+        print(json.dumps([og_script(a.pkg, *s, a.repeats, a.warmup, a.threads) for s in grid]))
+        return
+    a.out.mkdir(parents=True, exist_ok=True)
+    wall = {"profile": run([sys.executable, "-m", "ortevals.cli", "profile", "--pkg", a.pkg, "--batch", a.batch,
+                            "--prompt-len", a.prompt_len, "--gen-len", a.gen_len, "--repeats", str(a.repeats),
+                            "--warmup", str(a.warmup), "--threads", str(a.threads), "--output",
+                            str(a.out / "profile")])}
+    t0 = time.perf_counter()
+    res = subprocess.run([*LOCK, sys.executable, __file__, "--og-script", "--pkg", a.pkg, "--batch", a.batch,
+                          "--prompt-len", a.prompt_len, "--gen-len", a.gen_len, "--repeats", str(a.repeats),
+                          "--warmup", str(a.warmup), "--threads", str(a.threads)], check=True, capture_output=True,
+                         text=True, env={**os.environ, "PYTHONPATH": str(HERE.parent)})
+    wall["og_script"] = time.perf_counter() - t0
+    script = json.loads(res.stdout.strip().splitlines()[-1])
+    prof = json.loads((a.out / "profile" / "profile.json").read_text())
+    rows = compare(prof, script)
+    (a.out / "og_script.json").write_text(json.dumps(script, indent=1) + "\n")
+    (a.out / "compare.json").write_text(json.dumps({"rows": rows, "wall_s": wall, "pkg": a.pkg,
+                                                    "threads": a.threads}, indent=1) + "\n")
+    text = table(rows)
+    (a.out / "compare.md").write_text(text + "\n")
+    plot(rows, a.out / "compare.png")
+    print(text)
+    print(json.dumps(wall))
+
+
+if __name__ == "__main__":
+    main()
