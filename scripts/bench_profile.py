@@ -14,10 +14,12 @@ Runs, each in its own process and each under ``flock /work/bench.lock`` (the mac
    sum, then one timer per later ``generate_next_token`` + ``is_done`` until prompt + gen tokens; means;
    peak memory from a thread reading ``psutil.virtual_memory().used`` every 0.1 s over the whole setting
    (model load included). What it changes, so that both sides run the same work: greedy (the script's
-   ``-k 1``), the same prompt ids as ``ortevals profile`` (the script's ``--use_random_tokens`` path also
-   hands ids), the same intra-op threads, and prompt tokens/s counted as batch × prompt length (the
-   script divides by ``len(tokens)``, which is already batch × prompt on its id and generated-prompt
-   paths, then multiplies by the batch again: its printed prompt tokens/s is batch× too high for batch > 1).
+   ``-k 1``), the same prompt ids as ``ortevals profile`` (random ids below 100, each row its own: the
+   script's ``--use_random_tokens``, here seeded), the same intra-op threads, and prompt tokens/s
+   counted as batch × prompt length (on its ``--use_random_tokens`` path the script sets
+   ``prompt_length = batch_size * prompt_length``, divides the prompt time by it and then multiplies by
+   the batch again: its printed prompt tokens/s is batch× too high for batch > 1; kept beside it as
+   ``script_printed_prefill_tok_s``).
 
 Then writes ``--out`` (docs/bench-profile/): ``profile/`` (the command's JSON and plot), ``og_script.json``,
 ``compare.json``, ``compare.md`` and ``compare.png``.
@@ -52,7 +54,6 @@ def og_script(pkg: str, batch: int, plen: int, glen: int, repeats: int, warmup: 
 
     from ortevals.engine.profile import prompt_ids
     from ortevals.package.loader import ModelPackage
-    from ortevals.package.tokenizer import Tokenizer
 
     peak, stop = [0.0], threading.Event()
 
@@ -68,7 +69,8 @@ def og_script(pkg: str, batch: int, plen: int, glen: int, repeats: int, warmup: 
         "intra_op_num_threads": threads}}}}))
     config.clear_providers()
     model = og.Model(config)
-    tokens = np.tile(prompt_ids(Tokenizer.load(ModelPackage.load(pkg)), plen), (batch, 1)).astype(np.int32)
+    # the script's --use_random_tokens ids (randint(100), each row its own); these are profile's, seeded
+    tokens = prompt_ids(batch, plen, ModelPackage.load(pkg).vocab_size).astype(np.int32)
     params = og.GeneratorParams(model)
     params.set_search_options(do_sample=False, top_k=1, top_p=1.0, temperature=1.0, max_length=plen + glen,
                               min_length=plen + glen, batch_size=batch)

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from ortevals.engine.profile import MemoryWatch, Setting, Trial, parse_list, settings_for
+from ortevals.engine.profile import MemoryWatch, Setting, Trial, parse_list, prompt_ids, settings_for
 from ortevals.errors import OrtEvalsError
 
 
@@ -32,7 +32,8 @@ def test_profile_runs_and_counts_tokens(tiny_pkg, tmp_path):
     seen = [(t["backend"], t["batch"], t["prompt_len"], t["gen_len"]) for t in data["trials"]]
     assert seen == [(k, b, p, 6) for b in (1, 3) for p in (8, 21) for k in ("raw", "og")]
     for t in data["trials"]:
-        assert t["generated_per_row"] == [6, 6]  # both repeats, every row: EOS never ends a row early
+        # both repeats, every row (counted from the sequences): EOS never ends a row early
+        assert t["generated_per_row"] == [[6] * t["batch"]] * 2
         assert len(t["prefill_s"]) == len(t["first_token_s"]) == 2
         assert len(t["decode_s"]) == 2 * 5  # the first token comes with the prompt pass
         assert t["prefill_tok_s"] == pytest.approx(t["batch"] * t["prompt_len"] / np.mean(t["prefill_s"]))
@@ -43,26 +44,35 @@ def test_profile_runs_and_counts_tokens(tiny_pkg, tmp_path):
 
 def test_raw_tokens_equal_onnxruntime_genai(tiny_pkg):
     """The raw loop (sampler KV, batched prefill, EOS masked) makes og's own greedy tokens, row by row."""
-    from ortevals.engine.profile import measure, open_backends, prompt_ids
+    from ortevals.engine.profile import measure, open_backends
     from ortevals.package.loader import ModelPackage
-    from ortevals.package.tokenizer import Tokenizer
     from ortevals.runtime.providers import from_package
 
     package = ModelPackage.load(tiny_pkg)
     provider = from_package(package.decoder.session_options, None, {}, 1)
     backends, skipped = open_backends(package, provider)
     assert [b.name for b in backends] == ["raw", "og"] and not skipped
-    ids = np.stack([prompt_ids(Tokenizer.load(package), 19)] * 2)
-    ids[1, 5:] = ids[1, 5:][::-1]  # two different rows
+    ids = prompt_ids(2, 19, package.vocab_size)
     raw, og = (measure(b, Setting(2, 19, 12), ids, repeats=1, warmup=0) for b in backends)
     assert len(raw.tokens) == 2 and all(len(row) == 12 for row in raw.tokens)
     assert raw.tokens == og.tokens
     assert raw.tokens[0] != raw.tokens[1]
 
 
+def test_prompt_ids_are_benchmark_e2e_random_tokens():
+    """Like the script's ``np.random.randint(100, size=(batch, prompt_length))``: that shape, ids below 100
+    (or the vocabulary), rows that differ; and the same ids for the same setting (both backends, reruns)."""
+    ids = prompt_ids(4, 300, vocab_size=49152)
+    assert ids.shape == (4, 300) and ids.dtype == np.int64
+    assert ids.min() >= 0 and ids.max() == 99 and len(np.unique(ids)) == 100
+    assert len({tuple(row) for row in ids}) == 4
+    np.testing.assert_array_equal(ids, prompt_ids(4, 300, vocab_size=49152))
+    assert prompt_ids(2, 50, vocab_size=40).max() == 39
+
+
 def test_summary_formulas_by_hand():
     t = Trial("raw", Setting(4, 100, 3), prefill_s=[0.2, 0.3], first_token_s=[0.01, 0.03],
-              decode_s=[0.05, 0.15, 0.1, 0.1], wall_s=[1.0, 2.0], generated=[3, 3])
+              decode_s=[0.05, 0.15, 0.1, 0.1], wall_s=[1.0, 2.0], generated=[[3] * 4] * 2)
     s = t.summary()
     assert s["prefill_tok_s"] == pytest.approx(4 * 100 / 0.25)
     assert s["ttft_ms"] == pytest.approx(270.0)

@@ -39,9 +39,10 @@ from ortevals.errors import OrtEvalsError
 
 log = logging.getLogger(__name__)
 BACKENDS = ("raw", "og")
-# any text will do (the loop never stops early); the same ids go to both backends
-FILLER = ("The quick brown fox jumps over the lazy dog while the river runs to the sea, and the old "
-          "lighthouse keeper counts the ships that pass in the night. ")
+# benchmark_e2e.py's --use_random_tokens: np.random.randint(100, size=(batch, prompt_length)), each row its
+# own ids; here seeded, so that both backends (and a rerun) get the same ids
+RANDOM_IDS_BELOW = 100
+SEED = 0
 POLL_S = 0.01
 
 
@@ -62,7 +63,7 @@ class Trial:
     first_token_s: list[float] = field(default_factory=list)  # the first token's choice after the prompt pass
     decode_s: list[float] = field(default_factory=list)  # every later token: pass + choice
     wall_s: list[float] = field(default_factory=list)
-    generated: list[int] = field(default_factory=list)  # tokens per row, each repeat
+    generated: list[list[int]] = field(default_factory=list)  # [repeat][row]: tokens the row got
     peak_mib: float | None = None
     tokens: list[list[int]] = field(default_factory=list)  # the last repeat's tokens, per row
 
@@ -109,14 +110,11 @@ def settings_for(batches: Sequence[int], prompts: Sequence[int], gens: Sequence[
     return [Setting(b, p, g) for b in batches for p in prompts for g in gens]
 
 
-def prompt_ids(tokenizer, length: int) -> np.ndarray:
-    """``length`` token ids of plain English text (the tokenizer's BOS first where it adds one)."""
-    ids: list[int] = []
-    text = FILLER
-    while len(ids) < length:
-        ids = list(tokenizer.encode(text))
-        text += FILLER
-    return np.asarray(ids[:length], dtype=np.int64)
+def prompt_ids(batch: int, length: int, vocab_size: int, seed: int = SEED) -> np.ndarray:
+    """Random prompt ids ``[batch, length]`` int64 below ``min(100, vocab_size)``, each row its own, as
+    benchmark_e2e.py's ``--use_random_tokens`` makes them; seeded by ``(seed, batch, length)``."""
+    rng = np.random.default_rng([seed, batch, length])
+    return rng.integers(0, min(RANDOM_IDS_BELOW, vocab_size), size=(batch, length), dtype=np.int64)
 
 
 class MemoryWatch:
@@ -206,7 +204,7 @@ class RawBackend:
             tok = _greedy(logits, self.eos)
             steps.append(time.perf_counter() - s0)
             out.append(tok)
-        _record(trial, t1 - t0, t2 - t1, steps, time.perf_counter() - start, len(out))
+        _record(trial, t1 - t0, t2 - t1, steps, time.perf_counter() - start)
         return np.stack(out, axis=1).tolist()
 
 
@@ -236,18 +234,17 @@ class OgBackend:
             gen.generate_next_token()
             steps.append(time.perf_counter() - s0)
             made += 1
-        _record(trial, t1 - t0, t2 - t1, steps, time.perf_counter() - start, made)
+        _record(trial, t1 - t0, t2 - t1, steps, time.perf_counter() - start)
         return [list(gen.get_sequence(b))[plen:] for b in range(batch)]
 
 
-def _record(trial: Trial | None, prefill: float, first: float, steps: list[float], wall: float, made: int) -> None:
+def _record(trial: Trial | None, prefill: float, first: float, steps: list[float], wall: float) -> None:
     if trial is None:  # a warm-up run
         return
     trial.prefill_s.append(prefill)
     trial.first_token_s.append(first)
     trial.decode_s.extend(steps)
     trial.wall_s.append(wall)
-    trial.generated.append(made)
 
 
 def measure(backend, setting: Setting, ids: np.ndarray, repeats: int, warmup: int, device: str = "cpu",
@@ -259,6 +256,7 @@ def measure(backend, setting: Setting, ids: np.ndarray, repeats: int, warmup: in
     with MemoryWatch(device, device_id) as watch:
         for _ in range(repeats):
             trial.tokens = backend.once(ids, setting.gen_len, trial)
+            trial.generated.append([len(row) for row in trial.tokens])  # counted from what came back
     trial.peak_mib = watch.peak_mib
     return trial
 
@@ -293,16 +291,16 @@ def open_backends(package, provider, wanted: Sequence[str] = BACKENDS) -> tuple[
     return out, skipped
 
 
-def profile_package(package, provider, tokenizer, settings: Sequence[Setting], repeats: int = 3,
-                    warmup: int = 1, progress: Callable[[Trial], None] | None = None) -> Profile:
+def profile_package(package, provider, settings: Sequence[Setting], repeats: int = 3, warmup: int = 1,
+                    progress: Callable[[Trial], None] | None = None) -> Profile:
     """Each setting on each backend, the backends taking turns per setting (a busy machine slows both
-    alike); the same prompt ids (``batch`` copies of one prompt, as the benchmark script) for both."""
+    alike); the same random prompt ids (:func:`prompt_ids`) for both."""
     backends, skipped = open_backends(package, provider)
     device = "cpu" if not provider.on_device else provider.name
     device_id = int(provider.raw_options.get("device_id", 0) or 0)
     trials = []
     for s in settings:
-        ids = np.tile(prompt_ids(tokenizer, s.prompt_len), (s.batch, 1))
+        ids = prompt_ids(s.batch, s.prompt_len, package.vocab_size)
         for backend in backends:
             trial = measure(backend, s, ids, repeats, warmup, device, device_id)
             trials.append(trial)

@@ -71,7 +71,8 @@ def to_json(profile: Profile) -> dict:
     return {"package": profile.package, "provider": profile.provider, "threads": profile.threads,
             "method": "benchmark_e2e.py's timers (microsoft/onnxruntime-genai): prefill = the prompt pass, "
                       "TTFT = prefill + first token's choice, TPOT = mean of later steps (pass + choice); "
-                      "greedy, EOS masked until gen_len; peak = most memory above the setting's start",
+                      "greedy, EOS masked until gen_len; prompts: random ids below 100, each row its own (the "
+                      "script's --use_random_tokens), seeded; peak = most memory above the setting's start",
             "trials": trials, "ratios": ratios(profile), "skipped": profile.skipped}
 
 

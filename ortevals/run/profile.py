@@ -1,6 +1,6 @@
 """`ortevals profile` as one call: model arguments in, a measured :class:`~ortevals.engine.profile.Profile` out.
 
-Owns the opening for a profile (package, tokenizer, provider from the options table's ``ep``,
+Owns the opening for a profile (package, provider from the options table's ``ep``,
 ``threads`` and ``provider_options``, resolved as a run resolves them) and the checks made before any
 session opens: the lists, the settings against the package's context, the output folder.
 The measuring is engine/profile.py's; the table, JSON and plot are report/profile.py's.
@@ -17,7 +17,6 @@ from ortevals.errors import OrtEvalsError
 from ortevals.files import check_writable_folder
 from ortevals.options import parse_model_args
 from ortevals.package.loader import ModelPackage
-from ortevals.package.tokenizer import Tokenizer
 from ortevals.runtime.providers import from_package, parse_options
 
 MOST_BATCH = 4096
@@ -54,8 +53,7 @@ def run_profile(model: dict, req: ProfileRequest,
     check_writable_folder(req.output, "--output")
     package = ModelPackage.load(args.pkg)
     settings = settings_for(batches, prompts, gens, package.context_length)
-    tokenizer = Tokenizer.load(package, add_bos_token=args.add_bos_token)
     provider = from_package(package.decoder.session_options, args.ep, parse_options(args.provider_options),
                             args.threads)
-    profile = profile_package(package, provider, tokenizer, settings, req.repeats, req.warmup, progress)
+    profile = profile_package(package, provider, settings, req.repeats, req.warmup, progress)
     return profile, write(profile, Path(req.output))
