@@ -70,6 +70,16 @@ def test_prompt_ids_are_benchmark_e2e_random_tokens():
     assert prompt_ids(2, 50, vocab_size=40).max() == 39
 
 
+def test_greedy_masks_eos_as_og_min_length():
+    """og's ``min_length`` keeps EOS from being chosen; the raw side's greedy must pick the best other id."""
+    from ortevals.engine.profile import _greedy
+
+    logits = np.array([[0.1, 5.0, 3.0, 4.0], [9.0, 1.0, 2.0, 8.0]], dtype=np.float32)
+    np.testing.assert_array_equal(_greedy(logits, eos=(1, 0)), [3, 3])
+    np.testing.assert_array_equal(_greedy(logits, eos=(2,)), [1, 0])
+    assert logits[0, 1] == 5.0  # the caller's logits are left alone
+
+
 def test_summary_formulas_by_hand():
     t = Trial("raw", Setting(4, 100, 3), prefill_s=[0.2, 0.3], first_token_s=[0.01, 0.03],
               decode_s=[0.05, 0.15, 0.1, 0.1], wall_s=[1.0, 2.0], generated=[[3] * 4] * 2)
