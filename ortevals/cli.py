@@ -420,7 +420,13 @@ Examples:
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
 @table_options("ep", "threads", "provider_options")  # run/profile.py MODEL_ARGS
 def profile(pkg, example, verbose, **kw) -> None:
-    """Prefill/decode tokens/s, TTFT, TPOT, peak memory: ortevals' raw path beside onnxruntime-genai's Generator."""
+    """Prefill/decode tokens/s, TTFT, TPOT, peak memory: ortevals' raw path beside onnxruntime-genai's Generator.
+
+    For every --batch × --prompt-len × --gen-len: random prompt ids (as onnxruntime-genai's benchmark_e2e.py
+    --use_random_tokens, seeded, the same for both backends), greedy, every row making exactly --gen-len
+    tokens; timed as that script times them (prompt pass, first token, each later token). A table on stdout,
+    profile.json and profile.png in --output (docs/benchmarks.md: how it compares with the script).
+    """
     from ortevals.report.profile import format_table
     from ortevals.run.profile import MODEL_ARGS, ProfileRequest, run_profile
 
