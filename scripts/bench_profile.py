@@ -101,12 +101,43 @@ def og_script(pkg: str, batch: int, plen: int, glen: int, repeats: int, warmup: 
         del gen
     stop.set()
     watcher.join()
-    prompt_s, tpot_s = float(np.mean(prompt_t)), float(np.mean(gen_t))
-    return {"batch": batch, "prompt_len": plen, "gen_len": glen, "prefill_tok_s": batch * plen / prompt_s,
-            "script_printed_prefill_tok_s": batch * (batch * plen) / prompt_s,
-            "ttft_ms": 1e3 * float(np.mean(np.add(prompt_t, sampling_t))), "tpot_ms": 1e3 * tpot_s,
-            "decode_tok_s": batch / tpot_s, "sampling_ms": 1e3 * float(np.mean(sampling_t)),
-            "wall_s": float(np.mean(wall_t)), "peak_machine_used_gib": peak[0], "decode_steps": len(gen_t)}
+    return {"batch": batch, "prompt_len": plen, "gen_len": glen, "prompt_s": prompt_t, "sampling_s": sampling_t,
+            "gen_s": gen_t, "wall_each_s": wall_t, "peak_machine_used_gib": peak[0]}
+
+
+def script_metrics(r: dict) -> dict:
+    """The script's figures from its timer lists (its default aggregation, the mean); see the docstring for
+    the one formula kept apart (``script_printed_prefill_tok_s``)."""
+    b, p = r["batch"], r["prompt_len"]
+    prompt_s, tpot_s = float(np.mean(r["prompt_s"])), float(np.mean(r["gen_s"]))
+    return {**r, "prefill_tok_s": b * p / prompt_s, "script_printed_prefill_tok_s": b * (b * p) / prompt_s,
+            "ttft_ms": 1e3 * float(np.mean(np.add(r["prompt_s"], r["sampling_s"]))), "tpot_ms": 1e3 * tpot_s,
+            "decode_tok_s": b / tpot_s, "sampling_ms": 1e3 * float(np.mean(r["sampling_s"])),
+            "wall_s": float(np.mean(r["wall_each_s"])), "decode_steps": len(r["gen_s"])}
+
+
+def pool(rounds: list[list[dict]], keys: tuple[str, ...], lists: tuple[str, ...]) -> list[dict]:
+    """Each round's rows for one side, their timer lists joined per ``keys`` (the repeats of every round)."""
+    out: dict[tuple, dict] = {}
+    for rows in rounds:
+        for r in rows:
+            k = tuple(r[x] for x in keys)
+            if k not in out:
+                out[k] = {**{x: r[x] for x in keys}, **{x: [] for x in lists}}
+            for x in lists:
+                out[k][x] = out[k][x] + list(r[x])
+            for x in (x for x in r if x.startswith("peak") and r[x] is not None):  # the most of any round
+                out[k][x] = max(out[k].get(x, r[x]), r[x])
+    return list(out.values())
+
+
+def profile_metrics(r: dict) -> dict:
+    from ortevals.engine.profile import Setting, Trial
+
+    t = Trial(r["backend"], Setting(r["batch"], r["prompt_len"], r["gen_len"]), prefill_s=r["prefill_s"],
+              first_token_s=r["first_token_s"], decode_s=r["decode_s"], wall_s=r["wall_each_s"],
+              peak_mib=r.get("peak_mib"))
+    return t.summary()
 
 
 def run(cmd: list[str]) -> float:
@@ -134,8 +165,8 @@ def table(rows: list[dict]) -> str:
     lines = ["| batch | prompt | gen | metric | og script (port) | profile og | Δ og vs script | profile raw | "
              "raw / script |", "|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['batch']} | {r['prompt_len']} | {r['gen_len']} | {r['metric']} | {r['script']:.1f} | "
-                     f"{r['profile_og']:.1f} | {100 * r['og_vs_script']:+.1f}% | {r['profile_raw']:.1f} | "
+        lines.append(f"| {r['batch']} | {r['prompt_len']} | {r['gen_len']} | {r['metric']} | {r['script']:.4g} | "
+                     f"{r['profile_og']:.4g} | {100 * r['og_vs_script']:+.1f}% | {r['profile_raw']:.4g} | "
                      f"{r['raw_vs_script']:.2f} |")
     return "\n".join(lines)
 
@@ -157,15 +188,61 @@ def plot(rows: list[dict], path: Path) -> None:
     path.write_bytes(png(plt, fig))
 
 
+def side_profile(a, out: Path) -> list[dict]:
+    """``ortevals profile`` in its own process under the lock: its trials (profile.json)."""
+    run([sys.executable, "-m", "ortevals.cli", "profile", "--pkg", a.pkg, "--batch", a.batch, "--prompt-len",
+         a.prompt_len, "--gen-len", a.gen_len, "--repeats", str(a.repeats), "--warmup", str(a.warmup), "--threads",
+         str(a.threads), "--output", str(out)])
+    return json.loads((out / "profile.json").read_text())["trials"]
+
+
+def side_script(a) -> list[dict]:
+    """The ported script in its own process under the lock: per setting its timer lists."""
+    res = subprocess.run([*LOCK, sys.executable, __file__, "--og-script", "--pkg", a.pkg, "--batch", a.batch,
+                          "--prompt-len", a.prompt_len, "--gen-len", a.gen_len, "--repeats", str(a.repeats),
+                          "--warmup", str(a.warmup), "--threads", str(a.threads)], check=True, capture_output=True,
+                         text=True, env={**os.environ, "PYTHONPATH": str(HERE.parent)})
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def rounds(a) -> tuple[list[list[dict]], list[list[dict]]]:
+    """``a.rounds`` rounds in ABBA order (profile first, then the script first, ...), so that a machine
+    growing busier or quieter weighs on both sides alike."""
+    prof, script = [], []
+    for i in range(a.rounds):
+        for side in (("profile", "script") if i % 2 == 0 else ("script", "profile")):
+            if side == "profile":
+                prof.append(side_profile(a, a.out / "profile" / f"round{i + 1}"))
+            else:
+                script.append(side_script(a))
+    return prof, script
+
+
+def write_outputs(a, rows: list[dict], script: list[dict], per_round: list[list[dict]]) -> str:
+    (a.out / "og_script.json").write_text(json.dumps(script, indent=1) + "\n")
+    machine = {"cpus": os.cpu_count(), "load_avg_at_end": os.getloadavg(), "shared": "yes: other jobs ran beside"
+               " it; each timed process held /work/bench.lock, but untimed work of others did not"}
+    (a.out / "compare.json").write_text(json.dumps(
+        {"rows": rows, "per_round": per_round, "pkg": a.pkg, "threads": a.threads, "repeats": a.repeats,
+         "warmup": a.warmup, "rounds": a.rounds, "machine": machine}, indent=1) + "\n")
+    text = (f"{Path(a.pkg).name}, {a.threads} intra-op threads; {a.rounds} rounds (ABBA), each {a.repeats} timed "
+            f"repeats after {a.warmup} warm-up; means over all repeats; {os.cpu_count()} CPU cores shared with "
+            f"other jobs (load average at the end {os.getloadavg()[0]:.1f}).\n\n" + table(rows))
+    (a.out / "compare.md").write_text(text + "\n")
+    plot(rows, a.out / "compare.png")
+    return text
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pkg", default=None, help="default: the SmolLM2-135M fp32 example package")
     ap.add_argument("--batch", default="1,4")
-    ap.add_argument("--prompt-len", default="128,512")
+    ap.add_argument("--prompt-len", default="128")
     ap.add_argument("--gen-len", default="64")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of both sides, in ABBA order")
     ap.add_argument("--out", type=Path, default=Path("docs/bench-profile"))
     ap.add_argument("--og-script", action="store_true", help="(internal) run the ported og script, print JSON")
     a = ap.parse_args()
@@ -179,27 +256,15 @@ def main() -> None:
         print(json.dumps([og_script(a.pkg, *s, a.repeats, a.warmup, a.threads) for s in grid]))
         return
     a.out.mkdir(parents=True, exist_ok=True)
-    wall = {"profile": run([sys.executable, "-m", "ortevals.cli", "profile", "--pkg", a.pkg, "--batch", a.batch,
-                            "--prompt-len", a.prompt_len, "--gen-len", a.gen_len, "--repeats", str(a.repeats),
-                            "--warmup", str(a.warmup), "--threads", str(a.threads), "--output",
-                            str(a.out / "profile")])}
-    t0 = time.perf_counter()
-    res = subprocess.run([*LOCK, sys.executable, __file__, "--og-script", "--pkg", a.pkg, "--batch", a.batch,
-                          "--prompt-len", a.prompt_len, "--gen-len", a.gen_len, "--repeats", str(a.repeats),
-                          "--warmup", str(a.warmup), "--threads", str(a.threads)], check=True, capture_output=True,
-                         text=True, env={**os.environ, "PYTHONPATH": str(HERE.parent)})
-    wall["og_script"] = time.perf_counter() - t0
-    script = json.loads(res.stdout.strip().splitlines()[-1])
-    prof = json.loads((a.out / "profile" / "profile.json").read_text())
-    rows = compare(prof, script)
-    (a.out / "og_script.json").write_text(json.dumps(script, indent=1) + "\n")
-    (a.out / "compare.json").write_text(json.dumps({"rows": rows, "wall_s": wall, "pkg": a.pkg,
-                                                    "threads": a.threads}, indent=1) + "\n")
-    text = table(rows)
-    (a.out / "compare.md").write_text(text + "\n")
-    plot(rows, a.out / "compare.png")
-    print(text)
-    print(json.dumps(wall))
+    prof_rounds, script_rounds = rounds(a)
+    per_round = [compare({"trials": [profile_metrics(t) for t in p]}, [script_metrics(x) for x in sc])
+                 for p, sc in zip(prof_rounds, script_rounds, strict=True)]
+    setting = ("batch", "prompt_len", "gen_len")
+    prof = {"trials": [profile_metrics(t) for t in pool(prof_rounds, ("backend", *setting),
+                                                        ("prefill_s", "first_token_s", "decode_s", "wall_each_s"))]}
+    script = [script_metrics(r) for r in pool(script_rounds, setting, ("prompt_s", "sampling_s", "gen_s",
+                                                                        "wall_each_s"))]
+    print(write_outputs(a, compare(prof, script), script, per_round))
 
 
 if __name__ == "__main__":
