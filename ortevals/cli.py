@@ -399,7 +399,6 @@ def fidelity(verbose: int, json_path: Path | None, **kw) -> None:
         click.echo(f"wrote {path}")
 
 
-# --- profile (issue 26): measuring in engine/profile.py, output in report/profile.py ---
 EPILOG_PROFILE = """\b
 Examples:
   ortevals profile --example --batch 1,4 --prompt-len 128,512 --gen-len 64
@@ -422,20 +421,15 @@ Examples:
 def profile(pkg, example, verbose, **kw) -> None:
     """Prefill/decode tokens/s, TTFT, TPOT, peak memory: ortevals' raw path beside onnxruntime-genai's Generator.
 
-    For every --batch × --prompt-len × --gen-len: random prompt ids (as onnxruntime-genai's benchmark_e2e.py
-    --use_random_tokens, seeded, the same for both backends), greedy, every row making exactly --gen-len
-    tokens; timed as that script times them (prompt pass, first token, each later token). A table on stdout,
-    profile.json and profile.png in --output (docs/benchmarks.md: how it compares with the script).
-    """
+    Per --batch × --prompt-len × --gen-len, random prompt ids and greedy, timed as onnxruntime-genai's
+    benchmark_e2e.py times them (docs/benchmarks.md). A table, then profile.json and profile.png in --output."""
     from ortevals.report.profile import format_table
     from ortevals.run.profile import MODEL_ARGS, ProfileRequest, run_profile
 
     _setup_logging(verbose)
     model = {k: kw.pop(k) for k in MODEL_ARGS} | {"pkg": _package_path(pkg, example)}
     prof, files = run_profile(model, ProfileRequest(**kw), lambda t: click.echo(f"{t.label}: done", err=True))
-    click.echo(format_table(prof))
-    for path in files:
-        click.echo(f"wrote {path}")
+    click.echo("\n".join([format_table(prof), *(f"wrote {path}" for path in files)]))
 
 
 def main() -> None:

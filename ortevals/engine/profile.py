@@ -18,18 +18,23 @@ batch / TPOT. Means over repeats after untimed warm-up runs (the script's defaul
 Greedy on both sides; the raw path masks EOS as og's ``min_length`` does, so both make exactly
 ``gen_len`` tokens per row and, on a deterministic graph, the same ones.
 
-Peak memory differs from the script on purpose (docs/benchmarks.md): it samples this process's
-resident set (the host) or the device's free memory (accelerators) every 10 ms during the timed
-repeats, and reports the peak above what was held when the setting began, not the machine's used
-memory.
+Each (setting, backend) runs in a fresh process, so that its peak memory is its own. Peak memory
+differs from the script on purpose (docs/benchmarks.md): on the host, the kernel's high-water mark
+of that process's resident set above its size before the model opened (the script: the machine's
+used memory, other processes included); on an accelerator, the device's used memory (from its free
+memory, every 10 ms) during the timed repeats above its level when they began.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import multiprocessing
+import resource
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -118,11 +123,11 @@ def prompt_ids(batch: int, length: int, vocab_size: int, seed: int = SEED) -> np
 
 
 class MemoryWatch:
-    """Peak memory above the starting point while a block runs: the process's resident set on the
-    host, used device memory (from its free memory, runtime/memory.py) on an accelerator."""
+    """Peak used device memory (from its free memory, runtime/memory.py, every 10 ms) above the starting
+    point while a block runs on an accelerator. (The host's peak is the kernel's: see :func:`_alone`.)"""
 
-    def __init__(self, device: str = "cpu", device_id: int = 0) -> None:
-        self.read = _rss if device == "cpu" else _device_used(device, device_id)
+    def __init__(self, device: str, device_id: int = 0) -> None:
+        self.read = _device_used(device, device_id)
         self.start = self.peak = None
         self._stop = threading.Event()
 
@@ -253,11 +258,12 @@ def measure(backend, setting: Setting, ids: np.ndarray, repeats: int, warmup: in
     for _ in range(warmup):
         backend.once(ids, setting.gen_len, None)
     trial = Trial(backend.name, setting)
-    with MemoryWatch(device, device_id) as watch:
+    watch = MemoryWatch(device, device_id) if device != "cpu" else None
+    with watch or contextlib.nullcontext():
         for _ in range(repeats):
             trial.tokens = backend.once(ids, setting.gen_len, trial)
             trial.generated.append([len(row) for row in trial.tokens])  # counted from what came back
-    trial.peak_mib = watch.peak_mib
+    trial.peak_mib = None if watch is None else watch.peak_mib
     return trial
 
 
@@ -294,16 +300,43 @@ def open_backends(package, provider, wanted: Sequence[str] = BACKENDS) -> tuple[
 def profile_package(package, provider, settings: Sequence[Setting], repeats: int = 3, warmup: int = 1,
                     progress: Callable[[Trial], None] | None = None) -> Profile:
     """Each setting on each backend, the backends taking turns per setting (a busy machine slows both
-    alike); the same random prompt ids (:func:`prompt_ids`) for both."""
-    backends, skipped = open_backends(package, provider)
-    device = "cpu" if not provider.on_device else provider.name
-    device_id = int(provider.raw_options.get("device_id", 0) or 0)
-    trials = []
+    alike), each (setting, backend) in a fresh process (:func:`_alone`) so that its peak memory is its
+    own; the same random prompt ids (:func:`prompt_ids`) for both."""
+    trials, skipped = [], {}
     for s in settings:
-        ids = prompt_ids(s.batch, s.prompt_len, package.vocab_size)
-        for backend in backends:
-            trial = measure(backend, s, ids, repeats, warmup, device, device_id)
+        for name in BACKENDS:
+            if name in skipped:
+                continue
+            with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+                trial, why = pool.submit(_alone, str(package.root), provider, name, s, repeats, warmup).result()
+            if trial is None:
+                skipped[name] = why
+                continue
             trials.append(trial)
             if progress is not None:
                 progress(trial)
     return Profile(str(package.root), provider.name, provider.intra_op_threads, tuple(trials), skipped)
+
+
+def _alone(root: str, provider, name: str, setting: Setting, repeats: int, warmup: int) -> tuple[Trial | None, str]:
+    """One backend on one setting in this (fresh) process: the trial, or None and why it cannot run.
+
+    Peak memory on the host: the kernel's high-water mark of this process's resident set (``ru_maxrss``)
+    above its resident set once both runtimes are imported and before the model opens: the model, its
+    sessions and the run, warm-up included (the script's machine-wide figure includes the model too)."""
+    from ortevals.install import import_og, import_ort
+    from ortevals.package.loader import ModelPackage
+
+    import_ort(), import_og()
+    package = ModelPackage.load(root)
+    base = _rss()
+    backends, skipped = open_backends(package, provider, (name,))
+    if skipped:
+        return None, skipped[name]
+    device = "cpu" if not provider.on_device else provider.name
+    ids = prompt_ids(setting.batch, setting.prompt_len, package.vocab_size)
+    trial = measure(backends[0], setting, ids, repeats, warmup, device,
+                    int(provider.raw_options.get("device_id", 0) or 0))
+    if device == "cpu" and base is not None:
+        trial.peak_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base) / 2**20
+    return trial, ""

@@ -18,7 +18,7 @@ COLUMNS = (("backend", "{}"), ("batch", "{}"), ("prompt_len", "{}"), ("gen_len",
            ("prefill_tok_s", "{:.1f}"), ("decode_tok_s", "{:.1f}"), ("ttft_ms", "{:.1f}"),
            ("tpot_ms", "{:.2f}"), ("peak_mib", "{:.1f}"))
 HEADERS = ("backend", "batch", "prompt", "gen", "prefill tok/s", "decode tok/s", "TTFT ms", "TPOT ms",
-           "peak +MiB")
+           "peak MiB")
 
 
 def rows(profile: Profile) -> list[dict]:
@@ -72,7 +72,8 @@ def to_json(profile: Profile) -> dict:
             "method": "benchmark_e2e.py's timers (microsoft/onnxruntime-genai): prefill = the prompt pass, "
                       "TTFT = prefill + first token's choice, TPOT = mean of later steps (pass + choice); "
                       "greedy, EOS masked until gen_len; prompts: random ids below 100, each row its own (the "
-                      "script's --use_random_tokens), seeded; peak = most memory above the setting's start",
+                      "script's --use_random_tokens), seeded; each (setting, backend) in a fresh process; "
+                      "peak (host) = that process's peak resident set above its size before the model opened",
             "trials": trials, "ratios": ratios(profile), "skipped": profile.skipped}
 
 
