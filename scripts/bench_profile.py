@@ -218,16 +218,32 @@ def rounds(a) -> tuple[list[list[dict]], list[list[dict]]]:
     return prof, script
 
 
-def write_outputs(a, rows: list[dict], script: list[dict], per_round: list[list[dict]]) -> str:
+def medians(per_round: list[list[dict]]) -> list[dict]:
+    """Per setting and metric, the median over rounds of each side's round mean (the script's
+    ``--aggregation median``, over rounds): one round slowed by a neighbour's burst moves it little."""
+    out = []
+    for rows in zip(*per_round, strict=True):
+        med = {k: float(np.median([r[k] for r in rows])) for k in ("script", "profile_og", "profile_raw")}
+        out.append({**rows[0], **med, "og_vs_script": med["profile_og"] / med["script"] - 1,
+                    "raw_vs_script": med["profile_raw"] / med["script"],
+                    "og_vs_script_each_round": [r["og_vs_script"] for r in rows]})
+    return out
+
+
+def write_outputs(a, rows: list[dict], script: list[dict], per_round: list[list[dict]], pooled: list[dict]) -> str:
     (a.out / "og_script.json").write_text(json.dumps(script, indent=1) + "\n")
     machine = {"cpus": os.cpu_count(), "load_avg_at_end": os.getloadavg(), "shared": "yes: other jobs ran beside"
                " it; each timed process held /work/bench.lock, but untimed work of others did not"}
     (a.out / "compare.json").write_text(json.dumps(
-        {"rows": rows, "per_round": per_round, "pkg": a.pkg, "threads": a.threads, "repeats": a.repeats,
+        {"rows": rows, "pooled_means": pooled, "per_round": per_round, "pkg": a.pkg, "threads": a.threads,
+         "repeats": a.repeats,
          "warmup": a.warmup, "rounds": a.rounds, "machine": machine}, indent=1) + "\n")
     text = (f"{Path(a.pkg).name}, {a.threads} intra-op threads; {a.rounds} rounds (ABBA), each {a.repeats} timed "
-            f"repeats after {a.warmup} warm-up; means over all repeats; {os.cpu_count()} CPU cores shared with "
-            f"other jobs (load average at the end {os.getloadavg()[0]:.1f}).\n\n" + table(rows))
+            f"repeats after {a.warmup} warm-up; per round each side's mean, then the median over rounds; "
+            f"{os.cpu_count()} CPU cores shared with other jobs (load average at the end "
+            f"{os.getloadavg()[0]:.1f}).\n\n" + table(rows) + "\n\nΔ og vs script, each round: "
+            + "; ".join(f"b{r['batch']} p{r['prompt_len']} {r['metric']}: "
+                        + " ".join(f"{100 * x:+.1f}%" for x in r["og_vs_script_each_round"]) for r in rows))
     (a.out / "compare.md").write_text(text + "\n")
     plot(rows, a.out / "compare.png")
     return text
@@ -264,7 +280,7 @@ def main() -> None:
                                                         ("prefill_s", "first_token_s", "decode_s", "wall_each_s"))]}
     script = [script_metrics(r) for r in pool(script_rounds, setting, ("prompt_s", "sampling_s", "gen_s",
                                                                         "wall_each_s"))]
-    print(write_outputs(a, compare(prof, script), script, per_round))
+    print(write_outputs(a, medians(per_round), script, per_round, compare(prof, script)))
 
 
 if __name__ == "__main__":
