@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """`ortevals profile` against onnxruntime-genai's own benchmark on the same settings (issue 26).
 
-Runs, each in its own process and each under ``flock /work/bench.lock`` (the machine is shared):
+Runs ``--rounds`` rounds in ABBA order (profile, script; script, profile; ...), each side in its own
+process under ``flock /work/bench.lock`` (the machine is shared: 2 cores, other jobs beside):
 
 1. ``ortevals profile`` (raw path and og's Generator, one invocation);
 2. ``--og-script``: a port of the timing loop of ``benchmark/python/benchmark_e2e.py`` in
@@ -21,10 +22,12 @@ Runs, each in its own process and each under ``flock /work/bench.lock`` (the mac
    the batch again: its printed prompt tokens/s is batch× too high for batch > 1; kept beside it as
    ``script_printed_prefill_tok_s``).
 
-Then writes ``--out`` (docs/bench-profile/): ``profile/`` (the command's JSON and plot), ``og_script.json``,
-``compare.json``, ``compare.md`` and ``compare.png``.
+Per round each side's mean over its repeats; the table is the median over rounds. Then writes ``--out``
+(docs/bench-profile/): ``profile/roundN/`` (the command's JSON and plot), ``og_script.json`` (the script's
+figures per setting, its timer lists joined over rounds), ``compare.json`` (median rows, pooled means, every round),
+``compare.md`` and ``compare.png``.
 
-    python scripts/bench_profile.py --batch 1,4 --prompt-len 128,512 --gen-len 64 --out docs/bench-profile
+    python scripts/bench_profile.py --batch 1,4 --prompt-len 128 --gen-len 64 --rounds 4 --out docs/bench-profile
 """
 
 from __future__ import annotations
