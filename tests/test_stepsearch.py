@@ -25,6 +25,7 @@ from tests.fixtures.stepsearch_toy import (
     S,
     ToyModel,
     ToyPRM,
+    answer_of,
     end_of,
     prm_value,
     probs,
@@ -68,8 +69,10 @@ def _p_value(exact: dict, seen: dict) -> float:
     expected = np.array([exact[k] * runs for k in keys])
     observed = np.array([seen.get(k, 0) for k in keys], dtype=float)
     big = expected >= 5
-    return float(chisquare(np.append(observed[big], observed[~big].sum()),
-                           np.append(expected[big], expected[~big].sum())).pvalue)
+    if not big.all():
+        observed = np.append(observed[big], observed[~big].sum())
+        expected = np.append(expected[big], expected[~big].sum())
+    return float(chisquare(observed, expected).pvalue)
 
 
 def test_toy_prm_tells_solutions_apart():
@@ -87,6 +90,18 @@ def test_answer_distribution_equals_enumeration(search, s, reference):
     exact = reference()
     assert len(exact) > 20 and max(exact.values()) < 0.6  # a real spread of answers, not one likely path
     assert _p_value(exact, _answers(search, s)) > ALPHA
+
+
+def test_particle_weighted_vote_distribution_equals_enumeration():
+    """The weighted-majority answer of the final particles (weighted_vote over their weights)."""
+    exact = ref_particles(3, 3, "last", vote=True)
+    seen: dict = {}
+    for seed in range(RUNS):
+        out = _run(_pf, PF, seed)[0]
+        answers = [answer_of(sol.tokens) for sol in out.solutions]
+        key = answers[weighted_vote(answers, out.weights)]
+        seen[key] = seen.get(key, 0) + 1
+    assert len(exact) >= 4 and _p_value(exact, seen) > ALPHA
 
 
 @pytest.mark.parametrize("mutant", ["bottom", "unweighted", "raw_reward", "hot"])
