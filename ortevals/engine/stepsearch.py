@@ -215,7 +215,6 @@ def particle_filter(model: RowModel, prompt: Sequence[int], scorer: StepScorer, 
     judge = _Judge(scorer, prompt, s.aggregation)
     parts: list[Solution] = [Solution((), (), 0.0)] * s.n
     row_of = list(range(s.n))  # particle → its row, -1 once finished; running particles hold rows in order
-    probs = np.full(s.n, 1.0 / s.n)
     for it in range(s.max_steps):
         new = rows.extend(final=it == s.max_steps - 1)
         running = [i for i in range(s.n) if row_of[i] >= 0]
