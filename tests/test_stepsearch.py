@@ -1,4 +1,4 @@
-"""Step-level search (engine/steps.py, engine/stepsearch.py) against brute-force references on a toy.
+"""Step-level search (engine/generate/steps.py, engine/generate/stepsearch.py) against brute-force references on a toy.
 
 Sampled searches: the exact distribution of the answer, enumerated from the specification
 (tests/fixtures/stepsearch_toy.py), against the answers of many seeded runs (scipy chi-square, alpha 1e-3;
@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-import ortevals.engine.stepsearch as ss
-from ortevals.engine.steps import SampleChooser, StepRows, StepRules, aggregate, fork_moves, text_separator
-from ortevals.engine.stepsearch import SearchSettings, dvts, particle_filter, prm_beam_search, weighted_vote
+import ortevals.engine.generate.stepsearch as ss
+from ortevals.engine.generate.steps import SampleChooser, StepRows, StepRules, aggregate, fork_moves, text_separator
+from ortevals.engine.generate.stepsearch import SearchSettings, dvts, particle_filter, prm_beam_search, weighted_vote
 from tests.fixtures.stepsearch_toy import (
     MAX_TOKENS,
     RULES,

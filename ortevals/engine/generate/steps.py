@@ -1,6 +1,6 @@
 """Step-level decoding for search: rows of one prompt, each a partial solution made of steps.
 
-Owns what the step-level searches (engine/stepsearch.py) need from a decoder and a verifier,
+Owns what the step-level searches (engine/generate/stepsearch.py) need from a decoder and a verifier,
 as protocols, and the decoding of one step on many rows:
 
 - :class:`RowModel`: one prompt on R rows whose KV may differ in length. ``start`` prefills the
@@ -31,7 +31,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ortevals.engine.sampling import log_softmax
+from ortevals.engine.score.scoring import log_softmax
 
 AGGREGATIONS = ("last", "min", "prod")
 EOS, LENGTH, SEP, CAP = "eos", "length", "sep", "cap"  # why a step ended (eos, length: the solution too)
@@ -74,7 +74,7 @@ class SampleChooser:
         x = np.asarray(logits, dtype=np.float64)
         if self.temperature == 0:
             return np.argmax(x, axis=1)
-        cdf = np.cumsum(np.exp(log_softmax(x / self.temperature)), axis=1)
+        cdf = np.cumsum(np.exp(log_softmax(x / self.temperature, np.float64)), axis=1)
         u = self.rng.random(len(x))
         picked = (cdf <= u[:, None]).sum(axis=1)  # first index with cdf > u
         return np.minimum(picked, x.shape[1] - 1)  # u beyond a cdf that rounds below 1
@@ -144,7 +144,7 @@ def fork_moves(parents: Sequence[int], rows: int) -> list[tuple[int, int]]:
 
 def token_logprob(logits: np.ndarray, tokens: np.ndarray) -> np.ndarray:
     """log softmax(logits)[a, tokens[a]] in float64: logits ``[A, V]``, tokens ``[A]`` → ``[A]``."""
-    return log_softmax(np.asarray(logits, dtype=np.float64))[np.arange(len(tokens)), tokens]
+    return log_softmax(logits, np.float64)[np.arange(len(tokens)), tokens]
 
 
 class StepRows:
