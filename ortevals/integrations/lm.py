@@ -89,6 +89,7 @@ class OrtLM(TemplateLM):
     stats = property(lambda self: self.run.stats)
     pool = property(lambda self: self.run.pool)
     sample_logprobs = property(lambda self: self.run.sample_logprobs)
+    sample_certainty = property(lambda self: self.run.sample_certainty)
 
     @property
     def engine(self):
