@@ -121,3 +121,66 @@ def test_bad_verifier_folders_are_one_line_errors(tmp_path, tiny_pkg):
         RewardModel.open(tiny_pkg)  # a decoder, not a classifier
     with pytest.raises(OrtEvalsError, match="step_separator"):
         split_steps("x", "")
+
+
+def _cli(args):
+    from click.testing import CliRunner
+
+    from ortevals.cli import cli
+
+    return CliRunner().invoke(cli, args, catch_exceptions=False)
+
+
+def test_cli_verifier_selection_metrics_and_samples_fields(tiny_pkg, tiny_orm, tmp_path):
+    """results.json's bon@4 / weighted_maj@4 / bon_prm_min@4 / bon_certainty@4 recomputed by hand from the
+    samples file's K answers and scores (search-and-learn's rules: the first best; an answer's summed
+    scores, ties to the first seen); verifier_scores recomputed by the classifier on context + answer."""
+    out = tmp_path / "run"
+    result = _cli(["mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--cot", "--limit", "3",
+                   "--max-gen-toks", "12", "--samples", "4", "--no-resume", "--truncate", "left",
+                   "--verifier", str(tiny_orm[1]), "--model-args", "prm=true,step_separator=\\n",
+                   "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    body = json.loads((out / "results.json").read_text())
+    res = body["results"]["mmlu_pro_business"]
+    lines = [json.loads(x) for x in (out / "samples_mmlu_pro_business.jsonl").read_text().splitlines()]
+    assert len(lines) == 3 and body["verifier"]["tokens_run"] > 0 and body["verifier"]["cost_ratio"] > 0
+    model = RewardModel.open(tiny_orm[1])
+    bon, wmaj, prm_min = [], [], []
+    for x in lines:
+        assert len(x["sample_tokens"]) == len(x["verifier_scores"]) == len(x["filtered_resps"]) == 4
+        args = x["arguments"]
+        ctx = args["gen_args_0"]["arg_0"] if isinstance(args, dict) else args[0][0]
+        np.testing.assert_allclose(x["verifier_scores"], model.score([ctx + t for t in x["resps"][0]]), rtol=1e-5)
+        right = [a == x["target"] for a in x["filtered_resps"]]
+        bon.append(right[int(np.argmax(x["verifier_scores"]))])
+        sums: dict = {}
+        for a, v in zip(x["filtered_resps"], x["verifier_scores"], strict=True):
+            if a is not None and a != "[invalid]":
+                sums[a] = sums.get(a, 0.0) + v
+        wmaj.append(bool(sums) and max(sums, key=lambda a: sums[a]) == x["target"])
+        step_min = [min(model.score([ctx + p for p in _prefixes(t, "\n")])) for t in x["resps"][0]]
+        prm_min.append(right[int(np.argmax(step_min))])
+    assert res["bon@4,custom-extract"] == pytest.approx(np.mean(bon))
+    assert res["weighted_maj@4,custom-extract"] == pytest.approx(np.mean(wmaj))
+    assert res["bon_prm_min@4,custom-extract"] == pytest.approx(np.mean(prm_min))
+    assert "bon_certainty@4,custom-extract" in res and "bon@4_stderr,custom-extract" in res
+
+
+def _prefixes(text: str, sep: str) -> list[str]:
+    """Each step's prefix, by hand: the text cut after each separator, and the whole text."""
+    cuts = [i + len(sep) for i in range(len(text)) if text.startswith(sep, i)]
+    return [text[:c] for c in cuts if c < len(text)] + [text] if cuts or text else [text]
+
+
+@pytest.mark.parametrize(("extra", "needle"), [
+    (["--verifier", "/nonexistent/orm"], "give --samples K"),
+    (["--samples", "2", "--verifier", "/nonexistent/orm"], "model.onnx is missing"),
+    (["--model-args", "verifier=self,prm_aggregation=max"], "prm_aggregation must be one of"),
+    (["--model-args", "verifier=self,step_separator="], "step_separator"),
+])
+def test_bad_verifier_options_are_one_line_errors(tiny_pkg, extra, needle):
+    result = _cli(["mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--cot", "--limit", "1",
+                   "--max-gen-toks", "4", "--no-resume", *extra])
+    assert result.exit_code == 2 and needle in result.output and len(result.output.strip().splitlines()) == 1, \
+        result.output
