@@ -165,6 +165,11 @@ def test_cli_verifier_selection_metrics_and_samples_fields(tiny_pkg, tiny_orm, t
     assert res["weighted_maj@4,custom-extract"] == pytest.approx(np.mean(wmaj))
     assert res["bon_prm_min@4,custom-extract"] == pytest.approx(np.mean(prm_min))
     assert "bon_certainty@4,custom-extract" in res and "bon@4_stderr,custom-extract" in res
+    rows = {line.split()[2]: float(line.split()[3]) for line in result.output.splitlines()
+            if line.startswith("mmlu_pro_business ")}  # the summary's lm-eval table
+    assert rows["bon@4"] == pytest.approx(np.mean(bon), abs=1e-4) and "bon_prm_min@4" in rows
+    assert rows["weighted_maj@4"] == pytest.approx(np.mean(wmaj), abs=1e-4)
+    assert f"verifier {tiny_orm[1]}: 3 questions, {body['verifier']['tokens_run']} tokens run" in result.output
 
 
 def _prefixes(text: str, sep: str) -> list[str]:
