@@ -262,7 +262,8 @@ def _scaling_lines(summary: RunSummary) -> list[str]:
     return ["", f"inference-time scaling over {summary.scaling['questions']} questions, "
                 f"K={summary.scaling['samples']} (pooled; 95% bootstrap intervals; n/a: too few questions):",
             *_table(["k", *(f"{e}@k" for e in estimators)], rows),
-            "(exact_match in results.json is lm-eval's score of each question's first sample)", *_verifier_line(summary)]
+            "(exact_match in results.json is lm-eval's score of each question's first sample)",
+            *_verifier_line(summary)]
 
 
 def _verifier_line(summary: RunSummary) -> list[str]:
