@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from ortevals.engine.generate.rowmodel import RawRowModel
-from ortevals.engine.generate.stepsearch import SearchSettings, dvts, particle_filter, prm_beam_search
 from ortevals.engine.generate.steps import SampleChooser, StepRules
+from ortevals.engine.generate.stepsearch import SearchSettings, dvts, particle_filter, prm_beam_search
 from ortevals.integrations.lm import ModelArgs, OrtLM
 
 PROMPT = "Question: what is the river of the city? Answer: the river"
