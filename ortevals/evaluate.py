@@ -181,6 +181,8 @@ def _open_verifier(lm, k: int | None):
     spec = getattr(args, "verifier", None)
     if spec is None:
         return None
+    if (not k or k < 2) and getattr(args, "search", "none") != "none":
+        return None  # the verifier guides --search only (its PRM: integrations/lm.py)
     if not k or k < 2:
         raise OrtEvalsError("--verifier scores each question's K answers: give --samples K (K >= 2)")
     from ortevals.integrations.verify import open_verifier

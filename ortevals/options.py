@@ -199,6 +199,17 @@ OPTIONS: tuple[Option, ...] = (
            scoped=False),
     Option("prm_aggregation", choice("prm_aggregation", ("last", "min", "prod")), "last",
            "How a solution's step scores become one in step-level search: last, min or prod.", scoped=False),
+    # issue 25 (engine/generate/stepsearch.py on rowmodel.py): not scoped because a --search run neither stores
+    # nor resumes its generations (its PRM, a file or the package itself, is not in the store's scope)
+    Option("search", choice("search", ("none", "beam", "dvts", "particles")), "none",
+           "generate_until by step-level search guided by --verifier's step scores (steps at step_separator, "
+           "folded by prm_aggregation): beam (PRM beam search), dvts, particles (particle filtering); raw path.",
+           scoped=False, flag="--search", metavar="none|beam|dvts|particles"),
+    Option("search_n", positive_int("search_n"), 4, "--search: beams, DVTS candidates or particles.", scoped=False),
+    Option("search_width", positive_int("search_width"), 2, "--search beam/dvts: the beam width (divides search_n).",
+           scoped=False),
+    Option("search_max_steps", positive_int("search_max_steps"), 40, "--search: iterations (the last runs to EOS).",
+           scoped=False),
     Option("temperature_fit", choice("temperature_fit", ("cv", "split")), "cv", "Where the calibration "
            "temperature is fitted: cv (10-fold cross-validation on the evaluated questions, no model work) or "
            "split (also run each multiple-choice task on its validation, else few-shot, split and fit there).",

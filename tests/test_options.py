@@ -26,7 +26,8 @@ def test_every_option_reaches_model_args():
                "max_gen_toks": "7", "gen_batch_size": "2", "seed": "0", "exact": "yes", "check": "no",
                "truncate": "left", "media_path": "og", "workers": "2", "ray_address": "10.0.0.1:6379",
                "gen_path": "og", "samples": "8", "self_eval": "true", "temperature_fit": "split",
-               "verifier": "Self", "prm": "on", "step_separator": "\\n---\\n", "prm_aggregation": "min"}
+               "verifier": "Self", "prm": "on", "step_separator": "\\n---\\n", "prm_aggregation": "min",
+               "search": "DVTS", "search_n": "8", "search_width": "4", "search_max_steps": "3"}
     missing = fields - set(strings)
     assert not missing, f"add a string form for {missing}"
     args = parse_model_args(strings)
@@ -37,6 +38,7 @@ def test_every_option_reaches_model_args():
     assert (args.gen_path, args.samples) == ("og", 8)
     assert (args.self_eval, args.temperature_fit) == (True, "split")
     assert (args.verifier, args.prm, args.step_separator, args.prm_aggregation) == ("self", True, "\n---\n", "min")
+    assert (args.search, args.search_n, args.search_width, args.search_max_steps) == ("dvts", 8, 4, 3)
 
 
 @pytest.mark.parametrize("text,needle", [
@@ -51,6 +53,8 @@ def test_every_option_reaches_model_args():
     ("pkg=x,prm_aggregation=mean", "prm_aggregation must be one of last, min, prod, got 'mean'"),
     ("pkg=x,step_separator=", "step_separator must be a non-empty string"),
     ("pkg=x,prm=sometimes", "prm must be true or false"),
+    ("pkg=x,search=mcts", "search must be one of none, beam, dvts, particles, got 'mcts'"),
+    ("pkg=x,search_n=0", "search_n must be > 0, got 0"),
 ])
 def test_bad_values_name_the_option(text, needle):
     with pytest.raises(OrtEvalsError, match=needle):

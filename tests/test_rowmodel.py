@@ -88,3 +88,69 @@ def test_searches_on_the_raw_engine_equal_transformers_from_scratch(models, meth
     assert raw.stats["prompt_tokens"] == len(prompt)  # the prompt ran once: forks copied KV, never re-ran it
     assert 0 < raw.stats["tokens_run"] <= a.generated_tokens  # each generated token fed once at most
     assert raw.stats["passes"] - 1 > a.passes  # rows of different lengths took a pass per length
+
+
+class TorchOrm:
+    """The tiny ORM in transformers: the score of context + text (the reference for the PRM's scorer)."""
+
+    def __init__(self, hf_dir) -> None:
+        import torch
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        self.tok = AutoTokenizer.from_pretrained(hf_dir)
+        self.model = AutoModelForSequenceClassification.from_pretrained(hf_dir, dtype=torch.float32).eval()
+
+    def __call__(self, context, texts):
+        import torch
+
+        with torch.no_grad():
+            return np.array([self.model(**self.tok(context + t, return_tensors="pt")).logits.item() for t in texts])
+
+
+@pytest.mark.parametrize("method", ["beam", "particles"])
+def test_search_option_answers_as_the_search_on_transformers(models, tiny_pkg, tiny_orm, method):
+    """--search through OrtLM.generate_until (ORM-guided, steps at "."): the answer is the text of the same
+    search run on transformers (the decoder and the ORM), seeded by the request's own generator."""
+    from lm_eval.api.instance import Instance
+
+    from ortevals.engine.generate.prm import TextPrm
+    from ortevals.engine.generate.seeds import sample_rng
+    from ortevals.engine.generate.steps import text_separator
+    from ortevals.report.resume import request_keys
+
+    _, hf = models
+    lm = OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg), max_length=256, gen_path="raw", search=method,
+                                      verifier=str(tiny_orm[1]), step_separator=".", search_n=4, search_width=2,
+                                      search_max_steps=3, prm_aggregation="min"))
+    gen = {"until": ["Question:"], "max_gen_toks": 20, "do_sample": False}
+    request = Instance("generate_until", {}, (PROMPT, gen), 0)
+    [text] = lm.generate_until([request], disable_tqdm=True)
+    rng = sample_rng(1234, request_keys("generate_until", [request])[0], None)
+    prompt = lm.tok_encode(PROMPT)
+    rules = StepRules(frozenset({2}), text_separator(lm.tokenizer.decode, "."), max_step_tokens=20, max_tokens=20)
+    prm = TextPrm(TorchOrm(tiny_orm[0]), ".", lm.tokenizer.decode)
+    settings = SearchSettings(n=4, width=2, max_steps=3, aggregation="min", reward="raw")  # the ORM gives logits
+    chooser = SampleChooser(rng, 0.8)
+    if method == "beam":
+        out = prm_beam_search(TorchRowModel(hf), prompt, prm, rules, chooser, settings)
+    else:
+        out = particle_filter(TorchRowModel(hf), prompt, prm, rules, chooser, settings, rng)
+    want = lm.tokenizer.decode(list(out.solutions[out.best].tokens), skip_special_tokens=True).split("Question:")[0]
+    assert text == want and len(text) > 0
+
+
+@pytest.mark.parametrize(("extra", "needle"), [
+    (["--search", "beam"], "--search needs --verifier"),
+    (["--search", "dvts", "--verifier", "self", "--model-args", "search_n=3"], "must be a multiple of the beam width"),
+    (["--search", "particles", "--verifier", "self", "--model-args", "gen_path=og"], "runs on the raw path"),
+])
+def test_bad_search_options_are_one_line_errors(tiny_pkg, extra, needle):
+    from click.testing import CliRunner
+
+    from ortevals.cli import cli
+
+    result = CliRunner().invoke(cli, ["mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--cot", "--limit", "1",
+                                      "--max-gen-toks", "4", "--no-resume", "--truncate", "left", *extra],
+                                catch_exceptions=False)
+    assert result.exit_code == 2 and needle in result.output and len(result.output.strip().splitlines()) == 1, \
+        result.output

@@ -138,7 +138,9 @@ NOT_SCOPED = {"pkg", "store", "workers", "ray_address",  # where requests run ne
               # issue 24: P(True) requests are keyed by their own text; the temperature is fitted after the run
               "self_eval", "temperature_fit",
               # issue 25: verifiers score after the run (P(True) requests keyed by their text, the ORM not stored)
-              "verifier", "prm", "step_separator", "prm_aggregation"}
+              "verifier", "prm", "step_separator", "prm_aggregation",
+              # a --search run neither stores nor resumes its generations
+              "search", "search_n", "search_width", "search_max_steps"}
 
 
 def test_every_scoped_model_argument_is_covered():

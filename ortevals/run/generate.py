@@ -93,6 +93,8 @@ class Generation:
             return request_name(i, requests[i])
 
         try:
+            if run.args.search != "none":  # issue 25: step-level search on the raw engine (run/search.py)
+                return self._search(items, keys, finish, path) or results
             if run.pool is not None:  # issue 15: workers on Ray; identical prompts stay on one worker
                 return run.pool.generate([r.args for r in requests], keys, [it[0] for it in items],
                                          lambda i, text, lp, n, scored: finish(i, text, n, lp, scored), run.commit)
@@ -114,6 +116,15 @@ class Generation:
         self._check("raw", lambda: raw_plan(sampler, items, keys, name, run.backends.prefill_choice[0].dtype,
                                             run.args.check, run.backends.verdicts))
         run_sampling(sampler, items, keys, finish, name=name)
+
+    def _search(self, items, keys: list[list], finish, path: str) -> None:
+        from ortevals.run.search import run_search
+
+        run = self.run
+        if path != "raw" or run.pool is not None:  # OrtLM checks it at open; a Run driven otherwise too
+            raise OrtEvalsError(f"--search {run.args.search} runs on the raw path in this process; this run "
+                                "generates on onnxruntime-genai or on workers (gen_path=raw, no --workers)")
+        run_search(self.run, self.sampler().runner, items, keys, lambda i, text, n: finish(i, text, n))
 
     def _og(self, runner, items, keys: list[list], finish, name) -> None:
         """og's path: batched greedy Generators and the rewinding cursor, as exact mode and the canary allow."""
