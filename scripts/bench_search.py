@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -82,9 +83,8 @@ def main() -> None:
     from ortevals.report.compute import Cost, compute_plot, compute_points, fit_pass_curve
     from ortevals.report.scaling import CurvePoint
 
-    pkg, store = smollm2_package("fp32"), a.out / "store.sqlite"
+    pkg, store = smollm2_package("fp32"), Path(tempfile.mkdtemp()) / "store.sqlite"  # this invocation's only
     a.out.mkdir(parents=True, exist_ok=True)
-    store.unlink(missing_ok=True)
     configs = task_configs(a.questions, a.max_gen_toks)
     gen = {"samples": a.samples, "max_gen_toks": a.max_gen_toks, "store": str(store),
            "gen_kwargs": {"temperature": a.temperature}}
