@@ -81,6 +81,7 @@ def evaluate(lm, spec: RunSpec) -> RunOutcome:
         tasks = with_samples(tasks, k, _run_task_manager(spec), gen_kwargs)
     if getattr(getattr(lm, "args", None), "temperature_fit", "cv") == "split":  # issue 24: <task>@validation too
         tasks = with_fit_split(tasks, _run_task_manager(spec))
+    verifier = _open_verifier(lm, k)
     start = time.perf_counter()
     before = dict(lm.stats)
     try:
@@ -102,7 +103,8 @@ def evaluate(lm, spec: RunSpec) -> RunOutcome:
     if k:
         from ortevals.report.samples import add_scaling
 
-        add_scaling(results, tasks, lm, spec.output)
+        add_scaling(results, tasks, lm, spec.output,
+                    _verify(results, tasks, lm, verifier, lm.stats["seconds"] - before["seconds"]))
     plots = _calibration(results, lm, spec.output)
     requests = lm.stats["requests"] - before["requests"]
     reused = lm.stats["reused"] - before["reused"]
@@ -171,6 +173,36 @@ def _calibration(results: dict, lm, output: Path | None) -> list[Path]:
             log.warning("--self-eval: no multiple-choice question and no single generated answer to ask about; "
                         "no P(True) is reported")
     return add_calibration(results, output, scores)
+
+
+def _open_verifier(lm, k: int | None):
+    """Issue 25: the run's verifier (integrations/verify.py), opened before the run so a bad one stops it at once."""
+    args = getattr(lm, "args", None)
+    spec = getattr(args, "verifier", None)
+    if spec is None:
+        return None
+    if (not k or k < 2) and getattr(args, "search", "none") != "none":
+        return None  # the verifier guides --search only (its PRM: integrations/lm.py)
+    if not k or k < 2:
+        raise OrtEvalsError("--verifier scores each question's K answers: give --samples K (K >= 2)")
+    from ortevals.integrations.verify import open_verifier
+
+    return open_verifier(spec, lm)
+
+
+def _verify(results: dict, tasks, lm, verifier, generation_seconds: float):
+    """Each question's K answers scored after the run: ((task, doc_id) -> K scores, -> K step-score lists),
+    the verifier's tokens, seconds and its cost against generation's in ``results["verifier"]``."""
+    if verifier is None:
+        return None
+    from ortevals.integrations.verify import questions_of, verify_run
+
+    names = [t.get("task") for t in tasks if isinstance(t, dict) and t.get("repeats")]
+    out = verify_run(verifier, questions_of(results, names), lm.args.prm, lm.args.step_separator)
+    results["verifier"] = {"name": out.name, "questions": len(out.scores), "tokens_run": out.tokens,
+                           "seconds": out.seconds, "prm": bool(lm.args.prm), "generation_seconds": generation_seconds,
+                           "cost_ratio": out.seconds / generation_seconds if generation_seconds > 0 else None}
+    return out.scores, out.steps
 
 
 def _run_task_manager(spec: RunSpec):

@@ -27,11 +27,13 @@ from typing import Any
 
 from ortevals.files import atomic_write, json_text
 from ortevals.report.model_info import describe
+from ortevals.report.selection import SELECTORS
 
 log = logging.getLogger(__name__)
 CATEGORY_KEYS = ("category", "subject")
 SAMPLE_METRICS = ("acc", "exact_match", "acc_norm")  # the per-question score a category averages
 SKIP_KEYS = ("alias", "name", "sample_len", " ")
+TABLE_ESTIMATORS = ("maj", "pass", "best", "bon", "weighted_maj", "bon_certainty")  # the PRM variants: rows only
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,8 @@ def summarize(results: dict[str, Any], requests: int, seconds: float, model_seco
               reused: int = 0, mode: str = "", workers: str = "", notes: tuple[str, ...] = ()) -> RunSummary:
     """Build the summary from ``lm_eval.simple_evaluate``'s return value."""
     scaling = results.get("scaling")
+    if scaling and results.get("verifier"):  # --verifier (issue 25): its cost, shown under the scaling table
+        scaling = {**scaling, "verifier": results["verifier"]}
     by_filter: dict[str, dict[tuple[str, Any], float]] = defaultdict(dict)
     categories: list[CategoryScore] = []
     docs: set[tuple[str, Any]] = set()
@@ -194,7 +198,7 @@ def _shown_rows(summary: RunSummary) -> list[MetricRow]:
     if not summary.scaling:
         return list(summary.rows)
     k = summary.scaling["samples"]
-    keep = {"pass@1", f"maj@{k}", f"pass@{k}", f"best@{k}"}
+    keep = {"pass@1", *(f"{e}@{k}" for e in ("maj", "pass", "best", *SELECTORS))}
     return [r for r in summary.rows if r.metric in keep]
 
 
@@ -245,7 +249,7 @@ def _scaling_lines(summary: RunSummary) -> list[str]:
     points = summary.scaling["points"]
     cell = {(p["estimator"], p["k"]): p for p in points}
     ks = sorted({p["k"] for p in points})
-    estimators = [e for e in ("maj", "pass", "best") if any(key[0] == e for key in cell)]
+    estimators = [e for e in TABLE_ESTIMATORS if any(key[0] == e for key in cell)]
 
     def show(p) -> str:
         if p is None:
@@ -258,7 +262,18 @@ def _scaling_lines(summary: RunSummary) -> list[str]:
     return ["", f"inference-time scaling over {summary.scaling['questions']} questions, "
                 f"K={summary.scaling['samples']} (pooled; 95% bootstrap intervals; n/a: too few questions):",
             *_table(["k", *(f"{e}@k" for e in estimators)], rows),
-            "(exact_match in results.json is lm-eval's score of each question's first sample)"]
+            "(exact_match in results.json is lm-eval's score of each question's first sample)",
+            *_verifier_line(summary)]
+
+
+def _verifier_line(summary: RunSummary) -> list[str]:
+    """--verifier: the tokens it ran and its seconds against generation's (same run)."""
+    v = (summary.scaling or {}).get("verifier")
+    if not v:
+        return []
+    ratio = f" ({v['cost_ratio']:.2f}x generation's {v['generation_seconds']:.1f} s)" if v.get("cost_ratio") else ""
+    return [f"verifier {v['name']}: {v['questions']} questions, {v['tokens_run']} tokens run, "
+            f"{v['seconds']:.1f} s{ratio}{', step scores (prm)' if v.get('prm') else ''}"]
 
 
 def write_outputs(out_dir: Path, results: dict[str, Any], summary: RunSummary) -> list[Path]:

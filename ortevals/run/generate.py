@@ -73,8 +73,10 @@ class Generation:
         bar = tqdm(total=len(items), desc="ortevals generate", unit="req", disable=disable_tqdm, dynamic_ncols=True)
         start = time.perf_counter()
 
-        def finish(i: int, text: str, n: int, logprob: float | None = None, scored: int = 0) -> None:
-            """``logprob``: the whole sequence's (EOS included), over ``scored`` tokens (n + the EOS)."""
+        def finish(i: int, text: str, n: int, logprob: float | None = None, scored: int = 0,
+                   certainty: float | None = None) -> None:
+            """``logprob``: the whole sequence's (EOS included), over ``scored`` tokens (n + the EOS);
+            ``certainty``: its self-certainty (raw path only: best-of-N by self-certainty reads it back)."""
             results[i] = text
             run.stats["generated_tokens"] += n
             on_text(i, text)
@@ -82,17 +84,23 @@ class Generation:
             if logprob is not None:  # best-of-k (report/samples.py) reads it back, resumed or not
                 run.put("generate_until/logprob", keys[i], [logprob, n, scored])
                 run.sample_logprobs[json.dumps(keys[i], default=str)] = (logprob, n, scored)
+            if certainty is not None and certainty == certainty:  # NaN: a row that chose no token
+                run.put("generate_until/certainty", keys[i], certainty)
+                run.sample_certainty[json.dumps(keys[i], default=str)] = certainty
             bar.update(1)
 
         def name(i: int) -> str:  # a request in errors (non-finite logits)
             return request_name(i, requests[i])
 
         try:
+            if run.args.search != "none":  # issue 25: step-level search on the raw engine (run/search.py)
+                return self._search(items, keys, finish, path) or results
             if run.pool is not None:  # issue 15: workers on Ray; identical prompts stay on one worker
                 return run.pool.generate([r.args for r in requests], keys, [it[0] for it in items],
                                          lambda i, text, lp, n, scored: finish(i, text, n, lp, scored), run.commit)
             if path == "raw":  # issue 14: one prompt pass, K rows decoded together (engine/generate/sampler.py)
-                self._raw(items, keys, lambda i, s: finish(i, s.text, s.tokens, s.logprob, s.scored), name)
+                self._raw(items, keys, lambda i, s: finish(i, s.text, s.tokens, s.logprob, s.scored, s.certainty),
+                          name)
             else:
                 self._og(runner, items, keys, finish, name)
         finally:
@@ -108,6 +116,15 @@ class Generation:
         self._check("raw", lambda: raw_plan(sampler, items, keys, name, run.backends.prefill_choice[0].dtype,
                                             run.args.check, run.backends.verdicts))
         run_sampling(sampler, items, keys, finish, name=name)
+
+    def _search(self, items, keys: list[list], finish, path: str) -> None:
+        from ortevals.run.search import run_search
+
+        run = self.run
+        if path != "raw" or run.pool is not None:  # OrtLM checks it at open; a Run driven otherwise too
+            raise OrtEvalsError(f"--search {run.args.search} runs on the raw path in this process; this run "
+                                "generates on onnxruntime-genai or on workers (gen_path=raw, no --workers)")
+        run_search(self.run, self.sampler().runner, items, keys, lambda i, text, n: finish(i, text, n))
 
     def _og(self, runner, items, keys: list[list], finish, name) -> None:
         """og's path: batched greedy Generators and the rewinding cursor, as exact mode and the canary allow."""

@@ -21,7 +21,9 @@ and keeps a plain (not windowed) KV cache:
   sample's tokens do not depend on which rows ran beside it; greedy rows are all equal, so
   greedy runs one row and copies it;
 * each sample's log-probability under the model (temperature 1, no filters) of the whole
-  sequence, the EOS that ended it included, for best-of-k.
+  sequence, the EOS that ended it included, for best-of-k, and its self-certainty (the mean KL
+  from uniform of the raw next-token distributions it drew from: engine/generate/certainty.py's
+  running form, two numbers a row) for best-of-N by self-certainty.
 
 :class:`RawStepModel` is the same runner behind engine/generate/search.py's ``StepModel`` protocol
 (beam search). Exact mode (a graph whose numbers depend on the pass: engine/score/invariance.py)
@@ -38,6 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ortevals.engine.generate.certainty import RunningCertainty
 from ortevals.engine.generate.generation import check_logits
 from ortevals.engine.generate.settings import GenSettings
 from ortevals.engine.generate.stops import TextStream
@@ -68,6 +71,7 @@ class Sample:
     logprob: float
     ids: tuple[int, ...] = ()
     eos: bool = False
+    certainty: float = float("nan")  # self-certainty (engine/generate/certainty.py) of the tokens it chose
 
     @property
     def scored(self) -> int:
@@ -258,6 +262,7 @@ class SharedPromptSampler:
         chooser = Sampler(settings, rngs)  # per-row generators (and Mirostat state), consumed by their row only
         needs_history = settings.repetition_penalty != 1.0 or settings.no_repeat_ngram_size > 0
         logprob = np.zeros(rows)
+        certainty = RunningCertainty(rows)  # on the raw logits, before the processors: the model's own
         live = list(range(rows))  # rows still running, in batch order
         step_logits = np.broadcast_to(logits, (rows, logits.shape[-1]))
         past = self.kv_rows.repeat(past, rows)
@@ -268,6 +273,7 @@ class SharedPromptSampler:
             histories = [[*prompt, *streams[r].out] for r in live] if needs_history else [()] * len(live)
             tokens = chooser.choose(step_logits, histories, live)
             chosen = token_logprob(step_logits, tokens)
+            certainty.add(step_logits, live)
             keep = []
             for b, r in enumerate(live):
                 logprob[r] += chosen[b]  # the EOS that ends a row too: best-of-k scores the whole sequence
@@ -283,7 +289,8 @@ class SharedPromptSampler:
             self.stats["decode_passes"] += 1
             self.stats["row_steps"] += len(live)
         self.stats["generated_tokens"] += sum(len(s.out) for s in streams)
-        return [Sample(*s.result, float(lp), tuple(s.out), s.eos) for s, lp in zip(streams, logprob, strict=True)]
+        return [Sample(*s.result, float(lp), tuple(s.out), s.eos, float(c))
+                for s, lp, c in zip(streams, logprob, certainty.values(), strict=True)]
 
 
 class RawStepModel:
