@@ -25,6 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from ortevals.errors import OrtEvalsError
+from ortevals.files import atomic_write_bytes
+from ortevals.report import plots
 from ortevals.report.scaling import CurvePoint, interval
 from ortevals.report.selection import SELECTORS
 
@@ -135,12 +137,7 @@ def compute_plot(points: Sequence[ComputePoint], path: str | Path, title: str = 
                  fit: CoverageFit | None = None) -> Path:
     """Accuracy against generated tokens and against FLOPs per question (log axes), one line per
     method with its 95% band; ``fit``: the coverage law over pass@k's points (dashed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    plt, fig, axes = plots.figure(11, 4.2, cols=2, sharey=True)
     markers = "os^vDP*Xh<>"
     for i, method in enumerate(dict.fromkeys(p.method for p in points)):
         pts = sorted((p for p in points if p.method == method), key=lambda p: p.tokens)
@@ -159,8 +156,6 @@ def compute_plot(points: Sequence[ComputePoint], path: str | Path, title: str = 
     axes[0].legend(fontsize=8)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    atomic_write_bytes(path, plots.png(plt, fig, dpi=120))
     return path
