@@ -275,3 +275,21 @@ def test_the_graph_is_cached_under_a_scope_of_what_the_rewrite_reads(tiny_pkg, c
     assert scope["purpose"] == "cascade" and list(scope["files"]) == ["model.onnx"]  # the graph, not the weights
     assert not (path.parent / "model.onnx.data").exists() and PROMPT_KEY % 0 in {
         i.name for i in onnx.load(str(path), load_external_data=False).graph.input}
+
+
+def test_auto_declines_a_second_session_that_would_take_half_the_free_memory(tiny_pkg, cache, caplog):
+    from ortevals.engine.generate.cascade import decoder_bytes
+
+    package = ModelPackage.load(tiny_pkg)
+    runner = DecoderRunner.open(package, ProviderConfig("cpu"))
+    cost = decoder_bytes(package)
+    assert cost == sum(f.stat().st_size for f in (tiny_pkg / "model.onnx", tiny_pkg / "model.onnx.data"))
+    opener = functools.partial(runner.cascade, ProviderConfig("cpu"), cache)
+    for mode, free, used in (("auto", 2 * cost - 1, False), ("auto", 2 * cost, True), ("on", cost, True)):
+        kv = CascadeKV(InplaceKV(runner), CopyKV(runner), Cascade(mode, opener, cost, lambda f=free: f))
+        with caplog.at_level("INFO", logger="ortevals.engine.generate.cascade"):
+            assert kv.ready() == used
+    mib = cost / 2**20
+    assert caplog.text.count("each decode row keeps its own copy") == 1
+    assert f"cascade: a second session of the decoder ({mib:.1f} MiB of weights) would take more than half of " \
+        f"the {(2 * cost - 1) / 2**20:.1f} MiB free; each decode row" in caplog.text

@@ -98,11 +98,16 @@ def _rewrite(package: ModelPackage) -> bytes:
     layers = {n: s for s in package.kv for n in (s.key_name, s.value_name)}
     _check_consumers(graph, layers)
     tables = {i.name: list(i.dims) for i in graph.initializer}
-    kept = []
+    kept, lengths = [], {}
     for node in graph.node:
         if node.op_type == "GroupQueryAttention" and node.domain == MS:
             spec = layers[node.input[3]]
-            nodes, inits = _rewrite_node(node, spec, tables, opset)
+            key = tuple(node.input[5:7])  # the builder feeds every layer the same seqlens_k and total
+            if key not in lengths:
+                shared, lengths[key] = _lengths(node, PROMPT_KEY % spec.layer, len(lengths))
+                kept += shared.nodes
+                graph.initializer.extend(shared.inits)
+            nodes, inits = _rewrite_node(node, spec, tables, opset, lengths[key])
             kept += nodes
             graph.initializer.extend(inits)
             for name in (PROMPT_KEY % spec.layer, PROMPT_VALUE % spec.layer):
@@ -150,9 +155,26 @@ def _refusal(node, a: dict) -> str | None:
     return f"input {extra[0]} of GroupQueryAttention is set" if extra else None
 
 
-def _rewrite_node(node, spec, tables: dict, opset: int) -> tuple[list, list]:
+def _lengths(node, prompt_key: str, index: int):
+    """(the nodes, (suffix seqlens_k ``[B]``, suffix total (scalar int32), its int64 ``[1]``, rotary positions
+    ``[B,1]`` = P + t)) from a GroupQueryAttention's ``seqlens_k`` / ``total_sequence_length`` (which span
+    prompt and suffix: the mask does) and the prompt's length P (every layer's prompt KV has it)."""
+    from onnx import TensorProto
+
+    from ortevals.runtime.graph_nodes import Nodes
+
+    g = Nodes(f"ortevals_cascade/lengths{index}")
+    plen = g.op("Cast", g.op("Gather", g.op("Shape", prompt_key), g.const([2])), to=TensorProto.INT32)  # [1] P
+    seqlens = g.op("Sub", node.input[5], plen)  # [B] the rows' suffix lengths - 1
+    total = g.op("Sub", node.input[6], g.op("Reshape", plen, g.const(np.zeros(0, np.int64))))  # scalar
+    end = g.op("Cast", g.op("Reshape", total, g.const([1])), to=TensorProto.INT64)
+    pos = g.op("Unsqueeze", g.op("Cast", node.input[5], to=TensorProto.INT64), g.const([1]))  # [B,1] = P + t
+    return g, (seqlens, total, end, pos)
+
+
+def _rewrite_node(node, spec, tables: dict, opset: int, lengths: tuple) -> tuple[list, list]:
     """The nodes replacing one GroupQueryAttention (its outputs keep their names)."""
-    from onnx import TensorProto, helper
+    from onnx import helper
 
     from ortevals.runtime.graph_nodes import Nodes, attrs
 
@@ -163,10 +185,7 @@ def _rewrite_node(node, spec, tables: dict, opset: int) -> tuple[list, list]:
     nq, nk, d = a["num_heads"], a["kv_num_heads"], spec.head_size
     g = Nodes(node.name + "/cascade")
     pk, pv = PROMPT_KEY % spec.layer, PROMPT_VALUE % spec.layer
-    plen = g.op("Cast", g.op("Gather", g.op("Shape", pk), g.const([2])), to=TensorProto.INT32)  # [1] P
-    seqlens = g.op("Sub", node.input[5], plen)  # [B] the rows' suffix lengths - 1
-    total = g.op("Sub", node.input[6], g.op("Reshape", plen, g.const(np.zeros(0, np.int64))))  # scalar
-    pos = g.op("Unsqueeze", g.op("Cast", node.input[5], to=TensorProto.INT64), g.const([1]))  # [B,1] = P + t
+    seqlens, total, end, pos = lengths
     inputs = list(node.input) + [""] * (KNOWN_INPUTS + 1 - len(node.input))
     inputs[5], inputs[6], inputs[9] = seqlens, total, pos
     out_s = f"{g.prefix}/suffix_out"
@@ -177,8 +196,7 @@ def _rewrite_node(node, spec, tables: dict, opset: int) -> tuple[list, list]:
                             to=_elem_type(spec.dtype)))
     q4 = g.op("Reshape", q, g.const([0, nk, nq // nk, d]))  # [B, H_kv, g, D]: query head h reads KV head h // g
     out_p, lse_p = _prompt_part(g, q4, pk, pv, nk, nq // nk, d, opset)
-    keys = g.op("Slice", node.output[1], g.const([0]), g.op("Cast", g.op("Reshape", total, g.const([1])),
-                                                                 to=TensorProto.INT64), g.const([2]))
+    keys = g.op("Slice", node.output[1], g.const([0]), end, g.const([2]))  # the rows' valid keys, rotated
     lse_s = _softmax(g, g.op("MatMul", q4, g.op("Transpose", keys, perm=[0, 1, 3, 2])), opset)[1]  # [B,H_kv,g,1]
     o_s = g.op("Reshape", out_s, g.const([0, nk, nq // nk, d]))
     weight = g.op("Sigmoid", g.op("Sub", lse_p, lse_s))  # Z_p / (Z_p + Z_s)

@@ -2,7 +2,7 @@
 
 Owns :class:`CascadeKV`, a KV holder for the sampler (the interface of engine/kvrows.py:
 ``empty``/``prefix``, ``run``, ``repeat``, ``keep``, ``peak``, ``held_bytes``) over an in-place
-holder (:class:`~ortevals.engine.kvrows.InplaceKV` on the host, ``DeviceKV`` where the session
+holder (:class:`~ortevals.engine.generate.kvrows.InplaceKV` on the host, ``DeviceKV`` where the session
 runs). Prompt passes are the in-place holder's. Decode rows (``repeat`` with more than one row)
 become :class:`SharedRows`: the prompt's valid tokens once, contiguous ``[1,H,P,D]`` per layer,
 bound as they are by every pass of the cascade decode graph (runtime/cascade.py), and each row's
@@ -11,7 +11,7 @@ in place by GroupQueryAttention). A decode pass then reads its weights, the prom
 rows' suffixes, instead of the prompt K times; rows leave by the in-place holder's ``keep``.
 
 The cascade graph is opened on the first batch of several rows (a greedy run never pays for it)
-and trusted only after :func:`~ortevals.engine.kvrows.same_as_plain` (a prompt, a prefix cut, rows
+and trusted only after :func:`~ortevals.engine.generate.kvrows.same_as_plain` (a prompt, a prefix cut, rows
 replicated, decode steps, a row dropped, on NaN-filled buffers) agrees with the plain pass; where
 the graph is refused (runtime/cascade.py says why), the check fails or the session cannot open,
 ``auto`` logs why once and keeps each row's own copy of the prompt, ``on`` is a one-line error.
@@ -43,10 +43,31 @@ class SharedRows:
 
 @dataclass(frozen=True)
 class Cascade:
-    """The ``cascade`` model arg and how to open the cascade decode graph's runner (raises where it cannot)."""
+    """The ``cascade`` model arg and how to open the cascade decode graph's runner (raises where it cannot).
+
+    ``cost``: bytes a second session of the decoder takes (its weights: :func:`decoder_bytes`); ``free``:
+    bytes free where it would hold them. ``auto`` declines when the second session would take more than
+    half of what is free (on a GPU that memory is the decode KV's budget); ``on`` opens it anyway."""
 
     mode: str
     open: Callable[[], object]
+    cost: int = 0
+    free: Callable[[], int | None] | None = None
+
+    def too_big(self) -> str | None:
+        free = self.free() if self.free is not None and self.mode == "auto" else None
+        if free is None or 2 * self.cost <= free:
+            return None
+        return (f"a second session of the decoder ({self.cost / 2**20:.1f} MiB of weights) would take more than "
+                f"half of the {free / 2**20:.1f} MiB free")
+
+
+def decoder_bytes(package) -> int:
+    """The decoder's graph and external data files, in bytes: what a second session of it loads."""
+    from ortevals.package.graph import external_data_files
+
+    path = package.decoder.path
+    return sum(p.stat().st_size for p in (path, *external_data_files(path)) if p.is_file())
 
 
 class CascadeKV:
@@ -133,6 +154,8 @@ class CascadeKV:
             self.refused = "cascade=off"
             return False
         try:
+            if self.cascade.too_big():
+                raise MemoryError(self.cascade.too_big())
             self.runner = self.cascade.open()
             diff = same_as_plain(self.plain, self)
             if not diff <= 1e-4:  # NaN too: a poisoned value was read
