@@ -83,9 +83,10 @@ def acceptance(lms: dict, args) -> dict:
         row["prompt_tokens"] = _prompt_tokens(lms["on"]) - seen
         rows.append(row)
         print(f"  {cfg['task']}: off {row['off']['seconds']:.1f} s, on {row['on']['seconds']:.1f} s", flush=True)
+    samplers = {m: lms[m].run.generation.sampler() for m in MODES}
     summary = {m: {"seconds": out[m]["seconds"], "generated_tokens": out[m]["tokens"],
-                   "tokens_per_s": out[m]["tokens"] / out[m]["seconds"], "kv": lms[m].run.generation.sampler().kv_rows.name,
-                   "engine": dict(lms[m].run.generation.sampler().stats)} for m in MODES}
+                   "tokens_per_s": out[m]["tokens"] / out[m]["seconds"], "kv": samplers[m].kv_rows.name,
+                   "engine": dict(samplers[m].stats)} for m in MODES}
     return {"questions": len(configs), "warmup_s": warmup, "per_question": rows, **summary,
             "texts_equal": out["off"]["texts"] == out["on"]["texts"],
             "texts_differing": sum(a != b for a, b in zip(out["off"]["texts"], out["on"]["texts"], strict=True)),
@@ -125,14 +126,27 @@ def sweep(lms: dict, args) -> list[dict]:
                 got[m] = [d.ids for d in done]
         tokens = sum(len(x) for x in got["off"])
         row = {"prompt_tokens": len(prompt), "rows": args.samples, "generated_tokens": tokens,
-               "token_equal": got["off"] == got["on"]}
+               "token_equal": got["off"] == got["on"], "rows_differing": _differing(got["off"], got["on"])}
+        if args.alone:  # the current path's own rounding: each row alone (one row per pass) against the batch
+            alone = []
+            for j in range(args.samples):
+                s = lms["off"]._sampler().fresh()
+                logits, past = s.prompt(prompt, settings.max_gen_toks)
+                alone += [d.ids for d in s.decode(logits, past, settings, [np.random.default_rng(j)], ["r"])]
+            row["off_rows_differing_from_alone"] = _differing(got["off"], alone)
         for m in MODES:
             row[m] = {"decode_s": statistics.median(times[m]), "tokens_per_s": tokens / statistics.median(times[m])}
         row["ratio"] = row["on"]["tokens_per_s"] / row["off"]["tokens_per_s"]
         out.append(row)
         print(f"  prompt {length}: off {row['off']['decode_s']:.2f} s, on {row['on']['decode_s']:.2f} s, "
-              f"× {row['ratio']:.2f}, token-equal {row['token_equal']}", flush=True)
+              f"× {row['ratio']:.2f}, rows differing {row['rows_differing']}", flush=True)
     return out
+
+
+def _differing(a: list, b: list) -> list[tuple[int, int]]:
+    """(row, first token index) of each row whose ids differ."""
+    return [(r, next((i for i, (x, y) in enumerate(zip(p, q)) if x != y), min(len(p), len(q))))
+            for r, (p, q) in enumerate(zip(a, b, strict=True)) if p != q]
 
 
 def table(report: dict) -> str:
@@ -150,12 +164,18 @@ def table(report: dict) -> str:
                   f"{max(prompts)} tokens (median {statistics.median(prompts):.0f}). One-time warm-up (tasks, "
                   f"canary, and for on the cascade graph built, opened and checked): off "
                   f"{a['warmup_s']['off']:.1f} s, on {a['warmup_s']['on']:.1f} s.", ""]
-    lines += ["| prompt tokens | rows | generated tokens | off: decode s | on: decode s | on / off | token-equal |",
-              "|---:|---:|---:|---:|---:|---:|---|"]
+    lines += ["| prompt tokens | rows | generated tokens | off: decode s | on: decode s | on / off | rows differing: "
+              "on vs off | off (16 rows) vs each row alone |", "|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in report.get("sweep", []):
+        alone = r.get("off_rows_differing_from_alone")
         lines.append(f"| {r['prompt_tokens']} | {r['rows']} | {r['generated_tokens']} | {r['off']['decode_s']:.2f} | "
-                     f"{r['on']['decode_s']:.2f} | **{r['ratio']:.2f}×** | {r['token_equal']} |")
+                     f"{r['on']['decode_s']:.2f} | **{r['ratio']:.2f}×** | {_rows(r['rows_differing'])} | "
+                     f"{'—' if alone is None else _rows(alone)} |")
     return "\n".join(lines) + "\n"
+
+
+def _rows(diff: list) -> str:
+    return ", ".join(f"row {r} from token {i}" for r, i in diff) or "none"
 
 
 def plot(report: dict, out: Path) -> None:
@@ -196,6 +216,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], default=[256, 1024, 2048])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--no-alone", dest="alone", action="store_false",
+                    help="skip decoding each sweep row alone (the current path's own rounding, for comparison)")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "bench-cascade")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
