@@ -130,7 +130,7 @@ def sweep(lms: dict, args) -> list[dict]:
         if args.alone:  # the current path's own rounding: each row alone (one row per pass) against the batch
             alone = []
             for j in range(args.samples):
-                s = lms["off"]._sampler().fresh()
+                s = lms["off"].run.generation.sampler().fresh()
                 logits, past = s.prompt(prompt, settings.max_gen_toks)
                 alone += [d.ids for d in s.decode(logits, past, settings, [np.random.default_rng(j)], ["r"])]
             row["off_rows_differing_from_alone"] = _differing(got["off"], alone)
@@ -228,6 +228,7 @@ def main() -> None:
     lms = open_lms(args)
     if args.questions:
         report["acceptance"] = acceptance(lms, args)
+        (args.out / "bench_cascade.json").write_text(json.dumps(report, indent=1))  # kept if the sweep fails
     report["sweep"] = sweep(lms, args)
     report["config"]["load_avg_end"] = os.getloadavg()
     (args.out / "bench_cascade.json").write_text(json.dumps(report, indent=1))
