@@ -179,6 +179,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("gen_path", choice("gen_path", ("auto", "raw", "og")), "auto",
            "generate_until path: auto (raw where the package has full logits and a plain KV cache), raw "
            "(shared-prompt sampling on onnxruntime), og (onnxruntime-genai Generators)."),
+    # issue 26 (engine/generate/cascade.py, runtime/cascade.py): scoped, its attention sums in another order (~1e-6)
+    Option("cascade", choice("cascade", ("auto", "on", "off")), "auto",
+           "Raw-path sampling of K rows of one prompt: auto (the rows attend to one shared copy of the prompt's "
+           "KV where the decoder's attention can be rewritten exactly, checked once against the plain pass; "
+           "costs a second session of the decoder), on (the same, an error where it cannot), off (each row "
+           "keeps its own copy of the prompt KV)."),
     # not scoped: the store keys each sample by request + sample index, so raising K reuses the first K
     Option("samples", positive_int("samples"), None, "Samples per question: overrides the tasks' repeats and "
            "reports maj@k, pass@k and best-of-k for k = 1, 2, 4, … K (always sampling: at the --gen-kwargs "

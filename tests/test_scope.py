@@ -130,7 +130,8 @@ def test_a_version_bump_misses(name, tiny_pkg, tmp_path, monkeypatch):
 CHANGED = {"ep": "cpu", "batch_size": 1, "max_length": 64, "threads": 1, "provider_options": ("use_arena=0",),
            "add_bos_token": False, "memory_budget_mb": 512, "prefix_cache": False, "prefix_budget_mb": 256,
            "scoring_graph": False, "path": "incremental", "max_gen_toks": 32, "gen_batch_size": 2, "seed": 7,
-           "exact": True, "check": False, "truncate": "left", "media_path": "og", "gen_path": "og"}
+           "exact": True, "check": False, "truncate": "left", "media_path": "og", "gen_path": "og",
+           "cascade": "off"}
 
 
 NOT_SCOPED = {"pkg", "store", "workers", "ray_address",  # where requests run never changes a number (issue 15)

@@ -22,6 +22,7 @@ from ortevals.errors import OrtEvalsError, PackageError
 from ortevals.package.loader import ModelPackage
 from ortevals.package.multimodal import has_media_models
 from ortevals.package.scope import Reads, package_reads
+from ortevals.runtime.cascade import cascade_reads
 from ortevals.runtime.genai import genai_reads
 from ortevals.runtime.media import media_reads
 from ortevals.runtime.providers import NPU_PROVIDERS, ProviderConfig
@@ -65,7 +66,8 @@ class Backends:
     """The package's scoring paths, each opened on first use."""
 
     def __init__(self, package: ModelPackage, provider: ProviderConfig, settings: EngineSettings,
-                 path: str = "auto", derived_cache=None, gen_path: str = "auto", media_path: str = "auto") -> None:
+                 path: str = "auto", derived_cache=None, gen_path: str = "auto", media_path: str = "auto",
+                 cascade: str = "auto") -> None:
         self.package = package
         self.provider = provider
         self.settings = settings
@@ -74,6 +76,7 @@ class Backends:
         self.loglikelihood_path = loglikelihood_path(path, self.capability)
         self.gen_path = gen_path
         self.media_path = media_path
+        self.cascade = cascade  # decode rows on one shared prompt KV (engine/generate/cascade.py)
         self.verdicts = Verdicts()  # canary verdicts; OrtLM gives it the result store (engine/score/invariance.py)
 
     @functools.cached_property
@@ -120,6 +123,8 @@ class Backends:
             gen = "raw"  # refused at the first generate_until request
         if self.loglikelihood_path == "prefill" or gen == "raw":
             out += runner_reads(self.package, self.provider, self._derived(self.prefill_choice[0]))
+        if gen == "raw" and self.cascade != "off":  # its session's record is the raw sessions' own
+            out.append(cascade_reads(self.package))
         if self.loglikelihood_path == "incremental" or gen == "og":
             out.append(genai_reads(self.package, self.provider))
         if has_media_models(self.package):

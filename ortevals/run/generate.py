@@ -11,12 +11,14 @@ one, and each finished text: the store, each sample's log-prob, the stats and a 
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
 
 from tqdm import tqdm
 
+from ortevals.engine.generate.cascade import Cascade, decoder_bytes
 from ortevals.engine.generate.gencanary import og_plan, raw_plan
 from ortevals.engine.generate.generation import request_name
 from ortevals.engine.generate.sampler import SharedPromptSampler, run_sampling
@@ -24,6 +26,8 @@ from ortevals.engine.generate.schedule import run_generation
 from ortevals.engine.generate.settings import GenSettings, parse_gen_kwargs
 from ortevals.engine.score.scoring import describe_request, fits
 from ortevals.errors import OrtEvalsError
+from ortevals.files import cache_root
+from ortevals.runtime.memory import free_bytes
 
 log = logging.getLogger(__name__)
 
@@ -158,9 +162,13 @@ class Generation:
         run = self.run
         if self._sampler is None:
             prefill = run.backends.prefill
+            runner = prefill.runner
+            opener = functools.partial(runner.cascade, run.backends.provider, cache_root())
+            cascade = Cascade(run.args.cascade, opener, decoder_bytes(run.package),
+                              functools.partial(free_bytes, runner.bind_device or "cpu", runner.device_id))
             self._sampler = SharedPromptSampler(
-                prefill.runner, run.tokenizer, {run.eot_token_id, *run.package.eos_token_ids},
-                exact=prefill.settings.exact, prefix_cache=run.args.prefix_cache)
+                runner, run.tokenizer, {run.eot_token_id, *run.package.eos_token_ids},
+                exact=prefill.settings.exact, prefix_cache=run.args.prefix_cache, cascade=cascade)
         if run.backends.exact and not self._sampler.exact:  # the log-likelihood canary tripped since
             self._sampler.exact, self._sampler.prefix_cache = True, False
         return self._sampler

@@ -76,7 +76,7 @@ class Run:
         if args.prefix_cache and package.windowed:
             log.info("prefix cache off: %s keeps a windowed sliding KV cache", package.root)
         backends = Backends(package, provider, settings, args.path, cache_root() if args.scoring_graph else None,
-                            args.gen_path, args.media_path)
+                            args.gen_path, args.media_path, args.cascade)
         workers = bool(args.workers or args.ray_address)  # issue 20: the driver opens no session (workers do)
         if backends.loglikelihood_path == "prefill" and not workers:
             backends.prefill  # noqa: B018  (open now: a bad package fails before any data is loaded)

@@ -22,12 +22,14 @@ from ortevals.package.loader import ModelPackage
 from ortevals.runtime.buffers import (
     NUMPY_NATIVE,
     KVCache,
+    KVView,
     bind_shared,
     empty_like_input,
     empty_past,
     feeds_len,
     host_float32,
 )
+from ortevals.runtime.cascade import cascade_decoder, prompt_feeds
 from ortevals.runtime.derive import GREEDY, LOGPROBS, POSITIONS, TARGETS, derived_decoder
 from ortevals.runtime.opening import open_session
 from ortevals.runtime.providers import ProviderConfig
@@ -213,7 +215,8 @@ class DecoderRunner:
         outs = binding.get_outputs()
         return [host_float32(o) for o in outs[:host]] + outs[host:]
 
-    def forward_inplace(self, input_ids: np.ndarray, past: KVCache, positions: np.ndarray | None = None):
+    def forward_inplace(self, input_ids: np.ndarray, past: KVCache, positions: np.ndarray | None = None,
+                        prompt: KVCache | None = None):
         """One pass whose new tokens' KV is written into ``past``'s own buffers (GroupQueryAttention's
         shared past/present buffer, as onnxruntime-genai runs it): no copy of the whole cache per pass.
 
@@ -222,16 +225,25 @@ class DecoderRunner:
         input_ids ``[B,S]``, no padding. Returns logits ``[B,S,V]`` (or ``[B,K,V]`` with ``positions``);
         the caller's cache then holds ``past.length + S`` tokens. Only graphs whose attention shares
         the buffer can run it: the sampler checks that once against :meth:`forward`.
+
+        prompt: the cascade decode graph's shared prompt KV (runtime/cascade.py), ``[1,H,P,D]`` per
+        layer, bound as it is for every row; ``past`` then holds each row's tokens after it, and the
+        mask spans ``P + past.length + S``.
         """
         ort = import_ort()
-        mask = np.ones((input_ids.shape[0], past.length + input_ids.shape[1]), dtype=np.int64)
+        shared = prompt.length if prompt is not None else 0
+        mask = np.ones((input_ids.shape[0], shared + past.length + input_ids.shape[1]), dtype=np.int64)
         feeds = self._token_feeds(input_ids) | self._gather_feeds(input_ids, positions)
         feeds.update(self._mask_feeds(input_ids.shape, mask, past))
+        if prompt is not None:
+            feeds.update(prompt_feeds(self.package, prompt))
         binding = self.decoder.io_binding()
         binding.bind_output(self.package.logits_name, "cpu")
         for name, value in feeds.items():
             if isinstance(value, ort.OrtValue):  # the embedding's outputs, where they are
                 binding.bind_ortvalue_input(name, value)
+            elif isinstance(value, KVView):  # a shared prompt's KV where the session runs
+                value.bind_input(binding, name)
             else:
                 binding.bind_cpu_input(name, np.ascontiguousarray(value))
         for spec in self.package.kv:
@@ -244,6 +256,15 @@ class DecoderRunner:
             raise PackageError(f"{self.package.decoder.path}: onnxruntime failed to run the decoder with a "
                                f"shared KV buffer: {first_line(e)}") from None
         return host_float32(binding.get_outputs()[0])
+
+    def cascade(self, provider: ProviderConfig, cache: Path) -> DecoderRunner:
+        """This runner over the cascade decode graph (runtime/cascade.py: decode rows attend to one shared
+        prompt KV), built once under ``cache``; the same package, embedding session and KV device.
+        Raises :class:`~ortevals.runtime.cascade.Refused` where the graph cannot be rewritten exactly."""
+        session = open_session(self.package.decoder, provider, cascade_decoder(self.package, cache))
+        log.info("opened the cascade decode graph of %s", self.package.decoder.path.name)
+        return DecoderRunner(self.package, session, self.embedding, self.bind_device, self.device_id,
+                             self.replicator)
 
     def repeat_past(self, past: KVCache, batch: int) -> KVCache:
         """``past`` of one row (``[1,H,T,D]`` per layer) replicated to ``[batch,H,T,D]``.
