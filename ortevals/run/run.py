@@ -76,7 +76,7 @@ class Run:
                             args.gen_path, args.media_path)
         workers = bool(args.workers or args.ray_address)  # issue 20: the driver opens no session (workers do)
         if backends.loglikelihood_path == "prefill" and not workers:
-            backends.prefill  # noqa: B018  (open now: a bad package fails before any data is loaded)
+            backends.open_soon()  # opening overlaps lm-eval's data loading and tokenizing; errors at first use
         log.info("loglikelihood requests go to the %s path%s", backends.loglikelihood_path,
                  f" ({backends.capability.reason})" if backends.capability.reason else "")
         store = None
