@@ -28,6 +28,7 @@ from ortevals.package.scope import Reads, package_reads
 from ortevals.runtime.genai import genai_reads
 from ortevals.runtime.media import media_reads
 from ortevals.runtime.meter import PassMeter
+from ortevals.runtime.opening import check_available
 from ortevals.runtime.providers import NPU_PROVIDERS, ProviderConfig
 from ortevals.runtime.reads import runner_reads
 
@@ -99,6 +100,7 @@ class Backends:
         waits for it, and an error there is raised there. The settings are decided here, on this thread."""
         if "prefill" in self.__dict__ or self._opening is not None:
             return
+        check_available(self.provider)  # a provider this install lacks: one line before any data is loaded
         self.prefill_choice  # noqa: B018  (decided once, before the thread reads it)
         self._opening = _Opening(self._open_prefill)
 
