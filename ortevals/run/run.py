@@ -82,7 +82,8 @@ class Run:
         store = None
         if args.store and args.store.lower() not in NO_STORE:
             store = open_store(Path(args.store), package, tokenizer, backends, args)
-        return cls(package, tokenizer, backends, args, store)
+        # resume=false: answers neither read nor written; the store still keeps the canary's verdicts (issue 26)
+        return cls(package, tokenizer, backends, args, store if args.resume else None)
 
     # --- the package's token facts -------------------------------------------------------------
     @property
