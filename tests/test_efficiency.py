@@ -167,3 +167,24 @@ def test_sessions_open_on_a_thread_and_errors_come_at_first_use(tiny_pkg, monkey
     with pytest.raises(PackageError, match="refused"):
         lm.backends.prefill  # noqa: B018
     assert where == ["ortevals-open"]
+
+
+def test_no_resume_reuses_the_canary_verdict_but_no_answer(tiny_pkg, tmp_path, monkeypatch):
+    monkeypatch.setenv("ORTEVALS_CACHE", str(tmp_path / "cache"))
+    args = ["mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--limit", "2", "--truncate", "left"]
+
+    def run(*extra):
+        out = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+        result = CliRunner().invoke(cli, [*args, *extra, "--output", str(out)], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        return result.output, json.loads((out / "results.json").read_text())
+
+    first, body1 = run("--no-resume")
+    second, body2 = run("--no-resume")
+    assert "canary passed" in first and "stored verdict reused" not in first
+    assert "stored verdict reused" in second  # the canary's passes are not run again
+    assert body2["efficiency"]["overall"]["prefill_passes"] < body1["efficiency"]["overall"]["prefill_passes"]
+    assert body2["ortevals"]["reused"] == 0  # every answer scored again
+    third, body3 = run()  # resume: --no-resume wrote no answer, so nothing to reuse
+    assert body3["ortevals"]["reused"] == 0 and body3["ortevals"]["requests"] == body1["ortevals"]["requests"]
+    assert [s["resps"] for s in body3.get("samples", [])] == [s["resps"] for s in body1.get("samples", [])]

@@ -25,7 +25,8 @@ def test_every_option_reaches_model_args():
                "prefix_budget_mb": "5", "scoring_graph": "0", "path": "incremental", "store": "s.sqlite",
                "max_gen_toks": "7", "gen_batch_size": "2", "seed": "0", "exact": "yes", "check": "no",
                "truncate": "left", "media_path": "og", "workers": "2", "ray_address": "10.0.0.1:6379",
-               "gen_path": "og", "samples": "8", "self_eval": "true", "temperature_fit": "split"}
+               "gen_path": "og", "samples": "8", "self_eval": "true", "temperature_fit": "split",
+               "resume": "false"}
     missing = fields - set(strings)
     assert not missing, f"add a string form for {missing}"
     args = parse_model_args(strings)

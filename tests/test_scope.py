@@ -136,7 +136,8 @@ CHANGED = {"ep": "cpu", "batch_size": 1, "max_length": 64, "threads": 1, "provid
 NOT_SCOPED = {"pkg", "store", "workers", "ray_address",  # where requests run never changes a number (issue 15)
               "samples",  # the store keys each sample, so raising K reuses the first K (issue 14)
               # issue 24: P(True) requests are keyed by their own text; the temperature is fitted after the run
-              "self_eval", "temperature_fit"}
+              "self_eval", "temperature_fit",
+              "resume"}  # issue 26: whether stored answers are read, not what they are
 
 
 def test_every_scoped_model_argument_is_covered():
