@@ -88,4 +88,8 @@ def summary_line(eff: dict[str, Any]) -> str:
         parts.append(f"TPOT {eff['tpot_s'] * 1000:.1f} ms")
     if eff["peak_device_mib"] is not None:
         parts.append(f"peak device {eff['peak_device_mib']:.0f} MiB")
-    return "efficiency: " + ("  ".join(parts) if parts else "no pass run (all requests reused)")
+    if not parts:
+        return ("efficiency: no pass run here (requests ran on Ray workers or onnxruntime-genai's Generators, "
+                "which this process does not meter)" if eff["requests"] else
+                "efficiency: no pass run (all requests reused)")
+    return "efficiency: " + "  ".join(parts)
