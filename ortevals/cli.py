@@ -169,7 +169,7 @@ def _load_lm(kw: dict):
     raw.setdefault("store", str(store_path(raw["pkg"])))  # --no-resume: canary verdicts only (resume=false)
     if not kw.get("resume", True):
         raw["resume"] = "false"
-    return OrtLM.from_package(parse_model_args(raw))
+    return OrtLM.from_package(parse_model_args(raw), open_soon=True)  # sessions open while lm-eval loads data
 
 
 @click.group(cls=Cli, context_settings={"help_option_names": ["-h", "--help"]})

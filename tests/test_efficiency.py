@@ -150,6 +150,8 @@ def test_the_derived_graph_leaves_the_weights_in_the_package(tiny_pkg, tmp_path)
 def test_sessions_open_on_a_thread_and_errors_come_at_first_use(tiny_pkg, monkeypatch):
     import threading
 
+    from lm_eval.api.instance import Instance
+
     from ortevals.errors import PackageError
     from ortevals.integrations.lm import OrtLM
     from ortevals.options import ModelArgs
@@ -163,10 +165,13 @@ def test_sessions_open_on_a_thread_and_errors_come_at_first_use(tiny_pkg, monkey
         raise PackageError("decoder.onnx: refused")
 
     monkeypatch.setattr(DecoderRunner, "open", refuse)
-    lm = OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg)))  # returns: the session opens on its thread
-    with pytest.raises(PackageError, match="refused"):
-        lm.backends.prefill  # noqa: B018
+    lm = OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg)), open_soon=True)  # returns: it opens on its thread
+    with pytest.raises(PackageError, match="refused"):  # the first request meets the error, before its checks
+        lm.loglikelihood([Instance("loglikelihood", {}, ("The city", " of"), 0)], disable_tqdm=True)
     assert where == ["ortevals-open"]
+    with pytest.raises(PackageError, match="refused"):  # a library caller: at once, as before
+        OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg)))
+    assert where == ["ortevals-open", "MainThread"]
 
 
 def test_no_resume_reuses_the_canary_verdict_but_no_answer(tiny_pkg, tmp_path, monkeypatch):

@@ -104,6 +104,11 @@ class Backends:
         self.prefill_choice  # noqa: B018  (decided once, before the thread reads it)
         self._opening = _Opening(self._open_prefill)
 
+    def ready(self) -> None:
+        """Wait for :meth:`open_soon`'s thread, if one is opening, and raise its error (nothing otherwise)."""
+        if self._opening is not None:
+            self.prefill  # noqa: B018
+
     def _open_prefill(self) -> PrefillEngine:
         from ortevals.runtime.sessions import DecoderRunner
 
