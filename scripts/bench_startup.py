@@ -13,8 +13,8 @@ What a new user waits for, start-up included: each command is its own process, t
 
     python scripts/bench_startup.py --limit 20 --out docs/bench-startup
 
-Each timed command runs under ``flock /work/bench.lock`` when that lock file's folder exists (machines
-shared between benchmark runs). Writes results.json, table.md and startup.png under --out.
+Each timed command holds ``/work/bench.lock`` (flock) when that folder exists (machines shared between
+benchmark runs); the clock starts once the lock is held. Writes results.json, table.md and startup.png under --out.
 """
 
 from __future__ import annotations
@@ -48,13 +48,16 @@ def hf_worker(limit: int, hf_dir: str, batch: int) -> None:
 
 
 def timed(name: str, cmd: list[str], env: dict) -> dict:
-    """Launch to exit of ``cmd`` (under the shared lock), its summary lines and exit status."""
-    if LOCK.parent.is_dir():
-        cmd = ["flock", str(LOCK), *cmd]
+    """Launch to exit of ``cmd``, its summary lines. Under the shared lock where there is one, taken before the
+    clock starts: waiting for another benchmark is not counted."""
+    import fcntl
+
     print(f"{name}: {' '.join(cmd)}", flush=True)
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    wall = time.perf_counter() - start
+    with open(LOCK, "a") if LOCK.parent.is_dir() else open(os.devnull) as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        wall = time.perf_counter() - start
     if proc.returncode:
         print(proc.stderr[-3000:])
         raise SystemExit(f"{name} failed (exit {proc.returncode})")
@@ -110,7 +113,7 @@ def write_report(runs: list[dict], args) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 2.8))
+    fig, ax = plt.subplots(figsize=(8, 2.8))
     ax.barh([r["run"] for r in runs][::-1], [r["wall_s"] for r in runs][::-1], color="#4c72b0")
     for i, r in enumerate(runs[::-1]):
         ax.text(r["wall_s"], i, f" {r['wall_s']:.1f} s ({r['x_hf']:.1f}×)", va="center", fontsize=8)
