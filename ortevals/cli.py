@@ -100,7 +100,8 @@ def run_options(fn):
                      help="lm-eval SQLite request cache (keyed by request only)."),
         click.option("--resume/--no-resume", default=True, show_default=True,
                      help="Reuse requests finished by an earlier run of the same package and settings "
-                          "(result store in the ortevals cache)."),
+                          "(result store in the ortevals cache). --no-resume scores every request again; the "
+                          "canary's stored verdict is still reused."),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
@@ -165,9 +166,10 @@ def _load_lm(kw: dict):
         raise OrtEvalsError(f"{flag} and --model-args {given[0]}={raw[given[0]]} both name the package; give it once")
     if kw["pkg"] is not None or kw["example"] or not given:
         raw["pkg"] = _package_path(kw["pkg"], kw["example"])
-    if kw.get("resume", True):
-        raw.setdefault("store", str(store_path(raw["pkg"])))
-    return OrtLM.from_package(parse_model_args(raw))
+    raw.setdefault("store", str(store_path(raw["pkg"])))  # --no-resume: canary verdicts only (resume=false)
+    if not kw.get("resume", True):
+        raw["resume"] = "false"
+    return OrtLM.from_package(parse_model_args(raw), open_soon=True)  # sessions open while lm-eval loads data
 
 
 @click.group(cls=Cli, context_settings={"help_option_names": ["-h", "--help"]})

@@ -154,6 +154,8 @@ OPTIONS: tuple[Option, ...] = (
            "Log-likelihood path: auto | prefill | incremental."),
     Option("store", text("store"), None, "SQLite result store: finished requests are reused on a rerun.",
            scoped=False),
+    Option("resume", boolean("resume"), True, "Reuse answers from the result store (false, the CLI's "
+           "--no-resume: every request scored again; canary verdicts there are still reused).", scoped=False),
     Option("exact", boolean("exact"), False, "One row per pass, no prefix reuse: each input scored as if run "
            "alone (chosen by itself when the graph's numbers depend on the batch).", flag="--exact"),
     Option("check", boolean("check"), True, "Before a batched run, check on a few requests that batching and "

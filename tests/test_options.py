@@ -27,7 +27,8 @@ def test_every_option_reaches_model_args():
                "truncate": "left", "media_path": "og", "workers": "2", "ray_address": "10.0.0.1:6379",
                "gen_path": "og", "samples": "8", "self_eval": "true", "temperature_fit": "split",
                "verifier": "Self", "prm": "on", "step_separator": "\\n---\\n", "prm_aggregation": "min",
-               "search": "DVTS", "search_n": "8", "search_width": "4", "search_max_steps": "3", "cascade": "off"}
+               "search": "DVTS", "search_n": "8", "search_width": "4", "search_max_steps": "3", "cascade": "off",
+               "resume": "false"}
     missing = fields - set(strings)
     assert not missing, f"add a string form for {missing}"
     args = parse_model_args(strings)

@@ -141,7 +141,8 @@ NOT_SCOPED = {"pkg", "store", "workers", "ray_address",  # where requests run ne
               # issue 25: verifiers score after the run (P(True) requests keyed by their text, the ORM not stored)
               "verifier", "prm", "step_separator", "prm_aggregation",
               # a --search run neither stores nor resumes its generations
-              "search", "search_n", "search_width", "search_max_steps"}
+              "search", "search_n", "search_width", "search_max_steps",
+              "resume"}  # issue 26: whether stored answers are read, not what they are
 
 
 def test_every_scoped_model_argument_is_covered():

@@ -50,10 +50,10 @@ class OrtLM(TemplateLM):
         self.self_eval_scores: dict = {}  # issue 24 --self-eval: (task, doc_id) → choice → (log p " (A)", " (B)")
 
     @classmethod
-    def from_package(cls, args: ModelArgs) -> OrtLM:
-        """Open the run (:meth:`Run.open`); with workers, the Ray pool that serves it (the cluster starts on
-        first use)."""
-        run = Run.open(args)
+    def from_package(cls, args: ModelArgs, open_soon: bool = False) -> OrtLM:
+        """Open the run (:meth:`Run.open`; ``open_soon``: its sessions on a thread, their errors at the first
+        request); with workers, the Ray pool that serves it (the cluster starts on first use)."""
+        run = Run.open(args, open_soon)
         if args.workers or args.ray_address:  # issue 15: data parallel on Ray
             run.pool = WorkerPool(args, run.backends.provider.on_device)
         lm = cls(run)

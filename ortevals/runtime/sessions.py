@@ -12,6 +12,7 @@ live in :mod:`ortevals.runtime.buffers`.
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,7 @@ from ortevals.runtime.buffers import (
 )
 from ortevals.runtime.cascade import cascade_decoder, prompt_feeds
 from ortevals.runtime.derive import GREEDY, LOGPROBS, POSITIONS, TARGETS, derived_decoder
+from ortevals.runtime.meter import PassMeter, boot_clock
 from ortevals.runtime.opening import open_session
 from ortevals.runtime.providers import ProviderConfig
 from ortevals.runtime.replicate import Replicator
@@ -74,6 +76,7 @@ class DecoderRunner:
         self.gathers_positions = POSITIONS in self._dec_inputs
         self.scores_in_graph = TARGETS in self._dec_inputs
         self._emb_passthrough = self._embedding_outputs() if embedding is not None else ()
+        self.meter = PassMeter()  # every pass's tokens and seconds (runtime/meter.py), the probe's excluded
 
     @classmethod
     def open(cls, package: ModelPackage, provider: ProviderConfig, cache: Path | None = None,
@@ -93,6 +96,7 @@ class DecoderRunner:
         device_id = int(provider.raw_options.get("device_id", 0) or 0)
         runner = cls(package, dec, emb, device, device_id, Replicator(provider, device or "cpu", device_id))
         runner.probe()
+        runner.meter.reset()  # the probe is start-up, not work
         return runner
 
     def probe(self) -> None:
@@ -172,10 +176,14 @@ class DecoderRunner:
         feeds = self._token_feeds(input_ids) | self._gather_feeds(input_ids, positions, targets)
         feeds.update(self._mask_feeds(input_ids.shape, attention_mask, past))
         feeds.update(self._past_feeds(input_ids.shape[0], past))
+        started, clock = boot_clock(), time.perf_counter()
         try:
             if self.bind_device:
-                return self._run_bound(names, host, feeds)
-            return self.decoder.run(names, feeds)
+                outs = self._run_bound(names, host, feeds)
+            else:
+                outs = self.decoder.run(names, feeds)
+            self.meter.record(*input_ids.shape, _past_len(past) > 0, started, time.perf_counter() - clock)
+            return outs
         except Exception as e:  # onnxruntime's own error types; name the model and the likely cause
             err = PackageError(f"{self.package.decoder.path}: onnxruntime failed to run the decoder: "
                                f"{first_line(e)} (does genai_config.json match the graph?)")
@@ -250,8 +258,10 @@ class DecoderRunner:
             for i, (inp, out) in enumerate(((spec.key_name, spec.present_key_name),
                                             (spec.value_name, spec.present_value_name))):
                 bind_shared(binding, inp, out, past.layers[spec.layer][i])  # host array or device view
+        started, clock = boot_clock(), time.perf_counter()
         try:
             self.decoder.run_with_iobinding(binding)
+            self.meter.record(*input_ids.shape, _past_len(past) > 0, started, time.perf_counter() - clock)
         except Exception as e:
             raise PackageError(f"{self.package.decoder.path}: onnxruntime failed to run the decoder with a "
                                f"shared KV buffer: {first_line(e)}") from None
@@ -375,3 +385,8 @@ def symbolic_mismatch(package: ModelPackage, ort_message: str | None) -> Package
 
 BIND_DEVICES = {"cpu": "cpu", "cuda": "cuda", "tensorrt": "cuda", "nvtensorrtrtx": "cuda", "rocm": "cuda",
                 "dml": "dml"}
+
+
+def _past_len(past) -> int:
+    """Valid past tokens of a pass's past (``KVCache`` / in-place arena), 0 without one."""
+    return int(getattr(past, "length", 0) or 0) if past is not None else 0
