@@ -90,7 +90,6 @@ def _flag(option):
 def table_options(*names: str):
     """Flags for the named options-table entries only (a command that takes a few model options)."""
     from ortevals.options import BY_NAME
-
     return lambda fn: functools.reduce(lambda f, name: _flag(BY_NAME[name])(f), reversed(names), fn)
 
 
@@ -108,7 +107,8 @@ def run_options(fn):
                      help="lm-eval SQLite request cache (keyed by request only)."),
         click.option("--resume/--no-resume", default=True, show_default=True,
                      help="Reuse requests finished by an earlier run of the same package and settings "
-                          "(result store in the ortevals cache)."),
+                          "(result store in the ortevals cache). --no-resume scores every request again; the "
+                          "canary's stored verdict is still reused."),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
@@ -173,9 +173,10 @@ def _load_lm(kw: dict):
         raise OrtEvalsError(f"{flag} and --model-args {given[0]}={raw[given[0]]} both name the package; give it once")
     if kw["pkg"] is not None or kw["example"] or not given:
         raw["pkg"] = _package_path(kw["pkg"], kw["example"])
-    if kw.get("resume", True):
-        raw.setdefault("store", str(store_path(raw["pkg"])))
-    return OrtLM.from_package(parse_model_args(raw))
+    raw.setdefault("store", str(store_path(raw["pkg"])))  # --no-resume: canary verdicts only (resume=false)
+    if not kw.get("resume", True):
+        raw["resume"] = "false"
+    return OrtLM.from_package(parse_model_args(raw), open_soon=True)  # sessions open while lm-eval loads data
 
 
 @click.group(cls=Cli, context_settings={"help_option_names": ["-h", "--help"]})
@@ -423,8 +424,7 @@ def profile(pkg, example, verbose, **kw) -> None:
 
     Per --batch × --prompt-len × --gen-len, random prompt ids and greedy, timed as onnxruntime-genai's
     benchmark_e2e.py times them (docs/benchmarks.md). A table, then profile.json and profile.png in --output."""
-    from ortevals.report.profile import format_table
-    from ortevals.run.profile import MODEL_ARGS, ProfileRequest, run_profile
+    from ortevals.run.profile import MODEL_ARGS, ProfileRequest, format_table, run_profile
 
     _setup_logging(verbose)
     model = {k: kw.pop(k) for k in MODEL_ARGS} | {"pkg": _package_path(pkg, example)}

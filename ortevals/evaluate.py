@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,10 +82,11 @@ def evaluate(lm, spec: RunSpec) -> RunOutcome:
         tasks = with_samples(tasks, k, _run_task_manager(spec), gen_kwargs)
     if getattr(getattr(lm, "args", None), "temperature_fit", "cv") == "split":  # issue 24: <task>@validation too
         tasks = with_fit_split(tasks, _run_task_manager(spec))
+    verifier = _open_verifier(lm, k)
     start = time.perf_counter()
-    before = dict(lm.stats)
+    before, passes = dict(lm.stats), _meter_counts(lm)
     try:
-        with quiet_git_hash():
+        with quiet_git_hash(), deferred_torch_seed(), env_info_without_torch():
             results = lm_eval.simple_evaluate(
                 model=model, tasks=tasks, limit=None if spec.samples else spec.limit, samples=spec.samples,
                 num_fewshot=spec.num_fewshot,
@@ -102,12 +104,14 @@ def evaluate(lm, spec: RunSpec) -> RunOutcome:
     if k:
         from ortevals.report.samples import add_scaling
 
-        add_scaling(results, tasks, lm, spec.output)
+        add_scaling(results, tasks, lm, spec.output,
+                    _verify(results, tasks, lm, verifier, lm.stats["seconds"] - before["seconds"]))
     plots = _calibration(results, lm, spec.output)
     requests = lm.stats["requests"] - before["requests"]
     reused = lm.stats["reused"] - before["reused"]
+    eff = _efficiency(results, lm, passes, requests, reused, lm.stats["generated_tokens"] - before["generated_tokens"])
     summary = summarize(results, requests, seconds, lm.stats["seconds"] - before["seconds"], reused,
-                        mode_text(lm.stats, requests, reused), workers_text(lm), spec.notes)
+                        mode_text(lm.stats, requests, reused), workers_text(lm), spec.notes, eff)
     files = tuple(write_outputs(spec.output, results, summary)) + tuple(plots) if spec.output else ()
     return RunOutcome(summary, results, files)
 
@@ -133,6 +137,116 @@ def quiet_git_hash():
         yield
     finally:
         lm_eval.evaluator.get_git_commit_hash = original
+
+
+@contextlib.contextmanager
+def deferred_torch_seed():
+    """While lm-eval runs: its torch seed (``set_torch_seed``, called by ``simple_evaluate`` whenever torch is
+    installed) set when torch is imported, not by importing it. ortevals computes nothing with torch, so
+    lm-eval's import of it cost about 3 s of start-up for nothing. Seeding at import gives torch the state
+    lm-eval's early seed gives it (nothing draws from torch's generator before it is imported); a torch
+    already imported is seeded at once, as lm-eval does. ``results["config"]["torch_seed"]`` is unchanged."""
+    import lm_eval.evaluator
+
+    original = lm_eval.evaluator.set_torch_seed
+    pending: list[int] = []
+
+    def seed_when_imported(seed: int) -> None:
+        if "torch" in sys.modules:
+            original(seed)
+        else:
+            pending.append(seed)
+
+    lm_eval.evaluator.set_torch_seed = seed_when_imported
+    hook = _SeedOnImport(pending, original)
+    sys.meta_path.insert(0, hook)
+    try:
+        yield
+    finally:
+        lm_eval.evaluator.set_torch_seed = original
+        if hook in sys.meta_path:
+            sys.meta_path.remove(hook)
+
+
+TORCHLESS_ENV = ("not collected: ortevals computes nothing with torch (lm-eval's collection imports torch and "
+                 "takes about 2 s); the runtime is in config.model_info")
+
+
+@contextlib.contextmanager
+def env_info_without_torch():
+    """While lm-eval runs: its ``add_env_info`` (results' ``pretty_env_info``, ``transformers_version``,
+    ``lm_eval_version``, ``upper_git_hash``) without importing torch or transformers. The versions come from
+    package metadata (the same strings); ``pretty_env_info``, torch's environment report, says why it is not
+    collected (``TORCHLESS_ENV``). No number changes."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    import lm_eval.evaluator
+    from lm_eval.loggers.utils import get_commit_from_path
+
+    def add_env_info(storage: dict) -> None:
+        def ver(dist: str, missing: str) -> str:
+            try:
+                return version(dist)
+            except PackageNotFoundError:
+                return missing
+        storage.update({"pretty_env_info": TORCHLESS_ENV, "transformers_version": ver("transformers", "N/A"),
+                        "lm_eval_version": ver("lm_eval", "N/A"),
+                        "upper_git_hash": get_commit_from_path(Path(os.getcwd(), ".."))})
+
+    original = lm_eval.evaluator.add_env_info
+    lm_eval.evaluator.add_env_info = add_env_info
+    try:
+        yield
+    finally:
+        lm_eval.evaluator.add_env_info = original
+
+
+class _SeedOnImport:
+    """A meta-path finder for ``torch`` alone: the spec the other finders give, its loader wrapped so lm-eval's
+    pending seed is applied right after torch's own module has run."""
+
+    def __init__(self, pending: list[int], seed_fn) -> None:
+        self.pending, self.seed_fn = pending, seed_fn
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch" or not self.pending:
+            return None
+        spec = next((s for f in sys.meta_path if f is not self and hasattr(f, "find_spec")
+                     and (s := f.find_spec(name, path, target)) is not None), None)
+        if spec is None or not hasattr(spec.loader, "exec_module"):
+            return None
+        run_module, pending, seed_fn = spec.loader.exec_module, self.pending, self.seed_fn
+
+        def exec_module(module) -> None:
+            run_module(module)
+            while pending:
+                seed_fn(pending.pop(0))
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def _meter_counts(lm):
+    """The run's pass meter reading (runtime/meter.py), None without one (a fake lm, Ray workers' passes)."""
+    meter = getattr(getattr(lm, "backends", None), "meter", None)
+    return meter.counts() if meter is not None else None
+
+
+def _efficiency(results: dict, lm, before, requests: int, reused: int, output_tokens: int) -> dict | None:
+    """``results["efficiency"]`` (report/efficiency.py) from the engine's pass meter, start-up and peak memory."""
+    from ortevals.report.efficiency import by_task, efficiency, since, startup_seconds
+    from ortevals.report.results import peak_rss_mb
+    from ortevals.runtime.meter import boot_clock
+
+    after = _meter_counts(lm)
+    if after is None:
+        return None
+    counts = since(after, before)
+    overall = efficiency(counts, requests, reused, output_tokens, startup_seconds(after, boot_clock()),
+                         peak_rss_mb())
+    tasks = {t: len(s) for t, s in results.get("samples", {}).items()}
+    results["efficiency"] = {"by_task": by_task(overall, tasks), "overall": overall}
+    return overall
 
 
 GEN_PATHS = {"raw": "generation on raw onnxruntime", "og": "generation on onnxruntime-genai"}
@@ -171,6 +285,36 @@ def _calibration(results: dict, lm, output: Path | None) -> list[Path]:
             log.warning("--self-eval: no multiple-choice question and no single generated answer to ask about; "
                         "no P(True) is reported")
     return add_calibration(results, output, scores)
+
+
+def _open_verifier(lm, k: int | None):
+    """Issue 25: the run's verifier (integrations/verify.py), opened before the run so a bad one stops it at once."""
+    args = getattr(lm, "args", None)
+    spec = getattr(args, "verifier", None)
+    if spec is None:
+        return None
+    if (not k or k < 2) and getattr(args, "search", "none") != "none":
+        return None  # the verifier guides --search only (its PRM: integrations/lm.py)
+    if not k or k < 2:
+        raise OrtEvalsError("--verifier scores each question's K answers: give --samples K (K >= 2)")
+    from ortevals.integrations.verify import open_verifier
+
+    return open_verifier(spec, lm)
+
+
+def _verify(results: dict, tasks, lm, verifier, generation_seconds: float):
+    """Each question's K answers scored after the run: ((task, doc_id) -> K scores, -> K step-score lists),
+    the verifier's tokens, seconds and its cost against generation's in ``results["verifier"]``."""
+    if verifier is None:
+        return None
+    from ortevals.integrations.verify import questions_of, verify_run
+
+    names = [t.get("task") for t in tasks if isinstance(t, dict) and t.get("repeats")]
+    out = verify_run(verifier, questions_of(results, names), lm.args.prm, lm.args.step_separator)
+    results["verifier"] = {"name": out.name, "questions": len(out.scores), "tokens_run": out.tokens,
+                           "seconds": out.seconds, "prm": bool(lm.args.prm), "generation_seconds": generation_seconds,
+                           "cost_ratio": out.seconds / generation_seconds if generation_seconds > 0 else None}
+    return out.scores, out.steps
 
 
 def _run_task_manager(spec: RunSpec):

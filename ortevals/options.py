@@ -80,6 +80,27 @@ def parse_batch_size(value: Any) -> int | None:
     return positive_int("batch_size")(value)
 
 
+def verifier_spec(value: Any) -> str:
+    """``self`` or a folder path (checked when the run opens it: runtime/reward.py)."""
+    if not isinstance(value, str) or not value.strip():
+        raise OrtEvalsError(f"verifier must be 'self' or the folder of an ONNX sequence classifier, got {value!r}")
+    return "self" if value.strip().lower() == "self" else value.strip()
+
+
+def separator(value: Any) -> str:
+    """A step separator; backslash escapes (``\\n\\n``) are read as Python reads them, so a CLI can give one."""
+    import codecs
+
+    text = value if isinstance(value, str) else None
+    try:
+        text = codecs.decode(text, "unicode_escape") if text is not None and "\\" in text else text
+    except UnicodeDecodeError:
+        text = None
+    if not text:
+        raise OrtEvalsError(f"step_separator must be a non-empty string (escapes like \\n allowed), got {value!r}")
+    return text
+
+
 def parse_provider_options(value: Any) -> tuple[str, ...]:
     """``"k=v;k=v"``, a list of ``"k=v"`` or a mapping -> ``("k=v", …)``."""
     if isinstance(value, Mapping):
@@ -133,6 +154,8 @@ OPTIONS: tuple[Option, ...] = (
            "Log-likelihood path: auto | prefill | incremental."),
     Option("store", text("store"), None, "SQLite result store: finished requests are reused on a rerun.",
            scoped=False),
+    Option("resume", boolean("resume"), True, "Reuse answers from the result store (false, the CLI's "
+           "--no-resume: every request scored again; canary verdicts there are still reused).", scoped=False),
     Option("exact", boolean("exact"), False, "One row per pass, no prefix reuse: each input scored as if run "
            "alone (chosen by itself when the graph's numbers depend on the batch).", flag="--exact"),
     Option("check", boolean("check"), True, "Before a batched run, check on a few requests that batching and "
@@ -158,6 +181,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("gen_path", choice("gen_path", ("auto", "raw", "og")), "auto",
            "generate_until path: auto (raw where the package has full logits and a plain KV cache), raw "
            "(shared-prompt sampling on onnxruntime), og (onnxruntime-genai Generators)."),
+    # issue 26 (engine/generate/cascade.py, runtime/cascade.py): scoped, its attention sums in another order (~1e-6)
+    Option("cascade", choice("cascade", ("auto", "on", "off")), "auto",
+           "Raw-path sampling of K rows of one prompt: auto (the rows attend to one shared copy of the prompt's "
+           "KV where the decoder's attention can be rewritten exactly, checked once against the plain pass; "
+           "costs a second session of the decoder), on (the same, an error where it cannot), off (each row "
+           "keeps its own copy of the prompt KV)."),
     # not scoped: the store keys each sample by request + sample index, so raising K reuses the first K
     Option("samples", positive_int("samples"), None, "Samples per question: overrides the tasks' repeats and "
            "reports maj@k, pass@k and best-of-k for k = 1, 2, 4, … K (always sampling: at the --gen-kwargs "
@@ -167,6 +196,28 @@ OPTIONS: tuple[Option, ...] = (
            "the package whether the proposed answer is true, and report its AUROC and calibration (multiple "
            "choice: the prompt's KV is reused, each choice costs its ~20 new tokens).", scoped=False,
            flag="--self-eval"),
+    # issue 25 (integrations/verify.py, report/selection.py): scores after the run, never a generated token
+    Option("verifier", verifier_spec, None, "With --samples K: score each question's K answers by 'self' (P(True) on "
+           "the package, the question's prompt KV shared by its K answers) or PATH (an ONNX sequence classifier "
+           "folder: model.onnx + tokenizer.json) and report bon@k and weighted_maj@k.", scoped=False,
+           flag="--verifier", metavar="self|PATH"),
+    Option("prm", boolean("prm"), False, "With --verifier: also score each step (split at step_separator) as the "
+           "answer up to it, and report the PRM variants (bon_prm_last/min/prod, weighted_maj_prm_*).", scoped=False),
+    Option("step_separator", separator, "\n\n", "Where a solution's steps end (PRM scores, step-level search).",
+           scoped=False),
+    Option("prm_aggregation", choice("prm_aggregation", ("last", "min", "prod")), "last",
+           "How a solution's step scores become one in step-level search: last, min or prod.", scoped=False),
+    # issue 25 (engine/generate/stepsearch.py on rowmodel.py): not scoped because a --search run neither stores
+    # nor resumes its generations (its PRM, a file or the package itself, is not in the store's scope)
+    Option("search", choice("search", ("none", "beam", "dvts", "particles")), "none",
+           "generate_until by step-level search guided by --verifier's step scores (steps at step_separator, "
+           "folded by prm_aggregation): beam (PRM beam search), dvts, particles (particle filtering); raw path.",
+           scoped=False, flag="--search", metavar="none|beam|dvts|particles"),
+    Option("search_n", positive_int("search_n"), 4, "--search: beams, DVTS candidates or particles.", scoped=False),
+    Option("search_width", positive_int("search_width"), 2, "--search beam/dvts: the beam width (divides search_n).",
+           scoped=False),
+    Option("search_max_steps", positive_int("search_max_steps"), 40, "--search: iterations (the last runs to EOS).",
+           scoped=False),
     Option("temperature_fit", choice("temperature_fit", ("cv", "split")), "cv", "Where the calibration "
            "temperature is fitted: cv (10-fold cross-validation on the evaluated questions, no model work) or "
            "split (also run each multiple-choice task on its validation, else few-shot, split and fit there).",

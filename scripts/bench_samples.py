@@ -117,7 +117,7 @@ def run_backend(backend: str, args, configs: list[dict]) -> dict:
     tokens = sum(q["generated_tokens"] for q in per_question)
     out = {"load_s": loaded, "wall_s": wall, "questions": len(per_question), "samples": len(questions) and
            sum(q["samples"] for q in per_question), "generated_tokens": tokens, "tokens_per_s": tokens / wall,
-           "curve": [p.__dict__ for p in scaling_curves(questions)], "per_question": per_question}
+           "curve": [p.__dict__ for p in scaling_curves([q.samples for q in questions])], "per_question": per_question}
     if backend == "ortevals":
         out["engine"] = dict(lm.run.generation.sampler().stats)
         out["engine"]["kv"] = lm.run.generation.sampler().kv_rows.name

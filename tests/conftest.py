@@ -99,3 +99,11 @@ def reference_scores(tiny_pkg) -> list[float]:
     lm = OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg), batch_size=1))
     return [lp for lp, _ in lm.loglikelihood([Instance("loglikelihood", {}, r, i) for i, r in enumerate(REQS)],
                                              disable_tqdm=True)]
+
+
+@pytest.fixture(scope="session")
+def tiny_orm(fixture_cache, tiny) -> tuple[Path, Path]:
+    """(hf_dir, onnx_dir) of the tiny outcome reward model (issue 25), on the tiny package's tokenizer."""
+    from tests.fixtures.orm import build_orm
+
+    return build_orm(fixture_cache, tiny[0])

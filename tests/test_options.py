@@ -25,7 +25,10 @@ def test_every_option_reaches_model_args():
                "prefix_budget_mb": "5", "scoring_graph": "0", "path": "incremental", "store": "s.sqlite",
                "max_gen_toks": "7", "gen_batch_size": "2", "seed": "0", "exact": "yes", "check": "no",
                "truncate": "left", "media_path": "og", "workers": "2", "ray_address": "10.0.0.1:6379",
-               "gen_path": "og", "samples": "8", "self_eval": "true", "temperature_fit": "split"}
+               "gen_path": "og", "samples": "8", "self_eval": "true", "temperature_fit": "split",
+               "verifier": "Self", "prm": "on", "step_separator": "\\n---\\n", "prm_aggregation": "min",
+               "search": "DVTS", "search_n": "8", "search_width": "4", "search_max_steps": "3", "cascade": "off",
+               "resume": "false"}
     missing = fields - set(strings)
     assert not missing, f"add a string form for {missing}"
     args = parse_model_args(strings)
@@ -35,6 +38,8 @@ def test_every_option_reaches_model_args():
     assert (args.workers, args.ray_address) == (2, "10.0.0.1:6379")
     assert (args.gen_path, args.samples) == ("og", 8)
     assert (args.self_eval, args.temperature_fit) == (True, "split")
+    assert (args.verifier, args.prm, args.step_separator, args.prm_aggregation) == ("self", True, "\n---\n", "min")
+    assert (args.search, args.search_n, args.search_width, args.search_max_steps) == ("dvts", 8, 4, 3)
 
 
 @pytest.mark.parametrize("text,needle", [
@@ -46,6 +51,11 @@ def test_every_option_reaches_model_args():
     ("pkg=x,media_path=gpu", "media_path must be one of auto, og, fast"),
     ("pkg=x,gen_path=gpu", "gen_path must be one of auto, raw, og, got 'gpu'"),
     ("pkg=x,samples=0", "samples must be > 0, got 0"),
+    ("pkg=x,prm_aggregation=mean", "prm_aggregation must be one of last, min, prod, got 'mean'"),
+    ("pkg=x,step_separator=", "step_separator must be a non-empty string"),
+    ("pkg=x,prm=sometimes", "prm must be true or false"),
+    ("pkg=x,search=mcts", "search must be one of none, beam, dvts, particles, got 'mcts'"),
+    ("pkg=x,search_n=0", "search_n must be > 0, got 0"),
 ])
 def test_bad_values_name_the_option(text, needle):
     with pytest.raises(OrtEvalsError, match=needle):

@@ -256,3 +256,24 @@ def test_a_sample_ended_by_eos_has_the_eos_log_prob_in_its_sum(raw, tiny_pkg, af
     logp = raw_ort_logprobs(tiny_pkg, seq[:-1])
     oracle = sum(logp[len(prompt) - 1 + t, seq[len(prompt) + t]] for t in range(after + 1))
     assert got.logprob == pytest.approx(oracle, abs=1e-4) and got.logprob < -1e-3
+
+
+def test_each_sample_carries_its_self_certainty(raw, tiny_pkg):
+    """Issue 25: the sampler's running self-certainty of each row (K rows decoded together, rows ending
+    at different steps) equals the mean over the row's chosen tokens of KL(U || p_t) from a plain
+    onnxruntime pass (scipy's entropy against the uniform, no ortevals code), the ending EOS included."""
+    from scipy.stats import entropy
+
+    prompt = raw.tok_encode(PROMPT)
+    eos = rows(sampler(raw), raw, PROMPT, {"until": [], "max_gen_toks": 8, "do_sample": False}, [0])[0].ids[2]
+    s = SharedPromptSampler(raw.run.generation.sampler().runner, raw.tokenizer, {eos})
+    settings = parse_gen_kwargs(SAMPLED, 16)
+    logits, past = s.prompt(tuple(prompt), settings.max_gen_toks)
+    got = s.decode(logits, past, settings, [np.random.default_rng(i) for i in range(6)], ["r"] * 6, prompt)
+    assert len({g.tokens for g in got}) > 1  # rows left the batch at different steps
+    for g in got:
+        seq = [*prompt, *g.ids, *([eos] if g.eos else [])]
+        logp = raw_ort_logprobs(tiny_pkg, seq[:-1])[len(prompt) - 1:]
+        uniform = np.full(logp.shape[1], 1.0 / logp.shape[1])
+        oracle = np.mean([entropy(uniform, np.exp(row)) for row in logp])
+        assert len(logp) == g.scored and g.certainty == pytest.approx(oracle, rel=1e-6, abs=1e-6)

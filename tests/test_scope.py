@@ -130,13 +130,19 @@ def test_a_version_bump_misses(name, tiny_pkg, tmp_path, monkeypatch):
 CHANGED = {"ep": "cpu", "batch_size": 1, "max_length": 64, "threads": 1, "provider_options": ("use_arena=0",),
            "add_bos_token": False, "memory_budget_mb": 512, "prefix_cache": False, "prefix_budget_mb": 256,
            "scoring_graph": False, "path": "incremental", "max_gen_toks": 32, "gen_batch_size": 2, "seed": 7,
-           "exact": True, "check": False, "truncate": "left", "media_path": "og", "gen_path": "og"}
+           "exact": True, "check": False, "truncate": "left", "media_path": "og", "gen_path": "og",
+           "cascade": "off"}
 
 
 NOT_SCOPED = {"pkg", "store", "workers", "ray_address",  # where requests run never changes a number (issue 15)
               "samples",  # the store keys each sample, so raising K reuses the first K (issue 14)
               # issue 24: P(True) requests are keyed by their own text; the temperature is fitted after the run
-              "self_eval", "temperature_fit"}
+              "self_eval", "temperature_fit",
+              # issue 25: verifiers score after the run (P(True) requests keyed by their text, the ORM not stored)
+              "verifier", "prm", "step_separator", "prm_aggregation",
+              # a --search run neither stores nor resumes its generations
+              "search", "search_n", "search_width", "search_max_steps",
+              "resume"}  # issue 26: whether stored answers are read, not what they are
 
 
 def test_every_scoped_model_argument_is_covered():

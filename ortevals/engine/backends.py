@@ -4,7 +4,9 @@ Owns the capability check made at load (can this package and provider return
 logits for every position?), the user's ``path=auto|prefill|incremental`` and
 ``gen_path=auto|raw|og`` choices, lazy opening: the raw-ORT prefill sessions and
 the onnxruntime-genai model are opened on first use, so a log-likelihood run
-never holds the second copy of the weights that og would load, and
+never holds the second copy of the weights that og would load (the prefill engine
+may be opened on a thread while lm-eval loads data: :meth:`Backends.open_soon`), the
+run's :class:`~ortevals.runtime.meter.PassMeter`, and
 :meth:`Backends.reads`: what every path this run can open reads, from the same
 functions the openers use (the result store's scope is built from it alone).
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 from dataclasses import dataclass, replace
 
 from ortevals.engine.score.incremental import IncrementalEngine
@@ -22,8 +25,11 @@ from ortevals.errors import OrtEvalsError, PackageError
 from ortevals.package.loader import ModelPackage
 from ortevals.package.multimodal import has_media_models
 from ortevals.package.scope import Reads, package_reads
+from ortevals.runtime.cascade import cascade_reads
 from ortevals.runtime.genai import genai_reads
 from ortevals.runtime.media import media_reads
+from ortevals.runtime.meter import PassMeter
+from ortevals.runtime.opening import check_available
 from ortevals.runtime.providers import NPU_PROVIDERS, ProviderConfig
 from ortevals.runtime.reads import runner_reads
 
@@ -65,7 +71,8 @@ class Backends:
     """The package's scoring paths, each opened on first use."""
 
     def __init__(self, package: ModelPackage, provider: ProviderConfig, settings: EngineSettings,
-                 path: str = "auto", derived_cache=None, gen_path: str = "auto", media_path: str = "auto") -> None:
+                 path: str = "auto", derived_cache=None, gen_path: str = "auto", media_path: str = "auto",
+                 cascade: str = "auto") -> None:
         self.package = package
         self.provider = provider
         self.settings = settings
@@ -74,15 +81,44 @@ class Backends:
         self.loglikelihood_path = loglikelihood_path(path, self.capability)
         self.gen_path = gen_path
         self.media_path = media_path
+        self.cascade = cascade  # decode rows on one shared prompt KV (engine/generate/cascade.py)
+        self.meter = PassMeter()  # tokens and seconds of every raw pass of the run (runtime/meter.py)
+        self._opening: _Opening | None = None  # open_soon's thread
         self.verdicts = Verdicts()  # canary verdicts; OrtLM gives it the result store (engine/score/invariance.py)
 
     @functools.cached_property
     def prefill(self) -> PrefillEngine:
+        """The prefill engine: the one :meth:`open_soon` is opening (waited for), else opened now."""
+        opening, self._opening = self._opening, None
+        if opening is None:
+            return self._open_prefill()
+        opening.join()
+        if isinstance(opening.result, BaseException):
+            raise opening.result
+        return opening.result
+
+    def open_soon(self) -> None:
+        """Start opening the prefill engine on a thread (the derived graph, onnxruntime's session creation,
+        which releases the GIL, and the probe) while lm-eval loads the data and tokenizes; :attr:`prefill`
+        waits for it, and an error there is raised there. The settings are decided here, on this thread."""
+        if "prefill" in self.__dict__ or self._opening is not None:
+            return
+        check_available(self.provider)  # a provider this install lacks: one line before any data is loaded
+        self.prefill_choice  # noqa: B018  (decided once, before the thread reads it)
+        self._opening = _Opening(self._open_prefill)
+
+    def ready(self) -> None:
+        """Wait for :meth:`open_soon`'s thread, if one is opening, and raise its error (nothing otherwise)."""
+        if self._opening is not None:
+            self.prefill  # noqa: B018
+
+    def _open_prefill(self) -> PrefillEngine:
         from ortevals.runtime.sessions import DecoderRunner
 
         settings, mode = self.prefill_choice
-        engine = PrefillEngine(DecoderRunner.open(self.package, self.provider, self._derived(settings)), settings,
-                               self.verdicts)
+        runner = DecoderRunner.open(self.package, self.provider, self._derived(settings))
+        runner.meter = self.meter  # one meter for the run's passes (runtime/meter.py)
+        engine = PrefillEngine(runner, settings, self.verdicts)
         engine.mode = mode
         return engine
 
@@ -120,6 +156,8 @@ class Backends:
             gen = "raw"  # refused at the first generate_until request
         if self.loglikelihood_path == "prefill" or gen == "raw":
             out += runner_reads(self.package, self.provider, self._derived(self.prefill_choice[0]))
+        if gen == "raw" and self.cascade != "off":  # its session's record is the raw sessions' own
+            out.append(cascade_reads(self.package))
         if self.loglikelihood_path == "incremental" or gen == "og":
             out.append(genai_reads(self.package, self.provider))
         if has_media_models(self.package):
@@ -167,3 +205,18 @@ class Backends:
     def scorer(self):
         """The engine serving loglikelihood / loglikelihood_rolling."""
         return self.prefill if self.loglikelihood_path == "prefill" else self.incremental
+
+
+class _Opening(threading.Thread):
+    """One call on its own thread; ``result`` is its return value or the exception it raised."""
+
+    def __init__(self, fn) -> None:
+        super().__init__(name="ortevals-open", daemon=False)  # never cut off inside onnxruntime at exit
+        self.fn, self.result = fn, None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.result = self.fn()
+        except BaseException as e:  # noqa: BLE001  (handed to the thread that waits for it)
+            self.result = e

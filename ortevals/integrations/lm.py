@@ -23,6 +23,7 @@ from lm_eval.api.model import TemplateLM
 
 from ortevals.engine.score.prefill import Score, TokenRequest
 from ortevals.engine.score.scoring import NonFiniteScore, describe_request, fits
+from ortevals.errors import OrtEvalsError
 from ortevals.files import store_path
 from ortevals.integrations import self_eval
 from ortevals.integrations.lm_media import MediaRouter
@@ -49,13 +50,37 @@ class OrtLM(TemplateLM):
         self.self_eval_scores: dict = {}  # issue 24 --self-eval: (task, doc_id) → choice → (log p " (A)", " (B)")
 
     @classmethod
-    def from_package(cls, args: ModelArgs) -> OrtLM:
-        """Open the run (:meth:`Run.open`); with workers, the Ray pool that serves it (the cluster starts on
-        first use)."""
-        run = Run.open(args)
+    def from_package(cls, args: ModelArgs, open_soon: bool = False) -> OrtLM:
+        """Open the run (:meth:`Run.open`; ``open_soon``: its sessions on a thread, their errors at the first
+        request); with workers, the Ray pool that serves it (the cluster starts on first use)."""
+        run = Run.open(args, open_soon)
         if args.workers or args.ray_address:  # issue 15: data parallel on Ray
             run.pool = WorkerPool(args, run.backends.provider.on_device)
-        return cls(run)
+        lm = cls(run)
+        if args.search != "none":  # issue 25: the verifier's step scores guide generation
+            lm._open_search()
+        return lm
+
+    def _open_search(self) -> None:
+        """--search: the PRM from --verifier (integrations/verify.py); nothing stored or resumed, since the
+        store's scope holds neither the verifier's files nor its settings."""
+        from ortevals.engine.generate.prm import TextPrm
+        from ortevals.integrations.verify import open_verifier
+        from ortevals.run.search import search_settings
+
+        args = self.args
+        if args.verifier is None:
+            raise OrtEvalsError("--search needs --verifier: its step scores guide the search")
+        search_settings(args)  # a bad n / width stops the run now
+        if self.run.pool is not None or self.run.generation.path() != "raw":
+            raise OrtEvalsError(f"--search {args.search} runs on the raw path in this process; this run generates "
+                                "on onnxruntime-genai or on workers (gen_path=raw, no --workers)")
+        if self.run.store is not None:
+            log.info("--search: generations are neither stored nor resumed")
+            self.run.store = None
+        verifier = open_verifier(args.verifier, self)
+        self.run.step_scorer = TextPrm(verifier.score_texts, args.step_separator, self.tokenizer.decode)
+        self.run.search_reward = "logit" if args.verifier == "self" else "raw"  # an ORM's score is a logit
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> OrtLM:
@@ -89,6 +114,7 @@ class OrtLM(TemplateLM):
     stats = property(lambda self: self.run.stats)
     pool = property(lambda self: self.run.pool)
     sample_logprobs = property(lambda self: self.run.sample_logprobs)
+    sample_certainty = property(lambda self: self.run.sample_certainty)
 
     @property
     def engine(self):

@@ -8,7 +8,9 @@ Owns turning lm-eval's results dict into a :class:`RunSummary` and the text the 
   every task's questions, each question counted once per filter;
 * with ``--samples K`` the headline is the k=1 estimate (every sample of every question, not the
   first sample lm-eval's ``exact_match`` scores) with its interval, then maj@k / pass@k / best@k;
-* questions, requests, wall time, requests/s, the scoring mode, what was scored, the workers.
+* questions, requests, start-up (process start to the first pass), wall time of the evaluation, scoring
+  time, requests/s, then the efficiency line (report/efficiency.py), the scoring mode, what was scored,
+  the workers.
 
 A statistic with no value (one question has no standard error) prints as ``n/a`` and is ``null``
 in the files. Writes lm-eval's results JSON (strict: no bare NaN) plus per-sample JSONL atomically,
@@ -26,12 +28,15 @@ from pathlib import Path
 from typing import Any
 
 from ortevals.files import atomic_write, json_text
+from ortevals.report.efficiency import summary_line
 from ortevals.report.model_info import describe
+from ortevals.report.selection import SELECTORS
 
 log = logging.getLogger(__name__)
 CATEGORY_KEYS = ("category", "subject")
 SAMPLE_METRICS = ("acc", "exact_match", "acc_norm")  # the per-question score a category averages
 SKIP_KEYS = ("alias", "name", "sample_len", " ")
+TABLE_ESTIMATORS = ("maj", "pass", "best", "bon", "weighted_maj", "bon_certainty")  # the PRM variants: rows only
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,7 @@ class RunSummary:
     workers: str = ""  # "4 Ray workers (local cluster)" when the run was data parallel
     scaling: dict | None = None  # --samples: results["scaling"] (pooled curve points)
     notes: tuple[str, ...] = ()  # what an option meant in this run (--limit)
+    efficiency: dict | None = None  # results["efficiency"]["overall"] (report/efficiency.py)
 
     @property
     def requests_per_s(self) -> float:
@@ -98,9 +104,12 @@ class RunSummary:
 
 
 def summarize(results: dict[str, Any], requests: int, seconds: float, model_seconds: float,
-              reused: int = 0, mode: str = "", workers: str = "", notes: tuple[str, ...] = ()) -> RunSummary:
+              reused: int = 0, mode: str = "", workers: str = "", notes: tuple[str, ...] = (),
+              efficiency: dict | None = None) -> RunSummary:
     """Build the summary from ``lm_eval.simple_evaluate``'s return value."""
     scaling = results.get("scaling")
+    if scaling and results.get("verifier"):  # --verifier (issue 25): its cost, shown under the scaling table
+        scaling = {**scaling, "verifier": results["verifier"]}
     by_filter: dict[str, dict[tuple[str, Any], float]] = defaultdict(dict)
     categories: list[CategoryScore] = []
     docs: set[tuple[str, Any]] = set()
@@ -114,7 +123,8 @@ def summarize(results: dict[str, Any], requests: int, seconds: float, model_seco
     overall = _samples_overall(scaling) if scaling else tuple(
         Overall(f, sum(v.values()) / len(v), len(v)) for f, v in by_filter.items() if v)
     return RunSummary(_rows(results), tuple(categories), len(docs), requests, overall, seconds, model_seconds,
-                      peak_rss_mb(), reused, mode, describe(results.get("config") or {}), workers, scaling, notes)
+                      peak_rss_mb(), reused, mode, describe(results.get("config") or {}), workers, scaling, notes,
+                      efficiency)
 
 
 def _number(value: Any) -> float | None:
@@ -194,7 +204,7 @@ def _shown_rows(summary: RunSummary) -> list[MetricRow]:
     if not summary.scaling:
         return list(summary.rows)
     k = summary.scaling["samples"]
-    keep = {"pass@1", f"maj@{k}", f"pass@{k}", f"best@{k}"}
+    keep = {"pass@1", *(f"{e}@{k}" for e in ("maj", "pass", "best", *SELECTORS))}
     return [r for r in summary.rows if r.metric in keep]
 
 
@@ -216,14 +226,22 @@ def format_table(summary: RunSummary) -> str:
     lines.append(
         f"questions {summary.questions}  requests {summary.requests}"
         + (f" (+{summary.reused} reused from an earlier run)" if summary.reused else "")
-        + f"  wall {summary.seconds:.1f} s  "
+        + _startup(summary) + f"  wall {summary.seconds:.1f} s  "
         f"scoring {summary.model_seconds:.1f} s  {summary.requests_per_s:.2f} req/s  "
         f"peak RSS {summary.peak_rss_mb:.0f} MiB"
     )
+    if summary.efficiency is not None:
+        lines.append(summary_line(summary.efficiency))
     for label, value in (("scoring mode", summary.mode), ("model", summary.model), ("workers", summary.workers)):
         if value:
             lines.append(f"{label}: {value}")
     return "\n".join(lines + list(summary.notes))
+
+
+def _startup(summary: RunSummary) -> str:
+    """``  start-up 2.1 s``: process start to the first pass (report/efficiency.py), where measured."""
+    eff = summary.efficiency or {}
+    return f"  start-up {eff['startup_s']:.1f} s" if eff.get("startup_s") is not None else ""
 
 
 def _overall_lines(summary: RunSummary) -> list[str]:
@@ -245,7 +263,7 @@ def _scaling_lines(summary: RunSummary) -> list[str]:
     points = summary.scaling["points"]
     cell = {(p["estimator"], p["k"]): p for p in points}
     ks = sorted({p["k"] for p in points})
-    estimators = [e for e in ("maj", "pass", "best") if any(key[0] == e for key in cell)]
+    estimators = [e for e in TABLE_ESTIMATORS if any(key[0] == e for key in cell)]
 
     def show(p) -> str:
         if p is None:
@@ -258,7 +276,18 @@ def _scaling_lines(summary: RunSummary) -> list[str]:
     return ["", f"inference-time scaling over {summary.scaling['questions']} questions, "
                 f"K={summary.scaling['samples']} (pooled; 95% bootstrap intervals; n/a: too few questions):",
             *_table(["k", *(f"{e}@k" for e in estimators)], rows),
-            "(exact_match in results.json is lm-eval's score of each question's first sample)"]
+            "(exact_match in results.json is lm-eval's score of each question's first sample)",
+            *_verifier_line(summary)]
+
+
+def _verifier_line(summary: RunSummary) -> list[str]:
+    """--verifier: the tokens it ran and its seconds against generation's (same run)."""
+    v = (summary.scaling or {}).get("verifier")
+    if not v:
+        return []
+    ratio = f" ({v['cost_ratio']:.2f}x generation's {v['generation_seconds']:.1f} s)" if v.get("cost_ratio") else ""
+    return [f"verifier {v['name']}: {v['questions']} questions, {v['tokens_run']} tokens run, "
+            f"{v['seconds']:.1f} s{ratio}{', step scores (prm)' if v.get('prm') else ''}"]
 
 
 def write_outputs(out_dir: Path, results: dict[str, Any], summary: RunSummary) -> list[Path]:

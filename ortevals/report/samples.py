@@ -6,8 +6,11 @@ answer through the task's own filter chain (``take_first`` and ``majority_vote``
 every sample keeps its own answer), its correctness by the task's ``exact_match`` settings, its
 log-prob per scored token (the whole sequence, EOS included: :func:`best_of_k_score`) and token
 count (stored by the model, resumed runs included), then maj@k / pass@k / best-of-k for
-k = 1, 2, 4, … K (:mod:`ortevals.report.scaling`) into results.json's per-task results in
+k = 1, 2, 4, … K (:mod:`ortevals.report.scaling`), and where a verifier ran (integrations/verify.py)
+or the raw path gave self-certainty the selectors of :mod:`ortevals.report.selection` (``bon@k``,
+``weighted_maj@k``, PRM variants, ``bon_certainty@k``), into results.json's per-task results in
 lm-eval's layout (``maj@4,custom-extract``, ``maj@4_stderr,custom-extract``), and a plot per task.
+Each question's samples-file record gains ``sample_tokens``, ``verifier_scores`` and ``filtered_resps``.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 from ortevals.errors import OrtEvalsError
 
 log = logging.getLogger(__name__)
+Verdicts = tuple[dict, dict]  # a verifier's (task, doc_id) -> K scores, and -> K step-score lists (PRM)
 SELECTORS = ("take_first", "majority_vote")  # filters that collapse the K samples to one answer
 
 
@@ -73,32 +77,76 @@ def best_of_k_score(meta: tuple[float, int, int]) -> float:
     return logprob / max(scored, 1)
 
 
-def task_questions(cfg: dict, samples: Sequence[dict], lm) -> dict[str, list]:
-    """QuestionSamples per filter for one task's logged samples (each with K responses)."""
-    from ortevals.report.scaling import QuestionSamples
+def sample_certainty(lm, args: tuple, occurrence: int) -> float | None:
+    """One sample's self-certainty (raw path) from this run or the store; None when unknown."""
+    key = [*args, occurrence]
+    found = getattr(lm, "sample_certainty", {}).get(json.dumps(key, default=str))
+    if found is None and getattr(lm, "store", None) is not None:
+        found = lm.store.get("generate_until/certainty", key)
+    return None if found is None else float(found)
 
+
+def task_questions(cfg: dict, samples: Sequence[dict], lm, verified: Verdicts | None = None) -> dict[str, list]:
+    """ScoredQuestions per filter for one task's logged samples (each with K responses); each record gets
+    ``sample_tokens`` (K), ``verifier_scores`` (K, when a verifier ran) and ``filtered_resps`` (its filter's
+    K extracted answers, lm-eval's field)."""
     seen: dict[str, int] = {}
     by_filter: dict[str, list] = {}
+    per_doc: dict[int, tuple] = {}
     for s in sorted(samples, key=lambda s: s["doc_id"]):
+        if s["doc_id"] in per_doc:
+            continue  # lm-eval logs a record per filter: the question is scored once
         texts = list(s["resps"][0])
         args = tuple(s["arguments"][0]) if "arguments" in s else None
         ident = json.dumps(args, sort_keys=True, default=str)
         first = seen.get(ident, 0)
         seen[ident] = first + len(texts)
-        metas = [sample_meta(lm, args, first + j) for j in range(len(texts))] if args else [None] * len(texts)
-        tokens = [m[1] if m else len(lm.tok_encode(t)) for m, t in zip(metas, texts, strict=True)]
-        mean_lp = None if any(m is None for m in metas) else tuple(best_of_k_score(m) for m in metas)
-        for name, answers in sample_answers(cfg, texts, s["doc"]).items():
-            by_filter.setdefault(name, []).append(QuestionSamples(
-                tuple(answers), tuple(is_correct(cfg, answers, s["target"])), mean_lp, tuple(tokens)))
+        questions, tokens, verifier = _question(cfg, s, lm, args, first, verified)
+        for name, q in questions.items():
+            by_filter.setdefault(name, []).append(q)
+        per_doc[s["doc_id"]] = (tokens, verifier, {n: list(q.samples.answers) for n, q in questions.items()})
+    for s in samples:  # the samples file's per-question fields
+        tokens, verifier, answers = per_doc[s["doc_id"]]
+        s["sample_tokens"] = list(tokens)
+        if verifier is not None:
+            s["verifier_scores"] = list(verifier)
+        s["filtered_resps"] = answers.get(s.get("filter"), next(iter(answers.values())))
     return by_filter
 
 
-def add_scaling(results: dict, configs: Sequence[dict], lm, output: Path | None) -> list:
-    """maj@k / pass@k / best@k into ``results["results"][task]`` (every filter), and over all tasks'
-    questions pooled (first filter of each) into ``results["scaling"]``, plotted to ``output/scaling.png``.
-    Returns the pooled curve points."""
+def _question(cfg: dict, s: dict, lm, args: tuple | None, first: int, verified: Verdicts | None):
+    """One record's ScoredQuestion per filter, its K token counts and its K verifier scores (or None)."""
+    from ortevals.report.scaling import QuestionSamples
+    from ortevals.report.selection import ScoredQuestion
+
+    texts = list(s["resps"][0])
+    scores, steps = verified or ({}, {})
+    metas = [sample_meta(lm, args, first + j) for j in range(len(texts))] if args else [None] * len(texts)
+    tokens = tuple(m[1] if m else len(lm.tok_encode(t)) for m, t in zip(metas, texts, strict=True))
+    mean_lp = None if any(m is None for m in metas) else tuple(best_of_k_score(m) for m in metas)
+    certainty = [sample_certainty(lm, args, first + j) for j in range(len(texts))] if args else [None]
+    key = (cfg.get("task"), int(s["doc_id"]))
+    verifier = _tuple(scores.get(key))
+    extra = {"verifier": verifier, "certainty": None if None in certainty else tuple(certainty),
+             "steps": None if key not in steps else tuple(tuple(x) for x in steps[key])}
+    questions = {name: ScoredQuestion(QuestionSamples(tuple(answers), tuple(is_correct(cfg, answers, s["target"])),
+                                                      mean_lp, tokens), **extra)
+                 for name, answers in sample_answers(cfg, texts, s["doc"]).items()}
+    return questions, tokens, verifier
+
+
+def _tuple(values) -> tuple[float, ...] | None:
+    return None if values is None else tuple(float(v) for v in values)
+
+
+def add_scaling(results: dict, configs: Sequence[dict], lm, output: Path | None,
+                verified: Verdicts | None = None) -> list:
+    """maj@k / pass@k / best@k, and the selectors the run has scores for (bon@k, weighted_maj@k, the PRM
+    variants with ``verified``; bon_certainty where the raw path gave self-certainty: report/selection.py)
+    into ``results["results"][task]`` (every filter), and over all tasks' questions pooled (first filter of
+    each) into ``results["scaling"]``, plotted to ``output/scaling.png``. Returns the pooled curve points."""
     from ortevals.report.scaling import curve_plot, lm_eval_metrics, scaling_curves
+    from ortevals.report.selection import selection_curves
 
     pooled: list = []
     for cfg in configs:
@@ -106,15 +154,18 @@ def add_scaling(results: dict, configs: Sequence[dict], lm, output: Path | None)
         samples = results.get("samples", {}).get(name)
         if not cfg.get("repeats") or not samples:
             continue
-        for i, (filt, questions) in enumerate(task_questions(cfg, samples, lm).items()):
-            results["results"].setdefault(name, {}).update(lm_eval_metrics(scaling_curves(questions), filt))
+        for i, (filt, questions) in enumerate(task_questions(cfg, samples, lm, verified).items()):
+            points = scaling_curves([q.samples for q in questions]) + selection_curves(questions)
+            results["results"].setdefault(name, {}).update(lm_eval_metrics(points, filt))
             pooled.extend(questions if i == 0 else [])
     if not pooled:
         return []
-    points = scaling_curves(pooled)
-    results["scaling"] = {"questions": len(pooled), "samples": len(pooled[0].answers),
-                          "points": [p.__dict__ for p in points]}
+    points = scaling_curves([q.samples for q in pooled])
+    selected = selection_curves(pooled)
+    results["scaling"] = {"questions": len(pooled), "samples": len(pooled[0].samples.answers),
+                          "points": [p.__dict__ for p in points + selected]}
     if output is not None:
         output.mkdir(parents=True, exist_ok=True)
-        curve_plot(points, output / "scaling.png", f"{len(pooled)} questions, K={len(pooled[0].answers)}")
-    return points
+        curve_plot(points + selected, output / "scaling.png",
+                   f"{len(pooled)} questions, K={len(pooled[0].samples.answers)}")
+    return points + selected

@@ -11,12 +11,14 @@ one, and each finished text: the store, each sample's log-prob, the stats and a 
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
 
 from tqdm import tqdm
 
+from ortevals.engine.generate.cascade import Cascade, decoder_bytes
 from ortevals.engine.generate.gencanary import og_plan, raw_plan
 from ortevals.engine.generate.generation import request_name
 from ortevals.engine.generate.sampler import SharedPromptSampler, run_sampling
@@ -24,6 +26,8 @@ from ortevals.engine.generate.schedule import run_generation
 from ortevals.engine.generate.settings import GenSettings, parse_gen_kwargs
 from ortevals.engine.score.scoring import describe_request, fits
 from ortevals.errors import OrtEvalsError
+from ortevals.files import cache_root
+from ortevals.runtime.memory import free_bytes
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +77,10 @@ class Generation:
         bar = tqdm(total=len(items), desc="ortevals generate", unit="req", disable=disable_tqdm, dynamic_ncols=True)
         start = time.perf_counter()
 
-        def finish(i: int, text: str, n: int, logprob: float | None = None, scored: int = 0) -> None:
-            """``logprob``: the whole sequence's (EOS included), over ``scored`` tokens (n + the EOS)."""
+        def finish(i: int, text: str, n: int, logprob: float | None = None, scored: int = 0,
+                   certainty: float | None = None) -> None:
+            """``logprob``: the whole sequence's (EOS included), over ``scored`` tokens (n + the EOS);
+            ``certainty``: its self-certainty (raw path only: best-of-N by self-certainty reads it back)."""
             results[i] = text
             run.stats["generated_tokens"] += n
             on_text(i, text)
@@ -82,17 +88,23 @@ class Generation:
             if logprob is not None:  # best-of-k (report/samples.py) reads it back, resumed or not
                 run.put("generate_until/logprob", keys[i], [logprob, n, scored])
                 run.sample_logprobs[json.dumps(keys[i], default=str)] = (logprob, n, scored)
+            if certainty is not None and certainty == certainty:  # NaN: a row that chose no token
+                run.put("generate_until/certainty", keys[i], certainty)
+                run.sample_certainty[json.dumps(keys[i], default=str)] = certainty
             bar.update(1)
 
         def name(i: int) -> str:  # a request in errors (non-finite logits)
             return request_name(i, requests[i])
 
         try:
+            if run.args.search != "none":  # issue 25: step-level search on the raw engine (run/search.py)
+                return self._search(items, keys, finish, path) or results
             if run.pool is not None:  # issue 15: workers on Ray; identical prompts stay on one worker
                 return run.pool.generate([r.args for r in requests], keys, [it[0] for it in items],
                                          lambda i, text, lp, n, scored: finish(i, text, n, lp, scored), run.commit)
             if path == "raw":  # issue 14: one prompt pass, K rows decoded together (engine/generate/sampler.py)
-                self._raw(items, keys, lambda i, s: finish(i, s.text, s.tokens, s.logprob, s.scored), name)
+                self._raw(items, keys, lambda i, s: finish(i, s.text, s.tokens, s.logprob, s.scored, s.certainty),
+                          name)
             else:
                 self._og(runner, items, keys, finish, name)
         finally:
@@ -108,6 +120,15 @@ class Generation:
         self._check("raw", lambda: raw_plan(sampler, items, keys, name, run.backends.prefill_choice[0].dtype,
                                             run.args.check, run.backends.verdicts))
         run_sampling(sampler, items, keys, finish, name=name)
+
+    def _search(self, items, keys: list[list], finish, path: str) -> None:
+        from ortevals.run.search import run_search
+
+        run = self.run
+        if path != "raw" or run.pool is not None:  # OrtLM checks it at open; a Run driven otherwise too
+            raise OrtEvalsError(f"--search {run.args.search} runs on the raw path in this process; this run "
+                                "generates on onnxruntime-genai or on workers (gen_path=raw, no --workers)")
+        run_search(self.run, self.sampler().runner, items, keys, lambda i, text, n: finish(i, text, n))
 
     def _og(self, runner, items, keys: list[list], finish, name) -> None:
         """og's path: batched greedy Generators and the rewinding cursor, as exact mode and the canary allow."""
@@ -141,9 +162,13 @@ class Generation:
         run = self.run
         if self._sampler is None:
             prefill = run.backends.prefill
+            runner = prefill.runner
+            opener = functools.partial(runner.cascade, run.backends.provider, cache_root())
+            cascade = Cascade(run.args.cascade, opener, decoder_bytes(run.package),
+                              functools.partial(free_bytes, runner.bind_device or "cpu", runner.device_id))
             self._sampler = SharedPromptSampler(
-                prefill.runner, run.tokenizer, {run.eot_token_id, *run.package.eos_token_ids},
-                exact=prefill.settings.exact, prefix_cache=run.args.prefix_cache)
+                runner, run.tokenizer, {run.eot_token_id, *run.package.eos_token_ids},
+                exact=prefill.settings.exact, prefix_cache=run.args.prefix_cache, cascade=cascade)
         if run.backends.exact and not self._sampler.exact:  # the log-likelihood canary tripped since
             self._sampler.exact, self._sampler.prefix_cache = True, False
         return self._sampler

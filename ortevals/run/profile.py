@@ -17,8 +17,10 @@ from ortevals.errors import OrtEvalsError
 from ortevals.files import check_writable_folder
 from ortevals.options import parse_model_args
 from ortevals.package.loader import ModelPackage
+from ortevals.report.profile import format_table, write
 from ortevals.runtime.providers import from_package, parse_options
 
+__all__ = ["MODEL_ARGS", "ProfileRequest", "format_table", "run_profile"]  # format_table: the CLI's table
 MOST_BATCH = 4096
 MODEL_ARGS = ("ep", "threads", "provider_options")  # the options-table entries profile takes
 
@@ -41,8 +43,6 @@ def run_profile(model: dict, req: ProfileRequest,
 
     ``model``: ``pkg`` and the :data:`MODEL_ARGS` as given (None: not given), parsed by the options table.
     """
-    from ortevals.report.profile import write
-
     args = parse_model_args({k: v for k, v in model.items() if v not in (None, ())})
 
     batches = parse_list("--batch", req.batch, MOST_BATCH)

@@ -58,12 +58,16 @@ class Run:
         self.pool = None  # issue 15: a Ray WorkerPool when workers/ray_address is set (integrations/ray.py)
         self.stats = {"requests": 0, "seconds": 0.0, "generated_tokens": 0, "truncated": 0, "reused": 0}
         self.sample_logprobs: dict[str, tuple[float, int, int]] = {}  # key (JSON) → (log-prob, tokens, scored)
+        self.sample_certainty: dict[str, float] = {}  # key (JSON) → self-certainty (raw path)
+        self.step_scorer = None  # issue 25 --search: the PRM (engine/generate/prm.py), set by the front door
+        self.search_reward = "logit"  # its scores are probabilities (P(True)); "raw": already logits (an ORM)
         self._modes: dict[str, str] = {}  # which mode ran and why, per request kind (stats["mode"] joins them)
         self.generation = Generation(self)  # generate_until: its path, canary plans and the raw sampler
 
     @classmethod
-    def open(cls, args: ModelArgs) -> Run:
-        """Load the package and tokenizer; open the log-likelihood path now, generation on first use."""
+    def open(cls, args: ModelArgs, open_soon: bool = False) -> Run:
+        """Load the package and tokenizer; open the log-likelihood path now (``open_soon``: on a thread while
+        the caller loads its data, an error there raised at the first request), generation on first use."""
         package = ModelPackage.load(args.pkg)
         tokenizer = Tokenizer.load(package, add_bos_token=args.add_bos_token)
         check_media_tokens(package, tokenizer.backend)  # issue 22: a media token id that text produces
@@ -73,16 +77,20 @@ class Run:
         if args.prefix_cache and package.windowed:
             log.info("prefix cache off: %s keeps a windowed sliding KV cache", package.root)
         backends = Backends(package, provider, settings, args.path, cache_root() if args.scoring_graph else None,
-                            args.gen_path, args.media_path)
+                            args.gen_path, args.media_path, args.cascade)
         workers = bool(args.workers or args.ray_address)  # issue 20: the driver opens no session (workers do)
         if backends.loglikelihood_path == "prefill" and not workers:
-            backends.prefill  # noqa: B018  (open now: a bad package fails before any data is loaded)
+            if open_soon:  # issue 26: opening overlaps lm-eval's data loading and tokenizing
+                backends.open_soon()
+            else:
+                backends.prefill  # noqa: B018  (open now: a bad package fails before any data is loaded)
         log.info("loglikelihood requests go to the %s path%s", backends.loglikelihood_path,
                  f" ({backends.capability.reason})" if backends.capability.reason else "")
         store = None
         if args.store and args.store.lower() not in NO_STORE:
             store = open_store(Path(args.store), package, tokenizer, backends, args)
-        return cls(package, tokenizer, backends, args, store)
+        # resume=false: answers neither read nor written; the store still keeps the canary's verdicts (issue 26)
+        return cls(package, tokenizer, backends, args, store if args.resume else None)
 
     # --- the package's token facts -------------------------------------------------------------
     @property
@@ -124,6 +132,7 @@ class Run:
     # --- the result store ----------------------------------------------------------------------
     def stored(self, kind: str, requests, compute, decode=lambda v: v, key_args=list) -> list:
         """Answers from the store where it has them; ``compute(todo, keys)`` runs (and stores) the rest."""
+        self.backends.ready()  # sessions opening on a thread: their error before any request's own checks
         return resume.answer(self.store, kind, requests, compute, decode, self.stats, key_args)
 
     def put(self, kind: str, key: list, value) -> None:

@@ -47,6 +47,16 @@ def session_options(settings: dict, model: ModelFile):
     return so
 
 
+def check_available(provider: ProviderConfig) -> None:
+    """The provider is in this onnxruntime install, else one line naming the ones that are."""
+    available = import_ort().get_available_providers()
+    if provider.ort_name not in available:
+        raise ProviderError(
+            f"execution provider {provider.name!r} ({provider.ort_name}) is not available in this onnxruntime "
+            f"install; available: {', '.join(available)}"
+        )
+
+
 def open_session(model: ModelFile, provider: ProviderConfig, derived: Path | None = None):
     """One InferenceSession on ``provider``; availability is checked first. It is handed exactly its
     record's settings (:func:`~ortevals.runtime.reads.session_reads`).
@@ -54,12 +64,7 @@ def open_session(model: ModelFile, provider: ProviderConfig, derived: Path | Non
     ``derived``: a rewritten copy of ``model``'s graph whose weights stay in the package folder.
     """
     ort = import_ort()
-    available = ort.get_available_providers()
-    if provider.ort_name not in available:
-        raise ProviderError(
-            f"execution provider {provider.name!r} ({provider.ort_name}) is not available in this onnxruntime "
-            f"install; available: {', '.join(available)}"
-        )
+    check_available(provider)
     settings = session_reads(model, provider).settings
     providers = [(settings["provider"], settings["provider_options"])]  # og-only options (cuda graphs) filtered out
     if provider.name != "cpu":

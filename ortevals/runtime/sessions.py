@@ -12,6 +12,7 @@ live in :mod:`ortevals.runtime.buffers`.
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import numpy as np
@@ -22,13 +23,16 @@ from ortevals.package.loader import ModelPackage
 from ortevals.runtime.buffers import (
     NUMPY_NATIVE,
     KVCache,
+    KVView,
     bind_shared,
     empty_like_input,
     empty_past,
     feeds_len,
     host_float32,
 )
+from ortevals.runtime.cascade import cascade_decoder, prompt_feeds
 from ortevals.runtime.derive import GREEDY, LOGPROBS, POSITIONS, TARGETS, derived_decoder
+from ortevals.runtime.meter import PassMeter, boot_clock
 from ortevals.runtime.opening import open_session
 from ortevals.runtime.providers import ProviderConfig
 from ortevals.runtime.replicate import Replicator
@@ -72,6 +76,7 @@ class DecoderRunner:
         self.gathers_positions = POSITIONS in self._dec_inputs
         self.scores_in_graph = TARGETS in self._dec_inputs
         self._emb_passthrough = self._embedding_outputs() if embedding is not None else ()
+        self.meter = PassMeter()  # every pass's tokens and seconds (runtime/meter.py), the probe's excluded
 
     @classmethod
     def open(cls, package: ModelPackage, provider: ProviderConfig, cache: Path | None = None,
@@ -91,6 +96,7 @@ class DecoderRunner:
         device_id = int(provider.raw_options.get("device_id", 0) or 0)
         runner = cls(package, dec, emb, device, device_id, Replicator(provider, device or "cpu", device_id))
         runner.probe()
+        runner.meter.reset()  # the probe is start-up, not work
         return runner
 
     def probe(self) -> None:
@@ -170,10 +176,14 @@ class DecoderRunner:
         feeds = self._token_feeds(input_ids) | self._gather_feeds(input_ids, positions, targets)
         feeds.update(self._mask_feeds(input_ids.shape, attention_mask, past))
         feeds.update(self._past_feeds(input_ids.shape[0], past))
+        started, clock = boot_clock(), time.perf_counter()
         try:
             if self.bind_device:
-                return self._run_bound(names, host, feeds)
-            return self.decoder.run(names, feeds)
+                outs = self._run_bound(names, host, feeds)
+            else:
+                outs = self.decoder.run(names, feeds)
+            self.meter.record(*input_ids.shape, _past_len(past) > 0, started, time.perf_counter() - clock)
+            return outs
         except Exception as e:  # onnxruntime's own error types; name the model and the likely cause
             err = PackageError(f"{self.package.decoder.path}: onnxruntime failed to run the decoder: "
                                f"{first_line(e)} (does genai_config.json match the graph?)")
@@ -213,7 +223,8 @@ class DecoderRunner:
         outs = binding.get_outputs()
         return [host_float32(o) for o in outs[:host]] + outs[host:]
 
-    def forward_inplace(self, input_ids: np.ndarray, past: KVCache, positions: np.ndarray | None = None):
+    def forward_inplace(self, input_ids: np.ndarray, past: KVCache, positions: np.ndarray | None = None,
+                        prompt: KVCache | None = None):
         """One pass whose new tokens' KV is written into ``past``'s own buffers (GroupQueryAttention's
         shared past/present buffer, as onnxruntime-genai runs it): no copy of the whole cache per pass.
 
@@ -222,28 +233,48 @@ class DecoderRunner:
         input_ids ``[B,S]``, no padding. Returns logits ``[B,S,V]`` (or ``[B,K,V]`` with ``positions``);
         the caller's cache then holds ``past.length + S`` tokens. Only graphs whose attention shares
         the buffer can run it: the sampler checks that once against :meth:`forward`.
+
+        prompt: the cascade decode graph's shared prompt KV (runtime/cascade.py), ``[1,H,P,D]`` per
+        layer, bound as it is for every row; ``past`` then holds each row's tokens after it, and the
+        mask spans ``P + past.length + S``.
         """
         ort = import_ort()
-        mask = np.ones((input_ids.shape[0], past.length + input_ids.shape[1]), dtype=np.int64)
+        shared = prompt.length if prompt is not None else 0
+        mask = np.ones((input_ids.shape[0], shared + past.length + input_ids.shape[1]), dtype=np.int64)
         feeds = self._token_feeds(input_ids) | self._gather_feeds(input_ids, positions)
         feeds.update(self._mask_feeds(input_ids.shape, mask, past))
+        if prompt is not None:
+            feeds.update(prompt_feeds(self.package, prompt))
         binding = self.decoder.io_binding()
         binding.bind_output(self.package.logits_name, "cpu")
         for name, value in feeds.items():
             if isinstance(value, ort.OrtValue):  # the embedding's outputs, where they are
                 binding.bind_ortvalue_input(name, value)
+            elif isinstance(value, KVView):  # a shared prompt's KV where the session runs
+                value.bind_input(binding, name)
             else:
                 binding.bind_cpu_input(name, np.ascontiguousarray(value))
         for spec in self.package.kv:
             for i, (inp, out) in enumerate(((spec.key_name, spec.present_key_name),
                                             (spec.value_name, spec.present_value_name))):
                 bind_shared(binding, inp, out, past.layers[spec.layer][i])  # host array or device view
+        started, clock = boot_clock(), time.perf_counter()
         try:
             self.decoder.run_with_iobinding(binding)
+            self.meter.record(*input_ids.shape, _past_len(past) > 0, started, time.perf_counter() - clock)
         except Exception as e:
             raise PackageError(f"{self.package.decoder.path}: onnxruntime failed to run the decoder with a "
                                f"shared KV buffer: {first_line(e)}") from None
         return host_float32(binding.get_outputs()[0])
+
+    def cascade(self, provider: ProviderConfig, cache: Path) -> DecoderRunner:
+        """This runner over the cascade decode graph (runtime/cascade.py: decode rows attend to one shared
+        prompt KV), built once under ``cache``; the same package, embedding session and KV device.
+        Raises :class:`~ortevals.runtime.cascade.Refused` where the graph cannot be rewritten exactly."""
+        session = open_session(self.package.decoder, provider, cascade_decoder(self.package, cache))
+        log.info("opened the cascade decode graph of %s", self.package.decoder.path.name)
+        return DecoderRunner(self.package, session, self.embedding, self.bind_device, self.device_id,
+                             self.replicator)
 
     def repeat_past(self, past: KVCache, batch: int) -> KVCache:
         """``past`` of one row (``[1,H,T,D]`` per layer) replicated to ``[batch,H,T,D]``.
@@ -354,3 +385,8 @@ def symbolic_mismatch(package: ModelPackage, ort_message: str | None) -> Package
 
 BIND_DEVICES = {"cpu": "cpu", "cuda": "cuda", "tensorrt": "cuda", "nvtensorrtrtx": "cuda", "rocm": "cuda",
                 "dml": "dml"}
+
+
+def _past_len(past) -> int:
+    """Valid past tokens of a pass's past (``KVCache`` / in-place arena), 0 without one."""
+    return int(getattr(past, "length", 0) or 0) if past is not None else 0

@@ -21,7 +21,9 @@ and keeps a plain (not windowed) KV cache:
   sample's tokens do not depend on which rows ran beside it; greedy rows are all equal, so
   greedy runs one row and copies it;
 * each sample's log-probability under the model (temperature 1, no filters) of the whole
-  sequence, the EOS that ended it included, for best-of-k.
+  sequence, the EOS that ended it included, for best-of-k, and its self-certainty (the mean KL
+  from uniform of the raw next-token distributions it drew from: engine/generate/certainty.py's
+  running form, two numbers a row) for best-of-N by self-certainty.
 
 :class:`RawStepModel` is the same runner behind engine/generate/search.py's ``StepModel`` protocol
 (beam search). Exact mode (a graph whose numbers depend on the pass: engine/score/invariance.py)
@@ -38,7 +40,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ortevals.engine.generate.cascade import CascadeKV
+from ortevals.engine.generate.certainty import RunningCertainty
 from ortevals.engine.generate.generation import check_logits
+from ortevals.engine.generate.kvrows import CopyKV, choose_kv
 from ortevals.engine.generate.settings import GenSettings
 from ortevals.engine.generate.stops import TextStream
 from ortevals.tokens import common_prefix
@@ -68,6 +73,7 @@ class Sample:
     logprob: float
     ids: tuple[int, ...] = ()
     eos: bool = False
+    certainty: float = float("nan")  # self-certainty (engine/generate/certainty.py) of the tokens it chose
 
     @property
     def scored(self) -> int:
@@ -109,15 +115,17 @@ class SharedPromptSampler:
 
     def __init__(self, runner, tokenizer, eos_ids: set[int], exact: bool = False, prefix_cache: bool = True,
                  prefix_min: int = 16, kv_budget_mb: int | None = None,
-                 free_memory: Callable[[], int | None] | None = None) -> None:
+                 free_memory: Callable[[], int | None] | None = None, cascade=None) -> None:
         """kv_budget_mb: decode KV per batch; None: FREE_SHARE of ``free_memory()`` (bytes free where the
-        KV lives, read before each job: runtime/memory.py unless given) plus the arenas already held."""
+        KV lives, read before each job: runtime/memory.py unless given) plus the arenas already held.
+        cascade: engine/generate/cascade.py's ``Cascade`` (decode rows on one shared prompt KV; never in exact mode)."""
         self.runner, self.tokenizer, self.eos_ids = runner, tokenizer, eos_ids
         self.exact = exact
         self.prefix_cache = prefix_cache and not exact  # a shorter pass may change an exact-mode graph's numbers
         self.prefix_min = prefix_min  # shared tokens worth a cut of the held KV
         self.kv_budget = kv_budget_mb * 2**20 if kv_budget_mb else None
         self.free_memory = free_memory
+        self.cascade = cascade
         self._said_unknown = False
         self.stats = {"prompts": 0, "prompt_tokens": 0, "reused_tokens": 0, "decode_passes": 0,
                       "row_steps": 0, "generated_tokens": 0}
@@ -138,11 +146,12 @@ class SharedPromptSampler:
     def kv_rows(self):
         """How rows' KV is kept (engine/generate/kvrows.py): in place on the host where the graph allows it."""
         if self._kv_rows is None:
-            from ortevals.engine.generate.kvrows import choose_kv
-
             self._kv_rows = choose_kv(self.runner)
+            if self.cascade is not None and not self.exact:  # decode rows may share one prompt KV on top of it
+                self._kv_rows = CascadeKV(self._kv_rows, CopyKV(self.runner), self.cascade)
             log.info("raw path: KV kept %s", self._kv_rows.name)
-        return self._kv_rows
+        # exact mode decodes on the package's own graph: one row per pass, its own prompt KV
+        return getattr(self._kv_rows, "base", self._kv_rows) if self.exact else self._kv_rows
 
     def run(self, jobs: Sequence[Job], rng: Callable[..., np.random.Generator],
             finish: Callable[[int, Sample], None], name: Callable[[int], str]) -> None:
@@ -258,6 +267,7 @@ class SharedPromptSampler:
         chooser = Sampler(settings, rngs)  # per-row generators (and Mirostat state), consumed by their row only
         needs_history = settings.repetition_penalty != 1.0 or settings.no_repeat_ngram_size > 0
         logprob = np.zeros(rows)
+        certainty = RunningCertainty(rows)  # on the raw logits, before the processors: the model's own
         live = list(range(rows))  # rows still running, in batch order
         step_logits = np.broadcast_to(logits, (rows, logits.shape[-1]))
         past = self.kv_rows.repeat(past, rows)
@@ -268,6 +278,7 @@ class SharedPromptSampler:
             histories = [[*prompt, *streams[r].out] for r in live] if needs_history else [()] * len(live)
             tokens = chooser.choose(step_logits, histories, live)
             chosen = token_logprob(step_logits, tokens)
+            certainty.add(step_logits, live)
             keep = []
             for b, r in enumerate(live):
                 logprob[r] += chosen[b]  # the EOS that ends a row too: best-of-k scores the whole sequence
@@ -283,7 +294,8 @@ class SharedPromptSampler:
             self.stats["decode_passes"] += 1
             self.stats["row_steps"] += len(live)
         self.stats["generated_tokens"] += sum(len(s.out) for s in streams)
-        return [Sample(*s.result, float(lp), tuple(s.out), s.eos) for s, lp in zip(streams, logprob, strict=True)]
+        return [Sample(*s.result, float(lp), tuple(s.out), s.eos, float(c))
+                for s, lp, c in zip(streams, logprob, certainty.values(), strict=True)]
 
 
 class RawStepModel:
@@ -292,8 +304,6 @@ class RawStepModel:
     ``tokens``. Logits are float32 ``[rows, V]``."""
 
     def __init__(self, runner) -> None:
-        from ortevals.engine.generate.kvrows import CopyKV
-
         self.kv_rows = CopyKV(runner)  # every step gathers rows by parents: a new cache each step anyway
         self.past = None
 

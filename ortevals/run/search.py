@@ -1,0 +1,66 @@
+"""A run's ``generate_until`` by step-level search (issue 25, ``--search beam|dvts|particles``).
+
+Owns turning each request (prompt ids, decoding settings) into one search on the raw engine
+(engine/generate/rowmodel.py's :class:`RawRowModel`: the prompt run once, rows forked by reference)
+guided by the run's step scorer (a PRM from ``--verifier``: engine/generate/prm.py, set by the
+front door that opened the verifier, with ``search_reward``: how its scores become particle
+weights), and the answer's text cut at the request's stops. Steps end
+at ``step_separator``; a step and a solution are capped at ``max_gen_toks``. Token choice is
+temperature sampling from one generator per request (seed, request key): the request's
+temperature when it samples, else 0.8 (search-and-learn's default; greedy rows would all be equal),
+logged once; its other processors (top-p, penalties) are not applied.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ortevals.engine.generate.rowmodel import RawRowModel
+from ortevals.engine.generate.seeds import sample_rng
+from ortevals.engine.generate.steps import SampleChooser, StepRules, text_separator
+from ortevals.engine.generate.stepsearch import SearchSettings, dvts, particle_filter, prm_beam_search
+from ortevals.engine.generate.stops import TextStream
+from ortevals.errors import OrtEvalsError
+
+log = logging.getLogger(__name__)
+GREEDY_SEARCH_TEMPERATURE = 0.8
+
+
+def search_settings(args, reward: str = "logit") -> SearchSettings:
+    """The run's SearchSettings; a width that does not divide n is a one-line error. ``reward``: particle
+    filtering's log-weight from a probability (``logit``: P(True)) or a score that is already a logit
+    (``raw``: an ORM classifier's output, i.e. logit(sigmoid(score)))."""
+    s = SearchSettings(n=args.search_n, width=args.search_width, max_steps=args.search_max_steps,
+                       aggregation=args.prm_aggregation, reward=reward)
+    try:
+        s.check("particle_filter" if args.search == "particles" else args.search)
+    except ValueError as e:
+        raise OrtEvalsError(f"--search {args.search}: {e}") from None
+    return s
+
+
+def run_search(run, runner, items, keys: list[list], finish) -> None:
+    """Each request's answer by ``run.args.search``; ``finish(i, text, tokens)``. ``run.step_scorer`` is the PRM."""
+    args = run.args
+    if run.step_scorer is None:
+        raise OrtEvalsError("--search needs --verifier: its step scores guide the search")
+    s = search_settings(args, run.search_reward)
+    eos = frozenset({run.eot_token_id, *run.package.eos_token_ids})
+    ends = text_separator(lambda ids: run.tokenizer.decode(ids), args.step_separator)
+    if any(not st.do_sample for _, st in items):
+        log.info("--search: greedy requests search at temperature %s", GREEDY_SEARCH_TEMPERATURE)
+    for i, (ids, settings) in enumerate(items):
+        rules = StepRules(eos, ends, max_step_tokens=settings.max_gen_toks, max_tokens=settings.max_gen_toks)
+        rng = sample_rng(settings.seed, keys[i], None)
+        chooser = SampleChooser(rng, settings.temperature if settings.do_sample else GREEDY_SEARCH_TEMPERATURE)
+        model = RawRowModel(runner)
+        if args.search == "particles":
+            out = particle_filter(model, ids, run.step_scorer, rules, chooser, s, rng)
+        else:
+            out = (prm_beam_search if args.search == "beam" else dvts)(model, ids, run.step_scorer, rules, chooser, s)
+        stream = TextStream(run.tokenizer, settings, set(eos))
+        for token in out.solutions[out.best].tokens:
+            if stream.push(int(token)):
+                break
+        run.stats["search_tokens"] = run.stats.get("search_tokens", 0) + out.generated_tokens
+        finish(i, *stream.result)

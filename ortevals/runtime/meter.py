@@ -1,0 +1,80 @@
+"""What the raw-onnxruntime passes of a run cost: tokens and seconds per kind of pass.
+
+Owns :class:`PassMeter`, which :class:`~ortevals.runtime.sessions.DecoderRunner` feeds with every
+pass it runs (its probe excluded): a **prefill** pass runs ``S > 1`` new tokens per row, or any
+first pass (no past); a **decode** pass runs one new token per row on a past (generation's
+steps). Each pass counts ``rows × new tokens`` (the tokens the hardware computed, padding of a
+right-padded batch included) and its wall seconds around ``session.run``. ``first_pass_at`` is the
+``CLOCK_BOOTTIME`` instant the first metered pass started (start-up ends there, report/efficiency.py).
+The arithmetic on these counts lives in report/efficiency.py.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+
+def boot_clock() -> float:
+    """Seconds on the clock /proc's process start times use (CLOCK_BOOTTIME), else monotonic."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME) if hasattr(time, "CLOCK_BOOTTIME") else time.monotonic()
+
+
+def process_started() -> float | None:
+    """When this process started, on :func:`boot_clock` (Linux: /proc/self/stat's start time), else None."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # the command name may hold spaces
+        return int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of proc(5): start time in clock ticks
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+@dataclass(frozen=True)
+class PassCounts:
+    """Totals of the metered passes. ``*_row_seconds``: Σ rows × pass seconds (each row of a pass waits for
+    the whole pass, so ``decode_row_seconds / decode_tokens`` is a sequence's time per output token)."""
+
+    prefill_passes: int = 0
+    prefill_tokens: int = 0
+    prefill_seconds: float = 0.0
+    prefill_rows: int = 0
+    prefill_row_seconds: float = 0.0
+    decode_passes: int = 0
+    decode_tokens: int = 0
+    decode_seconds: float = 0.0
+    decode_row_seconds: float = 0.0
+    first_pass_at: float | None = None  # boot_clock() when the first metered pass started
+
+
+class PassMeter:
+    """Running totals of a runner's passes (thread-safe: Ray-less runs use one thread, the opener another)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._totals: dict[str, float] = {}
+        self._first: float | None = None
+
+    def record(self, rows: int, new_tokens: int, has_past: bool, started: float, seconds: float) -> None:
+        """One pass: ``rows`` rows of ``new_tokens`` tokens each, begun at ``started`` (boot_clock())."""
+        kind = "decode" if has_past and new_tokens == 1 else "prefill"
+        with self._lock:
+            if self._first is None:
+                self._first = started
+            t = self._totals
+            t[f"{kind}_passes"] = t.get(f"{kind}_passes", 0) + 1
+            t[f"{kind}_tokens"] = t.get(f"{kind}_tokens", 0) + rows * new_tokens
+            t[f"{kind}_seconds"] = t.get(f"{kind}_seconds", 0.0) + seconds
+            t[f"{kind}_row_seconds"] = t.get(f"{kind}_row_seconds", 0.0) + rows * seconds
+            if kind == "prefill":
+                t["prefill_rows"] = t.get("prefill_rows", 0) + rows
+
+    def counts(self) -> PassCounts:
+        with self._lock:
+            return PassCounts(**self._totals, first_pass_at=self._first)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._totals, self._first = {}, None

@@ -1,0 +1,241 @@
+"""Benchmark (issue 26): K samples of a prompt with and without cascade (decode rows on one shared prompt KV).
+
+One invocation, two OrtLMs on the same package (model arg ``cascade=off`` and ``cascade=on``), run
+alternately so both see the same load on a shared machine:
+
+* **acceptance run**: scripts/bench_samples.py's decoding acceptance settings (chain-of-thought
+  MMLU-Pro, one question per subject, K=16 samples, temperature 0.7, 128 tokens, stop "Question:"),
+  each question through ``lm_eval.simple_evaluate`` on each OrtLM (which one goes first alternates
+  by question); generated tokens/s of each (tokens re-tokenized from the returned texts, as
+  bench_samples counts them), their ratio, and whether every sample's text is equal.
+* **prompt-length sweep**: K rows sampled for 128 tokens (temperature 0.7, no stop string) after
+  the first 256 / 1024 / 2048 tokens of the bundled MMLU-Pro worked answers (fidelity/text.py),
+  decode only (the prompt pass apart), median of ``--repeats`` alternating runs; token ids compared.
+
+    PYTHONPATH=. python scripts/bench_cascade.py                        # 14 questions, K=16, sweep 256,1024,2048
+    PYTHONPATH=. python scripts/bench_cascade.py --questions 2 --lengths 256 --out /tmp/cascade
+
+Writes bench_cascade.json, bench_cascade.md and cascade.png to ``--out`` (docs/bench-cascade).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+MODES = ("off", "on")
+
+
+def open_lms(args) -> dict:
+    from bench_samples import model_paths
+
+    from ortevals.integrations.lm import ModelArgs, OrtLM
+
+    pkg = model_paths(args)[0]
+    return {m: OrtLM.from_package(ModelArgs(pkg=pkg, threads=args.threads, gen_path="raw", cascade=m))
+            for m in MODES}
+
+
+def acceptance(lms: dict, args) -> dict:
+    """Each question on both OrtLMs, alternately; per mode: seconds, tokens, texts."""
+    import copy
+
+    import lm_eval
+    from bench_samples import task_configs
+
+    from ortevals.tasks import task_manager
+
+    tok = lms["off"].tokenizer
+    configs = task_configs(args.questions, args.samples, args.max_gen_toks, args.temperature)
+    warm = task_configs(1, 2, 4, args.temperature)[0]  # one-time costs apart: tasks, the canary, cascade's graph
+    warmup = {}
+    for m in MODES:
+        t0 = time.perf_counter()
+        lm_eval.simple_evaluate(model=lms[m], tasks=[warm], limit=1, task_manager=task_manager(None, defaults=False))
+        warmup[m] = time.perf_counter() - t0
+    out = {m: {"seconds": 0.0, "tokens": 0, "texts": []} for m in MODES}
+    rows = []
+    for i, cfg in enumerate(configs):
+        row = {"task": cfg["task"]}
+        seen = _prompt_tokens(lms["on"])
+        for m in (MODES if i % 2 == 0 else MODES[::-1]):
+            t0 = time.perf_counter()
+            res = lm_eval.simple_evaluate(model=lms[m], tasks=[copy.deepcopy(cfg)], limit=1, log_samples=True,
+                                          task_manager=task_manager(None, defaults=False))
+            wall = time.perf_counter() - t0
+            texts = [t for e in res["samples"][cfg["task"]] for t in e["resps"][0]]
+            tokens = sum(len(tok.encode(t, False)) for t in texts)
+            out[m]["seconds"] += wall
+            out[m]["tokens"] += tokens
+            out[m]["texts"] += texts
+            row[m] = {"seconds": wall, "tokens": tokens}
+        row["prompt_tokens"] = _prompt_tokens(lms["on"]) - seen
+        rows.append(row)
+        print(f"  {cfg['task']}: off {row['off']['seconds']:.1f} s, on {row['on']['seconds']:.1f} s", flush=True)
+    samplers = {m: lms[m].run.generation.sampler() for m in MODES}
+    summary = {m: {"seconds": out[m]["seconds"], "generated_tokens": out[m]["tokens"],
+                   "tokens_per_s": out[m]["tokens"] / out[m]["seconds"], "kv": samplers[m].kv_rows.name,
+                   "engine": dict(samplers[m].stats)} for m in MODES}
+    return {"questions": len(configs), "warmup_s": warmup, "per_question": rows, **summary,
+            "texts_equal": out["off"]["texts"] == out["on"]["texts"],
+            "texts_differing": sum(a != b for a, b in zip(out["off"]["texts"], out["on"]["texts"], strict=True)),
+            "ratio": summary["on"]["tokens_per_s"] / summary["off"]["tokens_per_s"]}
+
+
+def _prompt_tokens(lm) -> int:
+    """Prompt tokens the sampler has seen (run or reused from a shared prefix)."""
+    stats = lm.run.generation.sampler().stats
+    return stats["prompt_tokens"] + stats["reused_tokens"]
+
+
+def sweep(lms: dict, args) -> list[dict]:
+    """Decode-only tokens/s after prompts of each length, both modes alternately."""
+    import numpy as np
+
+    from ortevals.engine.generate.settings import parse_gen_kwargs
+    from ortevals.fidelity.text import default_text
+
+    tok = lms["off"].tokenizer
+    ids = tok.encode(default_text(None, max_chars=40 * max(args.lengths)), False)
+    kwargs = {"until": [], "max_gen_toks": args.max_gen_toks, "do_sample": True, "temperature": args.temperature}
+    settings = parse_gen_kwargs(kwargs, args.max_gen_toks)
+    out = []
+    for length in args.lengths:
+        prompt = tuple(ids[:length])
+        times = {m: [] for m in MODES}
+        got = {}
+        for r in range(args.repeats):
+            for m in (MODES if r % 2 == 0 else MODES[::-1]):
+                s = lms[m].run.generation.sampler().fresh()  # no prefix held: every repeat runs the whole prompt
+                logits, past = s.prompt(prompt, settings.max_gen_toks)
+                t0 = time.perf_counter()
+                done = s.decode(logits, past, settings, [np.random.default_rng(j) for j in range(args.samples)],
+                                ["r"] * args.samples)
+                times[m].append(time.perf_counter() - t0)
+                got[m] = [d.ids for d in done]
+        tokens = sum(len(x) for x in got["off"])
+        row = {"prompt_tokens": len(prompt), "rows": args.samples, "generated_tokens": tokens,
+               "token_equal": got["off"] == got["on"], "rows_differing": _differing(got["off"], got["on"])}
+        if args.alone:  # the current path's own rounding: each row alone (one row per pass) against the batch
+            alone = []
+            for j in range(args.samples):
+                s = lms["off"].run.generation.sampler().fresh()
+                logits, past = s.prompt(prompt, settings.max_gen_toks)
+                alone += [d.ids for d in s.decode(logits, past, settings, [np.random.default_rng(j)], ["r"])]
+            row["off_rows_differing_from_alone"] = _differing(got["off"], alone)
+        for m in MODES:
+            row[m] = {"decode_s": statistics.median(times[m]), "tokens_per_s": tokens / statistics.median(times[m])}
+        row["ratio"] = row["on"]["tokens_per_s"] / row["off"]["tokens_per_s"]
+        out.append(row)
+        print(f"  prompt {length}: off {row['off']['decode_s']:.2f} s, on {row['on']['decode_s']:.2f} s, "
+              f"× {row['ratio']:.2f}, rows differing {row['rows_differing']}", flush=True)
+    return out
+
+
+def _differing(a: list, b: list) -> list[tuple[int, int]]:
+    """(row, first token index) of each row whose ids differ."""
+    return [(r, next((i for i, (x, y) in enumerate(zip(p, q)) if x != y), min(len(p), len(q))))
+            for r, (p, q) in enumerate(zip(a, b, strict=True)) if p != q]
+
+
+def table(report: dict) -> str:
+    a = report.get("acceptance")
+    lines = []
+    if a:
+        lines += ["| acceptance run | questions | samples | generated tokens | seconds | tokens/s |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for m in MODES:
+            lines.append(f"| cascade={m} | {a['questions']} | {report['config']['samples']} | "
+                         f"{a[m]['generated_tokens']} | {a[m]['seconds']:.1f} | {a[m]['tokens_per_s']:.2f} |")
+        prompts = [r["prompt_tokens"] for r in a["per_question"]]
+        lines += ["", f"cascade=on / cascade=off: **{a['ratio']:.2f}×** generated tokens/s; every sample's text "
+                  f"equal: {a['texts_equal']} ({a['texts_differing']} differ). Prompts {min(prompts)}–"
+                  f"{max(prompts)} tokens (median {statistics.median(prompts):.0f}). One-time warm-up (tasks, "
+                  f"canary, and for on the cascade graph built, opened and checked): off "
+                  f"{a['warmup_s']['off']:.1f} s, on {a['warmup_s']['on']:.1f} s.", ""]
+    lines += ["| prompt tokens | rows | generated tokens | off: decode s | on: decode s | on / off | rows differing: "
+              "on vs off | off (16 rows) vs each row alone |", "|---:|---:|---:|---:|---:|---:|---|---|"]
+    for r in report.get("sweep", []):
+        alone = r.get("off_rows_differing_from_alone")
+        lines.append(f"| {r['prompt_tokens']} | {r['rows']} | {r['generated_tokens']} | {r['off']['decode_s']:.2f} | "
+                     f"{r['on']['decode_s']:.2f} | **{r['ratio']:.2f}×** | {_rows(r['rows_differing'])} | "
+                     f"{'—' if alone is None else _rows(alone)} |")
+    return "\n".join(lines) + "\n"
+
+
+def _rows(diff: list) -> str:
+    return ", ".join(f"row {r} from token {i}" for r, i in diff) or "none"
+
+
+def plot(report: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = report.get("sweep", [])
+    if not rows:
+        return
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    x = [r["prompt_tokens"] for r in rows]
+    for m, style in zip(MODES, ("o--", "s-"), strict=True):
+        ax.plot(x, [r[m]["tokens_per_s"] for r in rows], style, label=f"cascade={m}")
+    for r in rows:
+        ax.annotate(f"{r['ratio']:.2f}×", (r["prompt_tokens"], r["on"]["tokens_per_s"]), textcoords="offset points",
+                    xytext=(0, 6), ha="center")
+    cfg = report["config"]
+    ax.set_xlabel("prompt tokens")
+    ax.set_ylabel("generated tokens / s (decode)")
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"SmolLM2-135M {cfg['precision']}, K={cfg['samples']} rows, {cfg['max_gen_toks']} tokens, "
+                 f"{cfg['threads']} threads", fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "cascade.png", dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--questions", type=int, default=14)
+    ap.add_argument("--samples", type=int, default=16)
+    ap.add_argument("--max-gen-toks", type=int, default=128)
+    ap.add_argument("--temperature", type=float, default=0.7)
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "int8", "int4"])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], default=[256, 1024, 2048])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--no-alone", dest="alone", action="store_false",
+                    help="skip decoding each sweep row alone (the current path's own rounding, for comparison)")
+    ap.add_argument("--out", type=Path, default=REPO / "docs" / "bench-cascade")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    report = {"config": {k: v for k, v in vars(args).items() if k != "out"} | {
+        "cpus": os.cpu_count(), "load_avg_start": os.getloadavg()}}
+    import torch  # noqa: F401 - simple_evaluate imports torch to seed it: once here, in neither mode's time
+
+    lms = open_lms(args)
+    if args.questions:
+        report["acceptance"] = acceptance(lms, args)
+        (args.out / "bench_cascade.json").write_text(json.dumps(report, indent=1))  # kept if the sweep fails
+    report["sweep"] = sweep(lms, args)
+    report["config"]["load_avg_end"] = os.getloadavg()
+    (args.out / "bench_cascade.json").write_text(json.dumps(report, indent=1))
+    (args.out / "bench_cascade.md").write_text(table(report))
+    plot(report, args.out)
+    print(table(report))
+
+
+if __name__ == "__main__":
+    main()

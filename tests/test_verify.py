@@ -1,0 +1,191 @@
+"""Verifiers (issue 25): the ORM classifier against transformers on the same weights, P(True) on the
+package against a plain onnxruntime pass, the question's prompt run once for its K answers (counted
+tokens), the PRM adapter's steps, bad --verifier values as one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from ortevals.engine.generate.prm import TextPrm, split_steps
+from ortevals.errors import OrtEvalsError, PackageError
+from ortevals.integrations.lm import ModelArgs, OrtLM
+from ortevals.integrations.verify import OrmVerifier, Question, SelfVerifier, verify_run
+from ortevals.runtime.reward import RewardModel
+
+SHOTS = "".join(f"Question: what is {i} plus {i}?\nAnswer: {2 * i}\n\n" for i in range(10))
+CONTEXT = SHOTS + "Question: what is the capital city of france?\nAnswer:"
+ANSWERS = (" paris", " the river of berlin\n\nso rome", " two three four\n\nfive\n\nsix", " madrid", " paris")
+
+
+def test_orm_scores_equal_transformers(tiny_orm):
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    hf_dir, onnx_dir = tiny_orm
+    texts = [CONTEXT + a for a in ANSWERS] + ["a"]
+    got = RewardModel.open(onnx_dir).score(texts)
+    tok = AutoTokenizer.from_pretrained(hf_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = [model(**tok(t, return_tensors="pt")).logits.item() for t in texts]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert np.ptp(got) > 1e-2  # the scores tell the answers apart
+
+
+def raw_ort_logprobs(pkg, ids: list[int]) -> np.ndarray:
+    """log softmax ``[len(ids), V]`` from a plain onnxruntime session on the decoder (no ortevals code)."""
+    import onnxruntime as ort
+
+    dec = json.loads((pkg / "genai_config.json").read_text())["model"]["decoder"]
+    sess = ort.InferenceSession(str(pkg / "model.onnx"), providers=["CPUExecutionProvider"])
+    feeds = {"input_ids": np.array([ids], np.int64), "attention_mask": np.ones((1, len(ids)), np.int64)}
+    for i in (i for i in sess.get_inputs() if i.name.startswith("past_key_values")):
+        feeds[i.name] = np.zeros((1, dec["num_key_value_heads"], 0, dec["head_size"]), np.float32)
+    x = sess.run(["logits"], feeds)[0][0].astype(np.float64)
+    top = x.max(-1, keepdims=True)
+    return x - top - np.log(np.exp(x - top).sum(-1, keepdims=True))
+
+
+def oracle_p_true(lm, pkg, context: str, answer: str) -> float:
+    """expit(log p(" (A)") - log p(" (B)")) after the P(True) prompt, each continuation split from the
+    whole text's ids as lm-eval does, scored on one plain pass."""
+    from scipy.special import expit
+
+    from ortevals.integrations.self_eval import prompt
+
+    ctx_text = prompt(context, answer)
+    lls = []
+    for option in (" (A)", " (B)"):
+        ctx = lm.tok_encode(ctx_text)
+        whole = lm.tok_encode(ctx_text + option)
+        cont = whole[len(ctx):]
+        lp = raw_ort_logprobs(pkg, whole[:-1])
+        lls.append(sum(lp[len(ctx) - 1 + t, c] for t, c in enumerate(cont)))
+    return float(expit(lls[0] - lls[1]))
+
+
+def test_self_verifier_runs_the_prompt_once_and_scores_as_alone(tiny_pkg):
+    lm = OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg)))
+    verifier = SelfVerifier(lm)
+    out = verify_run(verifier, [Question(("t", 0), CONTEXT, ANSWERS)])
+    want = [oracle_p_true(lm, tiny_pkg, CONTEXT, a) for a in ANSWERS]
+    np.testing.assert_allclose(out.scores[("t", 0)], want, atol=1e-4)
+    from ortevals.integrations.self_eval import prompt
+
+    prompt_len = len(lm.tok_encode(CONTEXT))
+    inputs = [len(lm.tok_encode(prompt(CONTEXT, a) + o)) - 1 for a in dict.fromkeys(ANSWERS) for o in (" (A)", " (B)")]
+    alone = sum(inputs)  # every input run from its first token (the repeated answer's inputs once)
+    shared = prompt_len + sum(n - prompt_len for n in inputs)  # the prompt once, then each input's own tokens
+    # + at most 2 tokens per input: a pass on top of a cached prefix never runs one token (engine/score/prefix.py)
+    assert shared <= out.tokens <= shared + 2 * len(inputs)
+    assert out.tokens < 0.5 * alone
+
+
+def test_orm_verifier_and_prm_steps(tiny_orm):
+    verifier = OrmVerifier(RewardModel.open(tiny_orm[1]))
+    out = verify_run(verifier, [Question(("t", 3), CONTEXT, ANSWERS)], prm=True)
+    whole = RewardModel.open(tiny_orm[1]).score([CONTEXT + a for a in ANSWERS])
+    np.testing.assert_allclose(out.scores[("t", 3)], whole)
+    steps = out.steps[("t", 3)]
+    assert [len(s) for s in steps] == [1, 2, 3, 1, 1]
+    np.testing.assert_allclose([s[-1] for s in steps], whole, rtol=1e-6)  # last step = the whole answer
+    first = RewardModel.open(tiny_orm[1]).score([CONTEXT + " the river of berlin\n\n"])[0]
+    assert steps[1][0] == pytest.approx(first, rel=1e-6)  # a step's prefix keeps its separator
+
+
+@pytest.mark.parametrize(("text", "sep", "want"), [
+    ("a\n\nb\n\nc", "\n\n", ["a\n\n", "b\n\n", "c"]),
+    ("a\n\nb\n\n", "\n\n", ["a\n\n", "b\n\n"]),
+    ("", "\n\n", [""]),
+    ("one. two. three", ". ", ["one. ", "two. ", "three"]),
+    ("no separator", "\n\n", ["no separator"]),
+])
+def test_split_steps(text, sep, want):
+    assert split_steps(text, sep) == want and "".join(want) == text
+
+
+def test_text_prm_over_token_ids_scores_each_prefix():
+    """StepScorer over ids: a scorer that returns each prefix's length shows which text each step got."""
+    decode = lambda ids: "".join(chr(97 + i) for i in ids)  # noqa: E731
+    prm = TextPrm(lambda ctx, texts: np.array([len(ctx) * 100 + len(t) for t in texts]), decode=decode)
+    assert prm.score([0, 1], [[[2, 3], [4]], [[5]]]) == [[202.0, 203.0], [201.0]]
+
+
+def test_bad_verifier_folders_are_one_line_errors(tmp_path, tiny_pkg):
+    with pytest.raises(PackageError, match="model.onnx is missing"):
+        RewardModel.open(tmp_path)
+    with pytest.raises(PackageError, match="expected inputs"):
+        RewardModel.open(tiny_pkg)  # a decoder, not a classifier
+    with pytest.raises(OrtEvalsError, match="step_separator"):
+        split_steps("x", "")
+
+
+def _cli(args):
+    from click.testing import CliRunner
+
+    from ortevals.cli import cli
+
+    return CliRunner().invoke(cli, args, catch_exceptions=False)
+
+
+def test_cli_verifier_selection_metrics_and_samples_fields(tiny_pkg, tiny_orm, tmp_path):
+    """results.json's bon@4 / weighted_maj@4 / bon_prm_min@4 / bon_certainty@4 recomputed by hand from the
+    samples file's K answers and scores (search-and-learn's rules: the first best; an answer's summed
+    scores, ties to the first seen); verifier_scores recomputed by the classifier on context + answer."""
+    out = tmp_path / "run"
+    result = _cli(["mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--cot", "--limit", "3",
+                   "--max-gen-toks", "12", "--samples", "4", "--no-resume", "--truncate", "left",
+                   "--verifier", str(tiny_orm[1]), "--model-args", "prm=true,step_separator=\\n",
+                   "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    body = json.loads((out / "results.json").read_text())
+    res = body["results"]["mmlu_pro_business"]
+    lines = [json.loads(x) for x in (out / "samples_mmlu_pro_business.jsonl").read_text().splitlines()]
+    assert len(lines) == 3 and body["verifier"]["tokens_run"] > 0 and body["verifier"]["cost_ratio"] > 0
+    model = RewardModel.open(tiny_orm[1])
+    bon, wmaj, prm_min = [], [], []
+    for x in lines:
+        assert len(x["sample_tokens"]) == len(x["verifier_scores"]) == len(x["filtered_resps"]) == 4
+        args = x["arguments"]
+        ctx = args["gen_args_0"]["arg_0"] if isinstance(args, dict) else args[0][0]
+        np.testing.assert_allclose(x["verifier_scores"], model.score([ctx + t for t in x["resps"][0]]), rtol=1e-5)
+        right = [a == x["target"] for a in x["filtered_resps"]]
+        bon.append(right[int(np.argmax(x["verifier_scores"]))])
+        sums: dict = {}
+        for a, v in zip(x["filtered_resps"], x["verifier_scores"], strict=True):
+            if a is not None and a != "[invalid]":
+                sums[a] = sums.get(a, 0.0) + v
+        wmaj.append(bool(sums) and max(sums, key=lambda a: sums[a]) == x["target"])
+        step_min = [min(model.score([ctx + p for p in _prefixes(t, "\n")])) for t in x["resps"][0]]
+        prm_min.append(right[int(np.argmax(step_min))])
+    assert res["bon@4,custom-extract"] == pytest.approx(np.mean(bon))
+    assert res["weighted_maj@4,custom-extract"] == pytest.approx(np.mean(wmaj))
+    assert res["bon_prm_min@4,custom-extract"] == pytest.approx(np.mean(prm_min))
+    assert "bon_certainty@4,custom-extract" in res and "bon@4_stderr,custom-extract" in res
+    rows = {line.split()[2]: float(line.split()[3]) for line in result.output.splitlines()
+            if line.startswith("mmlu_pro_business ")}  # the summary's lm-eval table
+    assert rows["bon@4"] == pytest.approx(np.mean(bon), abs=1e-4) and "bon_prm_min@4" in rows
+    assert rows["weighted_maj@4"] == pytest.approx(np.mean(wmaj), abs=1e-4)
+    assert f"verifier {tiny_orm[1]}: 3 questions, {body['verifier']['tokens_run']} tokens run" in result.output
+
+
+def _prefixes(text: str, sep: str) -> list[str]:
+    """Each step's prefix, by hand: the text cut after each separator, and the whole text."""
+    cuts = [i + len(sep) for i in range(len(text)) if text.startswith(sep, i)]
+    return [text[:c] for c in cuts if c < len(text)] + [text] if cuts or text else [text]
+
+
+@pytest.mark.parametrize(("extra", "needle"), [
+    (["--verifier", "/nonexistent/orm"], "give --samples K"),
+    (["--samples", "2", "--verifier", "/nonexistent/orm"], "model.onnx is missing"),
+    (["--model-args", "verifier=self,prm_aggregation=max"], "prm_aggregation must be one of"),
+    (["--model-args", "verifier=self,step_separator="], "step_separator"),
+])
+def test_bad_verifier_options_are_one_line_errors(tiny_pkg, extra, needle):
+    result = _cli(["mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--cot", "--limit", "1",
+                   "--max-gen-toks", "4", "--no-resume", *extra])
+    assert result.exit_code == 2 and needle in result.output and len(result.output.strip().splitlines()) == 1, \
+        result.output
