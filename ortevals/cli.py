@@ -8,6 +8,7 @@ Ctrl-C exits 130 with a short message.
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 from pathlib import Path
@@ -84,6 +85,12 @@ def _flag(option):
     if isinstance(option.default, bool):
         return click.option(f"{option.flag}/--no-{option.flag[2:]}", option.name, default=None, help=option.help)
     return click.option(option.flag, option.name, default=None, metavar=option.metavar, help=option.help)
+
+
+def table_options(*names: str):
+    """Flags for the named options-table entries only (a command that takes a few model options)."""
+    from ortevals.options import BY_NAME
+    return lambda fn: functools.reduce(lambda f, name: _flag(BY_NAME[name])(f), reversed(names), fn)
 
 
 def run_options(fn):
@@ -391,6 +398,38 @@ def fidelity(verbose: int, json_path: Path | None, **kw) -> None:
     click.echo(format_report(report.summary))
     for path in report.files:
         click.echo(f"wrote {path}")
+
+
+EPILOG_PROFILE = """\b
+Examples:
+  ortevals profile --example --batch 1,4 --prompt-len 128,512 --gen-len 64
+  ortevals profile --pkg ./phi4-int4 --ep cuda --batch 1,4,16 --prompt-len 128,1024 --output prof/
+"""
+
+
+@cli.command("profile", epilog=EPILOG_PROFILE)
+@click.option("--pkg", type=click.Path(path_type=Path), default=None, help="GenAI package folder.")
+@click.option("--example", is_flag=True, help="Profile the embedded SmolLM2-135M example package.")
+@click.option("--batch", default="1", show_default=True, help="Batch sizes, comma-separated.")
+@click.option("--prompt-len", default="128", show_default=True, help="Prompt lengths in tokens, comma-separated.")
+@click.option("--gen-len", default="128", show_default=True, help="Generated tokens per row, comma-separated.")
+@click.option("--repeats", type=int, default=3, show_default=True, help="Timed runs per setting (means reported).")
+@click.option("--warmup", type=int, default=1, show_default=True, help="Untimed runs per setting first.")
+@click.option("--output", type=click.Path(path_type=Path), default=Path("ortevals-profile"), show_default=True,
+              help="Folder for profile.json and profile.png.")
+@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+@table_options("ep", "threads", "provider_options")  # run/profile.py MODEL_ARGS
+def profile(pkg, example, verbose, **kw) -> None:
+    """Prefill/decode tokens/s, TTFT, TPOT, peak memory: ortevals' raw path beside onnxruntime-genai's Generator.
+
+    Per --batch × --prompt-len × --gen-len, random prompt ids and greedy, timed as onnxruntime-genai's
+    benchmark_e2e.py times them (docs/benchmarks.md). A table, then profile.json and profile.png in --output."""
+    from ortevals.run.profile import MODEL_ARGS, ProfileRequest, format_table, run_profile
+
+    _setup_logging(verbose)
+    model = {k: kw.pop(k) for k in MODEL_ARGS} | {"pkg": _package_path(pkg, example)}
+    prof, files = run_profile(model, ProfileRequest(**kw), lambda t: click.echo(f"{t.label}: done", err=True))
+    click.echo("\n".join([format_table(prof), *(f"wrote {path}" for path in files)]))
 
 
 def main() -> None:
