@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from ortevals.errors import DataError, OrtEvalsError, first_line
 from ortevals.files import cache_root, check_writable_file, check_writable_folder
@@ -131,12 +132,8 @@ def quiet_git_hash():
         except (subprocess.CalledProcessError, FileNotFoundError):
             return get_commit_from_path(os.getcwd())
 
-    original = lm_eval.evaluator.get_git_commit_hash
-    lm_eval.evaluator.get_git_commit_hash = git_hash
-    try:
+    with mock.patch.object(lm_eval.evaluator, "get_git_commit_hash", git_hash):
         yield
-    finally:
-        lm_eval.evaluator.get_git_commit_hash = original
 
 
 @contextlib.contextmanager
@@ -193,12 +190,8 @@ def env_info_without_torch():
                         "lm_eval_version": ver("lm_eval", "N/A"),
                         "upper_git_hash": get_commit_from_path(Path(os.getcwd(), ".."))})
 
-    original = lm_eval.evaluator.add_env_info
-    lm_eval.evaluator.add_env_info = add_env_info
-    try:
+    with mock.patch.object(lm_eval.evaluator, "add_env_info", add_env_info):
         yield
-    finally:
-        lm_eval.evaluator.add_env_info = original
 
 
 class _SeedOnImport:

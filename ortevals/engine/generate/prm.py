@@ -52,11 +52,7 @@ class TextPrm:
                 done += step
                 prefixes.append(done)
                 owners.append(i)
-        scores = np.asarray(self.score_texts(context, prefixes), dtype=np.float64)
-        out: list[list[float]] = [[] for _ in answers]
-        for owner, value in zip(owners, scores, strict=True):
-            out[owner].append(float(value))
-        return out
+        return _by_owner(self.score_texts(context, prefixes), owners, len(answers))
 
     def score(self, prompt: Sequence[int], solutions: Sequence[Sequence[Sequence[int]]]) -> list[list[float]]:
         """engine/generate/steps.py's ``StepScorer``: per solution (its steps as token ids) one score per step,
@@ -71,8 +67,12 @@ class TextPrm:
                 ids.extend(step)
                 prefixes.append(self.decode(ids))
                 owners.append(i)
-        scores = np.asarray(self.score_texts(context, prefixes), dtype=np.float64)
-        out: list[list[float]] = [[] for _ in solutions]
-        for owner, value in zip(owners, scores, strict=True):
-            out[owner].append(float(value))
-        return out
+        return _by_owner(self.score_texts(context, prefixes), owners, len(solutions))
+
+
+def _by_owner(scores, owners: Sequence[int], n: int) -> list[list[float]]:
+    """``[P]`` prefix scores and each prefix's owner -> per owner (``n`` of them) its scores in order."""
+    out: list[list[float]] = [[] for _ in range(n)]
+    for owner, value in zip(owners, np.asarray(scores, dtype=np.float64), strict=True):
+        out[owner].append(float(value))
+    return out
