@@ -187,7 +187,8 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.set_xticks([i + 0.27 for i in range(len(keys))])
         ax.set_xticklabels([f"b{b} p{p}\ng{g}" for b, p, g in keys], fontsize=8)
         ax.set_title(label)
-        ax.legend(fontsize=7)
+        ax.set_ylim(0, 1.3 * max(r[c] for r in got for c in ("script", "profile_og", "profile_raw")))
+        ax.legend(fontsize=7, loc="upper left", ncol=3)  # above the bars: the headroom is set just before
     path.write_bytes(png(plt, fig))
 
 
