@@ -15,7 +15,7 @@ alternately so both see the same load on a shared machine:
     PYTHONPATH=. python scripts/bench_cascade.py                        # 14 questions, K=16, sweep 256,1024,2048
     PYTHONPATH=. python scripts/bench_cascade.py --questions 2 --lengths 256 --out /tmp/cascade
 
-Writes bench_cascade.json, bench_cascade.md and cascade.png to ``--out`` (docs/bench-cascade).
+Writes results.json, table.md and cascade.png to ``--out`` (docs/bench-cascade).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def acceptance(lms: dict, args) -> dict:
     out = {m: {"seconds": 0.0, "tokens": 0, "texts": []} for m in MODES}
     rows = []
     for i, cfg in enumerate(configs):
-        row = {"task": cfg["task"]}
+        row, ids = {"task": cfg["task"]}, {}
         seen = _prompt_tokens(lms["on"])
         for m in (MODES if i % 2 == 0 else MODES[::-1]):
             t0 = time.perf_counter()
@@ -75,12 +75,13 @@ def acceptance(lms: dict, args) -> dict:
                                           task_manager=task_manager(None, defaults=False))
             wall = time.perf_counter() - t0
             texts = [t for e in res["samples"][cfg["task"]] for t in e["resps"][0]]
-            tokens = sum(len(tok.encode(t, False)) for t in texts)
+            ids[m] = [tok.encode(t, False) for t in texts]
             out[m]["seconds"] += wall
-            out[m]["tokens"] += tokens
+            out[m]["tokens"] += sum(map(len, ids[m]))
             out[m]["texts"] += texts
-            row[m] = {"seconds": wall, "tokens": tokens}
+            row[m] = {"seconds": wall, "tokens": sum(map(len, ids[m]))}
         row["prompt_tokens"] = _prompt_tokens(lms["on"]) - seen
+        row["samples_differing"] = _differing(ids["off"], ids["on"])  # (sample, first token that differs)
         rows.append(row)
         print(f"  {cfg['task']}: off {row['off']['seconds']:.1f} s, on {row['on']['seconds']:.1f} s", flush=True)
     samplers = {m: lms[m].run.generation.sampler() for m in MODES}
@@ -163,7 +164,15 @@ def table(report: dict) -> str:
                   f"equal: {a['texts_equal']} ({a['texts_differing']} differ). Prompts {min(prompts)}–"
                   f"{max(prompts)} tokens (median {statistics.median(prompts):.0f}). One-time warm-up (tasks, "
                   f"canary, and for on the cascade graph built, opened and checked): off "
-                  f"{a['warmup_s']['off']:.1f} s, on {a['warmup_s']['on']:.1f} s.", ""]
+                  f"{a['warmup_s']['off']:.1f} s, on {a['warmup_s']['on']:.1f} s.", "",
+                  "| question | prompt tokens | tokens off / on | off s | on s | on / off | samples differing |",
+                  "|---|---:|---:|---:|---:|---:|---|"]
+        for q in a["per_question"]:
+            diff = ", ".join(f"sample {r} from token {i}" for r, i in q.get("samples_differing", [])) or "none"
+            lines.append(f"| {q['task'].removeprefix('mmlu_pro_')} | {q['prompt_tokens']} | {q['off']['tokens']} / "
+                         f"{q['on']['tokens']} | {q['off']['seconds']:.1f} | {q['on']['seconds']:.1f} | "
+                         f"{q['off']['seconds'] / q['on']['seconds']:.2f}× | {diff} |")
+        lines.append("")
     lines += ["| prompt tokens | rows | generated tokens | off: decode s | on: decode s | on / off | rows differing: "
               "on vs off | off (16 rows) vs each row alone |", "|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in report.get("sweep", []):
@@ -228,11 +237,11 @@ def main() -> None:
     lms = open_lms(args)
     if args.questions:
         report["acceptance"] = acceptance(lms, args)
-        (args.out / "bench_cascade.json").write_text(json.dumps(report, indent=1))  # kept if the sweep fails
+        (args.out / "results.json").write_text(json.dumps(report, indent=1))  # kept if the sweep fails
     report["sweep"] = sweep(lms, args)
     report["config"]["load_avg_end"] = os.getloadavg()
-    (args.out / "bench_cascade.json").write_text(json.dumps(report, indent=1))
-    (args.out / "bench_cascade.md").write_text(table(report))
+    (args.out / "results.json").write_text(json.dumps(report, indent=1))
+    (args.out / "table.md").write_text(table(report))
     plot(report, args.out)
     print(table(report))
 
