@@ -178,6 +178,9 @@ def test_the_front_door_option_gives_the_same_texts(tiny_pkg, raw):
     on = OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg), max_length=256, gen_path="raw", cascade="on"))
     assert on.generate_until(reqs, disable_tqdm=True) == raw.generate_until(reqs, disable_tqdm=True)
     assert "cascade" in on.run.generation.sampler().kv_rows.name
+    # the summary's mode line says the rows shared the prompt (summed in another order than the current path)
+    assert "one shared prompt KV (cascade" in on.run.stats["mode"]
+    assert "cascade" not in raw.run.stats["mode"]
 
 
 # --- the prompt is read from one copy ---------------------------------------------------------------------

@@ -18,7 +18,7 @@ import time
 
 from tqdm import tqdm
 
-from ortevals.engine.generate.cascade import Cascade, decoder_bytes
+from ortevals.engine.generate.cascade import Cascade, CascadeKV, decoder_bytes
 from ortevals.engine.generate.gencanary import og_plan, raw_plan
 from ortevals.engine.generate.generation import request_name
 from ortevals.engine.generate.sampler import SharedPromptSampler, run_sampling
@@ -30,6 +30,9 @@ from ortevals.files import cache_root
 from ortevals.runtime.memory import free_bytes
 
 log = logging.getLogger(__name__)
+# where ortevals differs on purpose, the output says so (the summary's mode line, results' config)
+CASCADE_MODE = ("sample rows on one shared prompt KV (cascade: attention summed in another order, ~1e-6 in "
+                "log-probs; cascade=off decodes as each row alone)")
 
 
 def gen_settings(run, gen_kwargs: dict) -> GenSettings:
@@ -120,6 +123,9 @@ class Generation:
         self._check("raw", lambda: raw_plan(sampler, items, keys, name, run.backends.prefill_choice[0].dtype,
                                             run.args.check, run.backends.verdicts))
         run_sampling(sampler, items, keys, finish, name=name)
+        kv = sampler.kv_rows
+        if isinstance(kv, CascadeKV) and kv.runner is not None:  # the cascade graph served decode rows: say so
+            run.set_mode("cascade", CASCADE_MODE)
 
     def _search(self, items, keys: list[list], finish, path: str) -> None:
         from ortevals.run.search import run_search
