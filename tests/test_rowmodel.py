@@ -11,6 +11,8 @@ from ortevals.engine.generate.rowmodel import RawRowModel
 from ortevals.engine.generate.steps import SampleChooser, StepRules
 from ortevals.engine.generate.stepsearch import SearchSettings, dvts, particle_filter, prm_beam_search
 from ortevals.integrations.lm import ModelArgs, OrtLM
+from ortevals.options import parse_model_args
+from ortevals.run.search import search_settings
 
 PROMPT = "Question: what is the river of the city? Answer: the river"
 
@@ -154,3 +156,14 @@ def test_bad_search_options_are_one_line_errors(tiny_pkg, extra, needle):
                                 catch_exceptions=False)
     assert result.exit_code == 2 and needle in result.output and len(result.output.strip().splitlines()) == 1, \
         result.output
+
+
+@pytest.mark.parametrize("aggregation", ["last", "min", "prod"])
+def test_the_prm_aggregation_option_reaches_the_search(aggregation):
+    """``prm_aggregation`` from the options table is the search's fold of each solution's step scores
+    (stepsearch's judge reads ``SearchSettings.aggregation``); its default is search-and-learn's ``last``."""
+    args = parse_model_args({"pkg": "x", "search": "beam", "search_n": "4", "search_width": "2",
+                             "prm_aggregation": aggregation})
+    assert search_settings(args).aggregation == aggregation
+    assert search_settings(parse_model_args({"pkg": "x", "search": "beam", "search_n": "4",
+                                             "search_width": "2"})).aggregation == "last"
