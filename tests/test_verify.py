@@ -14,6 +14,7 @@ from ortevals.errors import OrtEvalsError, PackageError
 from ortevals.integrations.lm import ModelArgs, OrtLM
 from ortevals.integrations.verify import OrmVerifier, Question, SelfVerifier, verify_run
 from ortevals.runtime.reward import RewardModel
+from tests.test_sampler import raw_ort_logprobs
 
 SHOTS = "".join(f"Question: what is {i} plus {i}?\nAnswer: {2 * i}\n\n" for i in range(10))
 CONTEXT = SHOTS + "Question: what is the capital city of france?\nAnswer:"
@@ -33,20 +34,6 @@ def test_orm_scores_equal_transformers(tiny_orm):
         want = [model(**tok(t, return_tensors="pt")).logits.item() for t in texts]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     assert np.ptp(got) > 1e-2  # the scores tell the answers apart
-
-
-def raw_ort_logprobs(pkg, ids: list[int]) -> np.ndarray:
-    """log softmax ``[len(ids), V]`` from a plain onnxruntime session on the decoder (no ortevals code)."""
-    import onnxruntime as ort
-
-    dec = json.loads((pkg / "genai_config.json").read_text())["model"]["decoder"]
-    sess = ort.InferenceSession(str(pkg / "model.onnx"), providers=["CPUExecutionProvider"])
-    feeds = {"input_ids": np.array([ids], np.int64), "attention_mask": np.ones((1, len(ids)), np.int64)}
-    for i in (i for i in sess.get_inputs() if i.name.startswith("past_key_values")):
-        feeds[i.name] = np.zeros((1, dec["num_key_value_heads"], 0, dec["head_size"]), np.float32)
-    x = sess.run(["logits"], feeds)[0][0].astype(np.float64)
-    top = x.max(-1, keepdims=True)
-    return x - top - np.log(np.exp(x - top).sum(-1, keepdims=True))
 
 
 def oracle_p_true(lm, pkg, context: str, answer: str) -> float:
