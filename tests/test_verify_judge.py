@@ -131,3 +131,12 @@ def test_cli_genai_judge(tiny_pkg, tmp_path):
     ctx = args["gen_args_0"]["arg_0"] if isinstance(args, dict) else args[0][0]
     fresh = SelfVerifier(OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg), truncate="left")))
     np.testing.assert_allclose(line["verifier_scores"], fresh.score_texts(ctx, line["resps"][0]), atol=1e-6)
+
+
+def test_search_weights_a_judges_p_true_as_a_probability(tiny_pkg, tiny_orm):
+    """--search with a GenAI judge: particle weights from logit(P(True)), as for self; a classifier's raw score."""
+    kinds = {}
+    for spec in (str(tiny_pkg), str(tiny_orm[1])):
+        lm = OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg), search="particles", verifier=spec))
+        kinds[spec] = lm.run.search_reward
+    assert kinds == {str(tiny_pkg): "logit", str(tiny_orm[1]): "raw"}
