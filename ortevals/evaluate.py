@@ -297,14 +297,16 @@ def _open_verifier(lm, k: int | None):
 
 def _verify(results: dict, tasks, lm, verifier, generation_seconds: float):
     """Each question's K answers scored after the run: ((task, doc_id) -> K scores, -> K step-score lists),
-    the verifier's tokens, seconds and its cost against generation's in ``results["verifier"]``."""
+    the verifier's kind (self, genai, classifier), parameters, samples judged, tokens, seconds and its cost against
+    generation's in ``results["verifier"]`` (report/compute.py's ``run_cost`` reads it)."""
     if verifier is None:
         return None
     from ortevals.integrations.verify import questions_of, verify_run
 
     names = [t.get("task") for t in tasks if isinstance(t, dict) and t.get("repeats")]
     out = verify_run(verifier, questions_of(results, names), lm.args.prm, lm.args.step_separator)
-    results["verifier"] = {"name": out.name, "questions": len(out.scores), "tokens_run": out.tokens,
+    results["verifier"] = {"name": out.name, "kind": out.kind, "params": out.params, "questions": len(out.scores),
+                           "samples": sum(len(v) for v in out.scores.values()), "tokens_run": out.tokens,
                            "seconds": out.seconds, "prm": bool(lm.args.prm), "generation_seconds": generation_seconds,
                            "cost_ratio": out.seconds / generation_seconds if generation_seconds > 0 else None}
     return out.scores, out.steps

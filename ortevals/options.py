@@ -81,9 +81,10 @@ def parse_batch_size(value: Any) -> int | None:
 
 
 def verifier_spec(value: Any) -> str:
-    """``self`` or a folder path (checked when the run opens it: runtime/reward.py)."""
+    """``self`` or a folder path (checked when the run opens it: integrations/verify.py's ``open_verifier``)."""
     if not isinstance(value, str) or not value.strip():
-        raise OrtEvalsError(f"verifier must be 'self' or the folder of an ONNX sequence classifier, got {value!r}")
+        raise OrtEvalsError("verifier must be self, a GenAI package folder, or an ONNX sequence classifier folder, "
+                            f"got {value!r}")
     return "self" if value.strip().lower() == "self" else value.strip()
 
 
@@ -197,9 +198,10 @@ OPTIONS: tuple[Option, ...] = (
            "choice: the prompt's KV is reused, each choice costs its ~20 new tokens).", scoped=False,
            flag="--self-eval"),
     # issue 25 (integrations/verify.py, report/selection.py): scores after the run, never a generated token
-    Option("verifier", verifier_spec, None, "With --samples K: score each question's K answers by 'self' (P(True) on "
-           "the package, the question's prompt KV shared by its K answers) or PATH (an ONNX sequence classifier "
-           "folder: model.onnx + tokenizer.json) and report bon@k and weighted_maj@k.", scoped=False,
+    Option("verifier", verifier_spec, None, "With --samples K: score each question's K answers by self, a GenAI "
+           "package folder, or an ONNX sequence classifier folder: self and a package folder by P(True) on that "
+           "package (a question's prompt KV shared by its K answers), a classifier (model.onnx + tokenizer.json) "
+           "by its one score; report bon@k and weighted_maj@k.", scoped=False,
            flag="--verifier", metavar="self|PATH"),
     Option("prm", boolean("prm"), False, "With --verifier: also score each step (split at step_separator) as the "
            "answer up to it, and report the PRM variants (bon_prm_last/min/prod, weighted_maj_prm_*).", scoped=False),

@@ -80,7 +80,8 @@ class OrtLM(TemplateLM):
             self.run.store = None
         verifier = open_verifier(args.verifier, self)
         self.run.step_scorer = TextPrm(verifier.score_texts, args.step_separator, self.tokenizer.decode)
-        self.run.search_reward = "logit" if args.verifier == "self" else "raw"  # an ORM's score is a logit
+        # P(True) (self, a GenAI judge) is a probability; a classifier's score is a logit already
+        self.run.search_reward = "raw" if verifier.kind == "classifier" else "logit"
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> OrtLM:

@@ -7,39 +7,56 @@ Owns scoring each question's K generated answers after a ``--samples K`` run:
   2K requests of a question go to one ``loglikelihood`` call, so the engine's prefix plan runs the
   question's prompt once and each answer only its own tokens and the suffix (``tokens_run`` counts
   what ran: tests/test_verify.py shows the reuse);
-* ``PATH``: an outcome reward model, an ONNX sequence classifier with its tokenizer
-  (runtime/reward.py) on ``context + answer``; each text runs whole (such a classifier has no KV
-  inputs to share a prompt through);
+* ``PATH`` a GenAI package folder (``genai_config.json``): the same P(True) on *that* package, its
+  own run (:func:`open_judge`: the normal package loader and raw engine, the run's provider settings);
+* ``PATH`` an ONNX sequence classifier with its tokenizer (runtime/reward.py) on ``context + answer``;
+  each text runs whole (such a classifier has no KV inputs to share a prompt through);
 * with ``prm=true``, the same scorer as a process reward model: each step (split at
-  ``step_separator``) scored as the answer up to it (engine/generate/prm.py).
+  ``step_separator``) scored as the answer up to it (engine/generate/prm.py); the outcome score is
+  then the last step's (the same text), so nothing is scored twice.
 
+P(True) calls keep every shared token prefix of their requests (:func:`every_prefix`), so a
+question's prompt, each answer's steps and each (A)/(B) pair's common text run once.
 :func:`verify_run` returns each question's scores in sample order, keyed by (task, doc_id).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 from lm_eval.api.instance import Instance
 
 from ortevals.engine.generate.prm import TextPrm
+from ortevals.errors import PackageError
+from ortevals.files import store_path
 from ortevals.integrations.self_eval import FALSE, TRUE, _context, prompt
+from ortevals.options import ModelArgs
 from ortevals.report.calibration import p_true
 from ortevals.runtime.reward import RewardModel
 
 log = logging.getLogger(__name__)
 Key = tuple[str, int]  # (task, doc_id)
+EXPECTED = "self, a GenAI package folder, or an ONNX sequence classifier folder (a package holds " \
+           "genai_config.json; a classifier model.onnx and tokenizer.json)"
+# what a GenAI judge takes from the run's own model arguments: where and how it runs, never what it scores
+JUDGE_ARGS = ("ep", "provider_options", "threads", "memory_budget_mb", "prefix_cache", "prefix_budget_mb",
+              "scoring_graph", "path", "exact", "check", "resume", "truncate")
 
 
 class Verifier(Protocol):
     """Scores answers proposed after one context; ``tokens_run``: the tokens its model ran so far."""
 
     name: str
+    kind: str  # "self", "genai" or "classifier"
+    params: int  # the weights its model holds (report/compute.py's verifier FLOPs)
 
     def score_texts(self, context: str, answers: Sequence[str]) -> np.ndarray:
         """``[N]`` a score per answer (higher: more likely right)."""
@@ -49,32 +66,58 @@ class Verifier(Protocol):
 
 
 class SelfVerifier:
-    """P(True) of each answer on the package being evaluated (the run's own engine and result store)."""
+    """P(True) of each answer on a package's run: the package being evaluated (``self``, its own engine and
+    result store) or a GenAI judge package (:func:`open_judge`)."""
 
-    name = "self"
-
-    def __init__(self, lm) -> None:
-        self.lm = lm
+    def __init__(self, lm, name: str = "self", kind: str = "self") -> None:
+        self.lm, self.name, self.kind = lm, name, kind
+        self.params = lm.package.parameters
 
     def score_texts(self, context: str, answers: Sequence[str]) -> np.ndarray:
         reqs = [Instance("loglikelihood", {}, (prompt(context, a), option), 0, ("verifier", 0, 1))
                 for a in answers for option in (TRUE, FALSE)]
         if not reqs:
             return np.zeros(0)
-        ll = np.array([s[0] for s in self.lm.loglikelihood(reqs, disable_tqdm=True)], dtype=np.float64)
+        with every_prefix(self.lm.engine):
+            scores = self.lm.loglikelihood(reqs, disable_tqdm=True)
+        ll = np.array([s[0] for s in scores], dtype=np.float64)
         return p_true(ll[0::2], ll[1::2])
 
     @property
     def tokens_run(self) -> int:
         engine = self.lm.engine
-        return int(engine.tokens_run - engine.canary_tokens)
+        return int(engine.tokens_run - getattr(engine, "canary_tokens", 0))
+
+
+@contextlib.contextmanager
+def every_prefix(engine):
+    """While P(True) requests are scored: the prefix plan keeps every shared prefix that saves tokens
+    (``prefix_min_saving`` 1, as the invariance canary's configured pass), not only those saving 64.
+
+    A question's requests share much shorter runs than a few-shot header: an answer's text across its
+    step prefixes, an (A)/(B) pair's whole input but one token. Measured on SmolLM2-135M, 3 answers of
+    2-3 steps: 881 tokens in 19 passes with the default, 532 in 30 with this (docs/search.md). Only that
+    field is restored after: the canary may switch the engine to exact mode meanwhile, which stays.
+    """
+    settings = getattr(engine, "settings", None)
+    if settings is None or not hasattr(settings, "prefix_min_saving"):  # og's incremental engine, a pool
+        yield
+        return
+    before = settings.prefix_min_saving
+    engine.settings = dataclasses.replace(settings, prefix_min_saving=1)
+    try:
+        yield
+    finally:
+        engine.settings = dataclasses.replace(engine.settings, prefix_min_saving=before)
 
 
 class OrmVerifier:
     """An ONNX sequence classifier's score of ``context + answer``."""
 
+    kind = "classifier"
+
     def __init__(self, model: RewardModel) -> None:
-        self.model, self.name = model, str(model.path)
+        self.model, self.name, self.params = model, str(model.path), model.params
 
     def score_texts(self, context: str, answers: Sequence[str]) -> np.ndarray:
         return self.model.score([context + a for a in answers])
@@ -85,8 +128,28 @@ class OrmVerifier:
 
 
 def open_verifier(spec: str, lm) -> Verifier:
-    """``self`` or a classifier folder (a one-line error when it is not one)."""
-    return SelfVerifier(lm) if spec == "self" else OrmVerifier(RewardModel.open(spec))
+    """``self``, a GenAI package folder (a judge: :func:`open_judge`) or a classifier folder; anything else
+    is a one-line error naming the folder and what was expected."""
+    if spec == "self":
+        return SelfVerifier(lm)
+    root = Path(spec)
+    if (root / "genai_config.json").is_file():
+        return SelfVerifier(open_judge(root, lm), str(root), "genai")
+    if (root / "model.onnx").is_file() or (root / "tokenizer.json").is_file():
+        return OrmVerifier(RewardModel.open(root))
+    what = "no such folder" if not root.exists() else "not a folder" if not root.is_dir() else \
+        "neither genai_config.json nor model.onnx there"
+    raise PackageError(f"--verifier {root}: {what}; expected {EXPECTED}")
+
+
+def open_judge(root: Path, lm):
+    """The judge package's own run, opened as the run's ``lm`` was (its class's ``from_package``: OrtLM, the
+    usual package loader and its one-line errors; integrations/lm.py imports this module, so not the other
+    way) on the run's provider settings (``JUDGE_ARGS``), resuming from its own store when the run has one."""
+    args = lm.args
+    taken = {name: getattr(args, name) for name in JUDGE_ARGS}
+    store = str(store_path(root)) if args.store else None
+    return type(lm).from_package(dataclasses.replace(ModelArgs(pkg=str(root)), store=store, **taken))
 
 
 @dataclass(frozen=True)
@@ -104,6 +167,8 @@ class Verified:
     the tokens its model ran and the seconds it took."""
 
     name: str
+    kind: str = "self"
+    params: int = 0
     scores: dict[Key, list[float]] = field(default_factory=dict)
     steps: dict[Key, list[list[float]]] = field(default_factory=dict)
     tokens: int = 0
@@ -127,14 +192,17 @@ def questions_of(results: dict[str, Any], tasks: Sequence[str]) -> list[Question
 
 def verify_run(verifier: Verifier, questions: Sequence[Question], prm: bool = False,
                separator: str = "\n\n") -> Verified:
-    """Every question's answers scored (outcome, and step scores with ``prm``), one scorer call per question."""
-    out = Verified(verifier.name)
+    """Every question's answers scored, one scorer call per question: the outcome scores, or with ``prm`` the
+    step scores (the outcome score is the last step's: that prefix is the whole answer)."""
+    out = Verified(verifier.name, verifier.kind, verifier.params)
     before, start = verifier.tokens_run, time.perf_counter()
     steps = TextPrm(verifier.score_texts, separator)
     for q in questions:
-        out.scores[q.key] = [float(x) for x in verifier.score_texts(q.context, q.answers)]
         if prm:
             out.steps[q.key] = steps.step_scores(q.context, q.answers)
+            out.scores[q.key] = [s[-1] for s in out.steps[q.key]]
+        else:
+            out.scores[q.key] = [float(x) for x in verifier.score_texts(q.context, q.answers)]
     out.tokens, out.seconds = verifier.tokens_run - before, time.perf_counter() - start
     log.info("verifier %s: %d questions, %d tokens run, %.1f s", verifier.name, len(questions), out.tokens,
              out.seconds)

@@ -26,6 +26,7 @@ class GraphFacts:
     precision: str  # "float32", "int4 (MatMulNBits)", "int8 (dynamic: MatMulInteger)", ...
     attention_heads: frozenset[int]  # num_heads of the attention nodes (GroupQueryAttention, ...)
     kv_heads: frozenset[int]  # kv_num_heads of the GroupQueryAttention nodes
+    parameters: int = 0  # weights the graph holds (:func:`parameter_count`)
 
 
 def read_signature(path: Path) -> tuple[tuple, tuple, frozenset[Path]]:
@@ -84,7 +85,40 @@ def _facts(graph) -> GraphFacts:
             heads.add(int(attrs["num_heads"]))
             if "kv_num_heads" in attrs:
                 kv_heads.add(int(attrs["kv_num_heads"]))
-    return GraphFacts(_precision(graph, bits, ops), frozenset(heads), frozenset(kv_heads))
+    return GraphFacts(_precision(graph, bits, ops), frozenset(heads), frozenset(kv_heads), parameter_count(graph))
+
+
+ROTARY_CACHES = {"GroupQueryAttention": (7, 8), "RotaryEmbedding": (2, 3)}  # cos_cache, sin_cache inputs
+NOT_WEIGHTS = {"MatMulNBits": (2, 3, 4, 5), "GatherBlockQuantized": (2, 3)}  # scales, zero points, g_idx, bias
+
+
+def parameter_count(graph) -> int:
+    """The weights an ONNX graph holds, from its initializers' shapes (data never read): each initializer's
+    element count, except a 4/8-bit ``MatMulNBits`` weight counted as its K·N and a ``GatherBlockQuantized``
+    table as its unpacked elements; rotary caches (an attention node's cos/sin inputs) and the quantized ops'
+    scales and zero points are not weights. On the builder's fp32 decoders this is transformers' parameter
+    count (tests/test_verify.py)."""
+    import onnx
+
+    sizes = {t.name: _elements(t.dims) for t in graph.initializer}
+    packed = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.UINT8}
+    for node in graph.node:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        for at in ROTARY_CACHES.get(node.op_type, ()) + NOT_WEIGHTS.get(node.op_type, ()):
+            if at < len(node.input):
+                sizes.pop(node.input[at], None)
+        if node.op_type == "MatMulNBits" and node.input[1] in sizes:
+            sizes[node.input[1]] = int(attrs["K"]) * int(attrs["N"])
+        elif node.op_type == "GatherBlockQuantized" and node.input[0] in packed:
+            sizes[node.input[0]] *= 8 // int(attrs.get("bits", 4))  # 8/bits values a byte
+    return sum(sizes.values())
+
+
+def _elements(dims) -> int:
+    n = 1
+    for d in dims:
+        n *= int(d)
+    return n
 
 
 def _precision(graph, bits: set[int], ops: set[str]) -> str:

@@ -136,6 +136,12 @@ class ModelPackage:
         out = self.decoder.output(self.logits_name)
         return out.shape[1] if out is not None and len(out.shape) == 3 else None
 
+    @property
+    def parameters(self) -> int:
+        """The weights of the text path: the decoder's graph and the embedding model's when apart (package/graph.py's
+        ``parameter_count``, from the protos the loader already read; weights never loaded)."""
+        return sum(graph_facts(m.path).parameters for m in (self.decoder, self.embedding) if m is not None)
+
     def model_files(self) -> list[Path]:
         """Config, decoder/embedding models and their external data (the fingerprint's files; the result
         store's scope is built from what each path reads instead: package/scope.py)."""

@@ -6,7 +6,9 @@ Owns the cost axis of inference-time scaling methods and Brown et al.'s coverage
   left out) for the tokens the decoder generates, plus ``2 · verifier params · tokens`` for the
   tokens the verifier runs (:class:`Cost`). A selector that reads a verifier (report/selection.py:
   ``bon``, ``weighted_maj`` and the PRM variants) pays for it on each of its k samples;
-  maj/pass/best and self-certainty read nothing more than the samples.
+  maj/pass/best and self-certainty read nothing more than the samples. :func:`run_cost` builds it
+  from a run: the package's parameters and ``results["verifier"]`` (the verifier's own parameters,
+  counted from its graph: package/graph.py's ``parameter_count``, and the tokens it ran per sample).
 - :func:`search_point`: one search run (beam, DVTS, particles at one budget n) as a point: mean
   accuracy over questions with the same intervals as maj@k, its measured tokens and FLOPs.
 - :func:`fit_coverage` (Brown et al. 2024, "Large Language Monkeys"): coverage (pass@k) ≈
@@ -38,6 +40,16 @@ class Cost:
     params: int  # the decoder's parameters
     verifier_params: int = 0  # the verifier's (the decoder's own for --verifier self)
     verifier_tokens: float = 0.0  # tokens the verifier runs per sample judged
+
+
+def run_cost(params: int, verifier: dict | None = None) -> Cost:
+    """A run's :class:`Cost`: ``params`` the package's (``ModelPackage.parameters``) and, when a verifier ran,
+    ``results["verifier"]`` (evaluate.py): its ``params`` and ``tokens_run`` over the ``samples`` it judged."""
+    if not verifier:
+        return Cost(int(params))
+    judged = int(verifier.get("samples") or 0)
+    per_sample = float(verifier.get("tokens_run") or 0) / judged if judged else 0.0
+    return Cost(int(params), int(verifier.get("params") or 0), per_sample)
 
 
 def flops(tokens: float, params: int, verifier_tokens: float = 0.0, verifier_params: int = 0) -> float:

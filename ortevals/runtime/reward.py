@@ -5,7 +5,9 @@ inputs ``input_ids`` and ``attention_mask`` (int64 ``[B, S]``) and a first outpu
 sequence (``[B, 1]`` or ``[B]``), and the ``tokenizer.json`` beside it (Hugging Face ``tokenizers``;
 its post-processor adds what the model was trained with, as transformers' ``tokenizer(text)`` does).
 Each text runs as its own unpadded row, so no padding convention of the exporter (which token a
-classifier reads on a padded row) is assumed. Counts the tokens it runs (``tokens_run``).
+classifier reads on a padded row) is assumed. Counts the tokens it runs (``tokens_run``) and the
+weights it holds (``params``: package/graph.py's ``parameter_count`` on the proto the session is
+opened from, so the file is read once).
 A folder that is not such a classifier is a one-line :class:`~ortevals.errors.PackageError`.
 """
 
@@ -16,8 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ortevals.errors import PackageError
+from ortevals.errors import PackageError, first_line
 from ortevals.install import import_ort
+from ortevals.package.graph import parameter_count
 
 INPUTS = ("input_ids", "attention_mask")
 
@@ -25,8 +28,8 @@ INPUTS = ("input_ids", "attention_mask")
 class RewardModel:
     """One ONNX sequence classifier and its tokenizer; :meth:`open` reads the folder, the constructor does no I/O."""
 
-    def __init__(self, session, tokenizer, path: Path) -> None:
-        self.session, self.tokenizer, self.path = session, tokenizer, path
+    def __init__(self, session, tokenizer, path: Path, params: int = 0) -> None:
+        self.session, self.tokenizer, self.path, self.params = session, tokenizer, path, params
         self.tokens_run = 0
 
     @classmethod
@@ -43,15 +46,16 @@ class RewardModel:
             tokenizer = Tokenizer.from_file(str(tok))
         except Exception as e:  # tokenizers raises its own Exception type
             raise PackageError(f"--verifier {tok}: not a tokenizers JSON file ({str(e).splitlines()[0]})") from None
+        data, params = _read(model)
         ort = import_ort()
         try:
-            session = ort.InferenceSession(str(model), providers=list(providers))
+            session = ort.InferenceSession(data, providers=list(providers))
         except Exception as e:  # onnxruntime's Fail/InvalidGraph: one line
             raise PackageError(f"--verifier {model}: onnxruntime cannot open it ({str(e).splitlines()[0]})") from None
         names = [i.name for i in session.get_inputs()]
         if sorted(names) != sorted(INPUTS):
             raise PackageError(f"--verifier {model}: expected inputs {list(INPUTS)}, found {names}")
-        return cls(session, tokenizer, root)
+        return cls(session, tokenizer, root, params)
 
     def score(self, texts: Sequence[str]) -> np.ndarray:
         """``[N]`` float64: the classifier's score of each text."""
@@ -65,3 +69,18 @@ class RewardModel:
             out[i] = float(first.reshape(-1)[0])
             self.tokens_run += ids.shape[1]
         return out
+
+
+def _read(model: Path) -> tuple[bytes | str, int]:
+    """(what the session opens, the weights the graph holds): the file's bytes, parsed once for the count; a
+    model with external data opens from its path (its weights are not in the bytes, so the parse is cheap)."""
+    import onnx
+
+    data = model.read_bytes()
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(data)
+    except Exception as e:  # protobuf's DecodeError and others
+        raise PackageError(f"--verifier {model}: not a readable ONNX model ({first_line(e)})") from None
+    external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer)
+    return (str(model) if external else data), parameter_count(proto.graph)
