@@ -174,6 +174,56 @@ def test_sessions_open_on_a_thread_and_errors_come_at_first_use(tiny_pkg, monkey
     assert where == ["ortevals-open", "MainThread"]
 
 
+def test_requests_are_tokenized_while_the_sessions_open(tiny_pkg, monkeypatch):
+    """The first log-likelihood call tokenizes its requests before it waits for the opening thread; an
+    opening error still comes before the requests' own checks (here: one longer than max_length)."""
+    import threading
+
+    from lm_eval.api.instance import Instance
+
+    from ortevals.errors import PackageError
+    from ortevals.integrations.lm import OrtLM
+    from ortevals.options import ModelArgs
+
+    tokenized, open_real = threading.Event(), DecoderRunner.open
+    seen = []
+
+    def open_after_tokenizing(*a, **k):
+        seen.append(tokenized.wait(timeout=10))  # False: the caller waited for this thread before tokenizing
+        return open_real(*a, **k)
+
+    monkeypatch.setattr(DecoderRunner, "open", open_after_tokenizing)
+    lm = OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg)), open_soon=True)
+    encode = lm.run.tokenizer.encode
+    monkeypatch.setattr(lm.run.tokenizer, "encode", lambda *a: (tokenized.set(), encode(*a))[1])
+    lm.loglikelihood([Instance("loglikelihood", {}, ("The city", " of"), 0)], disable_tqdm=True)
+    assert seen == [True]
+
+    def refuse(*a, **k):
+        raise PackageError("decoder.onnx: refused")
+
+    monkeypatch.setattr(DecoderRunner, "open", refuse)
+    lm = OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg), max_length=8), open_soon=True)
+    with pytest.raises(PackageError, match="refused"):
+        lm.loglikelihood([Instance("loglikelihood", {}, ("The city " * 20, " of"), 0)], disable_tqdm=True)
+
+
+def test_cli_opens_the_sessions_before_lm_eval_loads_its_tasks(tiny_pkg, tmp_path, monkeypatch):
+    """``ortevals mmlu-pro``: the sessions start opening (on their thread) before lm-eval's task index is
+    imported and the task configs are built, so the two overlap."""
+    import ortevals.presets
+    from ortevals.engine.backends import Backends
+
+    monkeypatch.setenv("ORTEVALS_CACHE", str(tmp_path / "cache"))
+    order, open_soon, task_specs = [], Backends.open_soon, ortevals.presets.task_specs
+    monkeypatch.setattr(Backends, "open_soon", lambda self: (order.append("open"), open_soon(self))[1])
+    monkeypatch.setattr(ortevals.presets, "task_specs", lambda *a: (order.append("tasks"), task_specs(*a))[1])
+    result = CliRunner().invoke(cli, ["mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--limit", "2",
+                                      "--truncate", "left"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert order == ["open", "tasks"]
+
+
 def test_no_resume_reuses_the_canary_verdict_but_no_answer(tiny_pkg, tmp_path, monkeypatch):
     monkeypatch.setenv("ORTEVALS_CACHE", str(tmp_path / "cache"))
     args = ["mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--limit", "2", "--truncate", "left"]
