@@ -195,14 +195,13 @@ def _evaluate(kw: dict, tasks, data: Path | None, **spec_kw) -> None:
     from ortevals.report.results import format_table
     from ortevals.tasks import task_manager
 
-    include = spec_kw.get("include_path")
-    tm = task_manager(include) if include is not None else None
+    spec_kw.update(limit=kw["limit"], output=kw["output"], use_cache=kw["use_cache"])
+    given = tuple(tasks) if isinstance(tasks, (list, tuple)) else (tasks,)
+    check_spec(RunSpec(tasks=given, **spec_kw))  # bad paths and options: one line before the model is loaded
+    lm = _load_lm(kw)  # its sessions open on a thread while lm-eval's tasks are imported and the data loads
+    tm = task_manager(spec_kw["include_path"]) if spec_kw.get("include_path") is not None else None
     specs, samples, notes = apply_limit(tasks, task_specs(tasks, data, tm), kw["limit"])
-    spec = RunSpec(tasks=tuple(specs), limit=kw["limit"], output=kw["output"], use_cache=kw["use_cache"],
-                   samples=samples, notes=notes, **spec_kw)
-    check_spec(spec)  # bad output paths, cache and options: one line before the model is even loaded
-    lm = _load_lm(kw)
-    outcome = evaluate(lm, spec)
+    outcome = evaluate(lm, RunSpec(tasks=tuple(specs), samples=samples, notes=notes, **spec_kw))
     click.echo(format_table(outcome.summary))
     for path in outcome.files:
         click.echo(f"wrote {path}")

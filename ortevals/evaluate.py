@@ -22,6 +22,7 @@ from unittest import mock
 from ortevals.errors import DataError, OrtEvalsError, first_line
 from ortevals.files import cache_root, check_writable_file, check_writable_folder
 from ortevals.report.results import RunSummary, summarize, write_outputs
+from ortevals.runtime.meter import boot_clock
 from ortevals.tasks import task_manager, with_fit_split, with_samples
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ def evaluate(lm, spec: RunSpec) -> RunOutcome:
     except Exception as e:  # datasets/hub raise many types; only data problems are re-worded
         _reword_data_error(e, spec)
         raise
-    seconds = time.perf_counter() - start
+    seconds, evaluated = time.perf_counter() - start, boot_clock()
     if not results or not results.get("samples"):
         raise DataError("the data set is empty after filters (check --limit and the task names)")
     if k:
@@ -110,7 +111,8 @@ def evaluate(lm, spec: RunSpec) -> RunOutcome:
     plots = _calibration(results, lm, spec.output)
     requests = lm.stats["requests"] - before["requests"]
     reused = lm.stats["reused"] - before["reused"]
-    eff = _efficiency(results, lm, passes, requests, reused, lm.stats["generated_tokens"] - before["generated_tokens"])
+    eff = _efficiency(results, lm, passes, requests, reused, lm.stats["generated_tokens"] - before["generated_tokens"],
+                      evaluated)
     summary = summarize(results, requests, seconds, lm.stats["seconds"] - before["seconds"], reused,
                         mode_text(lm.stats, requests, reused), workers_text(lm), spec.notes, eff)
     files = tuple(write_outputs(spec.output, results, summary)) + tuple(plots) if spec.output else ()
@@ -225,18 +227,20 @@ def _meter_counts(lm):
     return meter.counts() if meter is not None else None
 
 
-def _efficiency(results: dict, lm, before, requests: int, reused: int, output_tokens: int) -> dict | None:
-    """``results["efficiency"]`` (report/efficiency.py) from the engine's pass meter, start-up and peak memory."""
-    from ortevals.report.efficiency import by_task, efficiency, since, startup_seconds
+def _efficiency(results: dict, lm, before, requests: int, reused: int, output_tokens: int,
+                evaluated: float) -> dict | None:
+    """``results["efficiency"]`` (report/efficiency.py) from the engine's pass meter, the run's clock (lm-eval's
+    evaluation ended at ``evaluated``, a boot_clock() reading) and peak memory."""
+    from ortevals.report.efficiency import by_task, efficiency, since, timeline
     from ortevals.report.results import peak_rss_mb
-    from ortevals.runtime.meter import boot_clock
+    from ortevals.runtime.meter import process_started
 
     after = _meter_counts(lm)
     if after is None:
         return None
     counts = since(after, before)
-    overall = efficiency(counts, requests, reused, output_tokens, startup_seconds(after, boot_clock()),
-                         peak_rss_mb())
+    clock = timeline(process_started(), after.first_pass_at, evaluated, boot_clock())
+    overall = efficiency(counts, requests, reused, output_tokens, clock, peak_rss_mb())
     tasks = {t: len(s) for t, s in results.get("samples", {}).items()}
     results["efficiency"] = {"by_task": by_task(overall, tasks), "overall": overall}
     return overall

@@ -7,8 +7,10 @@ torch seed and environment report without importing torch; the derived graph kee
 
 import json
 import math
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +20,7 @@ from click.testing import CliRunner
 
 from ortevals.cli import cli
 from ortevals.package.loader import ModelPackage
-from ortevals.report.efficiency import efficiency, since
+from ortevals.report.efficiency import efficiency, since, timeline, timeline_text
 from ortevals.runtime.derive import derived_decoder
 from ortevals.runtime.meter import PassCounts, process_started
 from ortevals.runtime.providers import from_package
@@ -53,13 +55,14 @@ def test_efficiency_arithmetic_by_hand():
     c = PassCounts(prefill_passes=2, prefill_tokens=13, prefill_seconds=0.5, prefill_rows=3,
                    prefill_row_seconds=2 * 0.3 + 1 * 0.2, decode_passes=4, decode_tokens=10, decode_seconds=2.0,
                    decode_row_seconds=3 * 0.5 + 3 * 0.5 + 2 * 0.5 + 2 * 0.5, first_pass_at=12.0)
-    e = efficiency(c, requests=7, reused=1, output_tokens=10, startup_s=1.5, peak_rss_mib=100.0)
+    clock = {"startup_s": 1.5, "scoring_s": 2.0, "after_s": 0.5, "total_s": 4.0}
+    e = efficiency(c, requests=7, reused=1, output_tokens=10, clock=clock, peak_rss_mib=100.0)
     assert e["prefill_tokens_per_s"] == pytest.approx(26.0)  # 13 tokens / 0.5 s
     assert e["decode_tokens_per_s"] == pytest.approx(5.0)  # 10 tokens / 2 s
     assert e["ttft_s"] == pytest.approx(0.8 / 3)  # rows wait for their pass: (0.3+0.3+0.2)/3
     assert e["tpot_s"] == pytest.approx(0.5)  # every decode pass took 0.5 s: each row's token took 0.5 s
-    assert e["peak_device_mib"] is None and e["startup_s"] == 1.5
-    none = efficiency(PassCounts(), 0, 5, 0, None, 1.0)
+    assert e["peak_device_mib"] is None and {k: e[k] for k in clock} == clock
+    none = efficiency(PassCounts(), 0, 5, 0, timeline(None, None, 3.0, 3.5), 1.0)
     assert none["prefill_tokens_per_s"] is None and none["ttft_s"] is None and none["tpot_s"] is None
     later = PassCounts(prefill_passes=3, prefill_tokens=20, prefill_seconds=0.7, prefill_rows=4,
                        prefill_row_seconds=1.0, decode_passes=4, decode_tokens=10, decode_seconds=2.0,
@@ -68,6 +71,19 @@ def test_efficiency_arithmetic_by_hand():
     assert (span.prefill_passes, span.prefill_tokens, span.prefill_rows, span.decode_passes) == (1, 7, 1, 0)
     assert span.prefill_seconds == pytest.approx(0.2) and span.first_pass_at == 12.0
     assert since(c, c).first_pass_at is None  # nothing ran in the span
+
+
+def test_the_run_clock_parts_add_up_by_hand():
+    """Launch at 10.0 s, first pass at 11.25, lm-eval done at 14.9, the record at 15.3 (one clock)."""
+    t = timeline(10.0, 11.25, 14.9, 15.3)
+    assert t == pytest.approx({"startup_s": 1.25, "scoring_s": 3.65, "after_s": 0.4, "total_s": 5.3})
+    # printed: each part the difference of the rounded times since launch (1.2, 4.9, 5.3), so the line adds up
+    assert timeline_text(t) == "start-up 1.2 s + scoring 3.7 s + after 0.4 s = 5.3 s since launch"
+    none_ran = timeline(10.0, None, 12.0, 12.5)  # every answer reused: start-up lasts to lm-eval's end
+    assert none_ran == pytest.approx({"startup_s": 2.0, "scoring_s": 0.0, "after_s": 0.5, "total_s": 2.5})
+    unknown = timeline(None, 11.0, 12.0, 12.5)  # no process start (not Linux): no start-up, no total
+    assert unknown == pytest.approx({"startup_s": None, "scoring_s": 1.0, "after_s": 0.5, "total_s": None})
+    assert timeline_text(unknown) is None
 
 
 def test_results_json_and_summary_carry_the_efficiency(tiny_pkg, tmp_path, monkeypatch):
@@ -86,7 +102,17 @@ def test_results_json_and_summary_carry_the_efficiency(tiny_pkg, tmp_path, monke
     assert overall["decode_tokens"] == 0 and overall["decode_tokens_per_s"] is None and overall["tpot_s"] is None
     assert 0 < overall["ttft_s"] <= overall["prefill_s"] and 0 < overall["startup_s"]
     assert overall["peak_rss_mib"] == pytest.approx(body["ortevals"]["peak_rss_mb"], rel=0.05)
-    assert "start-up " in result.output and "efficiency: prefill " in result.output and "TTFT" in result.output
+    parts = [overall[k] for k in ("startup_s", "scoring_s", "after_s")]
+    assert min(parts) >= 0 and sum(parts) == pytest.approx(overall["total_s"])
+    assert overall["scoring_s"] >= overall["prefill_s"]  # the passes ran inside the scoring span
+    assert overall["total_s"] <= time.clock_gettime(time.CLOCK_BOOTTIME) - process_started()
+    line = next(ln for ln in result.output.splitlines() if ln.startswith("questions "))
+    shown = re.search(r"start-up ([\d.]+) s \+ scoring ([\d.]+) s \+ after ([\d.]+) s = ([\d.]+) s since launch",
+                      line)
+    assert shown, line
+    assert sum(float(x) for x in shown.groups()[:3]) == pytest.approx(float(shown[4]), abs=1e-9)
+    assert float(shown[4]) == pytest.approx(overall["total_s"], abs=0.051)
+    assert "efficiency: prefill " in result.output and "TTFT" in result.output
     again = CliRunner().invoke(cli, ["mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--limit", "2",
                                      "--truncate", "left"], catch_exceptions=False)
     assert "efficiency: no pass run (all requests reused)" in again.output, again.output
@@ -172,6 +198,56 @@ def test_sessions_open_on_a_thread_and_errors_come_at_first_use(tiny_pkg, monkey
     with pytest.raises(PackageError, match="refused"):  # a library caller: at once, as before
         OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg)))
     assert where == ["ortevals-open", "MainThread"]
+
+
+def test_requests_are_tokenized_while_the_sessions_open(tiny_pkg, monkeypatch):
+    """The first log-likelihood call tokenizes its requests before it waits for the opening thread; an
+    opening error still comes before the requests' own checks (here: one longer than max_length)."""
+    import threading
+
+    from lm_eval.api.instance import Instance
+
+    from ortevals.errors import PackageError
+    from ortevals.integrations.lm import OrtLM
+    from ortevals.options import ModelArgs
+
+    tokenized, open_real = threading.Event(), DecoderRunner.open
+    seen = []
+
+    def open_after_tokenizing(*a, **k):
+        seen.append(tokenized.wait(timeout=10))  # False: the caller waited for this thread before tokenizing
+        return open_real(*a, **k)
+
+    monkeypatch.setattr(DecoderRunner, "open", open_after_tokenizing)
+    lm = OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg)), open_soon=True)
+    encode = lm.run.tokenizer.encode
+    monkeypatch.setattr(lm.run.tokenizer, "encode", lambda *a: (tokenized.set(), encode(*a))[1])
+    lm.loglikelihood([Instance("loglikelihood", {}, ("The city", " of"), 0)], disable_tqdm=True)
+    assert seen == [True]
+
+    def refuse(*a, **k):
+        raise PackageError("decoder.onnx: refused")
+
+    monkeypatch.setattr(DecoderRunner, "open", refuse)
+    lm = OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg), max_length=8), open_soon=True)
+    with pytest.raises(PackageError, match="refused"):
+        lm.loglikelihood([Instance("loglikelihood", {}, ("The city " * 20, " of"), 0)], disable_tqdm=True)
+
+
+def test_cli_opens_the_sessions_before_lm_eval_loads_its_tasks(tiny_pkg, tmp_path, monkeypatch):
+    """``ortevals mmlu-pro``: the sessions start opening (on their thread) before lm-eval's task index is
+    imported and the task configs are built, so the two overlap."""
+    import ortevals.presets
+    from ortevals.engine.backends import Backends
+
+    monkeypatch.setenv("ORTEVALS_CACHE", str(tmp_path / "cache"))
+    order, open_soon, task_specs = [], Backends.open_soon, ortevals.presets.task_specs
+    monkeypatch.setattr(Backends, "open_soon", lambda self: (order.append("open"), open_soon(self))[1])
+    monkeypatch.setattr(ortevals.presets, "task_specs", lambda *a: (order.append("tasks"), task_specs(*a))[1])
+    result = CliRunner().invoke(cli, ["mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--limit", "2",
+                                      "--truncate", "left"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert order == ["open", "tasks"]
 
 
 def test_no_resume_reuses_the_canary_verdict_but_no_answer(tiny_pkg, tmp_path, monkeypatch):

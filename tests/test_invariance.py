@@ -332,3 +332,85 @@ def test_canary_inputs_are_cut_short_and_keep_their_shared_prefix():
     assert common_prefix(group[0], group[1]) == common_prefix(group[0], group[2]) == SHARED_KEEP
     assert len(cut[3][0]) + 1 == CANARY_TOKENS and cut[4] == pairs[4]  # the long one cut, the short one kept
     assert all(len(c) >= 1 for c, _ in shorten([((1,), (2,) * 300)]))  # a context keeps one token
+
+
+def test_prefill_canary_slices_keep_a_shared_past_and_pad():
+    """The prefill canary's inputs (``slices``): at most SLICE_TOKENS tokens each; the shared-prefix group
+    still shares SLICE_SHARED tokens; the others get distinct lengths (their batch pads); continuations whole."""
+    from ortevals.engine.score.invariance import SLICE_SHARED, SLICE_TOKENS, slices
+    from ortevals.tokens import common_prefix
+
+    header = tuple(range(1000, 1500))  # a 500-token few-shot header
+    pairs = [(header + tuple(range(1, 100)), (7,)), (header + (4, 5), (8,)), (header + tuple(range(6, 60)), (9, 9)),
+             (header[:300] + tuple(range(2000, 2400)), (5,)), (tuple(range(3000, 3350)), (6,)), ((3, 4), (6,))]
+    cut = slices(pairs)
+    assert [x for _, x in cut] == [x for _, x in pairs]  # continuations untouched
+    assert all(len(c + x) <= SLICE_TOKENS for c, x in cut)
+    group = [c + x for c, x in cut[:3]]
+    assert common_prefix(group[0], group[1]) == common_prefix(group[0], group[2]) == SLICE_SHARED
+    for (c, _), (p, _) in zip(cut[:3], pairs):  # the header's last tokens, then the context's own last ones
+        assert c[:SLICE_SHARED] == header[-SLICE_SHARED:] and c[SLICE_SHARED:] == p[len(p) - len(c) + SLICE_SHARED:]
+    assert cut[1][0] == header[-SLICE_SHARED:] + (4, 5)  # a short tail kept whole
+    others = [len(c + x) for c, x in cut[3:5]]
+    assert others[0] == SLICE_TOKENS and others[0] > others[1] > len(cut[5][0] + cut[5][1])  # distinct: they pad
+    assert all(c == p[-len(c):] for (c, _), (p, _) in zip(cut[3:], pairs[3:])) and cut[5] == pairs[5]
+    assert slices([((1,), (2,) * 300)]) == [((1,), (2,) * 300)]  # a context keeps one token
+    assert slices([((1, 2, 3), (4,)), ((1, 2, 5), (6,))]) == [((1, 2, 3), (4,)), ((1, 2, 5), (6,))]  # short: kept
+
+
+def test_canary_passes_pad_a_batch_reuse_a_past_and_gather_the_head(tiny_pkg, tmp_path):
+    """What the cheaper canary runs the configured way on inputs shaped like MMLU-Pro's (a long shared
+    header, long questions): a right-padded batch of several rows, a shared prefix's past, and only the
+    scored positions through the LM head; the reference side one row at a time with no past."""
+    from ortevals.engine.score.prefill import EngineSettings, PrefillEngine, TokenRequest
+    from ortevals.package.loader import ModelPackage
+    from ortevals.runtime.providers import from_package
+    from ortevals.runtime.sessions import DecoderRunner
+
+    pkg = ModelPackage.load(tiny_pkg)
+    runner = DecoderRunner.open(pkg, from_package({}, "cpu"), tmp_path)
+    gen = np.random.default_rng(3)
+    body = lambda n: tuple(int(t) for t in gen.integers(3, pkg.vocab_size, n))  # noqa: E731
+    header = body(300)
+    reqs = [TokenRequest(header + body(n), body(1)) for n in (80, 120, 150, 40, 60, 90)]
+    reqs += [TokenRequest(body(n), body(1)) for n in (300, 340, 380, 420)]
+    engine = PrefillEngine(runner, EngineSettings(max_length=1024, vocab_size=pkg.vocab_size))
+    passes, forward = [], engine._forward
+
+    def spy(ids, mask, past=None, want_present=False, positions=None, targets=None):
+        passes.append((ids.shape[0], bool((mask[:, mask.shape[1] - ids.shape[1]:] == 0).any()), past is not None,
+                       positions is not None))
+        return forward(ids, mask, past, want_present, positions, targets)
+
+    engine._forward = spy
+    engine.score(reqs)
+    canary = passes[:engine.canary_passes]
+    assert engine.canary.passed and canary
+    assert any(rows > 1 and padded for rows, padded, _, _ in canary)  # a right-padded batch
+    assert any(past for *_, past, _ in canary)  # continuations on a shared prefix's past
+    assert all(gathered for *_, gathered in canary)  # the head at the scored positions only
+    alone = [p for p in canary if p[0] == 1 and not p[1] and not p[2]]
+    assert len(alone) >= 6  # the reference: each canary input alone, no past
+
+
+@pytest.fixture(scope="module")
+def leaky(tiny_pkg, tmp_path_factory):
+    """The tiny package with GQA in plain ops under CUDA's contract, broken on a past (gqa_contract ``leak``)."""
+    from tests.fixtures.gqa_contract import contract_package
+
+    return contract_package(tiny_pkg, tmp_path_factory.mktemp("leaky") / "tiny-leaky", leak=True)
+
+
+def test_canary_catches_a_kernel_that_breaks_its_contract_on_a_past(tiny_pkg, leaky, caplog):
+    """A kernel right on first prompts but off by one on a past (each query sees the next key) is invisible
+    to graph detection and to one row alone; the canary's prefix continuation shows it, the run goes exact
+    and equals the raw-onnxruntime oracle on the real kernel. With the check off the scores are wrong."""
+    assert not detect([leaky / "model.onnx"]).found
+    ref = oracle(tiny_pkg, PAIRS)
+    np.testing.assert_allclose(scores(leaky, PAIRS, exact=True)[1], ref, atol=1e-4)  # first prompts: right
+    with caplog.at_level(logging.WARNING, logger="ortevals"):
+        lm, got = scores(leaky)
+    assert lm.stats["mode"].startswith("exact (canary"), lm.stats["mode"]
+    np.testing.assert_allclose(got, ref, atol=1e-4)
+    unchecked = scores(leaky, check=False)[1]
+    assert np.abs(unchecked - ref).max() > 1e-2  # what the canary protects against

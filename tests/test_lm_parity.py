@@ -126,3 +126,27 @@ def test_io_binding_and_prefix_reuse_equal_plain_runs(tiny):
             assert engine.tokens_run < 4 * 120  # the header ran once
     np.testing.assert_allclose(scores["reuse"], scores["plain"], atol=1e-4)
     np.testing.assert_allclose(scores["bound"], scores["plain"], atol=1e-4)
+
+
+def test_each_text_is_tokenized_once_and_the_ids_are_the_tokenizers(tiny):
+    """lm-eval's ``_encode_pair`` encodes a multiple-choice context once per choice; the run keeps the ids of
+    its last texts, so each distinct text reaches the tokenizer once, with the ids HF ``tokenizers`` gives."""
+    from tokenizers import Tokenizer
+
+    lm = OrtLM.from_package(ModelArgs(pkg=str(tiny[1]), max_length=128, batch_size=1))
+    calls, encode = [], lm.run.tokenizer.encode
+
+    def counted(text, add_special_tokens=None):
+        calls.append(text)
+        return encode(text, add_special_tokens)
+
+    lm.run.tokenizer.encode = counted
+    choices = [("Question: one two three. Answer:", f" {c}") for c in "ABCDEFGHIJ"]
+    lm.loglikelihood(instances("loglikelihood", choices), disable_tqdm=True)
+    assert sorted(calls) == sorted({*(c + x for c, x in choices), choices[0][0]})  # 11 texts, each once
+    ref = Tokenizer.from_file(str(tiny[1] / "tokenizer.json"))
+    for text in {*calls, "Nine ten eleven"}:
+        assert lm.tok_encode(text) == ref.encode(text).ids
+    ids = lm.tok_encode(choices[0][0])
+    ids.append(-1)  # a caller's change to its list is not remembered
+    assert lm.tok_encode(choices[0][0]) == ref.encode(choices[0][0]).ids

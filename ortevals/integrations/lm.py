@@ -172,6 +172,7 @@ class OrtLM(TemplateLM):
         return scores[:len(requests)]
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
+        self.run.ready()  # tokenized while the sessions opened (Run.stored): their error before these checks
         token_reqs = [TokenRequest(tuple(ctx), tuple(cont)) for _, ctx, cont in requests]
         keys = [r[0] for r in requests]
         limit = self.context_limit  # too long: one clear error before anything runs, or counted truncation

@@ -11,7 +11,10 @@ lmms-eval 0.7's ``results["efficiency"]`` (``by_task`` + ``overall``) and its th
 * ``ttft_s``: a prompt's time to first token, the row-weighted mean latency of the prefill passes (every
   row of a pass waits for the whole pass; the first token is chosen from its logits);
 * ``tpot_s``: a sequence's time per output token, the row-weighted mean latency of the decode passes;
-* ``startup_s``: process start to the first pass (imports, package, data, tokenizing not overlapped);
+* the run's wall clock in parts that add up (:func:`timeline`, one clock): ``startup_s``, process start to
+  the first pass (imports, package, data, tokenizing not overlapped); ``scoring_s``, the first pass to the
+  end of lm-eval's evaluation (every request, the canary, lm-eval's metrics); ``after_s``, from there to
+  this record (calibration, scaling, verifier); ``total_s`` = their sum, process start to this record;
 * peak host RSS, and peak device memory where the provider reports it (None on CPU).
 
 lm-eval hands a model every task's requests in one call, and the prefix plan shares passes between
@@ -25,7 +28,9 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
-from ortevals.runtime.meter import PassCounts, process_started
+import numpy as np
+
+from ortevals.runtime.meter import PassCounts
 
 
 def since(after: PassCounts, before: PassCounts | None) -> PassCounts:
@@ -38,24 +43,37 @@ def since(after: PassCounts, before: PassCounts | None) -> PassCounts:
     return PassCounts(**diff, first_pass_at=after.first_pass_at if ran else None)
 
 
-def startup_seconds(counts: PassCounts, ended: float) -> float | None:
-    """Process start to the first pass (to ``ended``, a boot_clock() reading, when no pass ran)."""
-    started = process_started()
-    if started is None:
+def timeline(started: float | None, first_pass: float | None, evaluated: float, now: float) -> dict[str, Any]:
+    """The run's wall clock split into parts that add up, from readings of one clock (boot_clock()):
+    the process start (None where unknown), the first pass (None when none ran: start-up then lasts to the
+    end of the evaluation), the end of lm-eval's evaluation, and now.
+
+    ``startup_s + scoring_s + after_s == total_s``; without a process start, start-up and total are None."""
+    first = min(first_pass if first_pass is not None else evaluated, evaluated)
+    return {"startup_s": first - started if started is not None else None, "scoring_s": evaluated - first,
+            "after_s": now - evaluated, "total_s": now - started if started is not None else None}
+
+
+def timeline_text(eff: dict[str, Any]) -> str | None:
+    """``start-up 1.2 s + scoring 3.6 s + after 0.4 s = 5.2 s since launch``: each part shown as the difference
+    of the rounded times since launch, so the printed numbers add up too; None without a process start."""
+    if eff.get("total_s") is None:
         return None
-    return (counts.first_pass_at if counts.first_pass_at is not None else ended) - started
+    ends = np.round(np.cumsum([eff["startup_s"], eff["scoring_s"], eff["after_s"]]), 1)
+    a, b, c = ends - np.concatenate([[0.0], ends[:-1]])
+    return f"start-up {a:.1f} s + scoring {b:.1f} s + after {c:.1f} s = {ends[-1]:.1f} s since launch"
 
 
 def _rate(num: float, den: float) -> float | None:
     return num / den if den > 0 else None
 
 
-def efficiency(counts: PassCounts, requests: int, reused: int, output_tokens: int, startup_s: float | None,
+def efficiency(counts: PassCounts, requests: int, reused: int, output_tokens: int, clock: dict[str, Any],
                peak_rss_mib: float, peak_device_mib: float | None = None) -> dict[str, Any]:
-    """One efficiency record (the layout of ``results["efficiency"]["overall"]``)."""
+    """One efficiency record (the layout of ``results["efficiency"]["overall"]``); ``clock``: :func:`timeline`."""
     c = counts
     return {
-        "requests": requests, "reused": reused, "startup_s": startup_s,
+        "requests": requests, "reused": reused, **clock,
         "prefill_passes": c.prefill_passes, "prefill_tokens": c.prefill_tokens, "prefill_s": c.prefill_seconds,
         "prefill_tokens_per_s": _rate(c.prefill_tokens, c.prefill_seconds),
         "decode_passes": c.decode_passes, "decode_tokens": c.decode_tokens, "decode_s": c.decode_seconds,

@@ -8,9 +8,9 @@ Owns turning lm-eval's results dict into a :class:`RunSummary` and the text the 
   every task's questions, each question counted once per filter;
 * with ``--samples K`` the headline is the k=1 estimate (every sample of every question, not the
   first sample lm-eval's ``exact_match`` scores) with its interval, then maj@k / pass@k / best@k;
-* questions, requests, start-up (process start to the first pass), wall time of the evaluation, scoring
-  time, requests/s, then the efficiency line (report/efficiency.py), the scoring mode, what was scored,
-  the workers.
+* questions, requests, the run's clock in parts that add up (start-up to the first pass + scoring to the
+  end of lm-eval's evaluation + after it = seconds since launch), requests/s of the engine's time, then
+  the efficiency line (report/efficiency.py), the scoring mode, what was scored, the workers.
 
 A statistic with no value (one question has no standard error) prints as ``n/a`` and is ``null``
 in the files. Writes lm-eval's results JSON (strict: no bare NaN) plus per-sample JSONL atomically,
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ortevals.files import atomic_write, json_text
-from ortevals.report.efficiency import summary_line
+from ortevals.report.efficiency import summary_line, timeline_text
 from ortevals.report.model_info import describe
 from ortevals.report.selection import SELECTORS
 
@@ -78,8 +78,8 @@ class RunSummary:
     questions: int  # distinct (task, document) pairs
     requests: int
     overall: tuple[Overall, ...]
-    seconds: float  # wall time of the whole run (data loading included)
-    model_seconds: float  # time inside the scoring engine
+    seconds: float  # lm-eval's evaluation (simple_evaluate), its data loading included
+    model_seconds: float  # time inside the scoring engine (requests/s)
     peak_rss_mb: float = 0.0  # the process's peak resident memory
     reused: int = 0  # requests answered from the result store (a resumed run), not in ``requests``
     mode: str = ""  # how requests were scored and why: "batched (canary passed …)", "exact (…)", resumed
@@ -226,8 +226,7 @@ def format_table(summary: RunSummary) -> str:
     lines.append(
         f"questions {summary.questions}  requests {summary.requests}"
         + (f" (+{summary.reused} reused from an earlier run)" if summary.reused else "")
-        + _startup(summary) + f"  wall {summary.seconds:.1f} s  "
-        f"scoring {summary.model_seconds:.1f} s  {summary.requests_per_s:.2f} req/s  "
+        + f"  {_clock(summary)}  {summary.requests_per_s:.2f} req/s ({summary.model_seconds:.1f} s in the engine)  "
         f"peak RSS {summary.peak_rss_mb:.0f} MiB"
     )
     if summary.efficiency is not None:
@@ -238,10 +237,10 @@ def format_table(summary: RunSummary) -> str:
     return "\n".join(lines + list(summary.notes))
 
 
-def _startup(summary: RunSummary) -> str:
-    """``  start-up 2.1 s``: process start to the first pass (report/efficiency.py), where measured."""
-    eff = summary.efficiency or {}
-    return f"  start-up {eff['startup_s']:.1f} s" if eff.get("startup_s") is not None else ""
+def _clock(summary: RunSummary) -> str:
+    """``start-up 1.2 s + scoring 3.6 s + after 0.4 s = 5.2 s since launch`` (report/efficiency.py), where the
+    process start is known; else lm-eval's evaluation alone, data loading included."""
+    return timeline_text(summary.efficiency or {}) or f"evaluation {summary.seconds:.1f} s"
 
 
 def _overall_lines(summary: RunSummary) -> list[str]:

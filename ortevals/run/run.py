@@ -43,6 +43,9 @@ CPU_TOKEN_BUDGET = 1024  # auto batch on CPU: more tokens per pass only add memo
 NO_STORE = ("none", "off", "false", "no")  # store=none: no result store (lm-eval's route has one by default)
 # lm-eval's own code splits context/continuation (_encode_pair) and cuts rolling windows
 LM_EVAL_READS = Reads("lm-eval requests", dists=("lm-eval",))
+# request kinds whose compute tokenizes its requests before it needs a session (and calls Run.ready then)
+TOKENIZE_FIRST = ("loglikelihood", "loglikelihood_rolling")
+ENCODED_KEPT = 256  # texts whose ids tok_encode keeps (a few MB at most)
 
 
 class Run:
@@ -61,6 +64,7 @@ class Run:
         self.sample_certainty: dict[str, float] = {}  # key (JSON) → self-certainty (raw path)
         self.step_scorer = None  # issue 25 --search: the PRM (engine/generate/prm.py), set by the front door
         self.search_reward = "logit"  # its scores are probabilities (P(True)); "raw": already logits (an ORM)
+        self._encoded: dict[tuple[str, bool | None], tuple[int, ...]] = {}  # tok_encode's last texts, oldest first
         self._modes: dict[str, str] = {}  # which mode ran and why, per request kind (stats["mode"] joins them)
         self.generation = Generation(self)  # generate_until: its path, canary plans and the raw sampler
 
@@ -120,7 +124,15 @@ class Run:
                              self.package.root / CONFIG_NAME, self.args.truncate)
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None) -> list[int]:
-        return self.tokenizer.encode(string, add_special_tokens)
+        """The tokenizer's ids for ``string``, remembered for the last :data:`ENCODED_KEPT` texts: lm-eval's
+        ``_encode_pair`` encodes a multiple-choice context once per choice (ten times for MMLU-Pro)."""
+        key = (string, add_special_tokens)
+        ids = self._encoded.get(key)
+        if ids is None:
+            ids = self._encoded[key] = tuple(self.tokenizer.encode(string, add_special_tokens))
+            if len(self._encoded) > ENCODED_KEPT:
+                del self._encoded[next(iter(self._encoded))]  # the oldest
+        return list(ids)
 
     def tok_decode(self, tokens, skip_special_tokens: bool = False) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens)
@@ -131,9 +143,20 @@ class Run:
 
     # --- the result store ----------------------------------------------------------------------
     def stored(self, kind: str, requests, compute, decode=lambda v: v, key_args=list) -> list:
-        """Answers from the store where it has them; ``compute(todo, keys)`` runs (and stores) the rest."""
-        self.backends.ready()  # sessions opening on a thread: their error before any request's own checks
-        return resume.answer(self.store, kind, requests, compute, decode, self.stats, key_args)
+        """Answers from the store where it has them; ``compute(todo, keys)`` runs (and stores) the rest.
+
+        Sessions opening on a thread (``open_soon``) are waited for first, so their error comes before any
+        request's own checks; log-likelihood kinds tokenize first (lm-eval's ``_encode_pair``, while the
+        sessions still open) and wait in :meth:`ready`, called before their checks."""
+        if kind not in TOKENIZE_FIRST:
+            self.ready()
+        out = resume.answer(self.store, kind, requests, compute, decode, self.stats, key_args)
+        self.ready()  # every request reused or sent elsewhere (media): the opening's error all the same
+        return out
+
+    def ready(self) -> None:
+        """Wait for the sessions opening on a thread, if any, and raise their error (nothing otherwise)."""
+        self.backends.ready()
 
     def put(self, kind: str, key: list, value) -> None:
         """One answer into the store (none when the run has no store)."""

@@ -10,10 +10,11 @@ a pass. This module owns the two checks that decide whether it does:
   activation quantization (``DynamicQuantizeLinear``, com.microsoft
   ``DynamicQuantizeMatMul``, ``MatMulIntegerToFloat`` fed a computed scale)
   and reductions over the batch or sequence axis (axis 0 or 1);
-* **the canary** (:func:`pick_canary`, :func:`compare`): a handful of a run's
-  own requests scored the configured way and the exact way (one row per pass,
-  no prefix reuse, full logits); a difference beyond the dtype's tolerance
-  switches the run to exact mode.
+* **the canary** (:func:`pick_canary`, :func:`slices`, :func:`compare`): a
+  handful of a run's own requests, cut short, scored the configured way (a
+  padded batch, a shared prefix's past, the gathered head) and the exact way
+  (one row per pass, no prefix reuse); a difference beyond the dtype's
+  tolerance switches the run to exact mode.
 
 Also owns :class:`Verdicts`: a canary's verdict is an artefact like a score,
 filed in the result store (whose scope covers the package files, the run's
@@ -248,6 +249,48 @@ def shorten(pairs: Sequence[tuple[tuple[int, ...], tuple[int, ...]]], budget: in
         drop = group_drop if in_group else len(ctx) + len(cont) - budget
         drop = min(max(drop, 0), len(ctx) - 1)
         out.append((ctx[drop:], cont))
+    return out
+
+
+SLICE_TOKENS = 64  # the prefill canary's inputs are cut to at most this many tokens (see slices)
+SLICE_SHARED = 32  # tokens of their shared prefix that the prefill canary's shared-prefix inputs keep
+
+
+def slices(pairs: Sequence[tuple[tuple[int, ...], tuple[int, ...]]], budget: int = SLICE_TOKENS,
+           keep_shared: int = SLICE_SHARED) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """The prefill canary's inputs: (context, continuation) pairs cut to at most ``budget`` tokens each.
+
+    What the canary checks is the graph's contract (does a padded batch, a past or the gathered head change
+    a number?), which shows on short inputs as on long ones, while each of its tokens is paid twice. So:
+
+    * the inputs that share the longest prefix with the first (``pick_canary`` puts that group first), if
+      it is ``keep_shared`` tokens or more, keep the last ``keep_shared`` tokens of that prefix and then
+      their own last tokens: on the configured side that prefix's KV is their past;
+    * the others keep their last ``budget``, ``budget - step``, ... tokens: distinct lengths, so the
+      configured side's batch of them is right-padded (inputs already shorter keep their length).
+
+    Continuations are never cut; a context keeps at least one token. Middle context cut from a shared-prefix
+    input makes a token sequence no request has, which both sides of the comparison score alike.
+    """
+    if not pairs:
+        return []
+    inputs = [c + x for c, x in pairs]
+    shared = [common_prefix(inputs[0], t) for t in inputs[1:]]
+    top = max(shared, default=0)
+    group = {0, *(i + 1 for i, n in enumerate(shared) if n == top)} if top >= keep_shared else set()
+    others = [i for i in range(len(pairs)) if i not in group]
+    step = max(1, budget // (2 * max(1, len(others))))
+    out = []
+    for i, (ctx, cont) in enumerate(pairs):
+        if i in group:
+            end = min(top, len(ctx))
+            head = ctx[max(0, end - keep_shared):end]
+            want = max(0, budget - len(head) - len(cont))
+            ctx = head + (ctx[end:][-want:] if want else ())
+        else:
+            length = budget - step * others.index(i)
+            ctx = ctx[len(ctx) - max(1, length - len(cont)):]
+        out.append((ctx or pairs[i][0][-1:], cont))
     return out
 
 

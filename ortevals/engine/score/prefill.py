@@ -35,7 +35,7 @@ from ortevals.engine.score.invariance import (
     canary_key,
     compare,
     pick_canary,
-    shorten,
+    slices,
     tolerance,
 )
 from ortevals.engine.score.prefix import PrefixPlan, plan_prefixes
@@ -216,13 +216,13 @@ class PrefillEngine:
         return results  # type: ignore[return-value]
 
     def _score_checked(self, requests: Sequence[TokenRequest], on_done=None) -> list[Score]:
-        """The canary on a few inputs cut short (``invariance.shorten``), then the run in the mode it chose.
+        """The canary on a few inputs cut short (``invariance.slices``), then the run in the mode it chose.
 
         A non-finite canary score trips it too: the exact run then names the request that has it.
         """
         groups = plan_groups(requests, self.settings.max_length, self.settings.group_by_context)
         picked = [requests[groups[gi].members[0][0]] for gi in pick_canary([g.tokens for g in groups])]
-        sub = [TokenRequest(c, x) for c, x in shorten([(r.context, r.continuation) for r in picked])]
+        sub = [TokenRequest(c, x) for c, x in slices([(r.context, r.continuation) for r in picked])]
         key, before, passes = canary_key("prefill", self.settings), self.tokens_run, self.forward_passes
         try:
             exact = self.score_exact(sub)
