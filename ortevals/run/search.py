@@ -4,7 +4,8 @@ Owns turning each request (prompt ids, decoding settings) into one search on the
 (engine/generate/rowmodel.py's :class:`RawRowModel`: the prompt run once, rows forked by reference)
 guided by the run's step scorer (a PRM from ``--verifier``: engine/generate/prm.py, set by the
 front door that opened the verifier, with ``search_reward``: how its scores become particle
-weights), and the answer's text cut at the request's stops. Steps end
+weights), and the answer's text cut at the request's stops. The answers are stored and resumed
+under the run's scope narrowed by :func:`search_scope` (the settings and what the verifier reads). Steps end
 at ``step_separator``; a step and a solution are capped at ``max_gen_toks``. Token choice is the
 sampler's (engine/generate/steps.py's :class:`ProcessorChooser` over engine/generate/sampling.py:
 the request's penalties over each row's prompt + tokens, temperature, top-k, top-p, min-p, typical,
@@ -42,6 +43,14 @@ def search_settings(args, reward: str = "logit") -> SearchSettings:
     return s
 
 
+def search_scope(args, reward: str, verifier) -> tuple[list, dict]:
+    """What a search's answers depend on beyond the run's own scope (Run.narrow_scope): what the verifier reads
+    (its files, its settings) and the search's settings (method, SearchSettings, separator, verifier kind)."""
+    settings = {"method": args.search, **dataclasses.asdict(search_settings(args, reward)),
+                "step_separator": args.step_separator, "verifier": verifier.kind}
+    return verifier.reads(), {"search": settings}
+
+
 def search_sampling(settings):
     """The request's GenSettings as a search samples them: a greedy request at temperature 0.8."""
     if settings.do_sample:
@@ -72,5 +81,9 @@ def run_search(run, runner, items, keys: list[list], finish) -> None:
         for token in out.solutions[out.best].tokens:
             if stream.push(int(token)):
                 break
-        run.stats["search_tokens"] = run.stats.get("search_tokens", 0) + out.generated_tokens
+        # the decoding steps (one pass each if all live rows ran together) against the passes run (one per
+        # row length a step; the prompt's included): what an in-place ragged arena would save
+        for name, value in (("search_tokens", out.generated_tokens), ("search_steps", out.passes),
+                            ("search_passes", model.stats["passes"])):
+            run.stats[name] = run.stats.get(name, 0) + value
         finish(i, *stream.result)
