@@ -144,11 +144,14 @@ def add_scaling(results: dict, configs: Sequence[dict], lm, output: Path | None,
     """maj@k / pass@k / best@k, and the selectors the run has scores for (bon@k, weighted_maj@k, the PRM
     variants with ``verified``; bon_certainty where the raw path gave self-certainty: report/selection.py)
     into ``results["results"][task]`` (every filter), and over all tasks' questions pooled (first filter of
-    each) into ``results["scaling"]``, plotted to ``output/scaling.png``. Returns the pooled curve points."""
-    from ortevals.report.scaling import curve_plot, lm_eval_metrics, scaling_curves
+    each) into ``results["scaling"]`` with Brown et al.'s coverage fit, pooled and per task (first filter),
+    plotted to ``output/scaling.png`` and ``output/compute.png``. Returns the pooled curve points."""
+    from ortevals.report.compute import coverage_record
+    from ortevals.report.scaling import lm_eval_metrics, scaling_curves
     from ortevals.report.selection import selection_curves
 
     pooled: list = []
+    fits: dict[str, dict] = {}
     for cfg in configs:
         name = cfg.get("task")
         samples = results.get("samples", {}).get(name)
@@ -157,15 +160,31 @@ def add_scaling(results: dict, configs: Sequence[dict], lm, output: Path | None,
         for i, (filt, questions) in enumerate(task_questions(cfg, samples, lm, verified).items()):
             points = scaling_curves([q.samples for q in questions]) + selection_curves(questions)
             results["results"].setdefault(name, {}).update(lm_eval_metrics(points, filt))
-            pooled.extend(questions if i == 0 else [])
+            if i == 0:  # the task's first filter, as pooled
+                pooled.extend(questions)
+                fits[name] = coverage_record(points)
     if not pooled:
         return []
-    points = scaling_curves([q.samples for q in pooled])
-    selected = selection_curves(pooled)
+    points = scaling_curves([q.samples for q in pooled]) + selection_curves(pooled)
     results["scaling"] = {"questions": len(pooled), "samples": len(pooled[0].samples.answers),
-                          "points": [p.__dict__ for p in points + selected]}
+                          "points": [p.__dict__ for p in points], "coverage_fit": coverage_record(points),
+                          "coverage_fit_by_task": fits}
     if output is not None:
-        output.mkdir(parents=True, exist_ok=True)
-        curve_plot(points + selected, output / "scaling.png",
-                   f"{len(pooled)} questions, K={len(pooled[0].samples.answers)}")
-    return points + selected
+        _scaling_plots(results, points, lm, output)
+    return points
+
+
+def _scaling_plots(results: dict, points: list, lm, output: Path) -> None:
+    """``scaling.png`` (maj, pass, best against k and tokens) and ``compute.png`` (every estimator and selector
+    against generated tokens and estimated FLOPs, report/compute.py; the cost in ``results["scaling"]["cost"]``)."""
+    from ortevals.report.compute import compute_plot, compute_points, fit_pass_curve, run_cost
+    from ortevals.report.scaling import curve_plot
+
+    scaling = results["scaling"]
+    title = f"{scaling['questions']} questions, K={scaling['samples']}"
+    output.mkdir(parents=True, exist_ok=True)
+    curve_plot(points, output / "scaling.png", title)
+    cost = run_cost(lm.package.parameters, results.get("verifier"))
+    scaling["cost"] = cost.__dict__
+    fit = fit_pass_curve(points) if scaling["coverage_fit"]["a"] is not None else None
+    compute_plot(compute_points(points, cost), output / "compute.png", title, fit)
