@@ -122,6 +122,7 @@ def test_scaling_metrics_in_lm_eval_layout(cot_config, tmp_path):
     assert got["maj@4,custom-extract"] == pytest.approx(0.75)
     assert results["scaling"]["questions"] == 2 and (tmp_path / "scaling.png").stat().st_size > 1000
     assert (tmp_path / "compute.png").stat().st_size > 1000
+    assert results["scaling"]["bon_certainty_missing"].startswith("2 of 2 questions")  # the fake kept none
     assert [p.k for p in points if p.estimator == "maj"] == [1, 2, 4]
     # Brown et al.'s fit through the hand pass@k values (1: 0.5, 2: 5/6, 4: 1), fitted here with scipy alone
     want = scipy_coverage_fit([1, 2, 4], [0.5, 5 / 6, 1.0])

@@ -7,9 +7,10 @@ every sample keeps its own answer), its correctness by the task's ``exact_match`
 log-prob per scored token (the whole sequence, EOS included: :func:`best_of_k_score`) and token
 count (stored by the model, resumed runs included), then maj@k / pass@k / best-of-k for
 k = 1, 2, 4, … K (:mod:`ortevals.report.scaling`), and where a verifier ran (integrations/verify.py)
-or the raw path gave self-certainty the selectors of :mod:`ortevals.report.selection` (``bon@k``,
-``weighted_maj@k``, PRM variants, ``bon_certainty@k``), into results.json's per-task results in
-lm-eval's layout (``maj@4,custom-extract``, ``maj@4_stderr,custom-extract``), and a plot per task.
+or generation kept self-certainty (raw and og paths, Ray workers) the selectors of
+:mod:`ortevals.report.selection` (``bon@k``, ``weighted_maj@k``, PRM variants, ``bon_certainty@k``),
+into results.json's per-task results in lm-eval's layout (``maj@4,custom-extract``,
+``maj@4_stderr,custom-extract``), and the plots (``scaling.png``, ``compute.png``).
 Each question's samples-file record gains ``sample_tokens``, ``verifier_scores`` and ``filtered_resps``.
 """
 
@@ -78,7 +79,7 @@ def best_of_k_score(meta: tuple[float, int, int]) -> float:
 
 
 def sample_certainty(lm, args: tuple, occurrence: int) -> float | None:
-    """One sample's self-certainty (raw path) from this run or the store; None when unknown."""
+    """One sample's self-certainty (raw and og paths) from this run or the store; None when unknown."""
     key = [*args, occurrence]
     found = getattr(lm, "sample_certainty", {}).get(json.dumps(key, default=str))
     if found is None and getattr(lm, "store", None) is not None:
@@ -142,7 +143,7 @@ def _tuple(values) -> tuple[float, ...] | None:
 def add_scaling(results: dict, configs: Sequence[dict], lm, output: Path | None,
                 verified: Verdicts | None = None) -> list:
     """maj@k / pass@k / best@k, and the selectors the run has scores for (bon@k, weighted_maj@k, the PRM
-    variants with ``verified``; bon_certainty where the raw path gave self-certainty: report/selection.py)
+    variants with ``verified``; bon_certainty where every sample has its self-certainty: report/selection.py)
     into ``results["results"][task]`` (every filter), and over all tasks' questions pooled (first filter of
     each) into ``results["scaling"]`` with Brown et al.'s coverage fit, pooled and per task (first filter),
     plotted to ``output/scaling.png`` and ``output/compute.png``. Returns the pooled curve points."""
@@ -169,6 +170,10 @@ def add_scaling(results: dict, configs: Sequence[dict], lm, output: Path | None,
     results["scaling"] = {"questions": len(pooled), "samples": len(pooled[0].samples.answers),
                           "points": [p.__dict__ for p in points], "coverage_fit": coverage_record(points),
                           "coverage_fit_by_task": fits}
+    if unknown := sum(q.certainty is None for q in pooled):  # bon_certainty needs every sample's
+        results["scaling"]["bon_certainty_missing"] = (
+            f"{unknown} of {len(pooled)} questions have a sample without self-certainty (generated on the media "
+            "path, or stored by an ortevals that did not keep it): bon_certainty@k is left out")
     if output is not None:
         _scaling_plots(results, points, lm, output)
     return points

@@ -58,7 +58,7 @@ class Run:
         self.pool = None  # issue 15: a Ray WorkerPool when workers/ray_address is set (integrations/ray.py)
         self.stats = {"requests": 0, "seconds": 0.0, "generated_tokens": 0, "truncated": 0, "reused": 0}
         self.sample_logprobs: dict[str, tuple[float, int, int]] = {}  # key (JSON) → (log-prob, tokens, scored)
-        self.sample_certainty: dict[str, float] = {}  # key (JSON) → self-certainty (raw path)
+        self.sample_certainty: dict[str, float] = {}  # key (JSON) → self-certainty (raw and og paths)
         self.step_scorer = None  # issue 25 --search: the PRM (engine/generate/prm.py), set by the front door
         self.search_reward = "logit"  # its scores are probabilities (P(True)); "raw": already logits (an ORM)
         self._modes: dict[str, str] = {}  # which mode ran and why, per request kind (stats["mode"] joins them)
