@@ -209,8 +209,8 @@ OPTIONS: tuple[Option, ...] = (
            scoped=False),
     Option("prm_aggregation", choice("prm_aggregation", ("last", "min", "prod")), "last",
            "How a solution's step scores become one in step-level search: last, min or prod.", scoped=False),
-    # issue 25 (engine/generate/stepsearch.py on rowmodel.py): not scoped because a --search run neither stores
-    # nor resumes its generations (its PRM, a file or the package itself, is not in the store's scope)
+    # issue 25 (engine/generate/stepsearch.py on rowmodel.py): not scoped here; with --search the run's scope is
+    # narrowed by the search's settings and what its verifier reads (run/search.py search_scope)
     Option("search", choice("search", ("none", "beam", "dvts", "particles")), "none",
            "generate_until by step-level search guided by --verifier's step scores (steps at step_separator, "
            "folded by prm_aggregation): beam (PRM beam search), dvts, particles (particle filtering); raw path.",

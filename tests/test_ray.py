@@ -72,6 +72,8 @@ def test_generation_on_two_workers_equals_one_process(ray_cluster, tiny_pkg):
     # best-of-k's input comes back from the workers: each sample's (log-prob, tokens), as one process has it
     assert len(lm1.sample_logprobs) == len(reqs)  # the raw path keeps every request's, keyed by occurrence
     assert lm2.sample_logprobs == lm1.sample_logprobs
+    # and each sample's self-certainty (best-of-N by self-certainty), as one process has it
+    assert len(lm1.sample_certainty) == len(reqs) and lm2.sample_certainty == lm1.sample_certainty
     assert lm2.stats["generated_tokens"] == lm1.stats["generated_tokens"] > 0
 
 

@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 
 from ortevals.engine.generate.rowmodel import RawRowModel
-from ortevals.engine.generate.steps import SampleChooser, StepRules
+from ortevals.engine.generate.settings import GenSettings
+from ortevals.engine.generate.steps import ProcessorChooser, SampleChooser, StepRules
 from ortevals.engine.generate.stepsearch import SearchSettings, dvts, particle_filter, prm_beam_search
 from ortevals.integrations.lm import ModelArgs, OrtLM
 from ortevals.options import parse_model_args
-from ortevals.run.search import search_settings
+from ortevals.run.search import search_sampling, search_settings
 
 PROMPT = "Question: what is the river of the city? Answer: the river"
 
@@ -132,13 +133,33 @@ def test_search_option_answers_as_the_search_on_transformers(models, tiny_pkg, t
     rules = StepRules(frozenset({2}), text_separator(lm.tokenizer.decode, "."), max_step_tokens=20, max_tokens=20)
     prm = TextPrm(TorchOrm(tiny_orm[0]), ".", lm.tokenizer.decode)
     settings = SearchSettings(n=4, width=2, max_steps=3, aggregation="min", reward="raw")  # the ORM gives logits
-    chooser = SampleChooser(rng, 0.8)
+    chooser = ProcessorChooser(search_sampling(GenSettings(max_gen_toks=20)), rng)  # greedy: sampled at T 0.8
     if method == "beam":
         out = prm_beam_search(TorchRowModel(hf), prompt, prm, rules, chooser, settings)
     else:
         out = particle_filter(TorchRowModel(hf), prompt, prm, rules, chooser, settings, rng)
     want = lm.tokenizer.decode(list(out.solutions[out.best].tokens), skip_special_tokens=True).split("Question:")[0]
     assert text == want and len(text) > 0
+
+
+def test_search_takes_the_requests_processors(tiny_pkg, tiny_orm):
+    """The request's gen_kwargs reach the search's token choice: with top_k=1 every row draws its argmax,
+    so the search's answer is the greedy answer of the plain run (at temperature 1.5, where unfiltered
+    draws of the tiny model wander)."""
+    from lm_eval.api.instance import Instance
+
+    common = {"pkg": str(tiny_pkg), "max_length": 256, "gen_path": "raw"}
+    search = OrtLM.from_package(ModelArgs(**common, search="particles", verifier=str(tiny_orm[1]),
+                                          step_separator=".", search_n=4, search_max_steps=3))
+    plain = OrtLM.from_package(ModelArgs(**common))
+
+    def answer(lm, **gen):
+        request = Instance("generate_until", {}, (PROMPT, {"until": ["Question:"], "max_gen_toks": 20, **gen}), 0)
+        return lm.generate_until([request], disable_tqdm=True)[0]
+
+    greedy = answer(plain, do_sample=False)
+    assert answer(search, do_sample=True, temperature=1.5, top_k=1) == greedy
+    assert answer(search, do_sample=True, temperature=1.5) != greedy  # without the filter the draws differ
 
 
 @pytest.mark.parametrize(("extra", "needle"), [

@@ -277,3 +277,18 @@ def test_each_sample_carries_its_self_certainty(raw, tiny_pkg):
         uniform = np.full(logp.shape[1], 1.0 / logp.shape[1])
         oracle = np.mean([entropy(uniform, np.exp(row)) for row in logp])
         assert len(logp) == g.scored and g.certainty == pytest.approx(oracle, rel=1e-6, abs=1e-6)
+
+
+def test_og_path_keeps_each_samples_self_certainty(raw, tiny_pkg):
+    """Issue 25: on onnxruntime-genai's path (the rewinding cursor for samples, batched Generators for greedy
+    requests) each request's self-certainty comes from og's logits at each drawn token; the same tokens as the
+    raw path (same seeds), so the same values as the raw sampler's (checked against scipy above)."""
+    og4 = OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg), max_length=256, gen_path="og", gen_batch_size=4))
+    reqs = repeats([PROMPT, "one two three"], SAMPLED, 3)
+    reqs += repeats(["seven eight", "nine ten eleven"], {"until": [], "max_gen_toks": 8}, 1)  # greedy: batched
+    fresh = OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg), max_length=256, gen_path="raw"))
+    assert og4.generate_until(reqs, disable_tqdm=True) == fresh.generate_until(reqs, disable_tqdm=True)
+    assert og4.stats["gen_path"] == "og" and len(og4.sample_certainty) == len(reqs)
+    assert og4.sample_certainty.keys() == fresh.sample_certainty.keys()
+    for key, value in fresh.sample_certainty.items():
+        assert og4.sample_certainty[key] == pytest.approx(value, rel=1e-5), key

@@ -2,7 +2,9 @@
 answer through the task's own filters, maj@k / pass@k / best@k into results.json, and the CLI."""
 
 import json
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from ortevals.errors import OrtEvalsError
@@ -94,6 +96,7 @@ class Model:
     def __init__(self, metas):
         self.sample_logprobs = metas
         self.store = None
+        self.package = SimpleNamespace(parameters=1000)  # the FLOPs axis of compute.png
 
 
 def test_scaling_metrics_in_lm_eval_layout(cot_config, tmp_path):
@@ -118,7 +121,22 @@ def test_scaling_metrics_in_lm_eval_layout(cot_config, tmp_path):
     # maj@4: q1 votes B,C,B -> B right; q2 ties A/D 2-2 -> right with probability 1/2
     assert got["maj@4,custom-extract"] == pytest.approx(0.75)
     assert results["scaling"]["questions"] == 2 and (tmp_path / "scaling.png").stat().st_size > 1000
+    assert (tmp_path / "compute.png").stat().st_size > 1000
+    assert results["scaling"]["bon_certainty_missing"].startswith("2 of 2 questions")  # the fake kept none
     assert [p.k for p in points if p.estimator == "maj"] == [1, 2, 4]
+    # Brown et al.'s fit through the hand pass@k values (1: 0.5, 2: 5/6, 4: 1), fitted here with scipy alone
+    want = scipy_coverage_fit([1, 2, 4], [0.5, 5 / 6, 1.0])
+    for fit in (results["scaling"]["coverage_fit"], results["scaling"]["coverage_fit_by_task"][cfg["task"]]):
+        assert {k: fit[k] for k in want} == pytest.approx(want, rel=1e-4)
+
+
+def scipy_coverage_fit(ks, coverage) -> dict:
+    """log coverage = a · k^b by least squares (scipy's curve_fit), and k = (log t / a)^(1/b) for t = 0.5, 0.9."""
+    from scipy.optimize import curve_fit
+
+    k, y = np.asarray(ks, float), np.log(coverage)
+    (a, b), _ = curve_fit(lambda x, a, b: a * x ** b, k, y, p0=(-1.0, -1.0), bounds=([-np.inf] * 2, [0, 0]))
+    return {"a": a, "b": b, **{f"k_for_{t}": max(1.0, (np.log(t) / a) ** (1 / b)) for t in (0.5, 0.9)}}
 
 
 def test_cli_samples_reports_every_k(tiny_pkg, tmp_path):
@@ -139,6 +157,13 @@ def test_cli_samples_reports_every_k(tiny_pkg, tmp_path):
     lines = [json.loads(x) for x in (out / "samples_mmlu_pro_business.jsonl").read_text().splitlines()]
     assert len(lines) == 2 and all(len(x["resps"][0]) == 2 for x in lines)  # two questions, two samples each
     assert body["scaling"]["questions"] == 2 and body["scaling"]["samples"] == 2
+    assert (out / "compute.png").stat().st_size > 1000 and (out / "scaling.png").is_file()
+    passes = [business[f"pass@{k},custom-extract"] for k in (1, 2)]
+    fits = (body["scaling"]["coverage_fit"], body["scaling"]["coverage_fit_by_task"]["mmlu_pro_business"])
+    if min(passes) > 0:  # the tiny model got one right: the fit against scipy's
+        assert {k: fits[1][k] for k in ("a", "b")} == pytest.approx(scipy_coverage_fit([1, 2], passes), rel=1e-4)
+    else:  # no right sample: nothing to fit, and results.json says why
+        assert all(f["a"] is None and "coverage in (0, 1]" in f["why"] for f in fits)
 
 
 def test_best_of_k_scores_the_whole_sequence_eos_included(cot_config):

@@ -140,7 +140,7 @@ NOT_SCOPED = {"pkg", "store", "workers", "ray_address",  # where requests run ne
               "self_eval", "temperature_fit",
               # issue 25: verifiers score after the run (P(True) requests keyed by their text, the ORM not stored)
               "verifier", "prm", "step_separator", "prm_aggregation",
-              # a --search run neither stores nor resumes its generations
+              # with --search, in the search's own scope (run/search.py search_scope; tests/test_search_store.py)
               "search", "search_n", "search_width", "search_max_steps",
               "resume"}  # issue 26: whether stored answers are read, not what they are
 

@@ -62,11 +62,11 @@ class OrtLM(TemplateLM):
         return lm
 
     def _open_search(self) -> None:
-        """--search: the PRM from --verifier (integrations/verify.py); nothing stored or resumed, since the
-        store's scope holds neither the verifier's files nor its settings."""
+        """--search: the PRM from --verifier (integrations/verify.py); answers stored and resumed under the run's
+        scope narrowed by the search's settings and what the verifier reads (run/search.py ``search_scope``)."""
         from ortevals.engine.generate.prm import TextPrm
         from ortevals.integrations.verify import open_verifier
-        from ortevals.run.search import search_settings
+        from ortevals.run.search import search_scope, search_settings
 
         args = self.args
         if args.verifier is None:
@@ -75,13 +75,11 @@ class OrtLM(TemplateLM):
         if self.run.pool is not None or self.run.generation.path() != "raw":
             raise OrtEvalsError(f"--search {args.search} runs on the raw path in this process; this run generates "
                                 "on onnxruntime-genai or on workers (gen_path=raw, no --workers)")
-        if self.run.store is not None:
-            log.info("--search: generations are neither stored nor resumed")
-            self.run.store = None
         verifier = open_verifier(args.verifier, self)
         self.run.step_scorer = TextPrm(verifier.score_texts, args.step_separator, self.tokenizer.decode)
         # P(True) (self, a GenAI judge) is a probability; a classifier's score is a logit already
         self.run.search_reward = "raw" if verifier.kind == "classifier" else "logit"
+        self.run.narrow_scope(*search_scope(args, self.run.search_reward, verifier))
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> OrtLM:

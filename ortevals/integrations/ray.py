@@ -142,8 +142,9 @@ class Worker:
         return "ok", [(s.logprob, s.greedy) for s in scores], getattr(engine, "mode", "incremental")
 
     def generate(self, args: list[tuple], keys: list[list]):
-        """("ok", [(text, log-prob or None, tokens, scored tokens)] per request, None): best-of-k needs each
-        sample's log-prob (EOS included, over the scored tokens), which only the raw path computes."""
+        """("ok", [(text, log-prob or None, tokens, scored tokens, self-certainty or None)] per request, None):
+        best-of-k needs each sample's log-prob (EOS included, over the scored tokens), which only the raw path
+        computes; best-of-N by self-certainty its self-certainty (raw and og paths)."""
         self._maybe_crash()
         if self.failed:
             return "error", self.failed, None
@@ -151,7 +152,8 @@ class Worker:
             texts = self.run.generate([_Req(a) for a in args], keys, lambda i, text: None, True)
         except OrtEvalsError as e:
             return "error", str(e), None
-        metas = [self.run.sample_logprobs.get(json.dumps(k, default=str), (None, 0, 0)) for k in keys]
+        found = [json.dumps(k, default=str) for k in keys]
+        metas = [(*self.run.sample_logprobs.get(k, (None, 0, 0)), self.run.sample_certainty.get(k)) for k in found]
         return "ok", [(text, *meta) for text, meta in zip(texts, metas, strict=True)], None
 
 
@@ -230,16 +232,17 @@ class WorkerPool:
         return out
 
     def generate(self, args: Sequence[tuple], keys: Sequence[list], prompts: Sequence[Sequence[int]],
-                 on_done: Callable[[int, str, float | None, int, int], None],
+                 on_done: Callable[[int, str, float | None, int, int, float | None], None],
                  after_chunk: Callable[[], None]) -> list[str]:
         """Generated texts in order; identical prompts (samples of one prompt) stay in one chunk.
-        ``on_done(index, text, log-prob or None, tokens, scored tokens)`` as each chunk returns."""
+        ``on_done(index, text, log-prob or None, tokens, scored tokens, self-certainty or None)`` as each
+        chunk returns."""
         def finish(chunk, reply):
             status, value, _ = reply
             if status == "error":
                 raise OrtEvalsError(value)
-            for index, (text, logprob, tokens, scored) in zip(chunk.requests, value, strict=True):
-                on_done(index, text, logprob, tokens, scored)
+            for index, (text, logprob, tokens, scored, certainty) in zip(chunk.requests, value, strict=True):
+                on_done(index, text, logprob, tokens, scored, certainty)
             return [(index, row[0]) for index, row in zip(chunk.requests, value, strict=True)]
 
         return self._run([tuple(p) for p in prompts], [tuple(p) for p in prompts],

@@ -39,7 +39,9 @@ from ortevals.errors import PackageError
 from ortevals.files import store_path
 from ortevals.integrations.self_eval import FALSE, TRUE, _context, prompt
 from ortevals.options import ModelArgs
+from ortevals.package.scope import Reads
 from ortevals.report.calibration import p_true
+from ortevals.run.run import run_settings
 from ortevals.runtime.reward import RewardModel
 
 log = logging.getLogger(__name__)
@@ -64,6 +66,9 @@ class Verifier(Protocol):
     @property
     def tokens_run(self) -> int: ...
 
+    def reads(self) -> list[Reads]:
+        """What its scores depend on beyond the run's own package (the scope of a ``--search`` run's answers)."""
+
 
 class SelfVerifier:
     """P(True) of each answer on a package's run: the package being evaluated (``self``, its own engine and
@@ -87,6 +92,14 @@ class SelfVerifier:
     def tokens_run(self) -> int:
         engine = self.lm.engine
         return int(engine.tokens_run - getattr(engine, "canary_tokens", 0))
+
+    def reads(self) -> list[Reads]:
+        """``self``: nothing beyond the run (its package); a judge: everything its run reads and its settings."""
+        if self.kind == "self":
+            return []
+        run = self.lm.run
+        return [*(dataclasses.replace(r, path=f"verifier {r.path}") for r in run.reads()),
+                Reads("verifier", settings=run_settings(run.args, run.backends))]
 
 
 @contextlib.contextmanager
@@ -125,6 +138,9 @@ class OrmVerifier:
     @property
     def tokens_run(self) -> int:
         return self.model.tokens_run
+
+    def reads(self) -> list[Reads]:
+        return [dataclasses.replace(self.model.reads, path=f"verifier {self.model.reads.path}")]
 
 
 def open_verifier(spec: str, lm) -> Verifier:

@@ -145,6 +145,21 @@ def fit_pass_curve(points: Sequence[CurvePoint]) -> CoverageFit:
     return fit_coverage([p.k for p in pts], [p.value for p in pts])
 
 
+COVERAGE_TARGETS = (0.5, 0.9)
+
+
+def coverage_record(points: Sequence[CurvePoint]) -> dict:
+    """Brown et al.'s fit over pass@k's points as results.json carries it: ``a``, ``b``, ``rmse`` and the k each
+    of ``COVERAGE_TARGETS`` needs (``k_for_0.5``, ``k_for_0.9``; inf where the fit never reaches it); where no
+    fit exists (no right sample, fewer than two k) the same keys as None and ``why``."""
+    keys = ["a", "b", "rmse", *(f"k_for_{t}" for t in COVERAGE_TARGETS)]
+    try:
+        fit = fit_pass_curve(points)
+    except OrtEvalsError as e:
+        return {**dict.fromkeys(keys), "why": str(e)}
+    return {"a": fit.a, "b": fit.b, "rmse": fit.rmse, **{f"k_for_{t}": fit.k_for(t) for t in COVERAGE_TARGETS}}
+
+
 def compute_plot(points: Sequence[ComputePoint], path: str | Path, title: str = "",
                  fit: CoverageFit | None = None) -> Path:
     """Accuracy against generated tokens and against FLOPs per question (log axes), one line per

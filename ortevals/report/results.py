@@ -327,5 +327,6 @@ def _remove_stale(out_dir: Path, tasks: list[str], scaling: bool) -> None:
         if task not in tasks and stale.is_file():
             stale.unlink()
             log.info("removed %s: an earlier run's task, not part of this run", stale)
-    if not scaling and (out_dir / "scaling.png").is_file() and "scaling" in earlier:
-        (out_dir / "scaling.png").unlink()
+    for plot in ("scaling.png", "compute.png"):
+        if not scaling and (out_dir / plot).is_file() and "scaling" in earlier:
+            (out_dir / plot).unlink()

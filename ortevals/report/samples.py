@@ -7,9 +7,10 @@ every sample keeps its own answer), its correctness by the task's ``exact_match`
 log-prob per scored token (the whole sequence, EOS included: :func:`best_of_k_score`) and token
 count (stored by the model, resumed runs included), then maj@k / pass@k / best-of-k for
 k = 1, 2, 4, … K (:mod:`ortevals.report.scaling`), and where a verifier ran (integrations/verify.py)
-or the raw path gave self-certainty the selectors of :mod:`ortevals.report.selection` (``bon@k``,
-``weighted_maj@k``, PRM variants, ``bon_certainty@k``), into results.json's per-task results in
-lm-eval's layout (``maj@4,custom-extract``, ``maj@4_stderr,custom-extract``), and a plot per task.
+or generation kept self-certainty (raw and og paths, Ray workers) the selectors of
+:mod:`ortevals.report.selection` (``bon@k``, ``weighted_maj@k``, PRM variants, ``bon_certainty@k``),
+into results.json's per-task results in lm-eval's layout (``maj@4,custom-extract``,
+``maj@4_stderr,custom-extract``), and the plots (``scaling.png``, ``compute.png``).
 Each question's samples-file record gains ``sample_tokens``, ``verifier_scores`` and ``filtered_resps``.
 """
 
@@ -78,7 +79,7 @@ def best_of_k_score(meta: tuple[float, int, int]) -> float:
 
 
 def sample_certainty(lm, args: tuple, occurrence: int) -> float | None:
-    """One sample's self-certainty (raw path) from this run or the store; None when unknown."""
+    """One sample's self-certainty (raw and og paths) from this run or the store; None when unknown."""
     key = [*args, occurrence]
     found = getattr(lm, "sample_certainty", {}).get(json.dumps(key, default=str))
     if found is None and getattr(lm, "store", None) is not None:
@@ -142,13 +143,16 @@ def _tuple(values) -> tuple[float, ...] | None:
 def add_scaling(results: dict, configs: Sequence[dict], lm, output: Path | None,
                 verified: Verdicts | None = None) -> list:
     """maj@k / pass@k / best@k, and the selectors the run has scores for (bon@k, weighted_maj@k, the PRM
-    variants with ``verified``; bon_certainty where the raw path gave self-certainty: report/selection.py)
+    variants with ``verified``; bon_certainty where every sample has its self-certainty: report/selection.py)
     into ``results["results"][task]`` (every filter), and over all tasks' questions pooled (first filter of
-    each) into ``results["scaling"]``, plotted to ``output/scaling.png``. Returns the pooled curve points."""
-    from ortevals.report.scaling import curve_plot, lm_eval_metrics, scaling_curves
+    each) into ``results["scaling"]`` with Brown et al.'s coverage fit, pooled and per task (first filter),
+    plotted to ``output/scaling.png`` and ``output/compute.png``. Returns the pooled curve points."""
+    from ortevals.report.compute import coverage_record
+    from ortevals.report.scaling import lm_eval_metrics, scaling_curves
     from ortevals.report.selection import selection_curves
 
     pooled: list = []
+    fits: dict[str, dict] = {}
     for cfg in configs:
         name = cfg.get("task")
         samples = results.get("samples", {}).get(name)
@@ -157,15 +161,35 @@ def add_scaling(results: dict, configs: Sequence[dict], lm, output: Path | None,
         for i, (filt, questions) in enumerate(task_questions(cfg, samples, lm, verified).items()):
             points = scaling_curves([q.samples for q in questions]) + selection_curves(questions)
             results["results"].setdefault(name, {}).update(lm_eval_metrics(points, filt))
-            pooled.extend(questions if i == 0 else [])
+            if i == 0:  # the task's first filter, as pooled
+                pooled.extend(questions)
+                fits[name] = coverage_record(points)
     if not pooled:
         return []
-    points = scaling_curves([q.samples for q in pooled])
-    selected = selection_curves(pooled)
+    points = scaling_curves([q.samples for q in pooled]) + selection_curves(pooled)
     results["scaling"] = {"questions": len(pooled), "samples": len(pooled[0].samples.answers),
-                          "points": [p.__dict__ for p in points + selected]}
+                          "points": [p.__dict__ for p in points], "coverage_fit": coverage_record(points),
+                          "coverage_fit_by_task": fits}
+    if unknown := sum(q.certainty is None for q in pooled):  # bon_certainty needs every sample's
+        results["scaling"]["bon_certainty_missing"] = (
+            f"{unknown} of {len(pooled)} questions have a sample without self-certainty (generated on the media "
+            "path, or stored by an ortevals that did not keep it): bon_certainty@k is left out")
     if output is not None:
-        output.mkdir(parents=True, exist_ok=True)
-        curve_plot(points + selected, output / "scaling.png",
-                   f"{len(pooled)} questions, K={len(pooled[0].samples.answers)}")
-    return points + selected
+        _scaling_plots(results, points, lm, output)
+    return points
+
+
+def _scaling_plots(results: dict, points: list, lm, output: Path) -> None:
+    """``scaling.png`` (maj, pass, best against k and tokens) and ``compute.png`` (every estimator and selector
+    against generated tokens and estimated FLOPs, report/compute.py; the cost in ``results["scaling"]["cost"]``)."""
+    from ortevals.report.compute import compute_plot, compute_points, fit_pass_curve, run_cost
+    from ortevals.report.scaling import curve_plot
+
+    scaling = results["scaling"]
+    title = f"{scaling['questions']} questions, K={scaling['samples']}"
+    output.mkdir(parents=True, exist_ok=True)
+    curve_plot(points, output / "scaling.png", title)
+    cost = run_cost(lm.package.parameters, results.get("verifier"))
+    scaling["cost"] = cost.__dict__
+    fit = fit_pass_curve(points) if scaling["coverage_fit"]["a"] is not None else None
+    compute_plot(compute_points(points, cost), output / "compute.png", title, fit)

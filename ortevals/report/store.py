@@ -73,6 +73,13 @@ class ResultStore:
                      (scope.digest, json.dumps(scope.describe(), sort_keys=True)))
         return cls(conn, path, scope)
 
+    def rescope(self, scope: Scope) -> None:
+        """Key answers under ``scope`` from now on (what is pending is committed under the old one first)."""
+        self.commit()
+        self.conn.execute("INSERT OR REPLACE INTO scopes (digest, description) VALUES (?, ?)",
+                          (scope.digest, json.dumps(scope.describe(), sort_keys=True)))
+        self.scope = scope
+
     def key(self, kind: str, request: Any) -> str:
         body = json.dumps([self.scope.digest, kind, request], ensure_ascii=False, default=str)
         return hashlib.sha256(body.encode("utf-8")).hexdigest()

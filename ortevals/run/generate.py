@@ -83,7 +83,7 @@ class Generation:
         def finish(i: int, text: str, n: int, logprob: float | None = None, scored: int = 0,
                    certainty: float | None = None) -> None:
             """``logprob``: the whole sequence's (EOS included), over ``scored`` tokens (n + the EOS);
-            ``certainty``: its self-certainty (raw path only: best-of-N by self-certainty reads it back)."""
+            ``certainty``: its self-certainty (raw and og paths, Ray workers: best-of-N by self-certainty reads it)."""
             results[i] = text
             run.stats["generated_tokens"] += n
             on_text(i, text)
@@ -104,7 +104,8 @@ class Generation:
                 return self._search(items, keys, finish, path) or results
             if run.pool is not None:  # issue 15: workers on Ray; identical prompts stay on one worker
                 return run.pool.generate([r.args for r in requests], keys, [it[0] for it in items],
-                                         lambda i, text, lp, n, scored: finish(i, text, n, lp, scored), run.commit)
+                                         lambda i, text, lp, n, scored, c: finish(i, text, n, lp, scored, c),
+                                         run.commit)
             if path == "raw":  # issue 14: one prompt pass, K rows decoded together (engine/generate/sampler.py)
                 self._raw(items, keys, lambda i, s: finish(i, s.text, s.tokens, s.logprob, s.scored, s.certainty),
                           name)
@@ -144,7 +145,7 @@ class Generation:
             runner, run.tokenizer, items, keys, eos, run.package.pad_token_id, run.args.gen_batch_size,
             run.backends.exact, run.args.check, run.backends.verdicts, name))
         run_generation(runner, run.tokenizer, items, keys, eos, width, run.package.pad_token_id, finish,
-                       name=name, prefix_reuse=reuse)  # errors name the request
+                       name=name, prefix_reuse=reuse, certainty=True)  # errors name the request
 
     def _check(self, path: str, plan):
         """The generation canary's plan (engine/generate/gencanary.py), made once per run and path; its

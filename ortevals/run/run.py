@@ -61,7 +61,7 @@ class Run:
         self.pool = None  # issue 15: a Ray WorkerPool when workers/ray_address is set (integrations/ray.py)
         self.stats = {"requests": 0, "seconds": 0.0, "generated_tokens": 0, "truncated": 0, "reused": 0}
         self.sample_logprobs: dict[str, tuple[float, int, int]] = {}  # key (JSON) → (log-prob, tokens, scored)
-        self.sample_certainty: dict[str, float] = {}  # key (JSON) → self-certainty (raw path)
+        self.sample_certainty: dict[str, float] = {}  # key (JSON) → self-certainty (raw and og paths)
         self.step_scorer = None  # issue 25 --search: the PRM (engine/generate/prm.py), set by the front door
         self.search_reward = "logit"  # its scores are probabilities (P(True)); "raw": already logits (an ORM)
         self._encoded: dict[tuple[str, bool | None], tuple[int, ...]] = {}  # tok_encode's last texts, oldest first
@@ -142,6 +142,18 @@ class Run:
         return model_info(self.package, self.backends.provider, self.args)
 
     # --- the result store ----------------------------------------------------------------------
+    def reads(self) -> list[Reads]:
+        """What this run's paths read (the records its store's scope is built from)."""
+        return run_reads(self.package, self.tokenizer, self.backends)
+
+    def narrow_scope(self, reads: list[Reads], settings: dict) -> None:
+        """From now on the store (answers and canary verdicts) keys under the run's scope plus ``reads`` and
+        ``settings`` (issue 25: a --search run's answers depend on its search settings and its verifier)."""
+        store = self.backends.verdicts.store
+        if store is not None:
+            base = run_settings(self.args, self.backends)
+            store.rescope(results_scope(self.package.root, [*self.reads(), *reads], base | settings))
+
     def stored(self, kind: str, requests, compute, decode=lambda v: v, key_args=list) -> list:
         """Answers from the store where it has them; ``compute(todo, keys)`` runs (and stores) the rest.
 
@@ -226,14 +238,22 @@ def engine_settings(package: ModelPackage, provider: ProviderConfig, args: Model
     )
 
 
+def run_reads(package: ModelPackage, tokenizer: Tokenizer, backends: Backends) -> list[Reads]:
+    """What every path of a run reads (files, the settings each hands its runtime, the libraries that compute)."""
+    return [tokenizer_reads(package), LM_EVAL_READS, *backends.reads()]
+
+
+def run_settings(args: ModelArgs, backends: Backends) -> dict:
+    """Every option that can change a number, and what the run derived from them."""
+    return scoped_settings(args) | {"effective_max_length": backends.settings.max_length,
+                                    "search_policy": SEARCH_POLICY}
+
+
 def open_store(path: Path, package: ModelPackage, tokenizer: Tokenizer, backends: Backends,
                args: ModelArgs) -> ResultStore:
-    """The result store under this run's scope: what every path of the run reads (files, the settings each
-    hands its runtime, the libraries that compute; package/scope.py) and every option that can change a
-    number. Canary verdicts are kept under the same scope (issue 22 §9)."""
-    run_settings = scoped_settings(args) | {"effective_max_length": backends.settings.max_length,
-                                            "search_policy": SEARCH_POLICY}
-    reads = [tokenizer_reads(package), LM_EVAL_READS, *backends.reads()]
-    store = ResultStore.open(path, results_scope(package.root, reads, run_settings))
+    """The result store under this run's scope: what every path of the run reads (package/scope.py) and
+    every option that can change a number. Canary verdicts are kept under the same scope (issue 22 §9)."""
+    scope = results_scope(package.root, run_reads(package, tokenizer, backends), run_settings(args, backends))
+    store = ResultStore.open(path, scope)
     backends.verdicts.store = store
     return store

@@ -4,20 +4,24 @@ Owns turning each request (prompt ids, decoding settings) into one search on the
 (engine/generate/rowmodel.py's :class:`RawRowModel`: the prompt run once, rows forked by reference)
 guided by the run's step scorer (a PRM from ``--verifier``: engine/generate/prm.py, set by the
 front door that opened the verifier, with ``search_reward``: how its scores become particle
-weights), and the answer's text cut at the request's stops. Steps end
-at ``step_separator``; a step and a solution are capped at ``max_gen_toks``. Token choice is
-temperature sampling from one generator per request (seed, request key): the request's
-temperature when it samples, else 0.8 (search-and-learn's default; greedy rows would all be equal),
-logged once; its other processors (top-p, penalties) are not applied.
+weights), and the answer's text cut at the request's stops. The answers are stored and resumed
+under the run's scope narrowed by :func:`search_scope` (the settings and what the verifier reads). Steps end
+at ``step_separator``; a step and a solution are capped at ``max_gen_toks``. Token choice is the
+sampler's (engine/generate/steps.py's :class:`ProcessorChooser` over engine/generate/sampling.py:
+the request's penalties over each row's prompt + tokens, temperature, top-k, top-p, min-p, typical,
+Mirostat) from one generator per request (seed, request key); a greedy request samples at
+temperature 0.8 (search-and-learn's default; greedy rows would all be equal) with its other
+settings kept, logged once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from ortevals.engine.generate.rowmodel import RawRowModel
 from ortevals.engine.generate.seeds import sample_rng
-from ortevals.engine.generate.steps import SampleChooser, StepRules, text_separator
+from ortevals.engine.generate.steps import ProcessorChooser, StepRules, text_separator
 from ortevals.engine.generate.stepsearch import SearchSettings, dvts, particle_filter, prm_beam_search
 from ortevals.engine.generate.stops import TextStream
 from ortevals.errors import OrtEvalsError
@@ -39,6 +43,21 @@ def search_settings(args, reward: str = "logit") -> SearchSettings:
     return s
 
 
+def search_scope(args, reward: str, verifier) -> tuple[list, dict]:
+    """What a search's answers depend on beyond the run's own scope (Run.narrow_scope): what the verifier reads
+    (its files, its settings) and the search's settings (method, SearchSettings, separator, verifier kind)."""
+    settings = {"method": args.search, **dataclasses.asdict(search_settings(args, reward)),
+                "step_separator": args.step_separator, "verifier": verifier.kind}
+    return verifier.reads(), {"search": settings}
+
+
+def search_sampling(settings):
+    """The request's GenSettings as a search samples them: a greedy request at temperature 0.8."""
+    if settings.do_sample:
+        return settings
+    return dataclasses.replace(settings, do_sample=True, temperature=GREEDY_SEARCH_TEMPERATURE)
+
+
 def run_search(run, runner, items, keys: list[list], finish) -> None:
     """Each request's answer by ``run.args.search``; ``finish(i, text, tokens)``. ``run.step_scorer`` is the PRM."""
     args = run.args
@@ -52,7 +71,7 @@ def run_search(run, runner, items, keys: list[list], finish) -> None:
     for i, (ids, settings) in enumerate(items):
         rules = StepRules(eos, ends, max_step_tokens=settings.max_gen_toks, max_tokens=settings.max_gen_toks)
         rng = sample_rng(settings.seed, keys[i], None)
-        chooser = SampleChooser(rng, settings.temperature if settings.do_sample else GREEDY_SEARCH_TEMPERATURE)
+        chooser = ProcessorChooser(search_sampling(settings), rng)
         model = RawRowModel(runner)
         if args.search == "particles":
             out = particle_filter(model, ids, run.step_scorer, rules, chooser, s, rng)
@@ -62,5 +81,9 @@ def run_search(run, runner, items, keys: list[list], finish) -> None:
         for token in out.solutions[out.best].tokens:
             if stream.push(int(token)):
                 break
-        run.stats["search_tokens"] = run.stats.get("search_tokens", 0) + out.generated_tokens
+        # the decoding steps (one pass each if all live rows ran together) against the passes run (one per
+        # row length a step; the prompt's included): what an in-place ragged arena would save
+        for name, value in (("search_tokens", out.generated_tokens), ("search_steps", out.passes),
+                            ("search_passes", model.stats["passes"])):
+            run.stats[name] = run.stats.get(name, 0) + value
         finish(i, *stream.result)

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ortevals.engine.generate.certainty import RunningCertainty
 from ortevals.engine.generate.sampling import Sampler, choose_tokens
 from ortevals.engine.generate.settings import GenSettings
 from ortevals.engine.generate.stops import TextStream
@@ -64,10 +65,12 @@ def request_name(index: int, request=None, context: Sequence[int] = (), tokenize
 
 
 def generate(cursor, tokenizer, context: Sequence[int], s: GenSettings, eos_ids: set[int],
-             rng: np.random.Generator, name: str | None = None) -> tuple[str, int]:
+             rng: np.random.Generator, name: str | None = None,
+             certainty: RunningCertainty | None = None) -> tuple[str, int]:
     """Generate after ``context``; return (text cut at the first stop, tokens generated).
 
-    ``name`` (see :func:`request_name`) names the request in errors."""
+    ``name`` (see :func:`request_name`) names the request in errors. ``certainty`` (one row): each drawn
+    token's raw logits added, as the raw sampler adds them (self-certainty, engine/generate/certainty.py)."""
     if s.num_beams > 1 or s.mbr_samples > 1:  # a safety net: the scheduler routes these to the raw path
         raise OrtEvalsError(f"gen_kwargs num_beams={s.num_beams}/mbr_samples={s.mbr_samples} need the "
                             "raw-onnxruntime generation path, not the onnxruntime-genai cursor")
@@ -77,6 +80,8 @@ def generate(cursor, tokenizer, context: Sequence[int], s: GenSettings, eos_ids:
     while True:
         if not np.isfinite(np.max(logits)):
             check_logits(logits, len(stream.out) + 1, name or request_name(0, None, context, tokenizer))
+        if certainty is not None:
+            certainty.add(logits[None, :], [0])
         if stream.push(int(sampler.choose(logits[None, :], [[*context, *stream.out]])[0])):
             return stream.result
         logits = cursor.append([stream.out[-1]])
@@ -89,9 +94,11 @@ def can_batch(context: Sequence[int], s: GenSettings, pad_id: int | None) -> boo
 
 
 def generate_batch(runner, tokenizer, contexts: Sequence[Sequence[int]], settings: Sequence[GenSettings],
-                   eos_ids: set[int], names: Sequence[str] | None = None) -> list[tuple[str, int]]:
+                   eos_ids: set[int], names: Sequence[str] | None = None,
+                   certainty: RunningCertainty | None = None) -> list[tuple[str, int]]:
     """Greedy generation for several requests in one batched Generator; each row stops on its
-    own EOS, stop sequence or max_gen_toks, and the batch ends when every row has.
+    own EOS, stop sequence or max_gen_toks, and the batch ends when every row has. ``certainty`` (a row
+    per context): each running row's logits added at each of its tokens.
 
     og's search picks the tokens; each row that is still running is checked: finite logits,
     and a token that attains their maximum (what choose_token's argmax would pick), so no
@@ -100,10 +107,12 @@ def generate_batch(runner, tokenizer, contexts: Sequence[Sequence[int]], setting
     steps = runner.greedy_steps([list(c) for c in contexts], max(s.max_gen_toks for s in settings))
     try:
         for tokens, logits in steps:  # tokens: [B], logits: [B,V]
-            for row, stream in enumerate(streams):
-                if not stream.done:
-                    _check_row(logits[row], int(tokens[row]), len(stream.out) + 1,
-                               lambda r=row: names[r] if names else request_name(r, None, contexts[r], tokenizer))
+            running = [row for row, stream in enumerate(streams) if not stream.done]
+            for row in running:
+                _check_row(logits[row], int(tokens[row]), len(streams[row].out) + 1,
+                           lambda r=row: names[r] if names else request_name(r, None, contexts[r], tokenizer))
+            if certainty is not None:
+                certainty.add(logits[running], running)
             # a list, not a generator: every row must take its token before all() decides
             if all([stream.push(int(t)) for stream, t in zip(streams, tokens, strict=True)]):
                 break

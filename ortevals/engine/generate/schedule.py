@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
+from ortevals.engine.generate.certainty import RunningCertainty
 from ortevals.engine.generate.generation import can_batch, generate, generate_batch
 from ortevals.engine.generate.seeds import sample_rng
 
@@ -19,9 +20,11 @@ log = logging.getLogger(__name__)
 
 
 def run_generation(runner, tokenizer, items: Sequence[tuple[list[int], object]], keys: Sequence[list],
-                   eos: set[int], width: int, pad_id: int | None, finish: Callable[[int, str, int], None],
-                   name: Callable[[int], str] = lambda i: f"request #{i}", prefix_reuse: bool = True) -> None:
-    """Generate every item; ``finish(index, text, tokens)`` fires as each one ends.
+                   eos: set[int], width: int, pad_id: int | None, finish: Callable[..., None],
+                   name: Callable[[int], str] = lambda i: f"request #{i}", prefix_reuse: bool = True,
+                   certainty: bool = False) -> None:
+    """Generate every item; ``finish(index, text, tokens)`` fires as each one ends (``certainty``: with the
+    keyword ``certainty``, the sample's self-certainty from og's logits: engine/generate/certainty.py).
 
     width: greedy requests per batched Generator (1: all go through the rewinding cursor).
     name: how an error names request i. prefix_reuse: False gives each request its own Generator
@@ -31,12 +34,17 @@ def run_generation(runner, tokenizer, items: Sequence[tuple[list[int], object]],
     singles = sorted(set(range(len(items))) - set(batched), key=lambda i: items[i][0])
     log.info("generate_until: %d requests on the incremental path (%d in batches of up to %d)",
              len(items), len(batched), width)
+
+    def done(i: int, text: str, n: int, c: float) -> None:
+        finish(i, text, n, **({"certainty": c} if certainty else {}))
+
     batched.sort(key=lambda i: len(items[i][0]))  # similar lengths: little padding
     for chunk in (batched[j:j + width] for j in range(0, len(batched), width)):
+        kept = RunningCertainty(len(chunk))
         outs = generate_batch(runner, tokenizer, [items[i][0] for i in chunk], [items[i][1] for i in chunk], eos,
-                              names=[name(i) for i in chunk])
-        for i, (text, n) in zip(chunk, outs, strict=True):
-            finish(i, text, n)
+                              names=[name(i) for i in chunk], certainty=kept)
+        for i, (text, n), c in zip(chunk, outs, kept.values(), strict=True):
+            done(i, text, n, float(c))
     if singles:
         cursor = runner.cursor(max(len(items[i][0]) + items[i][1].max_gen_toks for i in singles))
         # prompts sharing a prefix are adjacent: the cursor rewinds instead of re-running it
@@ -44,4 +52,6 @@ def run_generation(runner, tokenizer, items: Sequence[tuple[list[int], object]],
             ids, settings = items[i]
             rng = sample_rng(settings.seed, keys[i])
             here = cursor if prefix_reuse else runner.cursor(len(ids) + settings.max_gen_toks)
-            finish(i, *generate(here, tokenizer, ids, settings, eos, rng, name=name(i)))
+            kept = RunningCertainty(1)
+            text, n = generate(here, tokenizer, ids, settings, eos, rng, name=name(i), certainty=kept)
+            done(i, text, n, float(kept.values()[0]))

@@ -12,8 +12,11 @@ as protocols, and the decoding of one step on many rows:
 - :class:`StepScorer`: a process reward model (PRM): one score per step of each partial solution;
   :func:`aggregate` folds them into one (``last``, ``min``, ``prod``, as huggingface/search-and-learn
   ``aggregate_scores``).
-- :class:`TokenChooser`: the draw of the next token of some rows (:class:`SampleChooser`: plain
-  temperature sampling by inverse CDF from one seeded generator; the engine passes its own).
+- :class:`TokenChooser`: the draw of the next token of some rows, given each row's history (prompt +
+  its tokens). :class:`ProcessorChooser` is the run's: the sampler's own token choice
+  (engine/generate/sampling.py's ``choose_tokens``: penalties, temperature, top-k, top-p, min-p,
+  typical, Mirostat) with one seeded generator for the search; :class:`SampleChooser` plain
+  temperature sampling by inverse CDF (the toy references).
 - :class:`StepRows`: decodes one step on every row: tokens until the step ends (:class:`StepRules`:
   a separator, ``\\n\\n`` by default through :func:`text_separator`), an EOS, the step's token cap
   or the solution's. A step's last token is fed to the model lazily, at the start of the next step
@@ -31,6 +34,8 @@ from typing import Protocol
 
 import numpy as np
 
+from ortevals.engine.generate.sampling import choose_tokens
+from ortevals.engine.generate.settings import GenSettings
 from ortevals.engine.score.scoring import log_softmax
 
 AGGREGATIONS = ("last", "min", "prod")
@@ -58,8 +63,13 @@ class StepScorer(Protocol):
 
 
 class TokenChooser(Protocol):
-    def choose(self, logits: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        """The next token ``[A]`` of rows ``rows [A]`` from their logits ``[A, V]``."""
+    def choose(self, logits: np.ndarray, rows: np.ndarray,
+               histories: Sequence[np.ndarray] | None = None) -> np.ndarray:
+        """The next token ``[A]`` of rows ``rows [A]`` from their logits ``[A, V]``; ``histories [A]``:
+        each row's prompt + tokens so far (for penalties)."""
+
+    def fork(self, parents: np.ndarray) -> None:
+        """The rows became ``[len(parents)]`` rows, row i a copy of former row ``parents[i]``."""
 
 
 @dataclass
@@ -70,7 +80,8 @@ class SampleChooser:
     rng: np.random.Generator
     temperature: float = 1.0
 
-    def choose(self, logits: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    def choose(self, logits: np.ndarray, rows: np.ndarray,
+               histories: Sequence[np.ndarray] | None = None) -> np.ndarray:
         x = np.asarray(logits, dtype=np.float64)
         if self.temperature == 0:
             return np.argmax(x, axis=1)
@@ -78,6 +89,40 @@ class SampleChooser:
         u = self.rng.random(len(x))
         picked = (cdf <= u[:, None]).sum(axis=1)  # first index with cdf > u
         return np.minimum(picked, x.shape[1] - 1)  # u beyond a cdf that rounds below 1
+
+    def fork(self, parents: np.ndarray) -> None:
+        """No per-row state."""
+
+
+@dataclass
+class ProcessorChooser:
+    """The sampler's token choice for search rows: ``choose_tokens`` (engine/generate/sampling.py, the
+    code the sampler runs) with the request's settings, penalties over each row's history; the rows'
+    draws come from one generator, in row order (rows fork, so no row owns a generator). Mirostat's
+    per-row mu (``[R]``, the sampler's initial 2 tau) follows the forks."""
+
+    settings: GenSettings
+    rng: np.random.Generator
+    mu: np.ndarray | None = None
+
+    def choose(self, logits: np.ndarray, rows: np.ndarray,
+               histories: Sequence[np.ndarray] | None = None) -> np.ndarray:
+        rows = np.asarray(rows, dtype=np.int64)
+        need = int(rows.max()) + 1 if len(rows) else 0
+        if self.mu is None or len(self.mu) < need:
+            grown = np.full(need, 2.0 * self.settings.mirostat_tau)
+            if self.mu is not None:
+                grown[:len(self.mu)] = self.mu
+            self.mu = grown
+        mu = self.mu[rows]
+        hist = histories if histories is not None else [()] * len(rows)
+        out = choose_tokens(np.asarray(logits), self.settings, hist, [self.rng] * len(rows), mu)
+        self.mu[rows] = mu
+        return out
+
+    def fork(self, parents: np.ndarray) -> None:
+        if self.mu is not None:
+            self.mu = self.mu[np.asarray(parents, dtype=np.int64)]
 
 
 @dataclass(frozen=True)
@@ -158,6 +203,8 @@ class StepRows:
                  chooser: TokenChooser) -> None:
         self.model, self.rules, self.chooser = model, rules, chooser
         self.logits = np.array(model.start(list(prompt), rows), dtype=np.float64)
+        self.prompt = np.asarray(list(prompt), dtype=np.int64)
+        self.tokens: list[list[int]] = [[] for _ in range(rows)]  # each row's tokens (its history after the prompt)
         self.used = np.zeros(rows, dtype=np.int64)
         self.pending = np.full(rows, -1, dtype=np.int64)  # -1: nothing to feed
         self.done = np.zeros(rows, dtype=bool)  # the row's solution has finished (EOS or its cap)
@@ -170,6 +217,8 @@ class StepRows:
         """Rows ← rows[parents] (``parents [R']``, rows that still run)."""
         parents = np.asarray(parents, dtype=np.int64)
         self.model.fork(parents)
+        self.chooser.fork(parents)
+        self.tokens = [list(self.tokens[p]) for p in parents]
         self.logits, self.used = self.logits[parents], self.used[parents]
         self.pending, self.done = self.pending[parents], self.done[parents]
 
@@ -203,13 +252,15 @@ class StepRows:
         logprob, ends = np.zeros(n), [""] * n
         live = np.arange(n)
         while len(live):
-            tokens = np.asarray(self.chooser.choose(self.logits[live], live), dtype=np.int64)
+            histories = [np.concatenate([self.prompt, np.asarray(self.tokens[r], dtype=np.int64)]) for r in live]
+            tokens = np.asarray(self.chooser.choose(self.logits[live], live, histories), dtype=np.int64)
             logprob[live] += token_logprob(self.logits[live], tokens)
             self.used[live] += 1
             self.generated += len(live)
             going = []
             for a, r in enumerate(live):
                 steps[r].append(int(tokens[a]))
+                self.tokens[r].append(int(tokens[a]))
                 end = self._end(steps[r], int(self.used[r]), final)
                 if end is None:
                     going.append(a)
