@@ -212,3 +212,53 @@ def test_new_gen_kwargs_parse():
                           "length_penalty": 0.6, "early_stopping": "never"}, 64)
     assert (b.num_beams, b.num_beam_groups, b.diversity_penalty, b.length_penalty, b.early_stopping) == \
         (4, 2, 0.5, 0.6, "never")
+
+
+def _distributions(seed: int, rows: int = 6, vocab: int = 4099) -> list[np.ndarray]:
+    """Row distributions as the sampler makes them: float32 and float64 softmaxes, peaked and flat, with
+    tokens masked to probability 0 by top-k / top-p."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, vocab)) * rng.choice([0.5, 3.0, 12.0])
+    masked = sampling.top_p(sampling.top_k(x, 50), 0.9)
+    # nearly flat over a 64k vocabulary in float32: boundaries 1.5e-5 apart, the float32 sum off 1 by
+    # ~1e-5, so a draw whose cumulative sum is taken in float32 or not renormalised picks another token
+    flat = sampling.softmax((rng.normal(size=(rows, 65536)) * 0.01).astype(np.float32))
+    # choice takes a float32 p whose sum is off 1 by up to sqrt(float32 eps) and renormalises its cumulative sum
+    off = (flat * np.float32(1 + 2e-4)).astype(np.float32)
+    return [sampling.softmax(x.astype(np.float32)), sampling.softmax(x), sampling.softmax(masked),
+            sampling.softmax(masked.astype(np.float32)), flat, off]
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_draw_equals_generator_choice_draw_for_draw(shared):
+    """``draw`` (all rows' cumulative sums at once) gives exactly numpy's ``Generator.choice(V, p=row)`` for
+    each row, from generators in the same state, and leaves them in the same state; one generator shared
+    by the rows (step search) is consumed in row order, as consecutive ``choice`` calls do."""
+    for seed in range(60):
+        for probs in _distributions(seed):
+            rows = probs.shape[0]
+            mine = [np.random.default_rng([seed, 1])] * rows if shared else \
+                [np.random.default_rng([seed, r]) for r in range(rows)]
+            ref = [np.random.default_rng([seed, 1])] * rows if shared else \
+                [np.random.default_rng([seed, r]) for r in range(rows)]
+            got = sampling.draw(probs, mine)
+            want = [ref[r].choice(probs.shape[1], p=probs[r]) for r in range(rows)]
+            assert got.tolist() == want
+            assert all(a.random() == b.random() for a, b in zip(mine, ref, strict=True))
+
+
+def test_draw_lands_on_every_side_of_a_cumulative_boundary():
+    """Draws that fall just below, on and just above a cumulative sum boundary pick the tokens
+    ``Generator.choice`` picks (its ``searchsorted(side="right")``): u is fixed by a stand-in generator."""
+
+    class Fixed:
+        def __init__(self, u):
+            self.u = u
+
+        def random(self):
+            return self.u
+
+    p = np.array([[0.25, 0.25, 0.0, 0.5]])
+    cdf = np.cumsum(p[0])
+    for u, want in [(np.nextafter(0.25, 0), 0), (0.25, 1), (0.5, 3), (np.nextafter(0.5, 0), 1), (0.0, 0)]:
+        assert sampling.draw(p, [Fixed(u)]).tolist() == [want] == [int(np.searchsorted(cdf, u, side="right"))]

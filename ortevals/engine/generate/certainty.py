@@ -16,11 +16,18 @@ from collections.abc import Sequence
 import numpy as np
 
 
-def certainty_terms(logits: np.ndarray) -> np.ndarray:
-    """KL(U || softmax(x)) of each row of logits ``[R, V]`` → ``[R]`` (float64)."""
-    x = np.asarray(logits, dtype=np.float64)
+def row_logsumexp(x: np.ndarray) -> np.ndarray:
+    """``log sum_j exp(x[r, j])`` of float64 ``[R, V]`` → ``[R]``, shifted by each row's max."""
     top = x.max(axis=1)
-    lse = top + np.log(np.exp(x - top[:, None]).sum(axis=1))
+    return top + np.log(np.exp(x - top[:, None]).sum(axis=1))
+
+
+def certainty_terms(logits: np.ndarray, lse: np.ndarray | None = None) -> np.ndarray:
+    """KL(U || softmax(x)) of each row of logits ``[R, V]`` → ``[R]`` (float64). ``lse [R]``: the rows'
+    :func:`row_logsumexp` when the caller has it already (the sampler's chosen-token log-probs need it too)."""
+    x = np.asarray(logits, dtype=np.float64)
+    if lse is None:
+        lse = row_logsumexp(x)
     return lse - x.mean(axis=1) - np.log(x.shape[1])
 
 
@@ -40,10 +47,11 @@ class RunningCertainty:
         self.sums = np.zeros(rows)
         self.counts = np.zeros(rows, dtype=np.int64)
 
-    def add(self, logits: np.ndarray, rows: Sequence[int]) -> None:
-        """The next-token logits ``[A, V]`` of rows ``rows [A]`` at one step (each row's token counts once)."""
+    def add(self, logits: np.ndarray, rows: Sequence[int], lse: np.ndarray | None = None) -> None:
+        """The next-token logits ``[A, V]`` of rows ``rows [A]`` at one step (each row's token counts once);
+        ``lse [A]`` their log-sum-exp if already computed."""
         idx = np.asarray(rows, dtype=np.int64)
-        np.add.at(self.sums, idx, certainty_terms(logits))
+        np.add.at(self.sums, idx, certainty_terms(logits, lse))
         np.add.at(self.counts, idx, 1)
 
     def values(self) -> np.ndarray:

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ortevals.engine.generate.cascade import CascadeKV
-from ortevals.engine.generate.certainty import RunningCertainty
+from ortevals.engine.generate.certainty import RunningCertainty, row_logsumexp
 from ortevals.engine.generate.generation import check_logits
 from ortevals.engine.generate.kvrows import CopyKV, choose_kv
 from ortevals.engine.generate.settings import GenSettings
@@ -101,11 +101,12 @@ def can_serve(package, capability) -> tuple[bool, str]:
     return True, ""
 
 
-def token_logprob(logits: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-    """log softmax(logits)[row, tokens[row]] in float64; logits ``[R,V]``, tokens ``[R]`` → ``[R]``."""
+def token_logprob(logits: np.ndarray, tokens: np.ndarray, lse: np.ndarray | None = None) -> np.ndarray:
+    """log softmax(logits)[row, tokens[row]] in float64; logits ``[R,V]``, tokens ``[R]`` → ``[R]``; ``lse [R]``
+    the rows' log-sum-exp (engine/generate/certainty.py's ``row_logsumexp``) when already computed."""
     x = np.asarray(logits, dtype=np.float64)
-    top = x.max(axis=1, keepdims=True)
-    lse = np.log(np.exp(x - top).sum(axis=1)) + top[:, 0]
+    if lse is None:
+        lse = row_logsumexp(x)
     return x[np.arange(len(tokens)), tokens] - lse
 
 
@@ -277,8 +278,10 @@ class SharedPromptSampler:
                 check_logits(step_logits[b], len(streams[live[b]].out) + 1, names[live[b]])
             histories = [[*prompt, *streams[r].out] for r in live] if needs_history else [()] * len(live)
             tokens = chooser.choose(step_logits, histories, live)
-            chosen = token_logprob(step_logits, tokens)
-            certainty.add(step_logits, live)
+            wide = np.asarray(step_logits, dtype=np.float64)  # one float64 copy, one log-sum-exp for both
+            lse = row_logsumexp(wide)
+            chosen = token_logprob(wide, tokens, lse)
+            certainty.add(wide, live, lse)
             keep = []
             for b, r in enumerate(live):
                 logprob[r] += chosen[b]  # the EOS that ends a row too: best-of-k scores the whole sequence

@@ -236,8 +236,23 @@ def choose_tokens(logits: np.ndarray, s: GenSettings, histories: Sequence[Sequen
         if mu is None:
             raise ValueError("mirostat needs the per-row state mu: use Sampler")
         return mirostat_v2(temperature(x, s.temperature), mu, s.mirostat_tau, s.mirostat_eta, rngs)
-    probs = softmax(warped(x, s))
-    return np.array([rngs[r].choice(probs.shape[-1], p=probs[r]) for r in range(probs.shape[0])], dtype=np.int64)
+    return draw(softmax(warped(x, s)), rngs)
+
+
+def draw(probs: np.ndarray, rngs: Sequence[np.random.Generator]) -> np.ndarray:
+    """One token per row of ``probs [R, V]``, row r by ``rngs[r]``: exactly ``rngs[r].choice(V, p=probs[r])``
+    for every row, with the rows' cumulative sums taken in one call (a pass of 16 rows over a 49k vocabulary
+    costs ~4 ms as 16 ``choice`` calls). numpy's ``Generator.choice`` with ``p`` draws one ``random()``,
+    takes the float64 cumulative sum of ``p``, divides it by its last value and returns
+    ``searchsorted(u, side="right")``; this does the same steps (tests/test_sampling.py compares the two
+    draw for draw). ``→ [R]`` int64."""
+    u = [g.random() for g in rngs]
+    cdf = np.asarray(probs, dtype=np.float64).cumsum(axis=1)
+    last = cdf[:, -1:]
+    if not (np.all(np.isfinite(last)) and np.all(last > 0)):  # choice refuses these too
+        raise ValueError("probabilities contain NaN or sum to 0")
+    cdf /= last
+    return np.array([np.searchsorted(cdf[r], u[r], side="right") for r in range(len(u))], dtype=np.int64)
 
 
 class Sampler:
