@@ -17,7 +17,7 @@ pytest.importorskip("ray")
 from ortevals.cli import cli  # noqa: E402
 from ortevals.errors import OrtEvalsError  # noqa: E402
 from ortevals.integrations.lm import OrtLM  # noqa: E402
-from ortevals.integrations.ray import CRASH_MARKER, WorkerPool  # noqa: E402
+from ortevals.integrations.ray import CRASH_MARKER, WorkerPool, crash_once_if_marked  # noqa: E402
 from ortevals.options import parse_model_args  # noqa: E402
 
 
@@ -199,3 +199,17 @@ def test_a_decoder_the_runtime_refuses_is_one_line_from_the_workers(ray_cluster,
         lm.loglikelihood(ll_requests(2), disable_tqdm=True)
     assert str(pooled.value) == str(alone.value) and "\n" not in str(pooled.value)
     assert "refused past KV of that shape in a probe pass" in str(pooled.value)
+
+
+def test_the_crash_marker_goes_to_one_worker_only(tmp_path, monkeypatch):
+    """Two workers may both see the test's crash marker before either removes it: the one that loses the
+    race goes on scoring (it used to raise FileNotFoundError from its unlink: a flaky Ray test under load)."""
+    marker = tmp_path / "crash-once"
+    monkeypatch.setenv(CRASH_MARKER, str(marker))
+    monkeypatch.setattr(os.path, "exists", lambda path: True)  # the other worker removed it after our check
+    crash_once_if_marked()  # returns: nothing to claim
+    exits = []
+    monkeypatch.setattr(os, "_exit", exits.append)
+    marker.write_text("")
+    crash_once_if_marked()
+    assert exits == [1] and not marker.exists()

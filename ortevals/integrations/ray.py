@@ -50,6 +50,18 @@ MAX_RESTARTS = 3  # per actor: a worker that keeps dying is a bug, not bad luck
 CRASH_MARKER = "ORTEVALS_RAY_CRASH_MARKER"  # tests: a worker that finds this file deletes it and exits mid-chunk
 
 
+def crash_once_if_marked() -> None:
+    """Tests only (``CRASH_MARKER``): the one worker that removes the marker file exits mid-chunk."""
+    marker = os.environ.get(CRASH_MARKER)
+    if not marker:
+        return
+    try:
+        os.unlink(marker)  # the claim itself: of two workers that both see the file, one unlinks it
+    except FileNotFoundError:
+        return  # no marker, or the other worker took it (an exists() check first raced under load)
+    os._exit(1)
+
+
 def import_ray():
     try:
         import ray
@@ -120,14 +132,8 @@ class Worker:
         """(CUDA_VISIBLE_DEVICES Ray gave this actor, the device id its session uses)."""
         return os.environ.get("CUDA_VISIBLE_DEVICES"), self.run.backends.provider.options.get("device_id")
 
-    def _maybe_crash(self) -> None:
-        marker = os.environ.get(CRASH_MARKER)
-        if marker and os.path.exists(marker):
-            os.unlink(marker)
-            os._exit(1)
-
     def score(self, requests: list[tuple[tuple, tuple]]):
-        self._maybe_crash()
+        crash_once_if_marked()
         if self.failed:
             return "error", self.failed, None
         engine = self.run.engine
@@ -145,7 +151,7 @@ class Worker:
         """("ok", [(text, log-prob or None, tokens, scored tokens, self-certainty or None)] per request, None):
         best-of-k needs each sample's log-prob (EOS included, over the scored tokens), which only the raw path
         computes; best-of-N by self-certainty its self-certainty (raw and og paths)."""
-        self._maybe_crash()
+        crash_once_if_marked()
         if self.failed:
             return "error", self.failed, None
         try:
