@@ -15,25 +15,8 @@ from pathlib import Path
 
 import click
 
+from ortevals.cli_help import EPILOG_CACHE, EPILOG_COMPARE, EPILOG_FIDELITY, EPILOG_MMLU, EPILOG_PROFILE, EPILOG_RUN
 from ortevals.errors import OrtEvalsError, first_line
-
-EPILOG_MMLU = """\b
-Examples:
-  ortevals mmlu-pro --example --limit 20          # SmolLM2-135M, bundled questions, offline
-  ortevals mmlu-pro --pkg ./phi4-int4 --ep cuda --output runs/phi4
-  ortevals mmlu-pro --pkg ./model --data ~/data/mmlu_pro --limit 100 --batch-size 4
-  ortevals mmlu-pro --pkg ./model --model-args path=incremental,prefix_cache=false
-  ortevals mmlu-pro --example --cot --limit 14 --max-gen-toks 256   # chain-of-thought generation
-"""
-
-
-EPILOG_RUN = """\b
-Examples:
-  ortevals run --pkg ./model --tasks arc_easy,hellaswag --limit 200
-  ortevals run --pkg ./model --tasks wikitext --data ~/data/wikitext --batch-size 1
-  ortevals run --pkg ./model --tasks gsm8k --apply-chat-template --gen-kwargs max_gen_toks=256
-  ortevals run --pkg ./model --tasks gsm8k --model-args gen_batch_size=4,seed=7
-"""
 
 
 class Cli(click.Group):
@@ -72,9 +55,7 @@ def model_options(fn):
                      help=f"Any model argument, lm-eval style (a flag above and an entry here must agree): {names}."),
         click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug)."),
     ]
-    for opt in reversed(opts):
-        fn = opt(fn)
-    return fn
+    return functools.reduce(lambda f, opt: opt(f), reversed(opts), fn)
 
 
 def _flag(option):
@@ -110,9 +91,7 @@ def run_options(fn):
                           "(result store in the ortevals cache). --no-resume scores every request again; the "
                           "canary's stored verdict is still reused."),
     ]
-    for opt in reversed(opts):
-        fn = opt(fn)
-    return fn
+    return functools.reduce(lambda f, opt: opt(f), reversed(opts), fn)
 
 
 # info-level notices a user should see at the default verbosity, printed as plain lines (not "WARNING …")
@@ -276,15 +255,6 @@ def example(precision: str) -> None:
     click.echo(smollm2_package(precision))
 
 
-EPILOG_CACHE = """\b
-Examples:
-  ortevals cache info                     # what is stored, per kind, and each store's scopes
-  ortevals cache clear                    # result stores and derived graphs (examples are kept)
-  ortevals cache clear --examples         # only the example packages (a minute to rebuild)
-  ortevals cache clear --all
-"""
-
-
 @cli.group("cache", epilog=EPILOG_CACHE)
 def cache() -> None:
     """Show or clear what ortevals keeps in $ORTEVALS_CACHE (else ~/.cache/ortevals).
@@ -320,12 +290,6 @@ def cache_clear(runs: bool, derived: bool, examples: bool, everything: bool) -> 
 
 
 # --- ortevals compare (issue 12): glue only; the logic is in ortevals/report/ ---
-EPILOG_COMPARE = """\b
-Examples:
-  ortevals compare --ref runs/hf runs/fp32 runs/int4            # lm-eval hf run as the reference
-  ortevals compare --ref runs/hf runs/int4 --report out/ --changed out/changed.jsonl
-  ortevals compare --ref runs/fp32 runs/int4 --max-flip-rate 0.05 --max-kl 0.01 --margin 0.02   # CI gates
-"""
 
 
 @cli.command("compare", epilog=EPILOG_COMPARE)
@@ -365,13 +329,6 @@ def _compare_outcome(ref: Path, outcome, kw: dict) -> None:
 
 
 # --- fidelity (issue 12 §2): all logic lives in ortevals/fidelity/ ---
-EPILOG_FIDELITY = """\b
-Examples:
-  ortevals fidelity --pkg ./smollm2-int4 --ref ./smollm2-hf                 # PyTorch checkpoint (torch extra)
-  ortevals fidelity --pkg ./smollm2-int4 --ref ./smollm2-fp32 --tokens 100000
-  ortevals fidelity --pkg ./smollm2-int8 --ref ./smollm2-hf --save-ref ref.npz   # store the reference once
-  ortevals fidelity --pkg ./smollm2-int4 --ref ref.npz --json int4.json          # reuse it, no reference model
-"""
 
 
 @cli.command("fidelity", epilog=EPILOG_FIDELITY)
@@ -397,13 +354,6 @@ def fidelity(verbose: int, json_path: Path | None, **kw) -> None:
     click.echo(format_report(report.summary))
     for path in report.files:
         click.echo(f"wrote {path}")
-
-
-EPILOG_PROFILE = """\b
-Examples:
-  ortevals profile --example --batch 1,4 --prompt-len 128,512 --gen-len 64
-  ortevals profile --pkg ./phi4-int4 --ep cuda --batch 1,4,16 --prompt-len 128,1024 --output prof/
-"""
 
 
 @cli.command("profile", epilog=EPILOG_PROFILE)
