@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from ortevals.cli import cli
+from ortevals.errors import OrtEvalsError
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -122,3 +123,44 @@ def test_runs_without_torch(tiny_pkg, tmp_path, extra):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "req/s" in proc.stdout and "torch" not in proc.stderr
+
+
+def test_collector_is_off_while_starting_and_frozen_at_the_first_request(tiny_pkg, monkeypatch):
+    """Start-up's objects are frozen (never re-scanned) when the first requests arrive; collection is on from
+    then, and on again after the command whatever happened (cli.collector_paused)."""
+    import gc
+
+    from ortevals import cli as cli_module
+    from ortevals.integrations import lm as lm_module
+    from ortevals.run.run import Run
+
+    seen, ready, loaded = {}, Run.ready, lm_module.OrtLM.from_package
+
+    def spy_load(*a, **k):
+        seen["loading"] = gc.isenabled()
+        return loaded(*a, **k)
+
+    def spy_ready(self):  # the first requests' wait for the sessions
+        seen.setdefault("first", (gc.isenabled(), gc.get_freeze_count()))
+        return ready(self)
+
+    monkeypatch.setattr(lm_module.OrtLM, "from_package", spy_load)
+    monkeypatch.setattr(Run, "ready", spy_ready)
+    monkeypatch.setattr(cli_module, "OWNS_PROCESS", True)  # as main() sets it
+    gc.unfreeze()
+    try:
+        result = run("mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--limit", "1", "--no-resume",
+                     "--truncate", "left")
+        assert result.exit_code == 0, result.output
+        assert seen["loading"] is False
+        enabled, frozen = seen["first"]
+        assert enabled and frozen > 10_000  # every module and task built so far
+        assert gc.isenabled()
+        monkeypatch.setattr(Run, "stored", lambda *a, **k: (_ for _ in ()).throw(OrtEvalsError("boom")))
+        failed = run("mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--limit", "1", "--no-resume",
+                     "--truncate", "left")
+        assert failed.exit_code == 2 and "Error: boom" in failed.output
+        assert gc.isenabled()
+    finally:
+        gc.unfreeze()
+        gc.enable()

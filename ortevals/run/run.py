@@ -66,6 +66,7 @@ class Run:
         self.search_reward = "logit"  # its scores are probabilities (P(True)); "raw": already logits (an ORM)
         self._encoded: dict[tuple[str, bool | None], tuple[int, ...]] = {}  # tok_encode's last texts, oldest first
         self._modes: dict[str, str] = {}  # which mode ran and why, per request kind (stats["mode"] joins them)
+        self.on_first_request = None  # called once when the first requests arrive (the CLI's collector, cli.py)
         self.generation = Generation(self)  # generate_until: its path, canary plans and the raw sampler
 
     @classmethod
@@ -160,6 +161,9 @@ class Run:
         Sessions opening on a thread (``open_soon``) are waited for first, so their error comes before any
         request's own checks; log-likelihood kinds tokenize first (lm-eval's ``_encode_pair``, while the
         sessions still open) and wait in :meth:`ready`, called before their checks."""
+        if self.on_first_request is not None:
+            hook, self.on_first_request = self.on_first_request, None
+            hook()
         if kind not in TOKENIZE_FIRST:
             self.ready()
         out = resume.answer(self.store, kind, requests, compute, decode, self.stats, key_args)
