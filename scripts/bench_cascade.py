@@ -35,6 +35,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 MODES = ("off", "on")
+BASE = "main@issue"  # --baseline-tree: ortevals as it was when the issue was filed (its own process)
 
 
 def open_lms(args) -> dict:
@@ -47,34 +48,93 @@ def open_lms(args) -> dict:
             for m in MODES}
 
 
-def acceptance(lms: dict, args) -> dict:
-    """Each question on both OrtLMs, alternately; per mode: seconds, tokens, texts."""
+def one_question(lm, cfg: dict) -> tuple[float, list[str]]:
+    """(seconds, the K texts) of one question's simple_evaluate on ``lm``."""
     import copy
 
     import lm_eval
-    from bench_samples import task_configs
 
     from ortevals.tasks import task_manager
 
+    t0 = time.perf_counter()
+    res = lm_eval.simple_evaluate(model=lm, tasks=[copy.deepcopy(cfg)], limit=1, log_samples=True,
+                                  task_manager=task_manager(None, defaults=False))
+    return time.perf_counter() - t0, [t for e in res["samples"][cfg["task"]] for t in e["resps"][0]]
+
+
+def warm_up(lm, args) -> float:
+    """One-time costs apart (tasks, the canary, cascade's graph): one question, 2 samples, 4 tokens."""
+    from bench_samples import task_configs
+
+    return one_question(lm, task_configs(1, 2, 4, args.temperature)[0])[0]
+
+
+class Baseline:
+    """ortevals of another working tree (``--baseline-tree``: main when the issue was filed) in its own
+    process, its OrtLM (raw path) opened and warmed up once; one question at a time over a pipe."""
+
+    def __init__(self, tree: Path, args) -> None:
+        import subprocess
+
+        cmd = [sys.executable, __file__, "--worker", str(tree), "--questions", str(args.questions), "--samples",
+               str(args.samples), "--max-gen-toks", str(args.max_gen_toks), "--temperature", str(args.temperature),
+               "--precision", args.precision, "--threads", str(args.threads)]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     env={**os.environ, "PYTHONPATH": str(tree)})
+        self.warmup = self._reply()["seconds"]
+        self.commit = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True,
+                                     text=True).stdout.strip()
+
+    def _reply(self) -> dict:
+        line = next(ln for ln in self.proc.stdout if ln.startswith("WORKER "))
+        return json.loads(line[7:])
+
+    def question(self, i: int) -> tuple[float, list[str]]:
+        self.proc.stdin.write(f"{i}\n")
+        self.proc.stdin.flush()
+        r = self._reply()
+        return r["seconds"], r["texts"]
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def worker(tree: str, args) -> None:
+    """--worker TREE: the Baseline's process, ortevals imported from TREE."""
+    from bench_samples import model_paths, task_configs  # (it puts REPO on sys.path: taken off after)
+
+    sys.path[:] = [tree] + [p for p in sys.path if p != str(REPO)]
+    import ortevals
+    from ortevals.integrations.lm import ModelArgs, OrtLM
+
+    assert ortevals.__file__.startswith(tree), ortevals.__file__
+    lm = OrtLM.from_package(ModelArgs(pkg=model_paths(args)[0], threads=args.threads, gen_path="raw"))
+    configs = task_configs(args.questions, args.samples, args.max_gen_toks, args.temperature)
+    print("WORKER " + json.dumps({"seconds": warm_up(lm, args)}), flush=True)
+    for line in sys.stdin:
+        seconds, texts = one_question(lm, configs[int(line)])
+        print("WORKER " + json.dumps({"seconds": seconds, "texts": texts}), flush=True)
+
+
+def acceptance(lms: dict, args) -> dict:
+    """Each question on both OrtLMs (and the baseline's), in turn; per mode: seconds, tokens, texts."""
+    from bench_samples import task_configs
+
     tok = lms["off"].tokenizer
     configs = task_configs(args.questions, args.samples, args.max_gen_toks, args.temperature)
-    warm = task_configs(1, 2, 4, args.temperature)[0]  # one-time costs apart: tasks, the canary, cascade's graph
-    warmup = {}
-    for m in MODES:
-        t0 = time.perf_counter()
-        lm_eval.simple_evaluate(model=lms[m], tasks=[warm], limit=1, task_manager=task_manager(None, defaults=False))
-        warmup[m] = time.perf_counter() - t0
-    out = {m: {"seconds": 0.0, "tokens": 0, "texts": []} for m in MODES}
+    warmup = {m: warm_up(lms[m], args) for m in MODES}
+    base = Baseline(args.baseline_tree, args) if args.baseline_tree else None
+    modes = (*MODES, BASE) if base else MODES
+    if base:
+        warmup[BASE] = base.warmup
+    out = {m: {"seconds": 0.0, "tokens": 0, "texts": []} for m in modes}
     rows = []
     for i, cfg in enumerate(configs):
         row, ids = {"task": cfg["task"]}, {}
         seen = _prompt_tokens(lms["on"])
-        for m in (MODES if i % 2 == 0 else MODES[::-1]):
-            t0 = time.perf_counter()
-            res = lm_eval.simple_evaluate(model=lms[m], tasks=[copy.deepcopy(cfg)], limit=1, log_samples=True,
-                                          task_manager=task_manager(None, defaults=False))
-            wall = time.perf_counter() - t0
-            texts = [t for e in res["samples"][cfg["task"]] for t in e["resps"][0]]
+        for m in modes[i % len(modes):] + modes[:i % len(modes)]:  # each mode first in turn
+            wall, texts = base.question(i) if m == BASE else one_question(lms[m], cfg)
             ids[m] = [tok.encode(t, False) for t in texts]
             out[m]["seconds"] += wall
             out[m]["tokens"] += sum(map(len, ids[m]))
@@ -82,16 +142,26 @@ def acceptance(lms: dict, args) -> dict:
             row[m] = {"seconds": wall, "tokens": sum(map(len, ids[m]))}
         row["prompt_tokens"] = _prompt_tokens(lms["on"]) - seen
         row["samples_differing"] = _differing(ids["off"], ids["on"])  # (sample, first token that differs)
+        if base:
+            row["samples_differing_from_base"] = _differing(ids[BASE], ids["on"])
         rows.append(row)
-        print(f"  {cfg['task']}: off {row['off']['seconds']:.1f} s, on {row['on']['seconds']:.1f} s", flush=True)
+        print(f"  {cfg['task']}: " + ", ".join(f"{m} {row[m]['seconds']:.1f} s" for m in modes), flush=True)
     samplers = {m: lms[m].run.generation.sampler() for m in MODES}
     summary = {m: {"seconds": out[m]["seconds"], "generated_tokens": out[m]["tokens"],
-                   "tokens_per_s": out[m]["tokens"] / out[m]["seconds"], "kv": samplers[m].kv_rows.name,
-                   "engine": dict(samplers[m].stats)} for m in MODES}
-    return {"questions": len(configs), "warmup_s": warmup, "per_question": rows, **summary,
-            "texts_equal": out["off"]["texts"] == out["on"]["texts"],
-            "texts_differing": sum(a != b for a, b in zip(out["off"]["texts"], out["on"]["texts"], strict=True)),
-            "ratio": summary["on"]["tokens_per_s"] / summary["off"]["tokens_per_s"]}
+                   "tokens_per_s": out[m]["tokens"] / out[m]["seconds"]} for m in modes}
+    for m in MODES:
+        summary[m].update(kv=samplers[m].kv_rows.name, engine=dict(samplers[m].stats))
+    found = {"questions": len(configs), "warmup_s": warmup, "per_question": rows, **summary,
+             "texts_equal": out["off"]["texts"] == out["on"]["texts"],
+             "texts_differing": sum(a != b for a, b in zip(out["off"]["texts"], out["on"]["texts"], strict=True)),
+             "ratio": summary["on"]["tokens_per_s"] / summary["off"]["tokens_per_s"]}
+    if base:
+        base.close()
+        found["baseline"] = {"commit": base.commit, "tree": str(args.baseline_tree),
+                             "ratio": summary["on"]["tokens_per_s"] / summary[BASE]["tokens_per_s"],
+                             "texts_differing": sum(a != b for a, b in zip(out[BASE]["texts"], out["on"]["texts"],
+                                                                           strict=True))}
+    return found
 
 
 def _prompt_tokens(lm) -> int:
@@ -156,10 +226,16 @@ def table(report: dict) -> str:
     if a:
         lines += ["| acceptance run | questions | samples | generated tokens | seconds | tokens/s |",
                   "|---|---:|---:|---:|---:|---:|"]
-        for m in MODES:
-            lines.append(f"| cascade={m} | {a['questions']} | {report['config']['samples']} | "
+        base = a.get("baseline")
+        for m in (*MODES, BASE) if base else MODES:
+            name = f"main when the issue was filed ({base['commit'][:7]})" if m == BASE else f"cascade={m}"
+            lines.append(f"| {name} | {a['questions']} | {report['config']['samples']} | "
                          f"{a[m]['generated_tokens']} | {a[m]['seconds']:.1f} | {a[m]['tokens_per_s']:.2f} |")
         prompts = [r["prompt_tokens"] for r in a["per_question"]]
+        if base:
+            lines += ["", f"cascade=on / main when the issue was filed: **{base['ratio']:.2f}×** generated tokens/s "
+                      f"({base['texts_differing']} of {a['questions'] * report['config']['samples']} samples' texts "
+                      "differ)."]
         lines += ["", f"cascade=on / cascade=off: **{a['ratio']:.2f}×** generated tokens/s; every sample's text "
                   f"equal: {a['texts_equal']} ({a['texts_differing']} differ). Prompts {min(prompts)}–"
                   f"{max(prompts)} tokens (median {statistics.median(prompts):.0f}). One-time warm-up (tasks, "
@@ -227,10 +303,16 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-alone", dest="alone", action="store_false",
                     help="skip decoding each sweep row alone (the current path's own rounding, for comparison)")
+    ap.add_argument("--baseline-tree", type=Path, default=None,
+                    help="a working tree of ortevals as the issue found it (git worktree add /tmp/old 4a33a3a): "
+                         "the acceptance run on it too, in its own process, each question in turn")
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "bench-cascade")
     args = ap.parse_args()
+    if args.worker:
+        return worker(args.worker, args)
     args.out.mkdir(parents=True, exist_ok=True)
-    report = {"config": {k: v for k, v in vars(args).items() if k != "out"} | {
+    report = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "out"} | {
         "cpus": os.cpu_count(), "load_avg_start": os.getloadavg()}}
     import torch  # noqa: F401 - simple_evaluate imports torch to seed it: once here, in neither mode's time
 
