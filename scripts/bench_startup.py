@@ -20,6 +20,7 @@ benchmark runs); the clock starts once the lock is held. Writes results.json, ta
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import re
@@ -80,6 +81,10 @@ def main() -> None:
     from ortevals.package.examples import smollm2_hf_dir, smollm2_package
 
     package, hf_dir = smollm2_package("fp32"), smollm2_hf_dir()
+    # ortevals' bytecode compiled first, as `pip install` leaves an installed package (with
+    # PYTHONDONTWRITEBYTECODE set, as on this workplace's machines, an editable checkout would otherwise
+    # compile every module it imports on every run)
+    compileall.compile_dir(str(REPO / "ortevals"), quiet=1)
     fresh = Path(tempfile.mkdtemp(prefix="ortevals-bench-startup-"))
     (fresh / "examples").mkdir()
     (fresh / "examples" / package.name).symlink_to(package)  # the package only: no store, verdicts, derived
