@@ -295,8 +295,6 @@ def cache_clear(runs: bool, derived: bool, examples: bool, everything: bool) -> 
 
 
 # --- ortevals compare (issue 12): glue only; the logic is in ortevals/report/ ---
-
-
 @cli.command("compare", epilog=EPILOG_COMPARE)
 @click.option("--ref", required=True, type=click.Path(path_type=Path), help="The reference run.")
 @click.argument("runs", nargs=-1, required=True, type=click.Path(path_type=Path))
@@ -334,8 +332,6 @@ def _compare_outcome(ref: Path, outcome, kw: dict) -> None:
 
 
 # --- fidelity (issue 12 §2): all logic lives in ortevals/fidelity/ ---
-
-
 @cli.command("fidelity", epilog=EPILOG_FIDELITY)
 @click.option("--pkg", type=click.Path(path_type=Path), default=None, help="Candidate GenAI package folder.")
 @click.option("--ref", default=None, help="Reference: a GenAI package, a transformers checkpoint folder "

@@ -125,11 +125,12 @@ def collector_paused(active: bool = True):
     """Python's cyclic garbage collector off while a run starts, on again (yielded ``thaw``) once its first
     requests arrive, and always on again after the block; nothing where not ``active``.
 
-    Start-up imports lm-eval, datasets, pyarrow and scipy and builds the tasks: ~180k objects that live to
-    the end and make no garbage, yet each full collection re-scanned them all (four of them, 0.25 s of a
-    6 s first run). ``thaw`` freezes what exists by then (``gc.freeze``: never scanned again) and enables
-    collection for the rest of the run, so a long run's cycles are still collected. Only for a process the
-    run owns (the ``ortevals`` command): frozen objects in cycles are never freed before exit."""
+    Start-up imports lm-eval, datasets and pyarrow and builds the tasks: objects that live to the end and
+    make no garbage, yet each full collection re-scanned them all (three during start-up and a fourth at
+    the calibration's scipy import, 50k to 181k objects: 0.25 s of a 6 s first run). ``thaw`` freezes what
+    exists by then (``gc.freeze``: never scanned again) and enables collection for the rest of the run, so
+    a long run's cycles are still collected. Only for a process the run owns (the ``ortevals`` command):
+    frozen objects in cycles are never freed before exit."""
     was = gc.isenabled()
     if active:
         gc.disable()

@@ -153,15 +153,19 @@ def acceptance(lms: dict, args) -> dict:
         summary[m].update(kv=samplers[m].kv_rows.name, engine=dict(samplers[m].stats))
     found = {"questions": len(configs), "warmup_s": warmup, "per_question": rows, **summary,
              "texts_equal": out["off"]["texts"] == out["on"]["texts"],
-             "texts_differing": sum(a != b for a, b in zip(out["off"]["texts"], out["on"]["texts"], strict=True)),
+             "texts_differing": _texts_differing(out["off"]["texts"], out["on"]["texts"]),
              "ratio": summary["on"]["tokens_per_s"] / summary["off"]["tokens_per_s"]}
     if base:
         base.close()
         found["baseline"] = {"commit": base.commit, "tree": str(args.baseline_tree),
                              "ratio": summary["on"]["tokens_per_s"] / summary[BASE]["tokens_per_s"],
-                             "texts_differing": sum(a != b for a, b in zip(out[BASE]["texts"], out["on"]["texts"],
-                                                                           strict=True))}
+                             "texts_differing": _texts_differing(out[BASE]["texts"], out["on"]["texts"])}
     return found
+
+
+def _texts_differing(a: list[str], b: list[str]) -> int:
+    """How many of two runs' sample texts (same order) differ."""
+    return sum(x != y for x, y in zip(a, b, strict=True))
 
 
 def _prompt_tokens(lm) -> int:

@@ -127,7 +127,7 @@ def test_runs_without_torch(tiny_pkg, tmp_path, extra):
 
 def test_collector_is_off_while_starting_and_frozen_at_the_first_request(tiny_pkg, monkeypatch):
     """Start-up's objects are frozen (never re-scanned) when the first requests arrive; collection is on from
-    then, and on again after the command whatever happened (cli.collector_paused)."""
+    then, and on again after the command whatever happened (evaluate.collector_paused)."""
     import gc
 
     from ortevals import cli as cli_module
