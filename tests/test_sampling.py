@@ -262,3 +262,23 @@ def test_draw_lands_on_every_side_of_a_cumulative_boundary():
     cdf = np.cumsum(p[0])
     for u, want in [(np.nextafter(0.25, 0), 0), (0.25, 1), (0.5, 3), (np.nextafter(0.5, 0), 1), (0.0, 0)]:
         assert sampling.draw(p, [Fixed(u)]).tolist() == [want] == [int(np.searchsorted(cdf, u, side="right"))]
+
+
+def test_a_workspace_changes_no_token_and_no_logit():
+    """The decode loop's kept buffers (``Workspace``: the float64 cast, the division, the softmax and the
+    cumulative sums written in place) give the tokens of ``Generator.choice`` on the allocating path's
+    distribution (``warped`` then ``softmax``: the transformers warpers' reference above), step after step
+    as rows leave (smaller views of a larger buffer), and leave the caller's logits as they were."""
+    work = sampling.Workspace()
+    for seed, (t, rows) in enumerate([(0.7, 9), (1.0, 9), (0.7, 4), (1.3, 1), (0.7, 12)]):
+        s = GenSettings(do_sample=True, temperature=t)
+        logits = random_logits(seed, rows).astype(np.float64)
+        before = logits.copy()
+        ref = [np.random.default_rng([seed, r]) for r in range(rows)]
+        want = [g.choice(V, p=row) for g, row in zip(ref, sampling.softmax(sampling.warped(logits, s)), strict=True)]
+        got = sampling.choose_tokens(logits, s, [()] * rows, [np.random.default_rng([seed, r]) for r in range(rows)],
+                                     work=work)
+        assert got.tolist() == want
+        np.testing.assert_array_equal(logits, before)
+    probs = work.take("probs", (3, V))
+    assert np.shares_memory(probs, work.take("probs", (12, V)))  # kept, not a new array a step

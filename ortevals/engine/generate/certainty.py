@@ -16,10 +16,12 @@ from collections.abc import Sequence
 import numpy as np
 
 
-def row_logsumexp(x: np.ndarray) -> np.ndarray:
-    """``log sum_j exp(x[r, j])`` of float64 ``[R, V]`` → ``[R]``, shifted by each row's max."""
+def row_logsumexp(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``log sum_j exp(x[r, j])`` of float64 ``[R, V]`` → ``[R]``, shifted by each row's max; ``out``: a
+    ``[R, V]`` float64 buffer for the shifted exponentials (else a new one)."""
     top = x.max(axis=1)
-    return top + np.log(np.exp(x - top[:, None]).sum(axis=1))
+    z = np.subtract(x, top[:, None], out=out)
+    return top + np.log(np.exp(z, out=z).sum(axis=1))
 
 
 def certainty_terms(logits: np.ndarray, lse: np.ndarray | None = None) -> np.ndarray:

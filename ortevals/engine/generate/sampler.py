@@ -261,11 +261,12 @@ class SharedPromptSampler:
 
         Each row draws from its own ``rngs[r]``; a finished row leaves the batch before the next pass.
         """
-        from ortevals.engine.generate.sampling import Sampler
+        from ortevals.engine.generate.sampling import Sampler, Workspace
 
         rows = len(rngs)
         streams = [TextStream(self.tokenizer, settings, self.eos_ids) for _ in range(rows)]
-        chooser = Sampler(settings, rngs)  # per-row generators (and Mirostat state), consumed by their row only
+        work = Workspace()  # the steps' [rows, V] float64 arrays, kept (a new one each step costs page faults)
+        chooser = Sampler(settings, rngs, work)  # per-row generators (and Mirostat state), consumed by their row only
         needs_history = settings.repetition_penalty != 1.0 or settings.no_repeat_ngram_size > 0
         logprob = np.zeros(rows)
         certainty = RunningCertainty(rows)  # on the raw logits, before the processors: the model's own
@@ -277,9 +278,9 @@ class SharedPromptSampler:
             for b in np.flatnonzero(~np.isfinite(top)):
                 check_logits(step_logits[b], len(streams[live[b]].out) + 1, names[live[b]])
             histories = [[*prompt, *streams[r].out] for r in live] if needs_history else [()] * len(live)
-            tokens = chooser.choose(step_logits, histories, live)
-            wide = np.asarray(step_logits, dtype=np.float64)  # one float64 copy, one log-sum-exp for both
-            lse = row_logsumexp(wide)
+            wide = work.float64("wide", step_logits)  # one float64 copy, one log-sum-exp for all three
+            tokens = chooser.choose(wide, histories, live)
+            lse = row_logsumexp(wide, out=work.take("exp", wide.shape))
             chosen = token_logprob(wide, tokens, lse)
             certainty.add(wide, live, lse)
             keep = []

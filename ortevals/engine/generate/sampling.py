@@ -33,15 +33,45 @@ if TYPE_CHECKING:
 NEG = -np.inf
 
 
-def softmax(x: np.ndarray) -> np.ndarray:
-    """Row-wise softmax of ``[R, V]`` (float64); -inf entries get probability 0."""
-    z = np.exp(x - np.max(x, axis=-1, keepdims=True))
-    return z / z.sum(axis=-1, keepdims=True)
+def softmax(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Row-wise softmax of ``[R, V]`` (float64); -inf entries get probability 0. ``out``: where to write it
+    (``x`` itself allowed; the same values as a new array)."""
+    z = np.subtract(x, np.max(x, axis=-1, keepdims=True), out=out)
+    np.exp(z, out=z)
+    z /= z.sum(axis=-1, keepdims=True)
+    return z
 
 
-def temperature(x: np.ndarray, t: float) -> np.ndarray:
-    """TemperatureLogitsWarper: ``x / t``."""
-    return x / t
+def temperature(x: np.ndarray, t: float, out: np.ndarray | None = None) -> np.ndarray:
+    """TemperatureLogitsWarper: ``x / t`` (into ``out`` if given)."""
+    return np.divide(x, t, out=out)
+
+
+class Workspace:
+    """Float64 ``[R, V]`` buffers kept across the steps of one decode loop, by name.
+
+    A step's softmax, cumulative sums and log-sum-exp each need a ``[R, V]`` temporary (6 MiB at 16 rows of a
+    49k vocabulary). glibc hands blocks that large back to the kernel when they are freed, so a new one every
+    step costs its page faults again: 2.6 ms against 0.7 ms for one log-sum-exp of 16 rows on the 2-core
+    machine (docs/benchmarks.md §8). A buffer here grows to the largest shape asked and is reused; fewer rows
+    (finished samples left the batch) take a leading slice, contiguous."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, np.ndarray] = {}
+
+    def take(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        """A float64 array of ``shape`` (contents undefined) in buffer ``name``."""
+        size = int(np.prod(shape))
+        buf = self._buffers.get(name)
+        if buf is None or buf.size < size:
+            buf = self._buffers[name] = np.empty(size, dtype=np.float64)
+        return buf[:size].reshape(shape)
+
+    def float64(self, name: str, x: np.ndarray) -> np.ndarray:
+        """``x`` as float64 in buffer ``name`` (``x.astype(np.float64)``, without a new array)."""
+        out = self.take(name, x.shape)
+        np.copyto(out, x)
+        return out
 
 
 def top_k(x: np.ndarray, k: int) -> np.ndarray:
@@ -220,14 +250,24 @@ def warped(x: np.ndarray, s: GenSettings) -> np.ndarray:
 
 
 def choose_tokens(logits: np.ndarray, s: GenSettings, histories: Sequence[Sequence[int]],
-                  rngs: Sequence[np.random.Generator], mu: np.ndarray | None = None) -> np.ndarray:
+                  rngs: Sequence[np.random.Generator], mu: np.ndarray | None = None,
+                  work: Workspace | None = None) -> np.ndarray:
     """One token per row: ``logits [R, V]`` → ``tokens [R]`` (int64).
 
     histories: each row's prompt + generated ids (used only by the penalties). rngs: one
     generator per row (:func:`row_rng`), each consumed by its own row only. mu ``[R]``: the
     Mirostat state, updated in place (required when ``s.mirostat_tau > 0``; see :class:`Sampler`).
+    work: buffers kept across steps (plain sampling at a temperature then allocates no ``[R, V]`` array);
+    ``logits`` is never written.
     """
     x = np.asarray(logits)
+    if work is not None and s.do_sample and s.plain and _temperature_only(s):
+        probs = work.take("probs", x.shape)  # the float64 cast, the division and the softmax in one buffer
+        if s.temperature != 1.0:
+            temperature(x.astype(np.float64, copy=False), s.temperature, out=probs)
+        else:
+            np.copyto(probs, x)
+        return draw(softmax(probs, out=probs), rngs, out=work.take("cdf", x.shape))
     if not s.plain or s.do_sample:
         x = penalised(x.astype(np.float64), s, histories)
     if not s.do_sample:
@@ -239,15 +279,20 @@ def choose_tokens(logits: np.ndarray, s: GenSettings, histories: Sequence[Sequen
     return draw(softmax(warped(x, s)), rngs)
 
 
-def draw(probs: np.ndarray, rngs: Sequence[np.random.Generator]) -> np.ndarray:
+def _temperature_only(s: GenSettings) -> bool:
+    """No warper but the temperature (the sampling warpers' off values: settings.py)."""
+    return s.top_k == 0 and s.top_p >= 1.0 and s.min_p <= 0.0 and s.typical_p >= 1.0
+
+
+def draw(probs: np.ndarray, rngs: Sequence[np.random.Generator], out: np.ndarray | None = None) -> np.ndarray:
     """One token per row of ``probs [R, V]``, row r by ``rngs[r]``: exactly ``rngs[r].choice(V, p=probs[r])``
     for every row, with the rows' cumulative sums taken in one call (a pass of 16 rows over a 49k vocabulary
     costs ~4 ms as 16 ``choice`` calls). numpy's ``Generator.choice`` with ``p`` draws one ``random()``,
     takes the float64 cumulative sum of ``p``, divides it by its last value and returns
     ``searchsorted(u, side="right")``; this does the same steps (tests/test_sampling.py compares the two
-    draw for draw). ``→ [R]`` int64."""
+    draw for draw). ``out``: a float64 ``[R, V]`` buffer for the cumulative sums. ``→ [R]`` int64."""
     u = [g.random() for g in rngs]
-    cdf = np.asarray(probs, dtype=np.float64).cumsum(axis=1)
+    cdf = np.cumsum(np.asarray(probs, dtype=np.float64), axis=1, out=out)
     last = cdf[:, -1:]
     if not (np.all(np.isfinite(last)) and np.all(last > 0)):  # choice refuses these too
         raise ValueError("probabilities contain NaN or sum to 0")
@@ -262,18 +307,20 @@ class Sampler:
     ``rows`` (indices into the sampler's rows) when finished rows were dropped from the batch.
     """
 
-    def __init__(self, settings: GenSettings, rngs: Sequence[np.random.Generator]) -> None:
+    def __init__(self, settings: GenSettings, rngs: Sequence[np.random.Generator],
+                 work: Workspace | None = None) -> None:
         self.settings = settings
         self.rngs = list(rngs)
         self.mu = np.full(len(self.rngs), 2.0 * settings.mirostat_tau)  # the paper's initial mu = 2 tau
+        self.work = work
 
     def choose(self, logits: np.ndarray, histories: Sequence[Sequence[int]],
                rows: Sequence[int] | None = None) -> np.ndarray:
         """``logits [len(rows), V]`` → tokens ``[len(rows)]``."""
         if rows is None:
-            return choose_tokens(logits, self.settings, histories, self.rngs, self.mu)
+            return choose_tokens(logits, self.settings, histories, self.rngs, self.mu, self.work)
         idx = np.asarray(rows, dtype=np.int64)
         mu = self.mu[idx]
-        out = choose_tokens(logits, self.settings, histories, [self.rngs[i] for i in idx], mu)
+        out = choose_tokens(logits, self.settings, histories, [self.rngs[i] for i in idx], mu, self.work)
         self.mu[idx] = mu
         return out
