@@ -14,6 +14,7 @@ alternately so both see the same load on a shared machine:
 
     PYTHONPATH=. python scripts/bench_cascade.py                        # 14 questions, K=16, sweep 256,1024,2048
     PYTHONPATH=. python scripts/bench_cascade.py --questions 2 --lengths 256 --out /tmp/cascade
+    PYTHONPATH=. python scripts/bench_cascade.py --together --rounds 2 --lengths '' --baseline-tree /tmp/old
 
 Writes results.json, table.md and cascade.png to ``--out`` (docs/bench-cascade).
 """
@@ -50,16 +51,28 @@ def open_lms(args) -> dict:
 
 def one_question(lm, cfg: dict) -> tuple[float, list[str]]:
     """(seconds, the K texts) of one question's simple_evaluate on ``lm``."""
+    return questions(lm, [cfg])
+
+
+def questions(lm, cfgs: list[dict]) -> tuple[float, list[str]]:
+    """(seconds, the K texts of each question in turn) of one simple_evaluate over ``cfgs`` on ``lm``.
+
+    lm-eval's ``add_env_info`` (``pip list`` through torch's collect_env, ~0.5 s a call on the 2-core machine) is
+    skipped for every mode, as ortevals' own front door skips it (evaluate.py): it is the harness's, not the
+    model's, and the per-question runs called it 14 times."""
     import copy
+    from unittest import mock
 
     import lm_eval
+    import lm_eval.evaluator
 
     from ortevals.tasks import task_manager
 
     t0 = time.perf_counter()
-    res = lm_eval.simple_evaluate(model=lm, tasks=[copy.deepcopy(cfg)], limit=1, log_samples=True,
-                                  task_manager=task_manager(None, defaults=False))
-    return time.perf_counter() - t0, [t for e in res["samples"][cfg["task"]] for t in e["resps"][0]]
+    with mock.patch.object(lm_eval.evaluator, "add_env_info", lambda storage: None):
+        res = lm_eval.simple_evaluate(model=lm, tasks=[copy.deepcopy(c) for c in cfgs], limit=1, log_samples=True,
+                                      task_manager=task_manager(None, defaults=False))
+    return time.perf_counter() - t0, [t for c in cfgs for e in res["samples"][c["task"]] for t in e["resps"][0]]
 
 
 def warm_up(lm, args) -> float:
@@ -89,7 +102,8 @@ class Baseline:
         line = next(ln for ln in self.proc.stdout if ln.startswith("WORKER "))
         return json.loads(line[7:])
 
-    def question(self, i: int) -> tuple[float, list[str]]:
+    def question(self, i: int | str) -> tuple[float, list[str]]:
+        """Question ``i``, or ``"all"``: every question in one simple_evaluate."""
         self.proc.stdin.write(f"{i}\n")
         self.proc.stdin.flush()
         r = self._reply()
@@ -113,7 +127,7 @@ def worker(tree: str, args) -> None:
     configs = task_configs(args.questions, args.samples, args.max_gen_toks, args.temperature)
     print("WORKER " + json.dumps({"seconds": warm_up(lm, args)}), flush=True)
     for line in sys.stdin:
-        seconds, texts = one_question(lm, configs[int(line)])
+        seconds, texts = questions(lm, configs) if line.strip() == "all" else one_question(lm, configs[int(line)])
         print("WORKER " + json.dumps({"seconds": seconds, "texts": texts}), flush=True)
 
 
@@ -152,6 +166,45 @@ def acceptance(lms: dict, args) -> dict:
     for m in MODES:
         summary[m].update(kv=samplers[m].kv_rows.name, engine=dict(samplers[m].stats))
     found = {"questions": len(configs), "warmup_s": warmup, "per_question": rows, **summary,
+             "texts_equal": out["off"]["texts"] == out["on"]["texts"],
+             "texts_differing": _texts_differing(out["off"]["texts"], out["on"]["texts"]),
+             "ratio": summary["on"]["tokens_per_s"] / summary["off"]["tokens_per_s"]}
+    if base:
+        base.close()
+        found["baseline"] = {"commit": base.commit, "tree": str(args.baseline_tree),
+                             "ratio": summary["on"]["tokens_per_s"] / summary[BASE]["tokens_per_s"],
+                             "texts_differing": _texts_differing(out[BASE]["texts"], out["on"]["texts"])}
+    return found
+
+
+def acceptance_together(lms: dict, args) -> dict:
+    """The acceptance run as a user runs it: every question in one simple_evaluate per mode (and the baseline's),
+    ``--rounds`` times, which mode goes first rotating; seconds summed over the rounds, texts of the last."""
+    from bench_samples import task_configs
+
+    tok = lms["off"].tokenizer
+    configs = task_configs(args.questions, args.samples, args.max_gen_toks, args.temperature)
+    warmup = {m: warm_up(lms[m], args) for m in MODES}
+    base = Baseline(args.baseline_tree, args) if args.baseline_tree else None
+    modes = (*MODES, BASE) if base else MODES
+    if base:
+        warmup[BASE] = base.warmup
+    out = {m: {"seconds": 0.0, "rounds": []} for m in modes}
+    for r in range(args.rounds):
+        for m in modes[r % len(modes):] + modes[:r % len(modes)]:
+            wall, texts = base.question("all") if m == BASE else questions(lms[m], configs)
+            out[m]["seconds"] += wall
+            out[m]["rounds"].append(wall)
+            out[m]["texts"] = texts
+            print(f"  round {r}: {m} {wall:.1f} s", flush=True)
+    for m in modes:
+        out[m]["tokens"] = args.rounds * sum(len(tok.encode(t, False)) for t in out[m]["texts"])
+    summary = {m: {"seconds": out[m]["seconds"], "rounds_s": out[m]["rounds"], "generated_tokens": out[m]["tokens"],
+                   "tokens_per_s": out[m]["tokens"] / out[m]["seconds"]} for m in modes}
+    for m in MODES:
+        sampler = lms[m].run.generation.sampler()
+        summary[m].update(kv=sampler.kv_rows.name, engine=dict(sampler.stats))
+    found = {"questions": len(configs), "together": True, "rounds": args.rounds, "warmup_s": warmup, **summary,
              "texts_equal": out["off"]["texts"] == out["on"]["texts"],
              "texts_differing": _texts_differing(out["off"]["texts"], out["on"]["texts"]),
              "ratio": summary["on"]["tokens_per_s"] / summary["off"]["tokens_per_s"]}
@@ -235,7 +288,7 @@ def table(report: dict) -> str:
             name = f"main when the issue was filed ({base['commit'][:7]})" if m == BASE else f"cascade={m}"
             lines.append(f"| {name} | {a['questions']} | {report['config']['samples']} | "
                          f"{a[m]['generated_tokens']} | {a[m]['seconds']:.1f} | {a[m]['tokens_per_s']:.2f} |")
-        prompts = [r["prompt_tokens"] for r in a["per_question"]]
+        prompts = [r["prompt_tokens"] for r in a.get("per_question", [])] or [0]
         if base:
             lines += ["", f"cascade=on / main when the issue was filed: **{base['ratio']:.2f}×** generated tokens/s "
                       f"({base['texts_differing']} of {a['questions'] * report['config']['samples']} samples' texts "
@@ -247,7 +300,7 @@ def table(report: dict) -> str:
                   f"{a['warmup_s']['off']:.1f} s, on {a['warmup_s']['on']:.1f} s.", "",
                   "| question | prompt tokens | tokens off / on | off s | on s | on / off | samples differing |",
                   "|---|---:|---:|---:|---:|---:|---|"]
-        for q in a["per_question"]:
+        for q in a.get("per_question", []):
             diff = ", ".join(f"sample {r} from token {i}" for r, i in q.get("samples_differing", [])) or "none"
             lines.append(f"| {q['task'].removeprefix('mmlu_pro_')} | {q['prompt_tokens']} | {q['off']['tokens']} / "
                          f"{q['on']['tokens']} | {q['off']['seconds']:.1f} | {q['on']['seconds']:.1f} | "
@@ -303,13 +356,18 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--precision", default="fp32", choices=["fp32", "int8", "int4"])
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], default=[256, 1024, 2048])
+    ap.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",") if x], default=[256, 1024, 2048],
+                    help="prompt lengths of the decode sweep ('' for none)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-alone", dest="alone", action="store_false",
                     help="skip decoding each sweep row alone (the current path's own rounding, for comparison)")
     ap.add_argument("--baseline-tree", type=Path, default=None,
                     help="a working tree of ortevals as the issue found it (git worktree add /tmp/old 4a33a3a): "
                          "the acceptance run on it too, in its own process, each question in turn")
+    ap.add_argument("--together", action="store_true",
+                    help="the acceptance run as a user runs it: every question in one simple_evaluate per mode (two "
+                         "questions' samples may then share decode passes), --rounds times")
+    ap.add_argument("--rounds", type=int, default=2, help="with --together: runs of each mode, first mode rotating")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "bench-cascade")
     args = ap.parse_args()
@@ -322,9 +380,9 @@ def main() -> None:
 
     lms = open_lms(args)
     if args.questions:
-        report["acceptance"] = acceptance(lms, args)
+        report["acceptance"] = (acceptance_together if args.together else acceptance)(lms, args)
         (args.out / "results.json").write_text(json.dumps(report, indent=1))  # kept if the sweep fails
-    report["sweep"] = sweep(lms, args)
+    report["sweep"] = sweep(lms, args) if args.lengths else []
     report["config"]["load_avg_end"] = os.getloadavg()
     (args.out / "results.json").write_text(json.dumps(report, indent=1))
     (args.out / "table.md").write_text(table(report))

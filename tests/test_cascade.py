@@ -119,6 +119,44 @@ def test_cascade_logprobs_on_smollm2_are_as_close_to_the_oracle_as_the_current_p
     assert cascade <= max(1e-5, 2 * current) and cascade <= 1e-4, (cascade, current)
 
 
+def teacher_forced_pair(kv, prompts: list, tokens: list, leave: dict) -> list[dict]:
+    """Two prompts' rows decoded together on the cascade graph (teacher-forced ``tokens[g] [R_g, steps]``),
+    ``leave[step]``: (group, row) pairs that leave before that step → per group ``{(row, step): log-softmax}``."""
+    started = [kv.run(p[None], kv.empty(1, p.size + t.shape[1] + 1), last=True)[1] for p, t in zip(prompts, tokens)]
+    past = kv.share(started[0], tokens[0].shape[0], started[1], tokens[1].shape[0])
+    live = [(g, r) for g, t in enumerate(tokens) for r in range(t.shape[0])]
+    out = [{}, {}]
+    for s in range(tokens[0].shape[1]):
+        if s in leave:
+            keep = [b for b, x in enumerate(live) if x not in leave[s]]
+            past, live = kv.keep(past, keep), [live[b] for b in keep]
+        ids = np.asarray([[tokens[g][r, s]] for g, r in live])
+        logits, past = kv.run(ids, past)
+        for b, (g, r) in enumerate(live):
+            out[g][(r, s)] = log_softmax(logits[b])
+    return out
+
+
+@pytest.mark.parametrize("lengths", [(37, 21), (21, 37), (29, 29)])
+def test_two_prompts_decoded_together_equal_a_raw_onnxruntime_oracle(tiny_pkg, cache, lengths):
+    """The rows of two prompts in one pass (the graph's two groups), prompts of different lengths either way
+    round, rows leaving from both groups and one group emptied, against each row's whole sequence in one plain
+    onnxruntime pass; and bit-equal to the same rows decoded one prompt at a time (a row's numbers do not
+    depend on the rows beside it)."""
+    runner = DecoderRunner.open(ModelPackage.load(tiny_pkg), ProviderConfig("cpu"))
+    kv = holder(runner, cache)
+    assert kv.ready()
+    rng = np.random.default_rng(lengths[0])
+    prompts = [rng.integers(3, 512, n) for n in lengths]
+    tokens = [rng.integers(3, 512, (4, 6)), rng.integers(3, 512, (3, 6))]
+    got = teacher_forced_pair(kv, prompts, tokens, {2: [(0, 1), (1, 0)], 4: [(1, 1), (1, 2)]})
+    assert [len(g) for g in got] == [4 * 6 - 4, 3 * 6 - 4 - 2 * 2]
+    for g in range(2):
+        assert oracle_errors(tiny_pkg, got[g], prompts[g], tokens[g]) <= 1e-5
+    alone = teacher_forced(kv, prompts[0], tokens[0], leave_after=99, shared=True)
+    assert all(np.array_equal(got[0][k], alone[k]) for k in got[0])
+
+
 # --- the sampler: token-equal to the current path -------------------------------------------------------
 
 @pytest.mark.parametrize("k", [1, 4, 16])
@@ -135,6 +173,33 @@ def test_samples_equal_the_current_path_with_rows_leaving(raw, cache, k):
     if k > 1:
         assert got[0].tokens < 24 and max(g.tokens for g in got) > got[0].tokens  # rows really left early
         assert s.stats["row_steps"] == sum(g.tokens - 1 for g in got)
+
+
+def test_two_questions_decode_together_and_give_the_current_paths_samples(raw, cache):
+    """Two sampled prompts of different lengths (jobs in a row) decode in one batch on the cascade graph, rows
+    stopping early in both, with fewer passes than one prompt at a time: every sample token-equal to the
+    current path's (each row its own copy of the prompt, one prompt at a time)."""
+    from ortevals.engine.generate.sampler import plan_jobs, run_sampling
+
+    def run(mode: str, until: list) -> tuple:
+        st = parse_gen_kwargs({**SAMPLED, "until": until}, 24, raw.tok_decode([raw.eot_token_id]))
+        items = [(tuple(raw.tok_encode(p)), st) for p in (PROMPT, HEADER + PROMPT) for _ in range(4)]
+        s, done = sampler(raw, cache, mode), {}
+        run_sampling(s, items, [[i // 4, i % 4] for i in range(len(items))], done.__setitem__, str)
+        return s, items, [done[i] for i in range(len(items))]
+
+    free = run("off", [])[2]
+    stop = [free[0].text[len(free[0].text) // 3:][:2], free[5].text[len(free[5].text) // 2:][:2]]
+    out = {mode: run(mode, stop) for mode in ("off", "on")}
+    s, items = out["on"][0], out["on"][1]
+    out = {mode: (x[0], [d.ids for d in x[2]]) for mode, x in out.items()}
+    s = out["on"][0]
+    assert [len(p) for p in s.together(plan_jobs(items))] == [2]
+    assert out["on"][1] == out["off"][1]
+    lens = [len(x) for x in out["on"][1]]
+    assert min(lens[:4]) < 24 and min(lens[4:]) < 24 and max(lens) == 24  # rows of both stopped early
+    assert len(set(out["on"][1])) >= 6
+    assert s.stats["decode_passes"] < out["off"][0].stats["decode_passes"]
 
 
 def test_prompts_sharing_a_prefix_equal_the_current_path(raw, cache):
@@ -196,16 +261,18 @@ def test_the_prompt_kv_is_one_row_bound_by_every_pass_and_no_arena_holds_it(tiny
     bound = []
     forward = kv.runner.forward_inplace
 
-    def spy(ids, past, positions=None, prompt=None):
+    def spy(ids, past, positions=None, prompts=None):
+        ((prompt, rows),) = prompts
+        assert rows == ids.shape[0]
         bound.append([id(t) for pair in prompt.layers for t in pair])
         assert all(t.shape[0] == 1 and t.flags.c_contiguous for pair in prompt.layers for t in pair)
-        return forward(ids, past, positions, prompt)
+        return forward(ids, past, positions, prompts)
 
     kv.runner.forward_inplace = spy
     k, p, new = 16, 29, 10
     _, past = kv.run(np.arange(3, 3 + p)[None], kv.empty(1, p + new + 1), last=True)
     held = kv.repeat(past, k)
-    assert isinstance(held, SharedRows) and held.prompt.layers[0][0].shape == (1, 2, p, 16)
+    assert isinstance(held, SharedRows) and held.prompts[0].layers[0][0].shape == (1, 2, p, 16)
     for _ in range(new - 1):
         _, held = kv.run(np.full((k, 1), 7), held)
     assert len(bound) == new - 1 and all(b == bound[0] for b in bound)  # the same arrays, never copied again

@@ -282,3 +282,39 @@ def test_a_workspace_changes_no_token_and_no_logit():
         np.testing.assert_array_equal(logits, before)
     probs = work.take("probs", (3, V))
     assert np.shares_memory(probs, work.take("probs", (12, V)))  # kept, not a new array a step
+
+
+def test_draw_weights_equals_generator_choice_draw_for_draw():
+    """``draw_weights`` (the draw placed by block sums, the sequential sums only near a boundary) gives exactly
+    ``Generator.choice(V, p=z / z.sum())`` for each row, on peaked, flat (64k vocabulary) and masked weights,
+    vocabularies that are and are not a multiple of its block, and leaves the generators in the same state."""
+    for seed in range(60):
+        for probs in _distributions(seed) + [_distributions(seed, vocab=sampling.BLOCK * 7)[0]]:
+            z = np.asarray(probs, np.float64) * 3.5  # weights: any positive scale of the probabilities
+            mine = [np.random.default_rng([seed, r]) for r in range(z.shape[0])]
+            ref = [np.random.default_rng([seed, r]) for r in range(z.shape[0])]
+            p = z / z.sum(axis=-1, keepdims=True)
+            want = [ref[r].choice(z.shape[1], p=p[r]) for r in range(z.shape[0])]
+            assert sampling.draw_weights(z, mine).tolist() == want
+            assert all(a.random() == b.random() for a, b in zip(mine, ref, strict=True))
+
+
+def test_draw_weights_on_a_boundary_takes_choices_own_steps():
+    """Draws exactly on, and one float below, each cumulative boundary (where block sums cannot decide) pick
+    ``choice``'s token: its sequential sums decide them."""
+
+    class Fixed:
+        def __init__(self, u):
+            self.u = u
+
+        def random(self):
+            return self.u
+
+    rng = np.random.default_rng(3)
+    z = rng.random((1, 3 * sampling.BLOCK + 5)) * (rng.random((1, 3 * sampling.BLOCK + 5)) > 0.3)
+    cdf = np.cumsum(z[0] / z.sum())
+    cdf /= cdf[-1]
+    for u in [0.0, *cdf[[0, 5, sampling.BLOCK - 1, sampling.BLOCK, 2 * sampling.BLOCK + 7, -2]]]:
+        for v in (u, np.nextafter(u, 0), np.nextafter(u, 1)):
+            if 0 <= v < 1:
+                assert sampling.draw_weights(z, [Fixed(v)]).tolist() == [int(np.searchsorted(cdf, v, side="right"))]

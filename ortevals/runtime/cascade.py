@@ -1,31 +1,38 @@
-"""Cascade decode graph: K decode rows attend to ONE shared prompt KV plus their own suffix KV.
+"""Cascade decode graph: decode rows attend to a shared prompt KV plus their own suffix KV.
 
-The sampler (engine/sampler.py) decodes K samples of one prompt together. With the package's
+The sampler (engine/sampler.py) decodes K samples of a prompt together. With the package's
 own decoder every row carries its own copy of the prompt's KV, so a decode pass reads the
 prompt K times. This module derives a decoder in which each ``com.microsoft``
 GroupQueryAttention node is split in two exact parts (the "cascade" / Hydragen decomposition of
 attention over a shared prefix, as FlashInfer's cascade attention computes it):
 
-* **prompt part**, plain ONNX ops: the new token's query (rotated at its true position
-  ``P + t``, scaled) against ``ortevals_prompt.<layer>.key/value`` ``[1, H_kv, P, D]``. The K
-  rows and the query heads of one KV head are folded into the M dimension of one GEMM per KV
-  head (``[H_kv, K*g, D] x [H_kv, D, P]``), so the prompt is read once per pass, not K times.
-  Gives ``out_p`` and ``lse_p`` (log-sum-exp of the scaled scores).
-* **suffix part**: the original GroupQueryAttention node on the rows' own KV (past ``[K, H_kv, T,
-  D]`` written in place), told the suffix lengths (``seqlens_k - P``, ``total - P``) and the true
-  rotary positions (its ``position_ids`` input, ``P + t``). Gives ``out_s``; ``lse_s`` comes from
-  the query against the keys the node just wrote (rotated), sliced to the valid length.
+* **prompt part**, plain ONNX ops, for each of :data:`GROUPS` groups of rows (the rows of one prompt:
+  rows ``0..n0-1`` read the first prompt, the next ``n1`` the second; ``ortevals_group_rows [2]``): the
+  new token's query (rotated at its true position ``P + t``, scaled) against the group's prompt KV
+  ``ortevals_prompt.<layer>.key/value`` / ``ortevals_prompt2.<layer>...`` ``[1, H_kv, P_g, D]``. A group's
+  rows and the query heads of one KV head are folded into the M dimension of one GEMM per KV head
+  (``[H_kv, n_g*g, D] x [H_kv, D, P_g]``), so each prompt is read once per pass, not once a row.
+  Gives ``out_p`` and ``lse_p`` (log-sum-exp of the scaled scores). A group may have no rows.
+* **suffix part**: the original GroupQueryAttention node on the rows' own KV (past ``[B, H_kv, T,
+  D]`` written in place), told the suffix lengths (``seqlens_k - P_row``, ``total - max P``; every row
+  has the same number ``t`` of its own tokens: the groups step together) and the true rotary
+  positions (its ``position_ids`` input, ``P_row + t``). Gives ``out_s``; ``lse_s`` comes from the
+  query against the keys the node just wrote (rotated), sliced to the valid length.
 * combined: softmax over the union = ``out_s + sigmoid(lse_p - lse_s) * (out_p - out_s)``.
 
-The attention mask still spans the whole sequence (``[K, P + t + 1]``), so the graph's own
-``seqlens_k`` / ``total_sequence_length`` subgraph is untouched. One new token per row (decode).
+A row's numbers do not depend on the other rows: its prompt part is its group's GEMM (rows are
+independent in the M dimension), its suffix part its own GroupQueryAttention row. The attention
+mask spans each row's whole sequence, right-padded (``[B, max P + t + 1]``, row b ``P_b + t + 1``
+ones), so the graph's own ``seqlens_k`` / ``total_sequence_length`` subgraph is untouched; each
+row's prompt length is ``ortevals_prompt_lengths [B]``. One new token per row (decode).
 
 Refused (:class:`Refused`, the sampler keeps the current path and logs why once): sliding windows,
 softcap, smooth softmax, attention sinks or biases, quantized KV, per-head Q/K norms, a
 ``position_ids`` input, past KV that feeds anything but GroupQueryAttention, rotary tables that are
-not constant. Cached like runtime/derive.py's scoring graph: ``derived/<scope>/`` under a
-:class:`~ortevals.package.scope.Scope` of exactly what the rewrite reads (:func:`cascade_reads`: the
-decoder's graph, not its weights; the rewrite's version), weights left in the package folder.
+not constant, opsets before 13 (Split's sizes became an input). Cached like runtime/derive.py's
+scoring graph: ``derived/<scope>/`` under a :class:`~ortevals.package.scope.Scope` of exactly what
+the rewrite reads (:func:`cascade_reads`: the decoder's graph, not its weights; the rewrite's
+version), weights left in the package folder.
 """
 
 from __future__ import annotations
@@ -46,8 +53,14 @@ log = logging.getLogger(__name__)
 
 PROMPT_KEY = "ortevals_prompt.%d.key"
 PROMPT_VALUE = "ortevals_prompt.%d.value"
-REWRITE = {"rewrite": "cascade-decode/1",
-           "combine": "prompt GEMM per KV head (rows folded), GQA suffix in place, sigmoid(lse_p - lse_s)"}
+GROUPS = 4  # prompts whose rows one decode pass can take
+# one (key, value) name pair per group: ortevals_prompt.<layer>.key, then ortevals_prompt2.<layer>.key, ...
+PROMPT_NAMES = ((PROMPT_KEY, PROMPT_VALUE),
+                *((f"ortevals_prompt{g + 1}.%d.key", f"ortevals_prompt{g + 1}.%d.value") for g in range(1, GROUPS)))
+GROUP_ROWS = "ortevals_group_rows"  # int64 [GROUPS]: rows reading each prompt, in batch order
+PROMPT_LENGTHS = "ortevals_prompt_lengths"  # int32 [B]: each row's prompt length
+REWRITE = {"rewrite": "cascade-decode/2",
+           "combine": "prompt GEMM per KV head and group (rows folded), GQA suffix in place, sigmoid(lse_p - lse_s)"}
 MS = "com.microsoft"
 # GroupQueryAttention inputs this rewrite keeps as they are; any later one (position_ids, attention_bias,
 # head_sink, k/v scales, q/k norms, query_seqlens) changes what the op computes and is refused
@@ -81,11 +94,19 @@ def cascade_decoder(package: ModelPackage, cache: Path) -> Path:
     return target
 
 
-def prompt_feeds(package: ModelPackage, prompt) -> dict:
-    """The cascade graph's shared-prompt inputs: ``prompt``'s layers (a one-row KVCache, each tensor
-    ``[1,H,P,D]`` and contiguous) under their names, bound as they are."""
-    return {name % spec.layer: t for spec in package.kv
-            for name, t in zip((PROMPT_KEY, PROMPT_VALUE), prompt.layers[spec.layer], strict=True)}
+def prompt_feeds(package: ModelPackage, groups) -> dict:
+    """The cascade graph's shared-prompt inputs for ``groups``: ``((prompt, rows), ...)``, at most
+    :data:`GROUPS`, in batch order; each prompt a one-row KVCache (tensors ``[1,H,P,D]``, contiguous) bound
+    as it is. A missing group has no rows (it binds the first prompt again, read by no row)."""
+    if not 1 <= len(groups) <= GROUPS:
+        raise ValueError(f"the cascade graph takes 1 to {GROUPS} groups of rows, not {len(groups)}")
+    groups = [*groups, *[(groups[0][0], 0)] * (GROUPS - len(groups))]
+    feeds = {name % spec.layer: t for names, (prompt, _) in zip(PROMPT_NAMES, groups, strict=True)
+             for spec in package.kv for name, t in zip(names, prompt.layers[spec.layer], strict=True)}
+    counts = [rows for _, rows in groups]
+    feeds[GROUP_ROWS] = np.asarray(counts, dtype=np.int64)
+    feeds[PROMPT_LENGTHS] = np.repeat([p.length for p, _ in groups], counts).astype(np.int32)
+    return feeds
 
 
 def _rewrite(package: ModelPackage) -> bytes:
@@ -95,6 +116,8 @@ def _rewrite(package: ModelPackage) -> bytes:
     model = onnx.load(str(package.decoder.path), load_external_data=False)
     graph = model.graph
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 21)
+    if opset < 13:
+        raise Refused(f"opset {opset}: Split takes its sizes as an input from opset 13")
     layers = {n: s for s in package.kv for n in (s.key_name, s.value_name)}
     _check_consumers(graph, layers)
     tables = {i.name: list(i.dims) for i in graph.initializer}
@@ -104,17 +127,21 @@ def _rewrite(package: ModelPackage) -> bytes:
             spec = layers[node.input[3]]
             key = tuple(node.input[5:7])  # the builder feeds every layer the same seqlens_k and total
             if key not in lengths:
-                shared, lengths[key] = _lengths(node, PROMPT_KEY % spec.layer, len(lengths))
+                shared, lengths[key] = _lengths(node, len(lengths))
                 kept += shared.nodes
                 graph.initializer.extend(shared.inits)
             nodes, inits = _rewrite_node(node, spec, tables, opset, lengths[key])
             kept += nodes
             graph.initializer.extend(inits)
-            for name in (PROMPT_KEY % spec.layer, PROMPT_VALUE % spec.layer):
-                graph.input.append(helper.make_tensor_value_info(
-                    name, _elem_type(spec.dtype), [1, spec.kv_heads, "prompt_length", spec.head_size]))
+            for g, names in enumerate(PROMPT_NAMES):
+                for name in names:
+                    graph.input.append(helper.make_tensor_value_info(
+                        name % spec.layer, _elem_type(spec.dtype), [1, spec.kv_heads, f"prompt{g}_length",
+                                                                    spec.head_size]))
         else:
             kept.append(node)
+    graph.input.append(helper.make_tensor_value_info(GROUP_ROWS, onnx.TensorProto.INT64, [GROUPS]))
+    graph.input.append(helper.make_tensor_value_info(PROMPT_LENGTHS, onnx.TensorProto.INT32, ["batch_size"]))
     del graph.node[:]
     graph.node.extend(kept)
     if not any(o.domain == MS for o in model.opset_import):
@@ -155,21 +182,25 @@ def _refusal(node, a: dict) -> str | None:
     return f"input {extra[0]} of GroupQueryAttention is set" if extra else None
 
 
-def _lengths(node, prompt_key: str, index: int):
+def _lengths(node, index: int):
     """(the nodes, (suffix seqlens_k ``[B]``, suffix total (scalar int32), its int64 ``[1]``, rotary positions
-    ``[B,1]`` = P + t)) from a GroupQueryAttention's ``seqlens_k`` / ``total_sequence_length`` (which span
-    prompt and suffix: the mask does) and the prompt's length P (every layer's prompt KV has it)."""
+    ``[B,1]`` = P_row + t)) from a GroupQueryAttention's ``seqlens_k`` / ``total_sequence_length`` (which span
+    prompt and suffix: the mask does, right-padded to the longest prompt) and the rows' prompt lengths."""
     from onnx import TensorProto
 
     from ortevals.runtime.graph_nodes import Nodes
 
     g = Nodes(f"ortevals_cascade/lengths{index}")
-    plen = g.op("Cast", g.op("Gather", g.op("Shape", prompt_key), g.const([2])), to=TensorProto.INT32)  # [1] P
-    seqlens = g.op("Sub", node.input[5], plen)  # [B] the rows' suffix lengths - 1
-    total = g.op("Sub", node.input[6], g.op("Reshape", plen, g.const(np.zeros(0, np.int64))))  # scalar
+    seqlens = g.op("Sub", node.input[5], PROMPT_LENGTHS)  # [B] the rows' suffix lengths - 1 (all equal: t)
+    total = g.op("Sub", node.input[6], g.op("ReduceMax", PROMPT_LENGTHS, keepdims=0))  # scalar t + 1
     end = g.op("Cast", g.op("Reshape", total, g.const([1])), to=TensorProto.INT64)
     pos = g.op("Unsqueeze", g.op("Cast", node.input[5], to=TensorProto.INT64), g.const([1]))  # [B,1] = P + t
-    return g, (seqlens, total, end, pos)
+    # GroupQueryAttention's total one past the rows' length: at total == 1 (the first decode step) the CPU kernel
+    # takes its first-prompt path, which rotates every row's new key at the FIRST row's position_ids; with two
+    # groups of different prompt lengths the second group's keys were rotated wrongly (tests/test_cascade.py).
+    # The kernel reads each row's own length from seqlens; total only sizes the (shared) present buffer, whose
+    # capacity (max_gen_toks + 1) holds the one more: the last token chosen is never fed.
+    return g, (seqlens, g.op("Add", total, g.const(1, np.int32)), end, pos)
 
 
 def _rewrite_node(node, spec, tables: dict, opset: int, lengths: tuple) -> tuple[list, list]:
@@ -184,7 +215,6 @@ def _rewrite_node(node, spec, tables: dict, opset: int, lengths: tuple) -> tuple
         raise Refused(f"{node.name}: {why}")
     nq, nk, d = a["num_heads"], a["kv_num_heads"], spec.head_size
     g = Nodes(node.name + "/cascade")
-    pk, pv = PROMPT_KEY % spec.layer, PROMPT_VALUE % spec.layer
     seqlens, total, end, pos = lengths
     inputs = list(node.input) + [""] * (KNOWN_INPUTS + 1 - len(node.input))
     inputs[5], inputs[6], inputs[9] = seqlens, total, pos
@@ -195,7 +225,9 @@ def _rewrite_node(node, spec, tables: dict, opset: int, lengths: tuple) -> tuple
     q = g.op("Mul", q, g.op("Cast", g.const(a.get("scale") or 1 / math.sqrt(d), np.float32),
                             to=_elem_type(spec.dtype)))
     q4 = g.op("Reshape", q, g.const([0, nk, nq // nk, d]))  # [B, H_kv, g, D]: query head h reads KV head h // g
-    out_p, lse_p = _prompt_part(g, q4, pk, pv, nk, nq // nk, d, opset)
+    parts = [_prompt_part(g, rows, key % spec.layer, value % spec.layer, nk, nq // nk, d, opset)
+             for rows, (key, value) in zip(g.ops("Split", GROUPS, q4, GROUP_ROWS, axis=0), PROMPT_NAMES, strict=True)]
+    out_p, lse_p = (g.op("Concat", *x, axis=0) for x in zip(*parts, strict=True))  # back in batch order
     keys = g.op("Slice", node.output[1], g.const([0]), end, g.const([2]))  # the rows' valid keys, rotated
     lse_s = _softmax(g, g.op("MatMul", q4, g.op("Transpose", keys, perm=[0, 1, 3, 2])), opset)[1]  # [B,H_kv,g,1]
     o_s = g.op("Reshape", out_s, g.const([0, nk, nq // nk, d]))
@@ -220,7 +252,8 @@ def _query(g, node, a: dict, width: int, pos: str, tables: dict) -> str:
 
 
 def _prompt_part(g, q4: str, pk: str, pv: str, nk: int, groups: int, d: int, opset: int) -> tuple[str, str]:
-    """Attention of every row's query over the one shared prompt: (out ``[B,H_kv,g,D]``, lse ``[B,H_kv,g,1]``)."""
+    """Attention of one group's queries ``[n,H_kv,g,D]`` over its shared prompt: (out ``[n,H_kv,g,D]``, lse
+    ``[n,H_kv,g,1]``); ``n`` may be 0."""
     rows = g.op("Reshape", g.op("Transpose", q4, perm=[1, 0, 2, 3]), g.const([nk, -1, d]))  # [H_kv, B*g, D]
     keys = g.op("Reshape", pk, g.const([nk, -1, d]))  # [H_kv, P, D]
     scores = g.op("MatMul", rows, g.op("Transpose", keys, perm=[0, 2, 1]))  # [H_kv, B*g, P]

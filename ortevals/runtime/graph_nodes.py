@@ -29,6 +29,14 @@ class Nodes:
         self.nodes.append(helper.make_node(op_type, list(inputs), [out], name=out, **attrs))
         return out
 
+    def ops(self, op_type: str, outputs: int, *inputs: str, **attrs) -> list[str]:
+        """A node of several outputs (Split); their names."""
+        self.n += 1
+        name = f"{self.prefix}/{op_type}{self.n}"
+        outs = [f"{name}/{i}" for i in range(outputs)]
+        self.nodes.append(helper.make_node(op_type, list(inputs), outs, name=name, **attrs))
+        return outs
+
 
 def attrs(node) -> dict:
     """A node's attributes, ``{name: value}``."""

@@ -224,7 +224,7 @@ class DecoderRunner:
         return [host_float32(o) for o in outs[:host]] + outs[host:]
 
     def forward_inplace(self, input_ids: np.ndarray, past: KVCache, positions: np.ndarray | None = None,
-                        prompt: KVCache | None = None):
+                        prompts: tuple | None = None):
         """One pass whose new tokens' KV is written into ``past``'s own buffers (GroupQueryAttention's
         shared past/present buffer, as onnxruntime-genai runs it): no copy of the whole cache per pass.
 
@@ -234,17 +234,21 @@ class DecoderRunner:
         the caller's cache then holds ``past.length + S`` tokens. Only graphs whose attention shares
         the buffer can run it: the sampler checks that once against :meth:`forward`.
 
-        prompt: the cascade decode graph's shared prompt KV (runtime/cascade.py), ``[1,H,P,D]`` per
-        layer, bound as it is for every row; ``past`` then holds each row's tokens after it, and the
-        mask spans ``P + past.length + S``.
+        prompts: the cascade decode graph's shared prompts (runtime/cascade.py), ``((prompt, rows), ...)`` in
+        batch order, each prompt ``[1,H,P,D]`` per layer bound as it is for its rows; ``past`` then holds each
+        row's tokens after its prompt, and row b's mask spans ``P_b + past.length + S`` (right-padded).
         """
         ort = import_ort()
-        shared = prompt.length if prompt is not None else 0
-        mask = np.ones((input_ids.shape[0], shared + past.length + input_ids.shape[1]), dtype=np.int64)
+        batch, width = input_ids.shape[0], past.length + input_ids.shape[1]
+        if prompts is None:
+            mask = np.ones((batch, width), dtype=np.int64)
+        else:
+            lengths = np.repeat([p.length for p, _ in prompts], [n for _, n in prompts]) + width
+            mask = (np.arange(lengths.max()) < lengths[:, None]).astype(np.int64)
         feeds = self._token_feeds(input_ids) | self._gather_feeds(input_ids, positions)
         feeds.update(self._mask_feeds(input_ids.shape, mask, past))
-        if prompt is not None:
-            feeds.update(prompt_feeds(self.package, prompt))
+        if prompts is not None:
+            feeds.update(prompt_feeds(self.package, prompts))
         binding = self.decoder.io_binding()
         binding.bind_output(self.package.logits_name, "cpu")
         for name, value in feeds.items():

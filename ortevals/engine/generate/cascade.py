@@ -3,12 +3,14 @@
 Owns :class:`CascadeKV`, a KV holder for the sampler (the interface of engine/kvrows.py:
 ``empty``/``prefix``, ``run``, ``repeat``, ``keep``, ``peak``, ``held_bytes``) over an in-place
 holder (:class:`~ortevals.engine.generate.kvrows.InplaceKV` on the host, ``DeviceKV`` where the session
-runs). Prompt passes are the in-place holder's. Decode rows (``repeat`` with more than one row)
-become :class:`SharedRows`: the prompt's valid tokens once, contiguous ``[1,H,P,D]`` per layer,
-bound as they are by every pass of the cascade decode graph (runtime/cascade.py), and each row's
-own tokens after the prompt in the in-place holder's arenas (``[K,H,max_gen_toks+1,D]``, written
-in place by GroupQueryAttention). A decode pass then reads its weights, the prompt once and the
-rows' suffixes, instead of the prompt K times; rows leave by the in-place holder's ``keep``.
+runs). Prompt passes are the in-place holder's. Decode rows (``repeat`` with more than one row, or
+:meth:`CascadeKV.share` of the rows of two prompts at once) become :class:`SharedRows`: each prompt's
+valid tokens once, contiguous ``[1,H,P,D]`` per layer, bound as they are by every pass of the cascade
+decode graph (runtime/cascade.py), and each row's own tokens after its prompt in the in-place
+holder's arenas (``[K,H,max_gen_toks+1,D]``, written in place by GroupQueryAttention). A decode pass
+then reads its weights, each prompt once and the rows' suffixes, instead of a prompt per row; rows
+leave by the in-place holder's ``keep``. The rows of two prompts step together (one token each a
+pass), so the second question's samples fill the passes the first one's would run part-empty.
 
 The cascade graph is opened on the first batch of several rows (a greedy run never pays for it)
 and trusted only after :func:`~ortevals.engine.generate.kvrows.same_as_plain` (a prompt, a prefix cut, rows
@@ -27,6 +29,7 @@ import numpy as np
 
 from ortevals.engine.generate.kvrows import DeviceKV, InplaceKV, same_as_plain
 from ortevals.errors import OrtEvalsError
+from ortevals.runtime.cascade import GROUPS
 
 log = logging.getLogger(__name__)
 MODES = ("auto", "on", "off")
@@ -34,11 +37,25 @@ MODES = ("auto", "on", "off")
 
 @dataclass(frozen=True)
 class SharedRows:
-    """A decode batch's KV: the prompt's once (``prompt``, one row of ``P`` tokens) and each row's tokens
-    after it (``rows``: ``[B,H,capacity,D]`` per layer holding ``rows.length`` tokens)."""
+    """A decode batch's KV: each group's prompt once (``prompts``: one-row KVCaches) with its row count
+    (``counts``: the first ``counts[0]`` rows read ``prompts[0]``, the next ``counts[1]`` the second), and
+    each row's tokens after its prompt (``rows``: ``[B,H,capacity,D]`` per layer holding ``rows.length``)."""
 
-    prompt: object  # runtime.buffers.KVCache
+    prompts: tuple  # runtime.buffers.KVCache each
+    counts: tuple[int, ...]
     rows: object
+
+    @property
+    def groups(self) -> tuple:
+        """``((prompt, rows), ...)``: what the cascade graph binds (runtime/cascade.prompt_feeds)."""
+        return tuple(zip(self.prompts, self.counts, strict=True))
+
+    def kept(self, rows, kv) -> SharedRows:
+        """These groups after ``rows`` (ascending batch indices) stayed: ``kv`` the rows' KV moved forward."""
+        edges = np.cumsum(self.counts)
+        counts = np.bincount(np.searchsorted(edges, np.asarray(rows, dtype=np.int64), side="right"),
+                             minlength=len(self.counts))
+        return SharedRows(self.prompts, tuple(int(c) for c in counts), kv)
 
 
 @dataclass(frozen=True)
@@ -108,8 +125,8 @@ class CascadeKV:
         if rows.length + ids.shape[1] > _shape(rows.layers[0][0])[2]:
             raise ValueError(f"KV rows of {_shape(rows.layers[0][0])[2]} tokens cannot take {rows.length} + "
                              f"{ids.shape[1]}")
-        logits = self.runner.forward_inplace(ids, rows, prompt=past.prompt)
-        return logits[:, -1, :], SharedRows(past.prompt, KVCache(rows.layers, rows.length + ids.shape[1]))
+        logits = self.runner.forward_inplace(ids, rows, prompts=past.groups)
+        return logits[:, -1, :], SharedRows(past.prompts, past.counts, KVCache(rows.layers, rows.length + ids.shape[1]))
 
     def repeat(self, past, rows: int):
         """The one-row prompt KV as ``rows`` decode rows: :meth:`share` once the cascade graph is ready and
@@ -118,24 +135,28 @@ class CascadeKV:
             return self.base.repeat(past, rows)
         return self.share(past, rows)
 
-    def share(self, past, rows: int) -> SharedRows:
+    def share(self, past, rows: int, *more) -> SharedRows:
         """The one-row prompt KV (capacity prompt + max_gen_toks + 1) as ``rows`` decode rows on the cascade
-        graph: its valid tokens once, contiguous, and ``rows`` empty rows with room for the rest."""
+        graph: its valid tokens once, contiguous, and ``rows`` empty rows with room for the rest. ``more``:
+        a second prompt's KV and its row count (rows ``rows..rows+n-1`` read it; room: the larger one's)."""
         from ortevals.runtime.buffers import KVCache
 
         if not self.ready():
             raise ValueError(f"the cascade decode graph is not in use: {self.refused}")
-
-        room = _shape(past.layers[0][0])[2] - past.length
-        prompt = KVCache(tuple(tuple(self._valid(t, past.length) for t in pair) for pair in past.layers), past.length)
-        layers = tuple(tuple(self._arena(2 * li + j, t, rows, room) for j, t in enumerate(pair))
+        pasts, counts = (past, *more[0::2]), (rows, *more[1::2])
+        if len(pasts) > GROUPS:
+            raise ValueError(f"the cascade graph takes {GROUPS} prompts at once, not {len(pasts)}")
+        room = max(_shape(p.layers[0][0])[2] - p.length for p in pasts)
+        prompts = tuple(KVCache(tuple(tuple(self._valid(t, p.length) for t in pair) for pair in p.layers), p.length)
+                        for p in pasts)
+        layers = tuple(tuple(self._arena(2 * li + j, t, sum(counts), room) for j, t in enumerate(pair))
                        for li, pair in enumerate(past.layers))
-        return SharedRows(prompt, KVCache(layers, 0))
+        return SharedRows(prompts, counts, KVCache(layers, 0))
 
     def keep(self, past, rows):
         if not isinstance(past, SharedRows):
             return self.base.keep(past, rows)
-        return SharedRows(past.prompt, self.base.keep(past.rows, rows))
+        return past.kept(rows, self.base.keep(past.rows, rows))
 
     def peak(self, tokens: int):
         """``base``'s peak: every row counted at prompt + max_gen_toks (an upper bound: a row holds only its
@@ -157,7 +178,7 @@ class CascadeKV:
             if self.cascade.too_big():
                 raise MemoryError(self.cascade.too_big())
             self.runner = self.cascade.open()
-            diff = same_as_plain(self.plain, self)
+            diff = max(same_as_plain(self.plain, self), two_prompts_as_plain(self.plain, self))
             if not diff <= 1e-4:  # NaN too: a poisoned value was read
                 raise ValueError(f"it differs from the plain pass (rel. {diff:.2g})")
         except Exception as e:  # noqa: BLE001 - any refusal means: not this graph
@@ -181,6 +202,31 @@ class CascadeKV:
     def _arena(self, index: int, like, rows: int, room: int):
         shape = (rows, _shape(like)[1], room, _shape(like)[3])
         return self.base._arena(index, shape, like if isinstance(self.base, DeviceKV) else like.dtype)
+
+
+def two_prompts_as_plain(plain, kv: CascadeKV) -> float:
+    """Largest relative logit difference between the rows of two prompts decoded together on the cascade
+    graph and each row on the plain path: prompts of 3 and 5 tokens with 2 and 1 rows, a step, the first
+    prompt's second row dropped, another step (NaN-filled new buffers, as :func:`same_as_plain`)."""
+    kv.poison = True
+    try:
+        prompts = [np.asarray([[1, 2, 3]], dtype=np.int64), np.asarray([[4, 5, 6, 7, 8]], dtype=np.int64)]
+        rows = [plain.run(p, None)[1] for p in prompts]
+        rows = [plain.repeat(rows[0], 2), rows[1]]
+        shared = kv.share(*(x for p, n in zip(prompts, (2, 1), strict=True)
+                            for x in (kv.run(p, kv.empty(1, p.shape[1] + 3))[1], n)))
+        pairs = []
+        for step, kept in ((np.asarray([[9], [10], [11]]), [0, 1, 2]), (np.asarray([[12], [14]]), [0, 2])):
+            if len(kept) < shared.rows.layers[0][0].shape[0]:
+                shared, rows = kv.keep(shared, kept), [plain.keep(rows[0], [0]), rows[1]]
+            got, shared = kv.run(step, shared)
+            want = [plain.run(step[:len(kept) - 1], rows[0]), plain.run(step[len(kept) - 1:], rows[1])]
+            rows = [w[1] for w in want]
+            pairs.append((got, np.concatenate([w[0] for w in want])))
+        scale = max(1.0, max(float(np.abs(w).max()) for _, w in pairs))
+        return float(np.max([np.abs(g - w).max() for g, w in pairs])) / scale
+    finally:
+        kv.poison = False
 
 
 def _shape(t) -> tuple:

@@ -46,6 +46,7 @@ from ortevals.engine.generate.generation import check_logits
 from ortevals.engine.generate.kvrows import CopyKV, choose_kv
 from ortevals.engine.generate.settings import GenSettings
 from ortevals.engine.generate.stops import TextStream
+from ortevals.runtime.cascade import GROUPS
 from ortevals.tokens import common_prefix
 
 log = logging.getLogger(__name__)
@@ -157,8 +158,17 @@ class SharedPromptSampler:
     def run(self, jobs: Sequence[Job], rng: Callable[..., np.random.Generator],
             finish: Callable[[int, Sample], None], name: Callable[[int], str]) -> None:
         """Every job's rows; ``rng(i)``: request i's generator (``rng(i, j)``: its MBR candidate j);
-        ``finish(i, sample)`` as each row ends."""
-        for job in jobs:
+        ``finish(i, sample)`` as each row ends. Sampled jobs in a row decode together where the cascade
+        graph serves them (:meth:`together`)."""
+        for group in self.together(jobs):
+            if len(group) > 1:
+                started = [Rows.of(job, *self.prompt(job.prompt, job.settings.max_gen_toks), rng, name)
+                           for job in group]
+                for job, done in zip(group, self.decode_rows(started), strict=True):
+                    for i, sample in zip(job.members, done, strict=True):
+                        finish(i, sample)
+                continue
+            job = group[0]
             if job.settings.num_beams > 1:  # deterministic: one search serves every row
                 sample = self.beam(job.prompt, job.settings)
                 for i in job.members:
@@ -177,6 +187,30 @@ class SharedPromptSampler:
                     if not job.settings.do_sample:
                         for twin in job.members[1:]:
                             finish(twin, sample)
+
+    def together(self, jobs: Sequence[Job]) -> list[tuple[Job, ...]]:
+        """``jobs`` in order, consecutive ones together (up to the cascade graph's GROUPS prompts a pass) where
+        each samples several rows (no beams, no MBR), their rows fit one decode batch and the cascade graph is
+        in use; one at a time otherwise."""
+        out: list[tuple[Job, ...]] = []
+        for job in jobs:
+            last = out[-1] if out else ()
+            if 0 < len(last) < GROUPS and self._joins(last, job):
+                out[-1] = (*last, job)
+            else:
+                out.append((job,))
+        return out
+
+    def _joins(self, group: tuple[Job, ...], job: Job) -> bool:
+        def sampled(j: Job) -> bool:
+            s = j.settings
+            return s.do_sample and s.num_beams == 1 and s.mbr_samples < 2 and len(j.members) > 1
+
+        if self.exact or not (all(map(sampled, (*group, job))) and isinstance(self.kv_rows, CascadeKV)):
+            return False
+        rows = sum(len(j.members) for j in (*group, job))
+        longest = max(len(j.prompt) + j.settings.max_gen_toks for j in (*group, job)) + 1
+        return self.kv_rows.peak(longest).rows_within(self.budget(), rows) == rows and self.kv_rows.ready()
 
     def _mbr(self, job: Job, logits, past, rng, finish, name) -> None:
         """MBR (engine/generate/mbr.py): per request, ``mbr_samples`` candidates decoded together from the shared
@@ -261,45 +295,107 @@ class SharedPromptSampler:
 
         Each row draws from its own ``rngs[r]``; a finished row leaves the batch before the next pass.
         """
-        from ortevals.engine.generate.sampling import Sampler, Workspace
+        return self.decode_rows([Rows(logits, past, settings, tuple(rngs), tuple(names), tuple(prompt))])[0]
 
-        rows = len(rngs)
-        streams = [TextStream(self.tokenizer, settings, self.eos_ids) for _ in range(rows)]
-        work = Workspace()  # the steps' [rows, V] float64 arrays, kept (a new one each step costs page faults)
-        chooser = Sampler(settings, rngs, work)  # per-row generators (and Mirostat state), consumed by their row only
-        needs_history = settings.repetition_penalty != 1.0 or settings.no_repeat_ngram_size > 0
-        logprob = np.zeros(rows)
-        certainty = RunningCertainty(rows)  # on the raw logits, before the processors: the model's own
-        live = list(range(rows))  # rows still running, in batch order
-        step_logits = np.broadcast_to(logits, (rows, logits.shape[-1]))
-        past = self.kv_rows.repeat(past, rows)
+    def decode_rows(self, groups: Sequence[Rows]) -> list[list[Sample]]:
+        """The rows of one prompt, or of several together (the cascade graph's groups: they step together, and
+        a row's numbers do not depend on the other rows): each group's samples, in its rows' order."""
+        steps = _Steps(self.tokenizer, self.eos_ids, groups)
+        step_logits = np.concatenate([np.broadcast_to(g.logits, (len(g.rngs), g.logits.shape[-1])) for g in groups])
+        if len(groups) == 1:
+            past = self.kv_rows.repeat(groups[0].past, len(groups[0].rngs))
+        else:
+            past = self.kv_rows.share(*(x for g in groups for x in (g.past, len(g.rngs))))
         while True:
-            top = np.max(step_logits, axis=1)
-            for b in np.flatnonzero(~np.isfinite(top)):
-                check_logits(step_logits[b], len(streams[live[b]].out) + 1, names[live[b]])
-            histories = [[*prompt, *streams[r].out] for r in live] if needs_history else [()] * len(live)
-            wide = work.float64("wide", step_logits)  # one float64 copy, one log-sum-exp for all three
-            tokens = chooser.choose(wide, histories, live)
-            lse = row_logsumexp(wide, out=work.take("exp", wide.shape))
-            chosen = token_logprob(wide, tokens, lse)
-            certainty.add(wide, live, lse)
-            keep = []
-            for b, r in enumerate(live):
-                logprob[r] += chosen[b]  # the EOS that ends a row too: best-of-k scores the whole sequence
-                if not streams[r].push(int(tokens[b])):
-                    keep.append(b)
+            keep, tokens = steps.take(step_logits)
             if not keep:
                 break
-            if len(keep) < len(live):  # finished rows stop costing at once
+            if len(keep) < len(tokens):  # finished rows stop costing at once
                 past = self.kv_rows.keep(past, keep)
-            live = [live[b] for b in keep]
-            ids = tokens[keep][:, None]
-            step_logits, past = self.kv_rows.run(ids, past)
+            step_logits, past = self.kv_rows.run(tokens[keep][:, None], past)
             self.stats["decode_passes"] += 1
-            self.stats["row_steps"] += len(live)
-        self.stats["generated_tokens"] += sum(len(s.out) for s in streams)
-        return [Sample(*s.result, float(lp), tuple(s.out), s.eos, float(c))
-                for s, lp, c in zip(streams, logprob, certainty.values(), strict=True)]
+            self.stats["row_steps"] += len(keep)
+        self.stats["generated_tokens"] += sum(len(s.out) for s in steps.streams)
+        return steps.samples()
+
+
+@dataclass(frozen=True)
+class Rows:
+    """The rows of one prompt, ready to decode: ``logits [V]`` after the prompt, ``past`` its one-row KV, one
+    generator and one name a row, ``prompt`` its ids (the repetition penalties look at them)."""
+
+    logits: np.ndarray
+    past: object
+    settings: GenSettings
+    rngs: tuple
+    names: tuple
+    prompt: tuple = ()
+
+    @classmethod
+    def of(cls, job: Job, logits, past, rng, name) -> Rows:
+        return cls(logits, past, job.settings, tuple(rng(i) for i in job.members),
+                   tuple(name(i) for i in job.members), job.prompt)
+
+
+class _Steps:
+    """Token choice for the live rows of one or more groups, one decode step at a time: each row's stream,
+    summed log-prob and self-certainty; each group's own :class:`~ortevals.engine.generate.sampling.Sampler`
+    (its settings, its rows' generators), over that group's slice of the step's logits."""
+
+    def __init__(self, tokenizer, eos_ids, groups: Sequence[Rows]) -> None:
+        from ortevals.engine.generate.sampling import Sampler, Workspace
+
+        self.groups = list(groups)
+        self.first = np.cumsum([0] + [len(g.rngs) for g in groups])  # each group's first row
+        self.streams = [TextStream(tokenizer, g.settings, eos_ids) for g in groups for _ in g.rngs]
+        self.names = [n for g in groups for n in g.names]
+        self.work = Workspace()  # the steps' [rows, V] float64 arrays, kept (a new one each step costs page faults)
+        # per-row generators (and Mirostat state), each consumed by its own row only
+        self.choosers = [Sampler(g.settings, g.rngs, self.work) for g in groups]
+        rows = int(self.first[-1])
+        self.logprob = np.zeros(rows)
+        self.certainty = RunningCertainty(rows)  # on the raw logits, before the processors: the model's own
+        self.live = list(range(rows))  # rows still running, in batch order (a group's rows together)
+
+    def take(self, step_logits: np.ndarray) -> tuple[list[int], np.ndarray]:
+        """One token for each live row from ``step_logits [live, V]`` → (batch indices of the rows that go on,
+        the tokens ``[live]``); the rows left are the live ones from then on."""
+        top = np.max(step_logits, axis=1)
+        for b in np.flatnonzero(~np.isfinite(top)):
+            r = self.live[b]
+            check_logits(step_logits[b], len(self.streams[r].out) + 1, self.names[r])
+        wide = self.work.float64("wide", step_logits)  # one float64 copy, one log-sum-exp for all three
+        tokens = np.empty(len(self.live), dtype=np.int64)
+        group = np.searchsorted(self.first, self.live, side="right") - 1
+        for g, rows in enumerate(self.groups):
+            at = np.flatnonzero(group == g)
+            if at.size:
+                tokens[at] = self._choose(g, rows, wide[at[0]:at[-1] + 1], at)
+        lse = row_logsumexp(wide, out=self.work.take("exp", wide.shape))
+        chosen = token_logprob(wide, tokens, lse)
+        self.certainty.add(wide, self.live, lse)
+        keep = []
+        for b, r in enumerate(self.live):
+            self.logprob[r] += chosen[b]  # the EOS that ends a row too: best-of-k scores the whole sequence
+            if not self.streams[r].push(int(tokens[b])):
+                keep.append(b)
+        self.live = [self.live[b] for b in keep]
+        return keep, tokens
+
+    def _choose(self, g: int, rows: Rows, logits: np.ndarray, at: np.ndarray) -> np.ndarray:
+        """Group ``g``'s tokens from its rows' logits (batch positions ``at``, contiguous)."""
+        s, first = rows.settings, int(self.first[g])
+        local = [self.live[b] - first for b in at]
+        needs_history = s.repetition_penalty != 1.0 or s.no_repeat_ngram_size > 0
+        histories = [[*rows.prompt, *self.streams[first + r].out] for r in local] if needs_history else \
+            [()] * len(local)
+        return self.choosers[g].choose(logits, histories, local)
+
+    def samples(self) -> list[list[Sample]]:
+        """Each group's samples, in its rows' order."""
+        done = [Sample(*s.result, float(lp), tuple(s.out), s.eos, float(c))
+                for s, lp, c in zip(self.streams, self.logprob, self.certainty.values(), strict=True)]
+        return [done[self.first[g]:self.first[g + 1]] for g in range(len(self.groups))]
 
 
 class RawStepModel:

@@ -267,7 +267,8 @@ def choose_tokens(logits: np.ndarray, s: GenSettings, histories: Sequence[Sequen
             temperature(x.astype(np.float64, copy=False), s.temperature, out=probs)
         else:
             np.copyto(probs, x)
-        return draw(softmax(probs, out=probs), rngs, out=work.take("cdf", x.shape))
+        weights = np.subtract(probs, np.max(probs, axis=-1, keepdims=True), out=probs)  # softmax's own steps
+        return draw_weights(np.exp(weights, out=weights), rngs)
     if not s.plain or s.do_sample:
         x = penalised(x.astype(np.float64), s, histories)
     if not s.do_sample:
@@ -298,6 +299,48 @@ def draw(probs: np.ndarray, rngs: Sequence[np.random.Generator], out: np.ndarray
         raise ValueError("probabilities contain NaN or sum to 0")
     cdf /= last
     return np.array([np.searchsorted(cdf[r], u[r], side="right") for r in range(len(u))], dtype=np.int64)
+
+
+BLOCK = 128  # vocabulary entries a block: draw_weights locates a draw by block sums, then within one block
+
+
+def draw_weights(z: np.ndarray, rngs: Sequence[np.random.Generator]) -> np.ndarray:
+    """One token per row of the softmax weights ``z [R, V]`` (float64 ``exp(x - max)``), row r by ``rngs[r]``:
+    exactly what :func:`draw` gives on :func:`softmax` of the same logits (``choice(V, p=z[r] / z[r].sum())``),
+    without dividing and summing the whole vocabulary in sequence (the cumulative sum cost ~2.2 ms a 16-row
+    step on a 49k vocabulary, a third of the step's token choice).
+
+    The draw ``u`` is placed among approximate cumulative sums (block sums of ``BLOCK`` weights, then the sums
+    inside the one block that holds it, over the pairwise total). Both these and ``choice``'s sequential sums
+    are within ``(V + 8) eps`` of the true cumulative probabilities, so where ``u`` lies more than ``TOL`` from
+    the two sums around it both pick the same token; otherwise (about once in 1e10 draws) that row is drawn
+    by ``choice``'s own steps. ``→ [R]`` int64."""
+    rows, v = z.shape
+    u = np.array([g.random() for g in rngs])
+    total = z.sum(axis=-1)  # softmax's normaliser, the same pairwise sum
+    if not (np.all(np.isfinite(total)) and np.all(total > 0)):  # choice refuses these too
+        raise ValueError("probabilities contain NaN or sum to 0")
+    whole = v // BLOCK * BLOCK
+    blocks = np.concatenate([z[:, :whole].reshape(rows, -1, BLOCK).sum(axis=-1), z[:, whole:].sum(axis=-1)[:, None]],
+                            axis=1)
+    edges = np.cumsum(blocks, axis=1) / total[:, None]  # [R, blocks]: approximate cumulative sum at each block's end
+    tol = 8 * (v + 8) * float(np.finfo(np.float64).eps)
+    out = np.empty(rows, dtype=np.int64)
+    for r in range(rows):
+        k = min(int(np.searchsorted(edges[r], u[r], side="right")), edges.shape[1] - 1)
+        start = float(edges[r, k - 1]) if k else 0.0
+        inner = start + np.cumsum(z[r, k * BLOCK:(k + 1) * BLOCK]) / total[r]
+        j = int(np.searchsorted(inner, u[r], side="right"))
+        clear = j < inner.size and u[r] - (inner[j - 1] if j else start) > tol and inner[j] - u[r] > tol
+        out[r] = k * BLOCK + j if clear else _choice(z[r] / total[r], u[r])
+    return out
+
+
+def _choice(p: np.ndarray, u: float) -> int:
+    """``Generator.choice(V, p=p)`` for the draw ``u``: its sequential cumulative sum, renormalised."""
+    cdf = np.cumsum(p)
+    cdf /= cdf[-1]
+    return int(np.searchsorted(cdf, u, side="right"))
 
 
 class Sampler:
