@@ -262,7 +262,7 @@ def test_the_prompt_kv_is_one_row_bound_by_every_pass_and_no_arena_holds_it(tiny
     forward = kv.runner.forward_inplace
 
     def spy(ids, past, positions=None, prompts=None):
-        ((prompt, rows),) = prompts
+        ((prompt, rows, _),) = prompts
         assert rows == ids.shape[0]
         bound.append([id(t) for pair in prompt.layers for t in pair])
         assert all(t.shape[0] == 1 and t.flags.c_contiguous for pair in prompt.layers for t in pair)

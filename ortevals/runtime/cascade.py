@@ -59,7 +59,7 @@ PROMPT_NAMES = ((PROMPT_KEY, PROMPT_VALUE),
                 *((f"ortevals_prompt{g + 1}.%d.key", f"ortevals_prompt{g + 1}.%d.value") for g in range(1, GROUPS)))
 GROUP_ROWS = "ortevals_group_rows"  # int64 [GROUPS]: rows reading each prompt, in batch order
 PROMPT_LENGTHS = "ortevals_prompt_lengths"  # int32 [B]: each row's prompt length
-REWRITE = {"rewrite": "cascade-decode/2",
+REWRITE = {"rewrite": "cascade-decode/3",
            "combine": "prompt GEMM per KV head and group (rows folded), GQA suffix in place, sigmoid(lse_p - lse_s)"}
 MS = "com.microsoft"
 # GroupQueryAttention inputs this rewrite keeps as they are; any later one (position_ids, attention_bias,
@@ -95,12 +95,12 @@ def cascade_decoder(package: ModelPackage, cache: Path) -> Path:
 
 
 def prompt_feeds(package: ModelPackage, groups) -> dict:
-    """The cascade graph's shared-prompt inputs for ``groups``: ``((prompt, rows), ...)``, at most
+    """The cascade graph's shared-prompt inputs for ``groups``: ``((prompt, rows, ...), ...)``, at most
     :data:`GROUPS`, in batch order; each prompt a one-row KVCache (tensors ``[1,H,P,D]``, contiguous) bound
     as it is. A missing group has no rows (it binds the first prompt again, read by no row)."""
     if not 1 <= len(groups) <= GROUPS:
         raise ValueError(f"the cascade graph takes 1 to {GROUPS} groups of rows, not {len(groups)}")
-    groups = [*groups, *[(groups[0][0], 0)] * (GROUPS - len(groups))]
+    groups = [g[:2] for g in groups] + [(groups[0][0], 0)] * (GROUPS - len(groups))
     feeds = {name % spec.layer: t for names, (prompt, _) in zip(PROMPT_NAMES, groups, strict=True)
              for spec in package.kv for name, t in zip(names, prompt.layers[spec.layer], strict=True)}
     counts = [rows for _, rows in groups]
@@ -183,24 +183,27 @@ def _refusal(node, a: dict) -> str | None:
 
 
 def _lengths(node, index: int):
-    """(the nodes, (suffix seqlens_k ``[B]``, suffix total (scalar int32), its int64 ``[1]``, rotary positions
-    ``[B,1]`` = P_row + t)) from a GroupQueryAttention's ``seqlens_k`` / ``total_sequence_length`` (which span
-    prompt and suffix: the mask does, right-padded to the longest prompt) and the rows' prompt lengths."""
+    """(the nodes, (suffix seqlens_k ``[B]``, suffix total (scalar int32), the rows' valid suffix positions
+    ``[B,1,1,W]`` (bool, W the KV buffers' capacity), rotary positions ``[B,1]`` = P_row + t_row)) from a
+    GroupQueryAttention's ``seqlens_k`` (it spans prompt and suffix: the mask does, right-padded) and the rows'
+    prompt lengths."""
     from onnx import TensorProto
 
     from ortevals.runtime.graph_nodes import Nodes
 
     g = Nodes(f"ortevals_cascade/lengths{index}")
-    seqlens = g.op("Sub", node.input[5], PROMPT_LENGTHS)  # [B] the rows' suffix lengths - 1 (all equal: t)
-    total = g.op("Sub", node.input[6], g.op("ReduceMax", PROMPT_LENGTHS, keepdims=0))  # scalar t + 1
-    end = g.op("Cast", g.op("Reshape", total, g.const([1])), to=TensorProto.INT64)
+    seqlens = g.op("Sub", node.input[5], PROMPT_LENGTHS)  # [B] t_row: the row's own tokens before this one
+    # GroupQueryAttention's total two past the longest row's t: at total == 1 (a first decode step) the CPU kernel
+    # takes its first-prompt path, which rotates every row's new key at the FIRST row's position_ids (rows of
+    # prompts of different lengths were rotated wrongly: tests/test_cascade.py). The kernel reads each row's own
+    # length from seqlens; total only bounds the shared present buffer (capacity max_gen_toks + 1, while the
+    # largest t fed is max_gen_toks - 2: the last token chosen is never fed).
+    total = g.op("Add", g.op("ReduceMax", seqlens, keepdims=0), g.const(2, np.int32))
+    width = g.op("Gather", g.op("Shape", node.input[3]), g.const(2))  # W: the rows' KV buffers' capacity
+    upto = g.op("Cast", g.op("Add", seqlens, g.const(1, np.int32)), to=TensorProto.INT64)  # [B] t + 1
+    valid = g.op("Less", g.op("Range", g.const(0), width, g.const(1)), g.op("Unsqueeze", upto, g.const([1, 2, 3])))
     pos = g.op("Unsqueeze", g.op("Cast", node.input[5], to=TensorProto.INT64), g.const([1]))  # [B,1] = P + t
-    # GroupQueryAttention's total one past the rows' length: at total == 1 (the first decode step) the CPU kernel
-    # takes its first-prompt path, which rotates every row's new key at the FIRST row's position_ids; with two
-    # groups of different prompt lengths the second group's keys were rotated wrongly (tests/test_cascade.py).
-    # The kernel reads each row's own length from seqlens; total only sizes the (shared) present buffer, whose
-    # capacity (max_gen_toks + 1) holds the one more: the last token chosen is never fed.
-    return g, (seqlens, g.op("Add", total, g.const(1, np.int32)), end, pos)
+    return g, (seqlens, total, valid, pos)
 
 
 def _rewrite_node(node, spec, tables: dict, opset: int, lengths: tuple) -> tuple[list, list]:
@@ -215,7 +218,7 @@ def _rewrite_node(node, spec, tables: dict, opset: int, lengths: tuple) -> tuple
         raise Refused(f"{node.name}: {why}")
     nq, nk, d = a["num_heads"], a["kv_num_heads"], spec.head_size
     g = Nodes(node.name + "/cascade")
-    seqlens, total, end, pos = lengths
+    seqlens, total, valid, pos = lengths
     inputs = list(node.input) + [""] * (KNOWN_INPUTS + 1 - len(node.input))
     inputs[5], inputs[6], inputs[9] = seqlens, total, pos
     out_s = f"{g.prefix}/suffix_out"
@@ -228,8 +231,11 @@ def _rewrite_node(node, spec, tables: dict, opset: int, lengths: tuple) -> tuple
     parts = [_prompt_part(g, rows, key % spec.layer, value % spec.layer, nk, nq // nk, d, opset)
              for rows, (key, value) in zip(g.ops("Split", GROUPS, q4, GROUP_ROWS, axis=0), PROMPT_NAMES, strict=True)]
     out_p, lse_p = (g.op("Concat", *x, axis=0) for x in zip(*parts, strict=True))  # back in batch order
-    keys = g.op("Slice", node.output[1], g.const([0]), end, g.const([2]))  # the rows' valid keys, rotated
-    lse_s = _softmax(g, g.op("MatMul", q4, g.op("Transpose", keys, perm=[0, 1, 3, 2])), opset)[1]  # [B,H_kv,g,1]
+    # the rows' own keys, rotated, over the whole buffer (W columns whatever the other rows' lengths: a row's sums
+    # run over the same columns in any batch), the positions past each row's own masked out (stale or unset)
+    scores = g.op("MatMul", q4, g.op("Transpose", node.output[1], perm=[0, 1, 3, 2]))  # [B,H_kv,g,W]
+    masked = g.op("Where", valid, scores, g.op("Cast", g.const(-np.inf, np.float32), to=_elem_type(spec.dtype)))
+    lse_s = _softmax(g, masked, opset)[1]  # [B,H_kv,g,1]
     o_s = g.op("Reshape", out_s, g.const([0, nk, nq // nk, d]))
     weight = g.op("Sigmoid", g.op("Sub", lse_p, lse_s))  # Z_p / (Z_p + Z_s)
     out = g.op("Add", o_s, g.op("Mul", weight, g.op("Sub", out_p, o_s)))

@@ -234,16 +234,17 @@ class DecoderRunner:
         the caller's cache then holds ``past.length + S`` tokens. Only graphs whose attention shares
         the buffer can run it: the sampler checks that once against :meth:`forward`.
 
-        prompts: the cascade decode graph's shared prompts (runtime/cascade.py), ``((prompt, rows), ...)`` in
-        batch order, each prompt ``[1,H,P,D]`` per layer bound as it is for its rows; ``past`` then holds each
-        row's tokens after its prompt, and row b's mask spans ``P_b + past.length + S`` (right-padded).
+        prompts: the cascade decode graph's shared prompts (runtime/cascade.py), ``((prompt, rows, held), ...)``
+        in batch order, each prompt ``[1,H,P,D]`` per layer bound as it is for its ``rows`` rows, which hold
+        ``held`` tokens of their own in ``past`` (after their prompt); row b's mask then spans ``P_b + held_b +
+        S`` (right-padded).
         """
         ort = import_ort()
-        batch, width = input_ids.shape[0], past.length + input_ids.shape[1]
         if prompts is None:
-            mask = np.ones((batch, width), dtype=np.int64)
+            mask = np.ones((input_ids.shape[0], past.length + input_ids.shape[1]), dtype=np.int64)
         else:
-            lengths = np.repeat([p.length for p, _ in prompts], [n for _, n in prompts]) + width
+            lengths = np.repeat([p.length + held for p, _, held in prompts], [n for _, n, _ in prompts])
+            lengths += input_ids.shape[1]
             mask = (np.arange(lengths.max()) < lengths[:, None]).astype(np.int64)
         feeds = self._token_feeds(input_ids) | self._gather_feeds(input_ids, positions)
         feeds.update(self._mask_feeds(input_ids.shape, mask, past))

@@ -38,24 +38,31 @@ MODES = ("auto", "on", "off")
 @dataclass(frozen=True)
 class SharedRows:
     """A decode batch's KV: each group's prompt once (``prompts``: one-row KVCaches) with its row count
-    (``counts``: the first ``counts[0]`` rows read ``prompts[0]``, the next ``counts[1]`` the second), and
-    each row's tokens after its prompt (``rows``: ``[B,H,capacity,D]`` per layer holding ``rows.length``)."""
+    (``counts``: the first ``counts[0]`` rows read ``prompts[0]``, the next ``counts[1]`` the second, ...) and
+    the tokens each of its rows holds after the prompt (``lengths``; a group's rows started together), and the
+    rows' own tokens (``rows``: ``[B,H,room,D]`` per layer, ``rows.length`` the longest) in arenas holding
+    ``reserve`` rows (a group joins while the rows fit)."""
 
     prompts: tuple  # runtime.buffers.KVCache each
     counts: tuple[int, ...]
+    lengths: tuple[int, ...]
     rows: object
+    reserve: int
 
     @property
     def groups(self) -> tuple:
-        """``((prompt, rows), ...)``: what the cascade graph binds (runtime/cascade.prompt_feeds)."""
-        return tuple(zip(self.prompts, self.counts, strict=True))
+        """``((prompt, rows, length), ...)``: what the cascade graph binds (runtime/cascade.prompt_feeds)."""
+        return tuple(zip(self.prompts, self.counts, self.lengths, strict=True))
 
     def kept(self, rows, kv) -> SharedRows:
-        """These groups after ``rows`` (ascending batch indices) stayed: ``kv`` the rows' KV moved forward."""
+        """These groups after ``rows`` (ascending batch indices) stayed, a group left with none dropped; ``kv``
+        the rows' KV moved forward."""
         edges = np.cumsum(self.counts)
         counts = np.bincount(np.searchsorted(edges, np.asarray(rows, dtype=np.int64), side="right"),
                              minlength=len(self.counts))
-        return SharedRows(self.prompts, tuple(int(c) for c in counts), kv)
+        stay = [g for g, c in enumerate(counts) if c]
+        return SharedRows(tuple(self.prompts[g] for g in stay), tuple(int(counts[g]) for g in stay),
+                          tuple(self.lengths[g] for g in stay), kv, self.reserve)
 
 
 @dataclass(frozen=True)
@@ -121,12 +128,13 @@ class CascadeKV:
             return self.base.run(ids, past, last)
         from ortevals.runtime.buffers import KVCache
 
-        rows = past.rows
-        if rows.length + ids.shape[1] > _shape(rows.layers[0][0])[2]:
-            raise ValueError(f"KV rows of {_shape(rows.layers[0][0])[2]} tokens cannot take {rows.length} + "
-                             f"{ids.shape[1]}")
+        rows, room = past.rows, _shape(past.rows.layers[0][0])[2]
+        if rows.length + ids.shape[1] > room:
+            raise ValueError(f"KV rows of {room} tokens cannot take {rows.length} + {ids.shape[1]}")
         logits = self.runner.forward_inplace(ids, rows, prompts=past.groups)
-        return logits[:, -1, :], SharedRows(past.prompts, past.counts, KVCache(rows.layers, rows.length + ids.shape[1]))
+        grown = tuple(n + ids.shape[1] for n in past.lengths)
+        return logits[:, -1, :], SharedRows(past.prompts, past.counts, grown, KVCache(rows.layers, max(grown)),
+                                            past.reserve)
 
     def repeat(self, past, rows: int):
         """The one-row prompt KV as ``rows`` decode rows: :meth:`share` once the cascade graph is ready and
@@ -135,23 +143,47 @@ class CascadeKV:
             return self.base.repeat(past, rows)
         return self.share(past, rows)
 
-    def share(self, past, rows: int, *more) -> SharedRows:
+    def share(self, past, rows: int, *more, reserve: int = 0) -> SharedRows:
         """The one-row prompt KV (capacity prompt + max_gen_toks + 1) as ``rows`` decode rows on the cascade
         graph: its valid tokens once, contiguous, and ``rows`` empty rows with room for the rest. ``more``:
-        a second prompt's KV and its row count (rows ``rows..rows+n-1`` read it; room: the larger one's)."""
-        from ortevals.runtime.buffers import KVCache
-
+        further prompts' KV and row counts, each a group after it (room: the largest). ``reserve``: rows the
+        arenas hold, for groups that :meth:`join` later."""
         if not self.ready():
             raise ValueError(f"the cascade decode graph is not in use: {self.refused}")
         pasts, counts = (past, *more[0::2]), (rows, *more[1::2])
         if len(pasts) > GROUPS:
             raise ValueError(f"the cascade graph takes {GROUPS} prompts at once, not {len(pasts)}")
         room = max(_shape(p.layers[0][0])[2] - p.length for p in pasts)
-        prompts = tuple(KVCache(tuple(tuple(self._valid(t, p.length) for t in pair) for pair in p.layers), p.length)
-                        for p in pasts)
-        layers = tuple(tuple(self._arena(2 * li + j, t, sum(counts), room) for j, t in enumerate(pair))
-                       for li, pair in enumerate(past.layers))
-        return SharedRows(prompts, counts, KVCache(layers, 0))
+        first = self._grow(None, past, max(reserve, sum(counts)), room)
+        out = SharedRows((), (), (), first.rows, first.reserve)
+        for p, n in zip(pasts, counts, strict=True):
+            out = self.join(out, p, n)
+        return out
+
+    def join(self, past: SharedRows, prompt, rows: int) -> SharedRows:
+        """``past`` with a new last group: ``prompt`` (a one-row prompt KV) read by ``rows`` new rows holding no
+        token of their own yet. Raises where the arenas cannot hold them or the graph takes no more prompts."""
+        from ortevals.runtime.buffers import KVCache
+
+        have = sum(past.counts)
+        if len(past.counts) >= GROUPS or have + rows > past.reserve:
+            raise ValueError(f"cannot add {rows} rows of a prompt to {have} rows of {len(past.counts)} prompts "
+                             f"(at most {GROUPS} prompts, {past.reserve} rows)")
+        valid = KVCache(tuple(tuple(self._valid(t, prompt.length) for t in pair) for pair in prompt.layers),
+                        prompt.length)
+        grown = self._grow(past, prompt, have + rows, _shape(past.rows.layers[0][0])[2])
+        return SharedRows((*past.prompts, valid), (*past.counts, rows), (*past.lengths, 0), grown.rows, past.reserve)
+
+    def _grow(self, past: SharedRows | None, like, rows: int, room: int) -> SharedRows:
+        """The arenas' leading ``rows`` rows of ``room`` tokens (the rows already there kept: the same buffers,
+        the same row stride); on the first call they are sized for ``rows`` rows (the reserve)."""
+        from ortevals.runtime.buffers import KVCache
+
+        layers = tuple(tuple(self._arena(2 * li + j, t, rows, room) for j, t in enumerate(pair))
+                       for li, pair in enumerate(like.layers))
+        if past is None:
+            return SharedRows((), (), (), KVCache(layers, 0), rows)
+        return SharedRows(past.prompts, past.counts, past.lengths, KVCache(layers, past.rows.length), past.reserve)
 
     def keep(self, past, rows):
         if not isinstance(past, SharedRows):
