@@ -194,12 +194,51 @@ def test_two_questions_decode_together_and_give_the_current_paths_samples(raw, c
     s, items = out["on"][0], out["on"][1]
     out = {mode: (x[0], [d.ids for d in x[2]]) for mode, x in out.items()}
     s = out["on"][0]
-    assert [len(p) for p in s.together(plan_jobs(items))] == [2]
+    assert [len(p) for p in s.streams(plan_jobs(items))] == [2]
     assert out["on"][1] == out["off"][1]
     lens = [len(x) for x in out["on"][1]]
     assert min(lens[:4]) < 24 and min(lens[4:]) < 24 and max(lens) == 24  # rows of both stopped early
     assert len(set(out["on"][1])) >= 6
     assert s.stats["decode_passes"] < out["off"][0].stats["decode_passes"]
+
+
+def test_prompts_join_a_running_batch_and_give_the_current_paths_samples(raw, cache):
+    """Seven sampled prompts of different lengths, three rows each, rows ending at different steps: more prompts
+    than the graph takes at once, so later ones join the batch while earlier rows are still running (a new
+    group beside groups already holding tokens). Every sample token-equal to the current path's."""
+    from ortevals.runtime.cascade import GROUPS
+
+    prompts = [" ".join(["word"] * (3 + 5 * j)) + f" {PROMPT}" for j in range(7)]
+    early, late = [" ", "a", "e", "i", "t"], []  # common letters end a row within a few tokens
+
+    def run(mode: str) -> tuple:
+        from ortevals.engine.generate.sampler import run_sampling
+
+        eot = raw.tok_decode([raw.eot_token_id])
+        st = [parse_gen_kwargs({**SAMPLED, "until": u}, 24, eot) for u in (early, late)]
+        items = [(tuple(raw.tok_encode(p)), st[j % 2]) for j, p in enumerate(prompts) for _ in range(3)]
+        s, done = sampler(raw, cache, mode), {}
+        run_sampling(s, items, [[i // 3, i % 3] for i in range(len(items))], done.__setitem__, str)
+        return s, [done[i].ids for i in range(len(items))]
+
+    joined = []
+    join = CascadeKV.join
+
+    def spy(self, past, prompt, n):
+        joined.append((len(past.counts), max(past.lengths, default=0)))
+        return join(self, past, prompt, n)
+
+    off, want = run("off")
+    CascadeKV.join = spy
+    try:
+        on, got = run("on")
+    finally:
+        CascadeKV.join = join
+    assert got == want
+    assert len({len(x) for x in got}) >= 3  # rows end at different steps
+    assert max(n for n, _ in joined) == GROUPS - 1  # the graph filled
+    assert any(held > 0 for _, held in joined)  # a prompt joined rows already decoding
+    assert on.stats["decode_passes"] < off.stats["decode_passes"] / 2
 
 
 def test_prompts_sharing_a_prefix_equal_the_current_path(raw, cache):

@@ -8,7 +8,6 @@ engine/generate/sampler.py's decode loop. Pure numpy and the tokenizer; no onnxr
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,7 +50,8 @@ def token_logprob(logits: np.ndarray, tokens: np.ndarray, lse: np.ndarray | None
 @dataclass(frozen=True)
 class Rows:
     """The rows of one prompt, ready to decode: ``logits [V]`` after the prompt, ``past`` its one-row KV, one
-    generator and one name a row, ``prompt`` its ids (the repetition penalties look at them)."""
+    generator and one name a row, ``prompt`` its ids (the repetition penalties look at them), ``members`` the
+    requests the rows answer."""
 
     logits: np.ndarray
     past: object
@@ -59,69 +59,91 @@ class Rows:
     rngs: tuple
     names: tuple
     prompt: tuple = ()
+    members: tuple = ()
 
     @classmethod
     def of(cls, job, logits, past, rng, name) -> Rows:  # job: engine/generate/sampler.Job
         return cls(logits, past, job.settings, tuple(rng(i) for i in job.members),
-                   tuple(name(i) for i in job.members), job.prompt)
+                   tuple(name(i) for i in job.members), job.prompt, job.members)
 
 
-class _Steps:
-    """Token choice for the live rows of one or more groups, one decode step at a time: each row's stream,
-    summed log-prob and self-certainty; each group's own :class:`~ortevals.engine.generate.sampling.Sampler`
-    (its settings, its rows' generators), over that group's slice of the step's logits."""
+class _Group:
+    """One prompt's rows in a batch: each row's stream, summed log-prob and self-certainty, its own
+    :class:`~ortevals.engine.generate.sampling.Sampler` (settings, the rows' generators), the rows still live."""
 
-    def __init__(self, tokenizer, eos_ids, groups: Sequence[Rows]) -> None:
-        from ortevals.engine.generate.sampling import Sampler, Workspace
+    def __init__(self, rows: Rows, tokenizer, eos_ids, work) -> None:
+        from ortevals.engine.generate.sampling import Sampler
 
-        self.groups = list(groups)
-        self.first = np.cumsum([0] + [len(g.rngs) for g in groups])  # each group's first row
-        self.streams = [TextStream(tokenizer, g.settings, eos_ids) for g in groups for _ in g.rngs]
-        self.names = [n for g in groups for n in g.names]
+        self.rows = rows
+        n = len(rows.rngs)
+        self.streams = [TextStream(tokenizer, rows.settings, eos_ids) for _ in range(n)]
+        self.chooser = Sampler(rows.settings, rows.rngs, work)  # each generator consumed by its own row only
+        self.logprob = np.zeros(n)
+        self.certainty = RunningCertainty(n)  # on the raw logits, before the processors: the model's own
+        self.live = list(range(n))
+        s = rows.settings
+        self.needs_history = s.repetition_penalty != 1.0 or s.no_repeat_ngram_size > 0
+
+    def choose(self, logits: np.ndarray) -> np.ndarray:
+        """Tokens ``[live]`` for the live rows' float64 logits ``[live, V]``."""
+        histories = [[*self.rows.prompt, *self.streams[r].out] for r in self.live] if self.needs_history else \
+            [()] * len(self.live)
+        return self.chooser.choose(logits, histories, self.live)
+
+    def samples(self) -> list[Sample]:
+        return [Sample(*s.result, float(lp), tuple(s.out), s.eos, float(c))
+                for s, lp, c in zip(self.streams, self.logprob, self.certainty.values(), strict=True)]
+
+
+class RowSteps:
+    """Token choice for the live rows of a batch of one or more prompts (:class:`Rows` each, a group of rows in
+    batch order: groups join at the end, :meth:`add`, and leave when their last row ends), one step at a time.
+    Each group chooses over its own slice of the step's logits with its own settings and generators, so a row's
+    tokens do not depend on the rows beside it."""
+
+    def __init__(self, tokenizer, eos_ids) -> None:
+        from ortevals.engine.generate.sampling import Workspace
+
+        self.tokenizer, self.eos_ids = tokenizer, eos_ids
         self.work = Workspace()  # the steps' [rows, V] float64 arrays, kept (a new one each step costs page faults)
-        # per-row generators (and Mirostat state), each consumed by its own row only
-        self.choosers = [Sampler(g.settings, g.rngs, self.work) for g in groups]
-        rows = int(self.first[-1])
-        self.logprob = np.zeros(rows)
-        self.certainty = RunningCertainty(rows)  # on the raw logits, before the processors: the model's own
-        self.live = list(range(rows))  # rows still running, in batch order (a group's rows together)
+        self.groups: list[_Group] = []
+        self.generated = 0
 
-    def take(self, step_logits: np.ndarray) -> tuple[list[int], np.ndarray]:
-        """One token for each live row from ``step_logits [live, V]`` → (batch indices of the rows that go on,
-        the tokens ``[live]``); the rows left are the live ones from then on."""
+    @property
+    def live(self) -> int:
+        """Rows still running."""
+        return sum(len(g.live) for g in self.groups)
+
+    def add(self, rows: Rows) -> None:
+        """A new group after the others; its rows' first tokens come from ``rows.logits`` at the next step."""
+        self.groups.append(_Group(rows, self.tokenizer, self.eos_ids, self.work))
+
+    def take(self, step_logits: np.ndarray) -> tuple[list[int], np.ndarray, list[tuple[Rows, list[Sample]]]]:
+        """One token for each live row from ``step_logits [live, V]`` (batch order) → (batch indices of the rows
+        that go on, the tokens ``[live]``, ``(rows, samples)`` of each group whose last row ended)."""
         top = np.max(step_logits, axis=1)
+        names = [g.rows.names[r] for g in self.groups for r in g.live]
+        outs = [len(g.streams[r].out) for g in self.groups for r in g.live]
         for b in np.flatnonzero(~np.isfinite(top)):
-            r = self.live[b]
-            check_logits(step_logits[b], len(self.streams[r].out) + 1, self.names[r])
+            check_logits(step_logits[b], outs[b] + 1, names[b])
         wide = self.work.float64("wide", step_logits)  # one float64 copy, one log-sum-exp for all three
-        tokens = np.empty(len(self.live), dtype=np.int64)
-        group = np.searchsorted(self.first, self.live, side="right") - 1
-        for g, rows in enumerate(self.groups):
-            at = np.flatnonzero(group == g)
-            if at.size:
-                tokens[at] = self._choose(g, rows, wide[at[0]:at[-1] + 1], at)
+        spans = np.cumsum([0] + [len(g.live) for g in self.groups])
+        tokens = np.concatenate([g.choose(wide[a:b]) for g, a, b in zip(self.groups, spans, spans[1:], strict=False)])
         lse = row_logsumexp(wide, out=self.work.take("exp", wide.shape))
         chosen = token_logprob(wide, tokens, lse)
-        self.certainty.add(wide, self.live, lse)
-        keep = []
-        for b, r in enumerate(self.live):
-            self.logprob[r] += chosen[b]  # the EOS that ends a row too: best-of-k scores the whole sequence
-            if not self.streams[r].push(int(tokens[b])):
-                keep.append(b)
-        self.live = [self.live[b] for b in keep]
-        return keep, tokens
-
-    def _choose(self, g: int, rows: Rows, logits: np.ndarray, at: np.ndarray) -> np.ndarray:
-        """Group ``g``'s tokens from its rows' logits (batch positions ``at``, contiguous)."""
-        s, first = rows.settings, int(self.first[g])
-        local = [self.live[b] - first for b in at]
-        needs_history = s.repetition_penalty != 1.0 or s.no_repeat_ngram_size > 0
-        histories = [[*rows.prompt, *self.streams[first + r].out] for r in local] if needs_history else \
-            [()] * len(local)
-        return self.choosers[g].choose(logits, histories, local)
-
-    def samples(self) -> list[list[Sample]]:
-        """Each group's samples, in its rows' order."""
-        done = [Sample(*s.result, float(lp), tuple(s.out), s.eos, float(c))
-                for s, lp, c in zip(self.streams, self.logprob, self.certainty.values(), strict=True)]
-        return [done[self.first[g]:self.first[g + 1]] for g in range(len(self.groups))]
+        keep, done = [], []
+        for g, a, b in zip(self.groups, spans, spans[1:], strict=False):
+            g.certainty.add(wide[a:b], g.live, lse[a:b])
+            still = []
+            for k, r in enumerate(g.live):
+                g.logprob[r] += chosen[a + k]  # the EOS that ends a row too: best-of-k scores the whole sequence
+                if g.streams[r].push(int(tokens[a + k])):
+                    self.generated += len(g.streams[r].out)
+                else:
+                    keep.append(a + k)
+                    still.append(r)
+            g.live = still
+            if not still:
+                done.append((g.rows, g.samples()))
+        self.groups = [g for g in self.groups if g.live]
+        return keep, tokens, done

@@ -35,14 +35,14 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from ortevals.engine.generate.cascade import CascadeKV
 from ortevals.engine.generate.kvrows import CopyKV, choose_kv
-from ortevals.engine.generate.rowsteps import Rows, Sample, _Steps
+from ortevals.engine.generate.rowsteps import Rows, RowSteps, Sample
 from ortevals.engine.generate.settings import GenSettings
 from ortevals.engine.generate.stops import TextStream
 from ortevals.runtime.cascade import GROUPS
@@ -129,17 +129,18 @@ class SharedPromptSampler:
     def run(self, jobs: Sequence[Job], rng: Callable[..., np.random.Generator],
             finish: Callable[[int, Sample], None], name: Callable[[int], str]) -> None:
         """Every job's rows; ``rng(i)``: request i's generator (``rng(i, j)``: its MBR candidate j);
-        ``finish(i, sample)`` as each row ends. Sampled jobs in a row decode together where the cascade
-        graph serves them (:meth:`together`)."""
-        for group in self.together(jobs):
-            if len(group) > 1:
-                started = [Rows.of(job, *self.prompt(job.prompt, job.settings.max_gen_toks), rng, name)
-                           for job in group]
-                for job, done in zip(group, self.decode_rows(started), strict=True):
-                    for i, sample in zip(job.members, done, strict=True):
+        ``finish(i, sample)`` as each row ends. Consecutive sampled jobs share decode passes where the cascade
+        graph serves them (:meth:`streams`)."""
+        for stream in self.streams(jobs):
+            if len(stream) > 1:
+                starts = [(len(job.members), lambda job=job: Rows.of(job, *self.prompt(job.prompt,
+                                                                                       job.settings.max_gen_toks),
+                                                                       rng, name)) for job in stream]
+                for rows, done in self._decode(starts, self._reserve(stream)):
+                    for i, sample in zip(rows.members, done, strict=True):
                         finish(i, sample)
                 continue
-            job = group[0]
+            job = stream[0]
             if job.settings.num_beams > 1:  # deterministic: one search serves every row
                 sample = self.beam(job.prompt, job.settings)
                 for i in job.members:
@@ -159,29 +160,38 @@ class SharedPromptSampler:
                         for twin in job.members[1:]:
                             finish(twin, sample)
 
-    def together(self, jobs: Sequence[Job]) -> list[tuple[Job, ...]]:
-        """``jobs`` in order, consecutive ones together (up to the cascade graph's GROUPS prompts a pass) where
-        each samples several rows (no beams, no MBR), their rows fit one decode batch and the cascade graph is
-        in use; one at a time otherwise."""
+    def streams(self, jobs: Sequence[Job]) -> list[tuple[Job, ...]]:
+        """``jobs`` in order, consecutive ones in one stream where each samples several rows (no beams, no MBR)
+        with the same ``max_gen_toks`` (the rows' buffers are as long) and the cascade graph is in use: a stream
+        decodes up to GROUPS prompts' rows a pass, the next prompt joining as soon as its rows fit
+        (:meth:`_decode`). One job at a time otherwise."""
         out: list[tuple[Job, ...]] = []
         for job in jobs:
             last = out[-1] if out else ()
-            if 0 < len(last) < GROUPS and self._joins(last, job):
+            if last and self._joins(last[0], job):
                 out[-1] = (*last, job)
             else:
                 out.append((job,))
         return out
 
-    def _joins(self, group: tuple[Job, ...], job: Job) -> bool:
+    def _joins(self, first: Job, job: Job) -> bool:
         def sampled(j: Job) -> bool:
             s = j.settings
             return s.do_sample and s.num_beams == 1 and s.mbr_samples < 2 and len(j.members) > 1
 
-        if self.exact or not (all(map(sampled, (*group, job))) and isinstance(self.kv_rows, CascadeKV)):
+        if self.exact or not (sampled(first) and sampled(job) and isinstance(self.kv_rows, CascadeKV)):
             return False
-        rows = sum(len(j.members) for j in (*group, job))
-        longest = max(len(j.prompt) + j.settings.max_gen_toks for j in (*group, job)) + 1
+        if first.settings.max_gen_toks != job.settings.max_gen_toks:
+            return False
+        rows = len(first.members) + len(job.members)  # two prompts' rows at once at least, or no stream
+        longest = max(len(first.prompt), len(job.prompt)) + job.settings.max_gen_toks + 1
         return self.kv_rows.peak(longest).rows_within(self.budget(), rows) == rows and self.kv_rows.ready()
+
+    def _reserve(self, stream: Sequence[Job]) -> int:
+        """Rows a stream's buffers hold: GROUPS prompts' rows, as many as the KV budget allows at its peak."""
+        rows = GROUPS * max(len(j.members) for j in stream)
+        longest = max(len(j.prompt) for j in stream) + stream[0].settings.max_gen_toks + 1
+        return max(self.kv_rows.peak(longest).rows_within(self.budget(), rows), max(len(j.members) for j in stream))
 
     def _mbr(self, job: Job, logits, past, rng, finish, name) -> None:
         """MBR (engine/generate/mbr.py): per request, ``mbr_samples`` candidates decoded together from the shared
@@ -269,25 +279,46 @@ class SharedPromptSampler:
         return self.decode_rows([Rows(logits, past, settings, tuple(rngs), tuple(names), tuple(prompt))])[0]
 
     def decode_rows(self, groups: Sequence[Rows]) -> list[list[Sample]]:
-        """The rows of one prompt, or of several together (the cascade graph's groups: they step together, and
-        a row's numbers do not depend on the other rows): each group's samples, in its rows' order."""
-        steps = _Steps(self.tokenizer, self.eos_ids, groups)
-        step_logits = np.concatenate([np.broadcast_to(g.logits, (len(g.rngs), g.logits.shape[-1])) for g in groups])
-        if len(groups) == 1:
-            past = self.kv_rows.repeat(groups[0].past, len(groups[0].rngs))
-        else:
-            past = self.kv_rows.share(*(x for g in groups for x in (g.past, len(g.rngs))))
-        while True:
-            keep, tokens = steps.take(step_logits)
+        """The rows of one prompt, or of several together on the cascade graph (a row's numbers do not depend on
+        the other rows): each group's samples, in its rows' order."""
+        starts = [(len(g.rngs), lambda g=g: g) for g in groups]
+        done = {id(rows): samples for rows, samples in self._decode(starts, sum(n for n, _ in starts))}
+        return [done[id(g)] for g in groups]
+
+    def _decode(self, starts: Sequence[tuple[int, Callable[[], Rows]]],
+                reserve: int) -> Iterator[tuple[Rows, list[Sample]]]:
+        """Decode passes over the rows of ``starts`` (``(rows, start)``: ``start()`` runs the prompt pass),
+        yielding each prompt's ``(rows, samples)`` as its last row ends. With several, the next prompt joins the
+        batch (a new last group) whenever the cascade graph takes another prompt and its rows fit the ``reserve``
+        rows of the buffers; its rows' first tokens come from its prompt's logits. Each row draws from its own
+        generator and leaves the batch when it ends."""
+        queue, steps = list(starts)[::-1], RowSteps(self.tokenizer, self.eos_ids)
+        past, logits, several = None, None, len(starts) > 1
+        while queue or steps.groups:
+            fresh = []
+            while queue and (past is None or (several and len(steps.groups) < GROUPS
+                                              and steps.live + queue[-1][0] <= reserve)):
+                n, start = queue.pop()
+                rows = start()
+                steps.add(rows)
+                if past is None:
+                    past = self.kv_rows.share(rows.past, n, reserve=reserve) if several else \
+                        self.kv_rows.repeat(rows.past, n)
+                else:
+                    past = self.kv_rows.join(past, rows.past, n)
+                fresh.append(np.broadcast_to(rows.logits, (n, rows.logits.shape[-1])))
+            step_logits = np.concatenate(([] if logits is None else [logits]) + fresh) if fresh else logits
+            keep, tokens, done = steps.take(step_logits)
+            yield from done
             if not keep:
-                break
+                past, logits = None, None
+                continue
             if len(keep) < len(tokens):  # finished rows stop costing at once
                 past = self.kv_rows.keep(past, keep)
-            step_logits, past = self.kv_rows.run(tokens[keep][:, None], past)
+            logits, past = self.kv_rows.run(tokens[keep][:, None], past)
             self.stats["decode_passes"] += 1
             self.stats["row_steps"] += len(keep)
-        self.stats["generated_tokens"] += sum(len(s.out) for s in steps.streams)
-        return steps.samples()
+        self.stats["generated_tokens"] += steps.generated
 
 
 class RawStepModel:
