@@ -11,7 +11,8 @@ mixes the rows or tokens of a pass (engine/score/invariance.py):
 
 Owns the canary that checks both before the first generation: a few of the run's own prompts,
 cut short (:func:`~ortevals.engine.score.invariance.shorten`) and decoded for a few tokens, the
-configured way and alone (one row per pass, each prompt from an empty cache). The same tokens,
+configured way (as the run decodes them: the rows of several prompts in one pass where it would) and
+alone (one row per pass, each prompt from an empty cache). The same tokens,
 and (raw path) each row's log-prob within the dtype's tolerance, keep the configured way;
 anything else makes the run decode one row per pass with no prefix reuse, and the mode says
 so. A verdict is filed like the prefill canary's (:class:`~ortevals.engine.score.invariance.Verdicts`).
@@ -99,14 +100,18 @@ def _run_raw(sampler, jobs: Sequence, rng: Callable, names: Callable[[int], str]
         return GenVerdict(True, 0.0, 0, "nothing to compare (beam search or MBR only)")
     cuts = _cut([p.prompt for p in picked])
     configured, alone = sampler.fresh(), sampler.fresh(exact=True)
-    diffs, detail = [], ""
+    short_jobs = []
     for job, cut in zip(picked, cuts, strict=True):
         prompt, settings = short(job.settings, cut)
-        members = job.members[:CANARY_ROWS] if settings.do_sample else job.members[:1]
-        logits, past = configured.prompt(prompt, settings.max_gen_toks)
-        together = configured.decode(logits, past, settings, [rng(i) for i in members],
-                                     [names(i) for i in members], prompt)
-        for i, got in zip(members, together, strict=True):
+        short_jobs.append(replace(job, prompt=prompt, settings=settings,
+                                  members=job.members[:CANARY_ROWS] if settings.do_sample else job.members[:1]))
+    together: dict = {}
+    configured.run(short_jobs, rng, together.__setitem__, names)  # as the run decodes: several prompts a pass
+    diffs, detail = [], ""
+    for job in short_jobs:
+        prompt, settings = job.prompt, job.settings
+        for i in job.members:
+            got = together[i]
             logits, past = alone.prompt(prompt, settings.max_gen_toks)
             (ref,) = alone.decode(logits, past, settings, [rng(i)], [names(i)], prompt)
             diff, why = compare_rows(got, ref, dtype)
