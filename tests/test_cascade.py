@@ -251,6 +251,20 @@ def test_prompts_sharing_a_prefix_equal_the_current_path(raw, cache):
     assert got["on"] == got["off"]
 
 
+def test_device_kv_path_decodes_two_prompts_together_as_the_oracle(tiny_pkg, cache):
+    """Two prompts' rows in one pass with the KV in OrtValues (the GPU's code path, on device 'cpu'): each prompt
+    copied once on the device, the rows' arenas bound by pointer, rows leaving from both groups."""
+    runner = DecoderRunner.open(ModelPackage.load(tiny_pkg), ProviderConfig("cpu"), io_binding=True)
+    kv = holder(runner, cache, device=True)
+    assert kv.ready()
+    rng = np.random.default_rng(9)
+    prompts = [rng.integers(3, 512, 23), rng.integers(3, 512, 14)]
+    tokens = [rng.integers(3, 512, (3, 5)), rng.integers(3, 512, (2, 5))]
+    got = teacher_forced_pair(kv, prompts, tokens, {2: [(0, 1), (1, 0)]})
+    for g in range(2):
+        assert oracle_errors(tiny_pkg, got[g], prompts[g], tokens[g]) <= 1e-5
+
+
 def test_device_kv_path_equals_the_current_path(tiny_pkg, cache):
     """KV in OrtValues bound through IOBinding (a GPU's code path, on device 'cpu'): the prompt copied once
     on the device, the rows' arenas bound by pointer."""
