@@ -160,13 +160,17 @@ def acceptance(lms: dict, args) -> dict:
             row["samples_differing_from_base"] = _differing(ids[BASE], ids["on"])
         rows.append(row)
         print(f"  {cfg['task']}: " + ", ".join(f"{m} {row[m]['seconds']:.1f} s" for m in modes), flush=True)
-    samplers = {m: lms[m].run.generation.sampler() for m in MODES}
-    summary = {m: {"seconds": out[m]["seconds"], "generated_tokens": out[m]["tokens"],
-                   "tokens_per_s": out[m]["tokens"] / out[m]["seconds"]} for m in modes}
+    return _found(lms, out, base, args, questions=len(configs), warmup_s=warmup, per_question=rows)
+
+
+def _found(lms: dict, out: dict, base, args, **extra) -> dict:
+    """Each mode's seconds, tokens and tokens/s from ``out``, the engines' stats, and the ratios."""
+    summary = {m: {"generated_tokens": r["tokens"], "tokens_per_s": r["tokens"] / r["seconds"]}
+               | {k: r[k] for k in ("seconds", "rounds") if k in r} for m, r in out.items()}
     for m in MODES:
-        summary[m].update(kv=samplers[m].kv_rows.name, engine=dict(samplers[m].stats))
-    found = {"questions": len(configs), "warmup_s": warmup, "per_question": rows, **summary,
-             "texts_equal": out["off"]["texts"] == out["on"]["texts"],
+        sampler = lms[m].run.generation.sampler()
+        summary[m].update(kv=sampler.kv_rows.name, engine=dict(sampler.stats))
+    found = {**extra, **summary, "texts_equal": out["off"]["texts"] == out["on"]["texts"],
              "texts_differing": _texts_differing(out["off"]["texts"], out["on"]["texts"]),
              "ratio": summary["on"]["tokens_per_s"] / summary["off"]["tokens_per_s"]}
     if base:
@@ -199,21 +203,7 @@ def acceptance_together(lms: dict, args) -> dict:
             print(f"  round {r}: {m} {wall:.1f} s", flush=True)
     for m in modes:
         out[m]["tokens"] = args.rounds * sum(len(tok.encode(t, False)) for t in out[m]["texts"])
-    summary = {m: {"seconds": out[m]["seconds"], "rounds_s": out[m]["rounds"], "generated_tokens": out[m]["tokens"],
-                   "tokens_per_s": out[m]["tokens"] / out[m]["seconds"]} for m in modes}
-    for m in MODES:
-        sampler = lms[m].run.generation.sampler()
-        summary[m].update(kv=sampler.kv_rows.name, engine=dict(sampler.stats))
-    found = {"questions": len(configs), "together": True, "rounds": args.rounds, "warmup_s": warmup, **summary,
-             "texts_equal": out["off"]["texts"] == out["on"]["texts"],
-             "texts_differing": _texts_differing(out["off"]["texts"], out["on"]["texts"]),
-             "ratio": summary["on"]["tokens_per_s"] / summary["off"]["tokens_per_s"]}
-    if base:
-        base.close()
-        found["baseline"] = {"commit": base.commit, "tree": str(args.baseline_tree),
-                             "ratio": summary["on"]["tokens_per_s"] / summary[BASE]["tokens_per_s"],
-                             "texts_differing": _texts_differing(out[BASE]["texts"], out["on"]["texts"])}
-    return found
+    return _found(lms, out, base, args, questions=len(configs), together=True, rounds=args.rounds, warmup_s=warmup)
 
 
 def _texts_differing(a: list[str], b: list[str]) -> int:
@@ -288,24 +278,17 @@ def table(report: dict) -> str:
             name = f"main when the issue was filed ({base['commit'][:7]})" if m == BASE else f"cascade={m}"
             lines.append(f"| {name} | {a['questions']} | {report['config']['samples']} | "
                          f"{a[m]['generated_tokens']} | {a[m]['seconds']:.1f} | {a[m]['tokens_per_s']:.2f} |")
-        prompts = [r["prompt_tokens"] for r in a.get("per_question", [])] or [0]
         if base:
             lines += ["", f"cascade=on / main when the issue was filed: **{base['ratio']:.2f}×** generated tokens/s "
                       f"({base['texts_differing']} of {a['questions'] * report['config']['samples']} samples' texts "
                       "differ)."]
         lines += ["", f"cascade=on / cascade=off: **{a['ratio']:.2f}×** generated tokens/s; every sample's text "
-                  f"equal: {a['texts_equal']} ({a['texts_differing']} differ). Prompts {min(prompts)}–"
-                  f"{max(prompts)} tokens (median {statistics.median(prompts):.0f}). One-time warm-up (tasks, "
-                  f"canary, and for on the cascade graph built, opened and checked): off "
-                  f"{a['warmup_s']['off']:.1f} s, on {a['warmup_s']['on']:.1f} s.", "",
-                  "| question | prompt tokens | tokens off / on | off s | on s | on / off | samples differing |",
-                  "|---|---:|---:|---:|---:|---:|---|"]
-        for q in a.get("per_question", []):
-            diff = ", ".join(f"sample {r} from token {i}" for r, i in q.get("samples_differing", [])) or "none"
-            lines.append(f"| {q['task'].removeprefix('mmlu_pro_')} | {q['prompt_tokens']} | {q['off']['tokens']} / "
-                         f"{q['on']['tokens']} | {q['off']['seconds']:.1f} | {q['on']['seconds']:.1f} | "
-                         f"{q['off']['seconds'] / q['on']['seconds']:.2f}× | {diff} |")
-        lines.append("")
+                  f"equal: {a['texts_equal']} ({a['texts_differing']} differ). One-time warm-up (tasks, canary, and "
+                  f"for on the cascade graph built, opened and checked): off {a['warmup_s']['off']:.1f} s, on "
+                  f"{a['warmup_s']['on']:.1f} s."]
+        lines += _together_rows(a, base) if a.get("together") else _question_rows(a)
+    if not report.get("sweep"):
+        return "\n".join(lines) + "\n"
     lines += ["| prompt tokens | rows | generated tokens | off: decode s | on: decode s | on / off | rows differing: "
               "on vs off | off (16 rows) vs each row alone |", "|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in report.get("sweep", []):
@@ -314,6 +297,35 @@ def table(report: dict) -> str:
                      f"{r['on']['decode_s']:.2f} | **{r['ratio']:.2f}×** | {_rows(r['rows_differing'])} | "
                      f"{'—' if alone is None else _rows(alone)} |")
     return "\n".join(lines) + "\n"
+
+
+def _question_rows(a: dict) -> list[str]:
+    """The per-question table of the one-question-a-call acceptance run."""
+    prompts = [r["prompt_tokens"] for r in a["per_question"]]
+    lines = ["", f"Prompts {min(prompts)}–{max(prompts)} tokens (median {statistics.median(prompts):.0f}).", "",
+             "| question | prompt tokens | tokens off / on | off s | on s | on / off | samples differing |",
+             "|---|---:|---:|---:|---:|---:|---|"]
+    for q in a["per_question"]:
+        diff = ", ".join(f"sample {r} from token {i}" for r, i in q.get("samples_differing", [])) or "none"
+        lines.append(f"| {q['task'].removeprefix('mmlu_pro_')} | {q['prompt_tokens']} | {q['off']['tokens']} / "
+                     f"{q['on']['tokens']} | {q['off']['seconds']:.1f} | {q['on']['seconds']:.1f} | "
+                     f"{q['off']['seconds'] / q['on']['seconds']:.2f}× | {diff} |")
+    return [*lines, ""]
+
+
+def _together_rows(a: dict, base) -> list[str]:
+    """Each round's seconds of the all-questions-in-one-call acceptance run, and the engine's passes."""
+    modes = (*MODES, BASE) if base else MODES
+    rounds = len(a["on"].get("rounds") or a["on"].get("rounds_s"))
+    lines = ["", "| round | " + " | ".join(f"cascade={m}" if m != BASE else "issue's main" for m in modes) + " |",
+             "|---|" + "---:|" * len(modes)]
+    for r in range(rounds):
+        lines.append(f"| {r} | " + " | ".join(f"{(a[m].get('rounds') or a[m].get('rounds_s'))[r]:.1f} s"
+                                              for m in modes) + " |")
+    lines.append("")
+    lines += [f"- cascade={m}: {a[m]['engine']['decode_passes']} decode passes for {a[m]['engine']['row_steps']} "
+              f"row-steps ({a[m]['kv']})" for m in MODES]
+    return [*lines, ""]
 
 
 def _rows(diff: list) -> str:
