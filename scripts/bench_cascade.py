@@ -131,8 +131,8 @@ def worker(tree: str, args) -> None:
         print("WORKER " + json.dumps({"seconds": seconds, "texts": texts}), flush=True)
 
 
-def acceptance(lms: dict, args) -> dict:
-    """Each question on both OrtLMs (and the baseline's), in turn; per mode: seconds, tokens, texts."""
+def _setup(lms: dict, args) -> tuple:
+    """(tokenizer, question configs, warm-up seconds per mode, the Baseline or None, the modes run)."""
     from bench_samples import task_configs
 
     tok = lms["off"].tokenizer
@@ -142,6 +142,12 @@ def acceptance(lms: dict, args) -> dict:
     modes = (*MODES, BASE) if base else MODES
     if base:
         warmup[BASE] = base.warmup
+    return tok, configs, warmup, base, modes
+
+
+def acceptance(lms: dict, args) -> dict:
+    """Each question on both OrtLMs (and the baseline's), in turn; per mode: seconds, tokens, texts."""
+    tok, configs, warmup, base, modes = _setup(lms, args)
     out = {m: {"seconds": 0.0, "tokens": 0, "texts": []} for m in modes}
     rows = []
     for i, cfg in enumerate(configs):
@@ -184,15 +190,7 @@ def _found(lms: dict, out: dict, base, args, **extra) -> dict:
 def acceptance_together(lms: dict, args) -> dict:
     """The acceptance run as a user runs it: every question in one simple_evaluate per mode (and the baseline's),
     ``--rounds`` times, which mode goes first rotating; seconds summed over the rounds, texts of the last."""
-    from bench_samples import task_configs
-
-    tok = lms["off"].tokenizer
-    configs = task_configs(args.questions, args.samples, args.max_gen_toks, args.temperature)
-    warmup = {m: warm_up(lms[m], args) for m in MODES}
-    base = Baseline(args.baseline_tree, args) if args.baseline_tree else None
-    modes = (*MODES, BASE) if base else MODES
-    if base:
-        warmup[BASE] = base.warmup
+    tok, configs, warmup, base, modes = _setup(lms, args)
     out = {m: {"seconds": 0.0, "rounds": []} for m in modes}
     for r in range(args.rounds):
         for m in modes[r % len(modes):] + modes[:r % len(modes)]:
