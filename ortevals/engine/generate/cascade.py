@@ -4,13 +4,14 @@ Owns :class:`CascadeKV`, a KV holder for the sampler (the interface of engine/kv
 ``empty``/``prefix``, ``run``, ``repeat``, ``keep``, ``peak``, ``held_bytes``) over an in-place
 holder (:class:`~ortevals.engine.generate.kvrows.InplaceKV` on the host, ``DeviceKV`` where the session
 runs). Prompt passes are the in-place holder's. Decode rows (``repeat`` with more than one row, or
-:meth:`CascadeKV.share` of the rows of two prompts at once) become :class:`SharedRows`: each prompt's
-valid tokens once, contiguous ``[1,H,P,D]`` per layer, bound as they are by every pass of the cascade
-decode graph (runtime/cascade.py), and each row's own tokens after its prompt in the in-place
-holder's arenas (``[K,H,max_gen_toks+1,D]``, written in place by GroupQueryAttention). A decode pass
-then reads its weights, each prompt once and the rows' suffixes, instead of a prompt per row; rows
-leave by the in-place holder's ``keep``. The rows of two prompts step together (one token each a
-pass), so the second question's samples fill the passes the first one's would run part-empty.
+:meth:`CascadeKV.share` / :meth:`CascadeKV.join` of several prompts' rows) become :class:`SharedRows`:
+each prompt's valid tokens once, contiguous ``[1,H,P,D]`` per layer, bound as they are by every pass of
+the cascade decode graph (runtime/cascade.py), and each row's own tokens after its prompt in the
+in-place holder's arenas (``[rows,H,max_gen_toks+1,D]``, written in place by GroupQueryAttention). A
+decode pass then reads its weights, each prompt once and the rows' suffixes, instead of a prompt per
+row; rows leave by the in-place holder's ``keep``. Up to GROUPS prompts' rows share a pass, each group
+holding its own number of tokens, so a prompt can join a batch that is already decoding (the sampler's
+streams: engine/generate/sampler.py).
 
 The cascade graph is opened on the first batch of several rows (a greedy run never pays for it)
 and trusted only after :func:`~ortevals.engine.generate.kvrows.same_as_plain` (a prompt, a prefix cut, rows

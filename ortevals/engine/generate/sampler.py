@@ -9,6 +9,9 @@ and keeps a plain (not windowed) KV cache:
 * each prompt is prefilled once; a prompt that starts like the one before it (the few-shot
   header) runs only its new tokens on top of the previous prompt's KV cut to the shared
   prefix (:meth:`SharedPromptSampler.prompt`);
+* consecutive sampled prompts with the same max_gen_toks form a stream on the cascade graph: up to
+  GROUPS prompts' rows decode in one pass, and the next prompt joins when one's last row ends
+  (:meth:`SharedPromptSampler.streams`; engine/generate/rowsteps.py chooses each prompt's tokens);
 * the prompt's KV is replicated across the rows where it lives (engine/generate/kvrows.py: in place on
   the host or the device where the graph allows it), and all live rows take one token per
   decode pass; each row stops on its own (EOS, stop strings, max_gen_toks:
