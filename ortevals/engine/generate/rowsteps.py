@@ -14,6 +14,7 @@ import numpy as np
 
 from ortevals.engine.generate.certainty import RunningCertainty, row_logsumexp
 from ortevals.engine.generate.generation import check_logits
+from ortevals.engine.generate.sampling import Sampler, Workspace
 from ortevals.engine.generate.settings import GenSettings
 from ortevals.engine.generate.stops import TextStream
 
@@ -46,7 +47,6 @@ def token_logprob(logits: np.ndarray, tokens: np.ndarray, lse: np.ndarray | None
     return x[np.arange(len(tokens)), tokens] - lse
 
 
-
 @dataclass(frozen=True)
 class Rows:
     """The rows of one prompt, ready to decode: ``logits [V]`` after the prompt, ``past`` its one-row KV, one
@@ -71,9 +71,7 @@ class _Group:
     """One prompt's rows in a batch: each row's stream, summed log-prob and self-certainty, its own
     :class:`~ortevals.engine.generate.sampling.Sampler` (settings, the rows' generators), the rows still live."""
 
-    def __init__(self, rows: Rows, tokenizer, eos_ids, work) -> None:
-        from ortevals.engine.generate.sampling import Sampler
-
+    def __init__(self, rows: Rows, tokenizer, eos_ids, work: Workspace) -> None:
         self.rows = rows
         n = len(rows.rngs)
         self.streams = [TextStream(tokenizer, rows.settings, eos_ids) for _ in range(n)]
@@ -102,8 +100,6 @@ class RowSteps:
     tokens do not depend on the rows beside it."""
 
     def __init__(self, tokenizer, eos_ids) -> None:
-        from ortevals.engine.generate.sampling import Workspace
-
         self.tokenizer, self.eos_ids = tokenizer, eos_ids
         self.work = Workspace()  # the steps' [rows, V] float64 arrays, kept (a new one each step costs page faults)
         self.groups: list[_Group] = []
@@ -121,11 +117,12 @@ class RowSteps:
     def take(self, step_logits: np.ndarray) -> tuple[list[int], np.ndarray, list[tuple[Rows, list[Sample]]]]:
         """One token for each live row from ``step_logits [live, V]`` (batch order) → (batch indices of the rows
         that go on, the tokens ``[live]``, ``(rows, samples)`` of each group whose last row ended)."""
-        top = np.max(step_logits, axis=1)
-        names = [g.rows.names[r] for g in self.groups for r in g.live]
-        outs = [len(g.streams[r].out) for g in self.groups for r in g.live]
-        for b in np.flatnonzero(~np.isfinite(top)):
-            check_logits(step_logits[b], outs[b] + 1, names[b])
+        bad = np.flatnonzero(~np.isfinite(np.max(step_logits, axis=1)))
+        if bad.size:  # a row that saw NaN or inf: one line naming it and the step
+            rows = [(g, r) for g in self.groups for r in g.live]
+            for b in bad:
+                g, r = rows[b]
+                check_logits(step_logits[b], len(g.streams[r].out) + 1, g.rows.names[r])
         wide = self.work.float64("wide", step_logits)  # one float64 copy, one log-sum-exp for all three
         spans = np.cumsum([0] + [len(g.live) for g in self.groups])
         tokens = np.concatenate([g.choose(wide[a:b]) for g, a, b in zip(self.groups, spans, spans[1:], strict=False)])

@@ -279,14 +279,9 @@ class SharedPromptSampler:
 
         Each row draws from its own ``rngs[r]``; a finished row leaves the batch before the next pass.
         """
-        return self.decode_rows([Rows(logits, past, settings, tuple(rngs), tuple(names), tuple(prompt))])[0]
-
-    def decode_rows(self, groups: Sequence[Rows]) -> list[list[Sample]]:
-        """The rows of one prompt, or of several together on the cascade graph (a row's numbers do not depend on
-        the other rows): each group's samples, in its rows' order."""
-        starts = [(len(g.rngs), lambda g=g: g) for g in groups]
-        done = {id(rows): samples for rows, samples in self._decode(starts, sum(n for n, _ in starts))}
-        return [done[id(g)] for g in groups]
+        rows = Rows(logits, past, settings, tuple(rngs), tuple(names), tuple(prompt))
+        ((_, samples),) = self._decode([(len(rngs), lambda: rows)], len(rngs))
+        return samples
 
     def _decode(self, starts: Sequence[tuple[int, Callable[[], Rows]]],
                 reserve: int) -> Iterator[tuple[Rows, list[Sample]]]:

@@ -33,13 +33,17 @@ if TYPE_CHECKING:
 NEG = -np.inf
 
 
-def softmax(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """Row-wise softmax of ``[R, V]`` (float64); -inf entries get probability 0. ``out``: where to write it
-    (``x`` itself allowed; the same values as a new array)."""
+def softmax_weights(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``exp(x - row max)`` of ``[R, V]``: the softmax before its normaliser; ``out``: where to write it
+    (``x`` itself allowed)."""
     z = np.subtract(x, np.max(x, axis=-1, keepdims=True), out=out)
-    np.exp(z, out=z)
-    z /= z.sum(axis=-1, keepdims=True)
-    return z
+    return np.exp(z, out=z)
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    """Row-wise softmax of ``[R, V]`` (float64); -inf entries get probability 0."""
+    z = softmax_weights(x)
+    return z / z.sum(axis=-1, keepdims=True)
 
 
 def temperature(x: np.ndarray, t: float, out: np.ndarray | None = None) -> np.ndarray:
@@ -103,7 +107,7 @@ def top_p(x: np.ndarray, p: float, first: int | None = None) -> np.ndarray:
     """
     if p >= 1.0:
         return x
-    z = np.exp(x - np.max(x, axis=-1, keepdims=True))  # unnormalised masses, as softmax computes them
+    z = softmax_weights(x)  # unnormalised masses, as softmax computes them
     total = z.sum(axis=-1)
     out = np.array(x, copy=True)
     for r in range(x.shape[0]):
@@ -267,8 +271,7 @@ def choose_tokens(logits: np.ndarray, s: GenSettings, histories: Sequence[Sequen
             temperature(x.astype(np.float64, copy=False), s.temperature, out=probs)
         else:
             np.copyto(probs, x)
-        weights = np.subtract(probs, np.max(probs, axis=-1, keepdims=True), out=probs)  # softmax's own steps
-        return draw_weights(np.exp(weights, out=weights), rngs)
+        return draw_weights(softmax_weights(probs, out=probs), rngs)
     if not s.plain or s.do_sample:
         x = penalised(x.astype(np.float64), s, histories)
     if not s.do_sample:
@@ -285,15 +288,15 @@ def _temperature_only(s: GenSettings) -> bool:
     return s.top_k == 0 and s.top_p >= 1.0 and s.min_p <= 0.0 and s.typical_p >= 1.0
 
 
-def draw(probs: np.ndarray, rngs: Sequence[np.random.Generator], out: np.ndarray | None = None) -> np.ndarray:
+def draw(probs: np.ndarray, rngs: Sequence[np.random.Generator]) -> np.ndarray:
     """One token per row of ``probs [R, V]``, row r by ``rngs[r]``: exactly ``rngs[r].choice(V, p=probs[r])``
     for every row, with the rows' cumulative sums taken in one call (a pass of 16 rows over a 49k vocabulary
     costs ~4 ms as 16 ``choice`` calls). numpy's ``Generator.choice`` with ``p`` draws one ``random()``,
     takes the float64 cumulative sum of ``p``, divides it by its last value and returns
     ``searchsorted(u, side="right")``; this does the same steps (tests/test_sampling.py compares the two
-    draw for draw). ``out``: a float64 ``[R, V]`` buffer for the cumulative sums. ``→ [R]`` int64."""
+    draw for draw). ``→ [R]`` int64."""
     u = [g.random() for g in rngs]
-    cdf = np.cumsum(np.asarray(probs, dtype=np.float64), axis=1, out=out)
+    cdf = np.asarray(probs, dtype=np.float64).cumsum(axis=1)
     last = cdf[:, -1:]
     if not (np.all(np.isfinite(last)) and np.all(last > 0)):  # choice refuses these too
         raise ValueError("probabilities contain NaN or sum to 0")
@@ -312,9 +315,9 @@ def draw_weights(z: np.ndarray, rngs: Sequence[np.random.Generator]) -> np.ndarr
 
     The draw ``u`` is placed among approximate cumulative sums (block sums of ``BLOCK`` weights, then the sums
     inside the one block that holds it, over the pairwise total). Both these and ``choice``'s sequential sums
-    are within ``(V + 8) eps`` of the true cumulative probabilities, so where ``u`` lies more than ``TOL`` from
-    the two sums around it both pick the same token; otherwise (about once in 1e10 draws) that row is drawn
-    by ``choice``'s own steps. ``→ [R]`` int64."""
+    are within ``(V + 8) eps`` of the true cumulative probabilities, so where ``u`` lies more than
+    ``8 (V + 8) eps`` from the two sums around it both pick the same token; otherwise (about once in 1e10
+    draws) that row is drawn by ``choice``'s own steps. ``→ [R]`` int64."""
     rows, v = z.shape
     u = np.array([g.random() for g in rngs])
     total = z.sum(axis=-1)  # softmax's normaliser, the same pairwise sum
