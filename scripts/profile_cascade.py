@@ -57,11 +57,16 @@ def open_kv(pkg: str, threads: int, profile_dir: Path | None):
     return runner, kv
 
 
-def pass_ms(kv, prompt: np.ndarray, tokens: np.ndarray, shared: bool) -> float:
-    """Median milliseconds of a decode pass of ``tokens [rows, steps]`` after ``prompt`` (first two apart)."""
+def pass_ms(kv, prompt: np.ndarray, tokens: np.ndarray, shared: bool, prompts: int = 1) -> float:
+    """Median milliseconds of a decode pass of ``tokens [rows, steps]`` after ``prompt`` (first two apart);
+    shared with ``prompts`` > 1: that many copies of the prompt, each its own group of rows."""
     base = kv.base
     _, past = base.run(prompt[None], base.empty(1, prompt.size + tokens.shape[1] + 1), last=True)
-    past = kv.share(past, tokens.shape[0]) if shared else base.repeat(past, tokens.shape[0])
+    if shared:
+        rows = np.diff(np.linspace(0, tokens.shape[0], prompts + 1).astype(int))
+        past = kv.share(past, int(rows[0]), *(x for n in rows[1:] for x in (past, int(n))))
+    else:
+        past = base.repeat(past, tokens.shape[0])
     holder, times = (kv if shared else base), []
     for s in range(tokens.shape[1]):
         t0 = time.perf_counter()
@@ -95,6 +100,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=16)
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prompts", type=int, default=1, help="cascade=on: the rows split among this many prompts")
     ap.add_argument("--ort-profile", action="store_true", help="print onnxruntime's per-node profile of both")
     args = ap.parse_args()
     profile_dir = Path(tempfile.mkdtemp(prefix="cascade-prof-")) if args.ort_profile else None
@@ -104,7 +110,7 @@ def main() -> None:
     got = {"off": [], "on": []}
     for _ in range(2):
         got["off"].append(pass_ms(kv, prompt, tokens, shared=False))
-        got["on"].append(pass_ms(kv, prompt, tokens, shared=True))
+        got["on"].append(pass_ms(kv, prompt, tokens, shared=True, prompts=args.prompts))
     off, on = min(got["off"]), min(got["on"])
     print(f"prompt {args.prompt_len}, {args.rows} rows: a decode pass takes {off:.1f} ms with each row's own "
           f"prompt copy, {on:.1f} ms on one shared copy (x {off / on:.2f})")

@@ -30,7 +30,7 @@ from ortevals.runtime.buffers import (
     feeds_len,
     host_float32,
 )
-from ortevals.runtime.cascade import cascade_decoder, prompt_feeds
+from ortevals.runtime.cascade import PromptBinding, cascade_decoder
 from ortevals.runtime.derive import GREEDY, LOGPROBS, POSITIONS, TARGETS, derived_decoder
 from ortevals.runtime.meter import PassMeter, boot_clock
 from ortevals.runtime.opening import open_session
@@ -77,6 +77,7 @@ class DecoderRunner:
         self.scores_in_graph = TARGETS in self._dec_inputs
         self._emb_passthrough = self._embedding_outputs() if embedding is not None else ()
         self.meter = PassMeter()  # every pass's tokens and seconds (runtime/meter.py), the probe's excluded
+        self._prompts: PromptBinding | None = None  # the cascade graph's kept binding, on its first pass
 
     @classmethod
     def open(cls, package: ModelPackage, provider: ProviderConfig, cache: Path | None = None,
@@ -248,9 +249,11 @@ class DecoderRunner:
             mask = (np.arange(lengths.max()) < lengths[:, None]).astype(np.int64)
         feeds = self._token_feeds(input_ids) | self._gather_feeds(input_ids, positions)
         feeds.update(self._mask_feeds(input_ids.shape, mask, past))
-        if prompts is not None:
-            feeds.update(prompt_feeds(self.package, prompts))
-        binding = self.decoder.io_binding()
+        if prompts is None:
+            binding = self.decoder.io_binding()
+        else:  # the shared prompts stay bound from pass to pass (runtime/cascade.py)
+            self._prompts = self._prompts or PromptBinding(self.package, self.decoder)
+            binding = self._prompts.bind(prompts)
         binding.bind_output(self.package.logits_name, "cpu")
         for name, value in feeds.items():
             if isinstance(value, ort.OrtValue):  # the embedding's outputs, where they are
