@@ -266,3 +266,31 @@ def test_the_in_place_check_catches_a_row_op_that_writes_nothing(device_runner, 
     with caplog.at_level("INFO", logger="ortevals"):
         assert choose_kv(device_runner).name == "copy"
     assert "the shared buffer differs from the plain pass (rel. " in caplog.text
+
+
+# --- rows leave in place ------------------------------------------------------------------------------
+
+def test_rows_that_leave_move_only_the_rows_they_must():
+    """Rows 1 (of the first prompt's four) and 5 (of the second's three) end: each group keeps its slots, a hole
+    filled by its own last row; the second group starts one slot earlier (its last row moves to its first)."""
+    from ortevals.engine.generate.rowsteps import placed
+
+    first = placed([(0, "a"), (2, "c"), (3, "d")], 0)
+    second = placed([(4, "e"), (6, "g")], len(first))
+    assert first == [(0, "a"), (3, "d"), (2, "c")]  # d takes b's slot
+    assert second == [(6, "g"), (4, "e")]  # slots 3 and 4: e stays at 4, g moves to 3
+    assert placed([(2, "x"), (3, "y")], 0) == [(2, "x"), (3, "y")]  # no slot held: the order kept
+
+
+def test_in_place_keep_refuses_a_row_moved_past_its_own_slot(lm):
+    """A row moved to a slot after its own would be read after a row was written over it."""
+    kv = InplaceKV(lm.run.generation.sampler().runner)
+    past = kv.empty(3, 4)
+    for pair in past.layers:
+        for t in pair:
+            t[:] = np.arange(3)[:, None, None, None]  # each row holds its index
+    past = kv.KVCache(past.layers, 4)
+    with pytest.raises(ValueError, match="after its own"):
+        kv.keep(past, [1, 0])
+    kept = kv.keep(past, [2, 1])  # each row to a slot at or before its own
+    assert all((t[:, 0, :, 0] == [[2] * 4, [1] * 4]).all() for pair in kept.layers for t in pair)

@@ -160,9 +160,10 @@ class InplaceKV:
         return self.KVCache(tuple(layers), past.length)
 
     def keep(self, past, rows):
-        """Rows ``rows`` (ascending batch indices) moved to the front in place, order kept; the
-        leading rows are a contiguous view. Only valid tokens move (no allocation, no full copy)."""
-        rows = [int(r) for r in rows]
+        """Rows ``rows`` (batch indices, each at or after the slot it takes: rowsteps.placed) moved to the front
+        in place, in that order; the leading rows are a contiguous view. Only valid tokens move (no allocation,
+        no full copy)."""
+        rows = _forward(rows)
         for pair in past.layers:
             for t in pair:
                 for slot, src in enumerate(rows):
@@ -238,8 +239,9 @@ class DeviceKV(InplaceKV):
         return self.KVCache(tuple(layers), past.length)
 
     def keep(self, past, rows):
-        """Rows ``rows`` (ascending) moved forward one whole row at a time on the device, order kept."""
-        rows = [int(r) for r in rows]
+        """Rows ``rows`` (each at or after the slot it takes) moved forward one whole row at a time on the device, in
+        that order."""
+        rows = _forward(rows)
         for pair in past.layers:
             for t in pair:
                 for slot, src in enumerate(rows):
@@ -257,6 +259,15 @@ class DeviceKV(InplaceKV):
         if arena is None or arena.shape[0] < size or arena.elem_type != like.elem_type:
             arena = self._arenas[index] = self._new((size + size // ARENA_HEADROOM,), like.elem_type)
         return self.buffers.KVView(arena.owner, tuple(shape), like.elem_type, self.device, self.device_id)
+
+
+def _forward(rows) -> list[int]:
+    """``rows`` as ints, each at or after its slot (moved in slot order, a row is then read before its own slot
+    is written); raises otherwise (a row would be read after another was written over it)."""
+    rows = [int(r) for r in rows]
+    if any(src < slot for slot, src in enumerate(rows)):
+        raise ValueError(f"rows {rows}: a row cannot move to a slot after its own in place")
+    return rows
 
 
 def _peak(runner, tokens: int, in_place: bool) -> KVPeak:

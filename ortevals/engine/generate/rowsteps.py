@@ -116,8 +116,10 @@ class RowSteps:
 
     def take(self, step_logits: np.ndarray) -> tuple[list[int], np.ndarray, list[tuple[Rows, list[Sample]]]]:
         """One token for each live row from ``step_logits [live, V]`` (batch order) → (batch indices of the rows
-        that go on, the tokens ``[live]``, ``(rows, samples)`` of each group whose last row ended)."""
-        bad = np.flatnonzero(~np.isfinite(np.max(step_logits, axis=1)))
+        that go on, in their new batch order (:func:`placed`: groups in order, each row before its old index or at
+        it), the tokens ``[live]``, ``(rows, samples)`` of each group whose last row ended)."""
+        top = np.max(step_logits, axis=1)  # [live]: the rows' largest logits (the log-sum-exp's shift below)
+        bad = np.flatnonzero(~np.isfinite(top))
         if bad.size:  # a row that saw NaN or inf: one line naming it and the step
             rows = [(g, r) for g in self.groups for r in g.live]
             for b in bad:
@@ -126,7 +128,7 @@ class RowSteps:
         wide = self.work.float64("wide", step_logits)  # one float64 copy, one log-sum-exp for all three
         spans = np.cumsum([0] + [len(g.live) for g in self.groups])
         tokens = np.concatenate([g.choose(wide[a:b]) for g, a, b in zip(self.groups, spans, spans[1:], strict=False)])
-        lse = row_logsumexp(wide, out=self.work.take("exp", wide.shape))
+        lse = row_logsumexp(wide, out=self.work.take("exp", wide.shape), top=top.astype(np.float64))
         chosen = token_logprob(wide, tokens, lse)
         keep, done = [], []
         for g, a, b in zip(self.groups, spans, spans[1:], strict=False):
@@ -137,10 +139,22 @@ class RowSteps:
                 if g.streams[r].push(int(tokens[a + k])):
                     self.generated += len(g.streams[r].out)
                 else:
-                    keep.append(a + k)
-                    still.append(r)
-            g.live = still
+                    still.append((a + k, r))
+            still = placed(still, len(keep))
+            keep += [src for src, _ in still]
+            g.live = [r for _, r in still]
             if not still:
                 done.append((g.rows, g.samples()))
         self.groups = [g for g in self.groups if g.live]
         return keep, tokens, done
+
+
+def placed(kept: list[tuple[int, int]], start: int) -> list[tuple[int, int]]:
+    """A group's rows that go on, ``(batch index, row)`` ascending, in the order they take batch slots ``start,
+    start + 1, ...``: a row already at one of those slots stays there, the others fill the rest in order. When
+    one row ends, its group's last row takes its slot and each later group's last row moves to its first (one
+    row a group moves, not every row after it: the rows' KV moves with them). Every other row's index is past the
+    group's slots (rows only leave before it), so a row moves only to a slot before its own index."""
+    ours = {src - start: (src, r) for src, r in kept if start <= src < start + len(kept)}
+    others = iter([x for x in kept if not start <= x[0] < start + len(kept)])
+    return [ours[i] if i in ours else next(others) for i in range(len(kept))]
