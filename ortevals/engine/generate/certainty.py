@@ -16,10 +16,11 @@ from collections.abc import Sequence
 import numpy as np
 
 
-def row_logsumexp(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+def row_logsumexp(x: np.ndarray, out: np.ndarray | None = None, top: np.ndarray | None = None) -> np.ndarray:
     """``log sum_j exp(x[r, j])`` of float64 ``[R, V]`` → ``[R]``, shifted by each row's max; ``out``: a
-    ``[R, V]`` float64 buffer for the shifted exponentials (else a new one)."""
-    top = x.max(axis=1)
+    ``[R, V]`` float64 buffer for the shifted exponentials (else a new one); ``top [R]``: the rows' maxima where
+    the caller has them (a float32 row's max, widened, is its float64 copy's max)."""
+    top = x.max(axis=1) if top is None else top
     z = np.subtract(x, top[:, None], out=out)
     return top + np.log(np.exp(z, out=z).sum(axis=1))
 
