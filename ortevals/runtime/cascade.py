@@ -64,8 +64,8 @@ PROMPT_NAMES = ((PROMPT_KEY, PROMPT_VALUE),
                 *((f"ortevals_prompt{g + 1}.%d.key", f"ortevals_prompt{g + 1}.%d.value") for g in range(1, GROUPS)))
 GROUP_ROWS = "ortevals_group_rows"  # int64 [GROUPS]: rows reading each prompt, in batch order
 PROMPT_LENGTHS = "ortevals_prompt_lengths"  # int32 [B]: each row's prompt length
-REWRITE = {"rewrite": "cascade-decode/5", "groups": GROUPS,
-           "combine": "K x q and V^T x exp(s - max) per KV head and group (rows folded), GQA suffix in place, "
+REWRITE = {"rewrite": "cascade-decode/6", "groups": GROUPS,
+           "combine": "prompt GEMM per KV head and group (rows folded), split once a layer, GQA suffix in place, "
                       "sigmoid(lse_p - lse_s)"}
 MS = "com.microsoft"
 # GroupQueryAttention inputs this rewrite keeps as they are; any later one (position_ids, attention_bias,
@@ -114,8 +114,8 @@ class PromptBinding:
 
     def bind(self, groups) -> object:
         """The binding with ``groups`` bound: ``((prompt, rows, ...), ...)``, at most :data:`GROUPS`, in batch
-        order, each prompt a one-row KVCache (keys ``[1,H,P,D]``, values ``[1,H,D,P]``, contiguous) bound as it
-        is (without its batch axis)."""
+        order, each prompt a one-row KVCache (``[1,H,P,D]``, contiguous) bound as it is (without its batch
+        axis)."""
         if not 1 <= len(groups) <= GROUPS:
             raise ValueError(f"the cascade graph takes 1 to {GROUPS} groups of rows, not {len(groups)}")
         for g, names in enumerate(PROMPT_NAMES):
@@ -172,7 +172,7 @@ def _rewrite(package: ModelPackage) -> bytes:
             graph.initializer.extend(inits)
             for g, (key, value) in enumerate(PROMPT_NAMES):
                 length = f"prompt{g}_length"
-                for name, dims in ((key, [length, spec.head_size]), (value, [spec.head_size + 1, length])):
+                for name, dims in ((key, [length, spec.head_size]), (value, [length, spec.head_size])):
                     graph.input.append(helper.make_tensor_value_info(name % spec.layer, _elem_type(spec.dtype),
                                                                      [spec.kv_heads, *dims]))
         else:
@@ -296,31 +296,29 @@ def _prompt_parts(g, q4: str, layer: int, nk: int, groups: int, d: int, opset: i
     """Attention of the rows' queries ``q4 [B,H_kv,g,D]`` over their groups' shared prompts: (out ``[B,H_kv,g,D]``,
     lse ``[B,H_kv,g,1]``).
 
-    Laid out so each prompt tensor is the GEMMs' streamed operand: the queries as ``[H_kv, D, B*g]`` (a group's
-    rows and the query heads of a KV head side by side), scores ``K [H_kv,P,D] x q`` → ``[H_kv, P, n*g]``,
-    output ``V^T [H_kv,D,P] x exp(scores - max)`` → ``[H_kv, D, n*g]``: onnxruntime's CPU GEMM packs only its
-    second operand, here the small one (against ``q x K^T`` and ``probs x V``: 205 → 167 µs a group and layer
-    at a 1,400-token prompt, 24 query rows, on the 2-core machine). The softmax's sum divides the output
-    after the GEMM, once for all groups, and the log-sum-exp is ``max + log(sum)``."""
-    # two transposes onnxruntime does by blocks (one axis moved), not one of four axes (~85 µs a layer at 64 rows)
-    q_t = g.op("Transpose", g.op("Reshape", g.op("Transpose", q4, perm=[1, 0, 2, 3]), g.const([nk, -1, d])),
-               perm=[0, 2, 1])  # [H_kv, D, B*g]
+    One GEMM pair per KV head and group, the group's rows and the query heads of a KV head folded into M:
+    ``[n*g, D] x K^T`` and ``softmax [n*g, P] x V``. A row's numbers do not depend on how many rows its group
+    has: only M varies with the rows, and onnxruntime's CPU GEMM (MLAS) blocks the sum over P by N and K (here
+    P and D, or D and P), not by M. (The GEMMs the other way round, ``K x q`` and ``V^T x probs``, ran ~35%
+    faster but put the rows in N, and MLAS widens its K blocks as N shrinks: the sums over P were split
+    differently as rows ended.) The queries are transposed, split and gathered back once a layer for all
+    groups."""
+    rows = g.op("Reshape", g.op("Transpose", q4, perm=[1, 0, 2, 3]), g.const([nk, -1, d]))  # [H_kv, B*g, D]
     sizes = g.op("Mul", GROUP_ROWS, g.const(groups))
-    outs, tops = [], []
-    for q, (key, value) in zip(g.ops("Split", GROUPS, q_t, sizes, axis=2), PROMPT_NAMES, strict=True):
-        scores = g.op("MatMul", key % layer, q)  # [H_kv, P, n*g]
-        tops.append(_reduce(g, "ReduceMax", scores, 1, opset))  # [H_kv, 1, n*g]
-        # [V^T; 1] [H_kv, D+1, P]: the GEMM's last row is the softmax's sum
-        outs.append(g.op("MatMul", value % layer, g.op("Exp", g.op("Sub", scores, tops[-1]))))  # [H_kv, D+1, n*g]
-    out_t, top = (g.op("Concat", *x, axis=2) for x in (outs, tops))  # back in batch order
-    out_t, total = g.ops("Split", 2, out_t, g.const([d, 1]), axis=1)
-    lse_t = g.op("Add", top, g.op("Log", total))
+    outs, tops, peaks = [], [], []
+    for q, (key, value) in zip(g.ops("Split", GROUPS, rows, sizes, axis=1), PROMPT_NAMES, strict=True):
+        scores = g.op("MatMul", q, g.op("Transpose", key % layer, perm=[0, 2, 1]))  # [H_kv, n*g, P]
+        probs = g.op("Softmax", scores, axis=-1)
+        tops.append(_max(g, scores, opset))
+        peaks.append(_max(g, probs, opset))
+        outs.append(g.op("MatMul", probs, value % layer))  # [H_kv, n*g, D]
+    out, top, peak = (g.op("Concat", *x, axis=1) for x in (outs, tops, peaks))  # back in batch order
+    lse = g.op("Sub", top, g.op("Log", peak))  # as _softmax: max(s) - log(max(softmax(s)))
 
     def back(x: str, width: int) -> str:  # [H_kv, B*g, w] -> [B, H_kv, g, w]
         return g.op("Transpose", g.op("Reshape", x, g.const([nk, -1, groups, width])), perm=[1, 0, 2, 3])
 
-    out = g.op("Transpose", g.op("Div", out_t, total), perm=[0, 2, 1])  # [H_kv, B*g, D]
-    return back(out, d), back(g.op("Reshape", lse_t, g.const([nk, -1, 1])), 1)
+    return back(out, d), back(lse, 1)
 
 
 def _softmax(g, scores: str, opset: int) -> tuple[str, str]:

@@ -14,8 +14,7 @@ same graphs write into buffers it already holds (``into``: a
 :class:`~ortevals.runtime.buffers.KVView` bound by pointer), so nothing is
 allocated: ``expand`` a prompt's row into an arena, ``copy`` a row forward
 (``Identity``: a finished row leaves), ``fit`` a prefix into a buffer of
-another capacity (``Slice`` then ``Pad`` on axis 2), ``values`` a prefix with its last two axes swapped and a
-row of ones after (the cascade graph's prompt values).
+another capacity (``Slice`` then ``Pad`` on axis 2).
 One session per (op, element type), made on first use.
 """
 
@@ -55,11 +54,6 @@ class Replicator:
     def fit(self, value, length: int, into: KVView) -> None:
         """``into [B,H,T',D]`` ← the first ``length`` tokens of ``value [B,H,T,D]`` then zeros (T' >= length)."""
         self._run("Fit", value, np.asarray([length, into.shape[2] - length], dtype=np.int64), into)
-
-    def values(self, value, length: int, into: KVView) -> None:
-        """``into [B,H,D+1,length]`` ← the first ``length`` tokens of ``value [B,H,T,D]``, the last two axes swapped,
-        then a row of ones (the cascade graph's prompt values: runtime/cascade.py)."""
-        self._run("Values", value, np.asarray([0, length, 2], dtype=np.int64), into)
 
     def gather(self, value, rows) -> object:
         """value: OrtValue ``[B, ...]``; returns rows ``rows`` (in that order) as a new OrtValue."""
@@ -114,8 +108,7 @@ class Replicator:
 
 def _nodes(op: str) -> list:
     """Expand(x, arg=shape) · Gather(x, arg=rows, axis 0) · Slice(x, arg=[start, end, axis]) ·
-    Identity(x) (arg unused) · Fit: Pad(Slice(x, 0:arg[0] on axis 2), arg[1] zeros after, axis 2) ·
-    Values: Pad(Transpose(Slice(x, arg as Slice's), last two axes swapped), a row of ones after on axis 2)."""
+    Identity(x) (arg unused) · Fit: Pad(Slice(x, 0:arg[0] on axis 2), arg[1] zeros after, axis 2)."""
     from onnx import TensorProto, helper
 
     if op == "Expand":
@@ -132,17 +125,8 @@ def _nodes(op: str) -> list:
                 helper.make_node("Slice", ["x", "zero", "end", "axis"], ["head"]),
                 helper.make_node("Concat", ["begins", "after", "zero"], ["pads"], axis=0),
                 helper.make_node("Pad", ["head", "pads"], ["y"])]
-    split = helper.make_node("Split", ["arg"], ["s", "e", "a"], axis=0, num_outputs=3)
-    if op == "Values":  # pads for all 4 axes: one row after on axis 2, of ones (CastLike: x's element type)
-        ones = helper.make_tensor("one", TensorProto.FLOAT, [], [1.0])
-        return [split, helper.make_node("Slice", ["x", "s", "e", "a"], ["head"]),
-                helper.make_node("Transpose", ["head"], ["swapped"], perm=[0, 1, 3, 2]),
-                helper.make_node("Constant", [], ["pads"], value=helper.make_tensor(
-                    "pads", TensorProto.INT64, [8], [0, 0, 0, 0, 0, 0, 1, 0])),
-                helper.make_node("Constant", [], ["one"], value=ones),
-                helper.make_node("CastLike", ["one", "swapped"], ["fill"]),
-                helper.make_node("Pad", ["swapped", "pads", "fill"], ["y"])]
-    return [split, helper.make_node("Slice", ["x", "s", "e", "a"], ["y"])]
+    return [helper.make_node("Split", ["arg"], ["s", "e", "a"], axis=0, num_outputs=3),
+            helper.make_node("Slice", ["x", "s", "e", "a"], ["y"])]
 
 
 def _shape(value) -> tuple:

@@ -5,8 +5,7 @@ Owns :class:`CascadeKV`, a KV holder for the sampler (the interface of engine/kv
 holder (:class:`~ortevals.engine.generate.kvrows.InplaceKV` on the host, ``DeviceKV`` where the session
 runs). Prompt passes are the in-place holder's. Decode rows (``repeat`` with more than one row, or
 :meth:`CascadeKV.share` / :meth:`CascadeKV.join` of several prompts' rows) become :class:`SharedRows`:
-each prompt's valid tokens once, contiguous (keys ``[1,H,P,D]``, values ``[1,H,D+1,P]``: transposed, a row of
-ones after) per layer, bound as they are by every pass of
+each prompt's valid tokens once, contiguous ``[1,H,P,D]`` per layer, bound as they are by every pass of
 the cascade decode graph (runtime/cascade.py), and each row's own tokens after its prompt in the
 in-place holder's arenas (``[rows,H,max_gen_toks+1,D]``, written in place by GroupQueryAttention). A
 decode pass then reads its weights, each prompt once and the rows' suffixes, instead of a prompt per
@@ -171,8 +170,8 @@ class CascadeKV:
         if len(past.counts) >= GROUPS or have + rows > past.reserve:
             raise ValueError(f"cannot add {rows} rows of a prompt to {have} rows of {len(past.counts)} prompts "
                              f"(at most {GROUPS} prompts, {past.reserve} rows)")
-        valid = KVCache(tuple((self._valid(k, prompt.length), self._valid(v, prompt.length, values=True))
-                              for k, v in prompt.layers), prompt.length)
+        valid = KVCache(tuple(tuple(self._valid(t, prompt.length) for t in pair) for pair in prompt.layers),
+                        prompt.length)
         grown = self._grow(past, prompt, have + rows, _shape(past.rows.layers[0][0])[2])
         return SharedRows((*past.prompts, valid), (*past.counts, rows), (*past.lengths, 0), grown.rows, past.reserve)
 
@@ -225,19 +224,12 @@ class CascadeKV:
         log.info("raw path: decode rows attend to one shared prompt KV (cascade decode graph)")
         return True
 
-    def _valid(self, t, length: int, values: bool = False):
-        """The first ``length`` tokens of a one-row buffer, contiguous ``[1,H,length,D]``; ``values``: ``[1,H,D+1,
-        length]``, transposed and a row of ones after (the cascade graph's value layout): bound as they are."""
+    def _valid(self, t, length: int):
+        """The first ``length`` tokens of a one-row buffer, contiguous ``[1,H,length,D]``: bound as they are."""
         if isinstance(t, np.ndarray):
-            if not values:
-                return np.ascontiguousarray(t[:, :, :length])
-            out = np.empty((1, t.shape[1], t.shape[3] + 1, length), dtype=t.dtype)
-            out[:, :, :-1] = t[:, :, :length].transpose(0, 1, 3, 2)
-            out[:, :, -1] = 1
-            return out
-        shape = (1, t.shape[1], *((t.shape[3] + 1, length) if values else (length, t.shape[3])))
-        out = self.base._new(shape, t.elem_type)
-        (self.base.copies.values if values else self.base.copies.fit)(t, length, into=out)
+            return np.ascontiguousarray(t[:, :, :length])
+        out = self.base._new((1, t.shape[1], length, t.shape[3]), t.elem_type)
+        self.base.copies.fit(t, length, into=out)
         return out
 
     def _arena(self, index: int, like, rows: int, room: int):
