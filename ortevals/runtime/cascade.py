@@ -170,11 +170,11 @@ def _rewrite(package: ModelPackage) -> bytes:
             nodes, inits = _rewrite_node(node, spec, tables, opset, lengths[key])
             kept += nodes
             graph.initializer.extend(inits)
-            for g, (key, value) in enumerate(PROMPT_NAMES):
-                length = f"prompt{g}_length"
-                for name, dims in ((key, [length, spec.head_size]), (value, [length, spec.head_size])):
-                    graph.input.append(helper.make_tensor_value_info(name % spec.layer, _elem_type(spec.dtype),
-                                                                     [spec.kv_heads, *dims]))
+            for g, names in enumerate(PROMPT_NAMES):
+                for name in names:
+                    graph.input.append(helper.make_tensor_value_info(
+                        name % spec.layer, _elem_type(spec.dtype), [spec.kv_heads, f"prompt{g}_length",
+                                                                    spec.head_size]))
         else:
             kept.append(node)
     graph.input.append(helper.make_tensor_value_info(GROUP_ROWS, onnx.TensorProto.INT64, [GROUPS]))
@@ -334,15 +334,10 @@ def _softmax(g, scores: str, opset: int) -> tuple[str, str]:
 
 
 def _max(g, x: str, opset: int) -> str:
-    """max over the last axis, kept."""
-    return _reduce(g, "ReduceMax", x, -1, opset)
-
-
-def _reduce(g, op: str, x: str, axis: int, opset: int) -> str:
-    """``op`` (ReduceMax, ReduceSum) over ``axis``, kept: axes an input from opset 18 (ReduceSum: 13)."""
-    if opset >= (13 if op == "ReduceSum" else 18):
-        return g.op(op, x, g.const([axis]), keepdims=1)
-    return g.op(op, x, axes=[axis], keepdims=1)
+    """max over the last axis, kept (ReduceMax: axes became an input in opset 18)."""
+    if opset >= 18:
+        return g.op("ReduceMax", x, g.const([-1]), keepdims=1)
+    return g.op("ReduceMax", x, axes=[-1], keepdims=1)
 
 
 def _elem_type(dtype: str) -> int:
