@@ -105,8 +105,9 @@ class PromptBinding:
 
     A group's prompt tensors (2 per layer) are rebound only when another prompt takes its slot: binding eight
     prompts' 480 tensors every pass cost ~3 ms of a ~120 ms pass (SmolLM2-135M, 2 cores). A slot with no rows
-    keeps what it held (read by no row); the slots' prompts are held here, so the memory bound stays alive.
-    The caller binds every other input and the outputs each pass."""
+    binds the first group's prompt (read by no row), so only live prompts are held here (the memory bound
+    stays alive, and a finished prompt's copy is not kept). The caller binds every other input and the
+    outputs each pass."""
 
     def __init__(self, package: ModelPackage, session) -> None:
         self.package, self.binding = package, session.io_binding()
@@ -119,7 +120,7 @@ class PromptBinding:
         if not 1 <= len(groups) <= GROUPS:
             raise ValueError(f"the cascade graph takes 1 to {GROUPS} groups of rows, not {len(groups)}")
         for g, names in enumerate(PROMPT_NAMES):
-            prompt = groups[g][0] if g < len(groups) else groups[0][0] if self.slots[g] is None else self.slots[g]
+            prompt = groups[g][0] if g < len(groups) else groups[0][0]  # a slot with no rows: any live prompt
             if prompt is not self.slots[g]:
                 for spec in self.package.kv:
                     for name, t in zip(names, prompt.layers[spec.layer], strict=True):
