@@ -255,6 +255,43 @@ def test_prompts_join_a_running_batch_and_give_the_current_paths_samples(raw, ca
     assert on.stats["decode_passes"] < off.stats["decode_passes"] / 2
 
 
+def test_tokens_chosen_on_several_threads_give_the_same_samples(raw, cache):
+    """The decode loop cuts the live rows into pieces of consecutive rows, each chosen on its own thread, a cut
+    falling inside a prompt's rows (three rows a prompt, pieces of 8 and more): every sample (ids, text,
+    log-prob, self-certainty) bit-equal to one thread's, with and without a repetition penalty (each row's
+    history)."""
+    from ortevals.engine.generate.rowsteps import PIECE_ROWS
+    from ortevals.engine.generate.sampler import run_sampling
+
+    prompts = [" ".join(["word"] * (2 + 3 * j)) + f" {PROMPT}" for j in range(11)]
+    eot = raw.tok_decode([raw.eot_token_id])
+    st = [parse_gen_kwargs(SAMPLED, 24, eot), parse_gen_kwargs({**SAMPLED, "repetition_penalty": 1.3}, 24, eot)]
+    items = [(tuple(raw.tok_encode(p)), st[j % 2]) for j, p in enumerate(prompts) for _ in range(3)]
+    cuts = []
+
+    def run(threads: int) -> list:
+        s, done = sampler(raw, cache, "on", threads=threads), {}
+        run_sampling(s, items, [[i // 3, i % 3] for i in range(len(items))], done.__setitem__, str)
+        return [(d.ids, d.text, d.logprob, d.certainty, d.eos) for d in (done[i] for i in range(len(items)))]
+
+    from ortevals.engine.generate import rowsteps
+
+    choose = rowsteps.RowSteps._choose
+
+    def spy(self, step_logits, spans):
+        cuts.append(min(self.threads, int(spans[-1]) // PIECE_ROWS))
+        return choose(self, step_logits, spans)
+
+    want = run(1)
+    rowsteps.RowSteps._choose = spy
+    try:
+        got = run(4)
+    finally:
+        rowsteps.RowSteps._choose = choose
+    assert got == want
+    assert max(cuts) >= 3  # three pieces at once: 24 rows, cut inside the third and sixth prompts' rows
+
+
 def test_prompts_sharing_a_prefix_equal_the_current_path(raw, cache):
     prompts = [HEADER + "Question: the city of Paris? Answer:", HEADER + "Question: the river Seine? Answer:"]
     got = {}

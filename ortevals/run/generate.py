@@ -28,6 +28,7 @@ from ortevals.engine.score.scoring import describe_request, fits
 from ortevals.errors import OrtEvalsError
 from ortevals.files import cache_root
 from ortevals.runtime.memory import free_bytes
+from ortevals.runtime.providers import default_threads
 
 log = logging.getLogger(__name__)
 # where ortevals differs on purpose, the output says so (the summary's mode line, results' config)
@@ -175,7 +176,14 @@ class Generation:
                               functools.partial(free_bytes, runner.bind_device or "cpu", runner.device_id))
             self._sampler = SharedPromptSampler(
                 runner, run.tokenizer, {run.eot_token_id, *run.package.eos_token_ids},
-                exact=prefill.settings.exact, prefix_cache=run.args.prefix_cache, cascade=cascade)
+                exact=prefill.settings.exact, prefix_cache=run.args.prefix_cache, cascade=cascade,
+                threads=_choice_threads(run.backends.provider))
         if run.backends.exact and not self._sampler.exact:  # the log-likelihood canary tripped since
             self._sampler.exact, self._sampler.prefix_cache = True, False
         return self._sampler
+
+
+def _choice_threads(provider) -> int:
+    """Threads that choose tokens between decode passes: the session's on CPU (the cores the run was given),
+    the host's where the passes run on a device (the host idles while they run)."""
+    return provider.intra_op_threads if provider.name == "cpu" else default_threads("cpu")

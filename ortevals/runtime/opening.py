@@ -57,11 +57,17 @@ def check_available(provider: ProviderConfig) -> None:
         )
 
 
-def open_session(model: ModelFile, provider: ProviderConfig, derived: Path | None = None):
+def open_session(model: ModelFile, provider: ProviderConfig, derived: Path | None = None,
+                 stop_spinning: bool = False):
     """One InferenceSession on ``provider``; availability is checked first. It is handed exactly its
     record's settings (:func:`~ortevals.runtime.reads.session_reads`).
 
     ``derived``: a rewritten copy of ``model``'s graph whose weights stay in the package folder.
+    ``stop_spinning``: onnxruntime's threads stop spinning when a run returns (they spin between ops within
+    one), for a session whose caller works on those cores between runs. The decode loop chooses tokens on them
+    (engine/generate/rowsteps.py): with the threads spinning the choice took 4.0 s of a 52 s acceptance run,
+    2.3 s without; spinning off altogether slowed the passes 46 -> 53 s; the scoring passes, back to back, are
+    left spinning. Changes no number, so it is not in the session's record.
     """
     ort = import_ort()
     check_available(provider)
@@ -73,6 +79,8 @@ def open_session(model: ModelFile, provider: ProviderConfig, derived: Path | Non
     folder, relinked = relocated(model.path, derived)  # issue 22: data linked from a Hugging Face cache
     if derived is not None or relinked is not None:
         so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(folder))
+    if stop_spinning:
+        so.add_session_config_entry("session.force_spinning_stop", "1")
     try:
         session = ort.InferenceSession(relinked or str(derived or model.path), so, providers=providers)
     except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph/... types

@@ -279,7 +279,8 @@ class DecoderRunner:
         """This runner over the cascade decode graph (runtime/cascade.py: decode rows attend to one shared
         prompt KV), built once under ``cache``; the same package, embedding session and KV device.
         Raises :class:`~ortevals.runtime.cascade.Refused` where the graph cannot be rewritten exactly."""
-        session = open_session(self.package.decoder, provider, cascade_decoder(self.package, cache))
+        session = open_session(self.package.decoder, provider, cascade_decoder(self.package, cache),
+                               stop_spinning=True)
         log.info("opened the cascade decode graph of %s", self.package.decoder.path.name)
         return DecoderRunner(self.package, session, self.embedding, self.bind_device, self.device_id,
                              self.replicator)

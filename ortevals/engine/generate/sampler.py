@@ -91,17 +91,18 @@ class SharedPromptSampler:
 
     def __init__(self, runner, tokenizer, eos_ids: set[int], exact: bool = False, prefix_cache: bool = True,
                  prefix_min: int = 16, kv_budget_mb: int | None = None,
-                 free_memory: Callable[[], int | None] | None = None, cascade=None) -> None:
+                 free_memory: Callable[[], int | None] | None = None, cascade=None, threads: int = 1) -> None:
         """kv_budget_mb: decode KV per batch; None: FREE_SHARE of ``free_memory()`` (bytes free where the
         KV lives, read before each job: runtime/memory.py unless given) plus the arenas already held.
-        cascade: engine/generate/cascade.py's ``Cascade`` (decode rows on one shared prompt KV; never in exact mode)."""
+        cascade: engine/generate/cascade.py's ``Cascade`` (decode rows on one shared prompt KV; never in exact mode).
+        threads: how many threads choose the rows' tokens between passes (the session's own count)."""
         self.runner, self.tokenizer, self.eos_ids = runner, tokenizer, eos_ids
         self.exact = exact
         self.prefix_cache = prefix_cache and not exact  # a shorter pass may change an exact-mode graph's numbers
         self.prefix_min = prefix_min  # shared tokens worth a cut of the held KV
         self.kv_budget = kv_budget_mb * 2**20 if kv_budget_mb else None
         self.free_memory = free_memory
-        self.cascade = cascade
+        self.cascade, self.threads = cascade, threads
         self._said_unknown = False
         self.stats = {"prompts": 0, "prompt_tokens": 0, "reused_tokens": 0, "decode_passes": 0,
                       "row_steps": 0, "generated_tokens": 0}
@@ -290,7 +291,7 @@ class SharedPromptSampler:
         batch (a new last group) whenever the cascade graph takes another prompt and its rows fit the ``reserve``
         rows of the buffers; its rows' first tokens come from its prompt's logits. Each row draws from its own
         generator and leaves the batch when it ends."""
-        queue, steps = list(starts)[::-1], RowSteps(self.tokenizer, self.eos_ids)
+        queue, steps = list(starts)[::-1], RowSteps(self.tokenizer, self.eos_ids, self.threads)
         past, logits, several = None, None, len(starts) > 1
         while queue or steps.groups:
             fresh = []

@@ -20,6 +20,7 @@ so a sample's text never depends on the batch it ran in. No onnxruntime here.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -52,23 +53,25 @@ def temperature(x: np.ndarray, t: float, out: np.ndarray | None = None) -> np.nd
 
 
 class Workspace:
-    """Float64 ``[R, V]`` buffers kept across the steps of one decode loop, by name.
+    """Float64 ``[R, V]`` buffers kept across the steps of one decode loop, by name, one set per thread.
 
     A step's softmax, cumulative sums and log-sum-exp each need a ``[R, V]`` temporary (6 MiB at 16 rows of a
     49k vocabulary). glibc hands blocks that large back to the kernel when they are freed, so a new one every
     step costs its page faults again: 2.6 ms against 0.7 ms for one log-sum-exp of 16 rows on the 2-core
     machine (docs/benchmarks.md §8). A buffer here grows to the largest shape asked and is reused; fewer rows
-    (finished samples left the batch) take a leading slice, contiguous."""
+    (finished samples left the batch) take a leading slice, contiguous. Each thread has its own buffers (the
+    decode loop chooses tokens for the rows in pieces, on several threads: engine/generate/rowsteps.py)."""
 
     def __init__(self) -> None:
-        self._buffers: dict[str, np.ndarray] = {}
+        self._local = threading.local()
 
     def take(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
-        """A float64 array of ``shape`` (contents undefined) in buffer ``name``."""
+        """A float64 array of ``shape`` (contents undefined) in this thread's buffer ``name``."""
         size = int(np.prod(shape))
-        buf = self._buffers.get(name)
+        buffers = self._local.__dict__.setdefault("buffers", {})
+        buf = buffers.get(name)
         if buf is None or buf.size < size:
-            buf = self._buffers[name] = np.empty(size, dtype=np.float64)
+            buf = buffers[name] = np.empty(size, dtype=np.float64)
         return buf[:size].reshape(shape)
 
     def float64(self, name: str, x: np.ndarray) -> np.ndarray:
