@@ -387,6 +387,46 @@ def test_the_prompt_kv_is_one_row_bound_by_every_pass_and_no_arena_holds_it(tiny
     assert kv.held_bytes() == rows_bytes + rows_bytes // 4
 
 
+def test_a_streams_prompts_are_read_where_their_prompt_pass_wrote_them(raw, cache):
+    """Several sampled prompts decoded together: each group's prompt KV is the buffer its prompt pass wrote
+    (allocated to the prompt's length, no room: the rows' tokens live in the arenas), not a copy of it, and the
+    samples are the current path's."""
+    from ortevals.engine.generate.sampler import run_sampling
+
+    eot = raw.tok_decode([raw.eot_token_id])
+    st = parse_gen_kwargs(SAMPLED, 24, eot)
+    items = [(tuple(raw.tok_encode(" ".join(["word"] * (2 + j)) + f" {PROMPT}")), st) for j in range(3) for _ in range(2)]
+    written, pairs = {}, []
+    join, prompt = CascadeKV.join, SharedPromptSampler.prompt
+
+    def spy_prompt(self, *args, **kw):
+        logits, kv = prompt(self, *args, **kw)
+        written[id(kv)] = kv
+        return logits, kv
+
+    def spy_join(self, past, kv, n):
+        out = join(self, past, kv, n)
+        if id(kv) in written:  # a prompt pass's KV (not the graph's own self-check)
+            pairs.extend(zip((t for pair in kv.layers for t in pair),
+                             (t for pair in out.prompts[-1].layers for t in pair), strict=True))
+        return out
+
+    def run(mode: str) -> list:
+        s, done = sampler(raw, cache, mode), {}
+        run_sampling(s, items, [[i // 2, i % 2] for i in range(len(items))], done.__setitem__, str)
+        return [done[i].ids for i in range(len(items))]
+
+    want = run("off")
+    CascadeKV.join, SharedPromptSampler.prompt = spy_join, spy_prompt
+    try:
+        got = run("on")
+    finally:
+        CascadeKV.join, SharedPromptSampler.prompt = join, prompt
+    assert got == want
+    assert len(pairs) >= 3 * 2 * len(raw.run.package.kv)
+    assert all(bound is kv for kv, bound in pairs)
+
+
 # --- refusals ------------------------------------------------------------------------------------------
 
 def edited(copy_pkg, tiny_pkg, change):

@@ -137,8 +137,7 @@ class SharedPromptSampler:
         graph serves them (:meth:`streams`)."""
         for stream in self.streams(jobs):
             if len(stream) > 1:
-                starts = [(len(job.members), lambda job=job: Rows.of(job, *self.prompt(job.prompt,
-                                                                                       job.settings.max_gen_toks),
+                starts = [(len(job.members), lambda job=job: Rows.of(job, *self.prompt(job.prompt, shared=True),
                                                                        rng, name)) for job in stream]
                 for rows, done in self._decode(starts, self._reserve(stream)):
                     for i, sample in zip(rows.members, done, strict=True):
@@ -253,14 +252,15 @@ class SharedPromptSampler:
 
         return free_bytes(getattr(self.runner, "bind_device", None) or "cpu", getattr(self.runner, "device_id", 0))
 
-    def prompt(self, tokens: tuple[int, ...], max_new: int = 0) -> tuple[np.ndarray, object]:
+    def prompt(self, tokens: tuple[int, ...], max_new: int = 0, shared: bool = False) -> tuple[np.ndarray, object]:
         """One prompt pass → (logits ``[V]`` after the last token, one-row KV of the whole prompt, with
-        room for ``max_new`` more tokens where the KV is kept in place).
+        room for ``max_new`` more tokens where the KV is kept in place; ``shared``: no room, the buffer holds the
+        prompt alone, as the cascade graph's rows read it in place).
 
         The tokens shared with the previous prompt are not run again: its KV, cut to them, is the past.
         """
         kv_rows = self.kv_rows
-        capacity = len(tokens) + max_new + 1
+        capacity = len(tokens) if shared else len(tokens) + max_new + 1
         base, past = 0, kv_rows.empty(1, capacity)
         if self.prefix_cache and self._held is not None:
             shared = min(common_prefix(self._held[0], tokens), len(tokens) - 1)  # one new token at least
@@ -301,8 +301,8 @@ class SharedPromptSampler:
                 rows = start()
                 steps.add(rows)
                 if past is None:
-                    past = self.kv_rows.share(rows.past, n, reserve=reserve) if several else \
-                        self.kv_rows.repeat(rows.past, n)
+                    past = self.kv_rows.share(rows.past, n, reserve=reserve, room=rows.settings.max_gen_toks + 1) \
+                        if several else self.kv_rows.repeat(rows.past, n)
                 else:
                     past = self.kv_rows.join(past, rows.past, n)
                 fresh.append(np.broadcast_to(rows.logits, (n, rows.logits.shape[-1])))
