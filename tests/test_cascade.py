@@ -395,7 +395,8 @@ def test_a_streams_prompts_are_read_where_their_prompt_pass_wrote_them(raw, cach
 
     eot = raw.tok_decode([raw.eot_token_id])
     st = parse_gen_kwargs(SAMPLED, 24, eot)
-    items = [(tuple(raw.tok_encode(" ".join(["word"] * (2 + j)) + f" {PROMPT}")), st) for j in range(3) for _ in range(2)]
+    prompts = [tuple(raw.tok_encode(" ".join(["word"] * (2 + j)) + f" {PROMPT}")) for j in range(3)]
+    items = [(p, st) for p in prompts for _ in range(2)]
     written, pairs = {}, []
     join, prompt = CascadeKV.join, SharedPromptSampler.prompt
 
