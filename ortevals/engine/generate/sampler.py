@@ -263,9 +263,9 @@ class SharedPromptSampler:
         capacity = len(tokens) if shared else len(tokens) + max_new + 1
         base, past = 0, kv_rows.empty(1, capacity)
         if self.prefix_cache and self._held is not None:
-            shared = min(common_prefix(self._held[0], tokens), len(tokens) - 1)  # one new token at least
-            if shared >= self.prefix_min:
-                base, past = shared, kv_rows.prefix(self._held[1], shared, capacity)
+            common = min(common_prefix(self._held[0], tokens), len(tokens) - 1)  # one new token at least
+            if common >= self.prefix_min:
+                base, past = common, kv_rows.prefix(self._held[1], common, capacity)
         logits, kv = kv_rows.run(np.asarray([tokens[base:]], dtype=np.int64), past, last=True)
         self.stats["prompts"] += 1
         self.stats["prompt_tokens"] += len(tokens) - base
