@@ -157,12 +157,15 @@ class RowSteps:
         cuts = np.linspace(0, live, max(1, min(self.threads, live // PIECE_ROWS)) + 1).astype(int)
 
         def piece(lo: int, hi: int) -> list[tuple[np.ndarray, np.ndarray]]:  # batch rows lo..hi-1, group by group
-            return [g.step(step_logits[s:e], g.live[s - a:e - a], self.work)
-                    for g, a, b in zip(self.groups, spans, spans[1:], strict=False)
-                    for s, e in [(max(a, lo), min(b, hi))] if s < e]
+            out = []
+            for g, a, b in zip(self.groups, spans, spans[1:], strict=False):
+                s, e = max(a, lo), min(b, hi)  # the group's rows in this piece
+                if s < e:
+                    out.append(g.step(step_logits[s:e], g.live[s - a:e - a], self.work))
+            return out
 
-        jobs = [_pool(len(cuts) - 2).submit(piece, lo, hi) for lo, hi in zip(cuts[1:-1], cuts[2:])] \
-            if len(cuts) > 2 else []
+        pool = _pool(len(cuts) - 2, os.getpid()) if len(cuts) > 2 else None
+        jobs = [pool.submit(piece, lo, hi) for lo, hi in zip(cuts[1:-1], cuts[2:])] if pool else []
         parts = piece(cuts[0], cuts[1]) + [x for job in jobs for x in job.result()]
         return np.concatenate([t for t, _ in parts]), np.concatenate([c for _, c in parts])
 
@@ -172,13 +175,10 @@ class RowSteps:
 PIECE_ROWS = 8
 
 
-def _pool(workers: int) -> ThreadPoolExecutor:
-    """Threads beside the caller's for token choice, kept for the process (idle ones cost nothing)."""
-    return _pools(workers, os.getpid())
-
-
 @functools.cache
-def _pools(workers: int, pid: int) -> ThreadPoolExecutor:  # by process: a forked child has none of its parent's threads
+def _pool(workers: int, pid: int) -> ThreadPoolExecutor:
+    """Threads beside the caller's for token choice, kept for the process (idle ones cost nothing); by ``pid``
+    because a forked child has none of its parent's threads."""
     return ThreadPoolExecutor(workers, thread_name_prefix="ortevals-choice")
 
 
