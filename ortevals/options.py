@@ -178,11 +178,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("ray_address", text("ray_address"), None, "Run the workers on this Ray cluster (ray start --head "
            "prints it); default: all its GPUs, or one worker per node on CPU.", scoped=False, flag="--ray-address",
            metavar="ADDR"),
-    # issue 14 (engine/generate/sampler.py): which engine generates; raw = shared-prompt sampling on onnxruntime
+    # issue 14 (engine/generate/rows/sampler.py): which engine generates; raw = shared-prompt sampling on onnxruntime
     Option("gen_path", choice("gen_path", ("auto", "raw", "og")), "auto",
            "generate_until path: auto (raw where the package has full logits and a plain KV cache), raw "
            "(shared-prompt sampling on onnxruntime), og (onnxruntime-genai Generators)."),
-    # issue 26 (engine/generate/cascade.py, runtime/cascade.py): scoped, its attention sums in another order (~1e-6)
+    # issue 26 (engine/generate/rows/cascade_kv.py, runtime/cascade.py): scoped, its attention sums in another
+    # order (~1e-6)
     Option("cascade", choice("cascade", ("auto", "on", "off")), "auto",
            "Raw-path sampling of K rows of one prompt: auto (the rows attend to one shared copy of the prompt's "
            "KV where the decoder's attention can be rewritten exactly, checked once against the plain pass; "
@@ -209,7 +210,8 @@ OPTIONS: tuple[Option, ...] = (
            scoped=False),
     Option("prm_aggregation", choice("prm_aggregation", ("last", "min", "prod")), "last",
            "How a solution's step scores become one in step-level search: last, min or prod.", scoped=False),
-    # issue 25 (engine/generate/stepsearch.py on rowmodel.py): not scoped here; with --search the run's scope is
+    # issue 25 (engine/generate/search/guided.py on search/rawrows.py): not scoped here; with --search the run's
+    # scope is
     # narrowed by the search's settings and what its verifier reads (run/search.py search_scope)
     Option("search", choice("search", ("none", "beam", "dvts", "particles")), "none",
            "generate_until by step-level search guided by --verifier's step scores (steps at step_separator, "

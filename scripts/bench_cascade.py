@@ -219,7 +219,7 @@ def sweep(lms: dict, args) -> list[dict]:
     """Decode-only tokens/s after prompts of each length, both modes alternately."""
     import numpy as np
 
-    from ortevals.engine.generate.settings import parse_gen_kwargs
+    from ortevals.engine.generate.choice.settings import parse_gen_kwargs
     from ortevals.fidelity.text import default_text
 
     tok = lms["off"].tokenizer

@@ -5,7 +5,7 @@ One invocation runs every backend, one after the other, on the same task configs
 ortevals, offline), one question per subject (``limit`` 1 per subtask), ``repeats: K`` at
 temperature T, ``max_gen_toks`` M, stop "Question:".
 
-* ortevals: the package on the raw shared-prompt path (engine/generate/sampler.py): one prompt pass per
+* ortevals: the package on the raw shared-prompt path (engine/generate/rows/sampler.py): one prompt pass per
   question, K rows decoded together, each stopping on its own.
 * lm-eval ``hf``: the same weights in PyTorch (the example's transformers folder), batch_size K
   (the K repeats of a question are one batch: the strongest setting of that backend here).

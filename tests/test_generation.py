@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 from lm_eval.api.instance import Instance
 
-from ortevals.engine.generate.generation import choose_token
-from ortevals.engine.generate.settings import GenSettings, parse_gen_kwargs
-from ortevals.engine.generate.stops import first_stop
+from ortevals.engine.generate.choice.logits import choose_token
+from ortevals.engine.generate.choice.settings import GenSettings, parse_gen_kwargs
+from ortevals.engine.generate.choice.stops import first_stop
 from ortevals.errors import OrtEvalsError
 from ortevals.integrations.lm import ModelArgs, OrtLM
 

@@ -24,6 +24,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("package", ("ortevals.package",)),
     ("runtime", ("ortevals.runtime",)),
     ("engine.score", ("ortevals.engine.score",)),
+    ("engine.generate.choice", ("ortevals.engine.generate.choice",)),
     ("engine.generate", ("ortevals.engine.generate",)),
     ("engine.media", ("ortevals.engine.media",)),
     ("engine", ("ortevals.engine",)),

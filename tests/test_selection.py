@@ -1,4 +1,4 @@
-"""Selection by verifier or self-certainty (report/selection.py, engine/generate/certainty.py): hand-made tables
+"""Selection by verifier or self-certainty (report/selection.py, engine/generate/choice/certainty.py): hand-made tables
 with known answers, a brute force over every k-subset (search-and-learn's selection rules), scipy."""
 
 import itertools
@@ -10,7 +10,7 @@ from scipy.special import log_softmax
 from scipy.stats import entropy
 
 import ortevals.report.selection as sel
-from ortevals.engine.generate.certainty import RunningCertainty, certainty_terms, self_certainty
+from ortevals.engine.generate.choice.certainty import RunningCertainty, certainty_terms, self_certainty
 from ortevals.errors import OrtEvalsError
 from ortevals.report.scaling import QuestionSamples, lm_eval_metrics
 from ortevals.report.selection import (

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from ortevals.engine.generate.prm import TextPrm, split_steps
+from ortevals.engine.generate.search.prm import TextPrm, split_steps
 from ortevals.errors import OrtEvalsError, PackageError
 from ortevals.integrations.lm import ModelArgs, OrtLM
 from ortevals.integrations.verify import OrmVerifier, Question, SelfVerifier, verify_run

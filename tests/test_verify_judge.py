@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from ortevals.engine.generate.prm import split_steps
+from ortevals.engine.generate.search.prm import split_steps
 from ortevals.integrations.lm import ModelArgs, OrtLM
 from ortevals.integrations.self_eval import prompt
 from ortevals.integrations.verify import Question, SelfVerifier, open_verifier, verify_run

@@ -4,7 +4,7 @@ Owns the timing loop for one (batch, prompt length, generated length) :class:`Se
 backends over the same token ids:
 
 * ``raw``: ortevals' raw path: :class:`~ortevals.runtime.sessions.DecoderRunner` with the raw
-  sampler's KV handling (engine/generate/kvrows.py: the in-place buffers where the graph allows
+  sampler's KV handling (engine/generate/rows/kv.py: the in-place buffers where the graph allows
   them, sized prompt + generated tokens), greedy;
 * ``og``: onnxruntime-genai's ``Generator`` (a fresh one per repeat, greedy, ``min_length`` set so
   that it never stops early), as ``benchmark/python/benchmark_e2e.py`` in microsoft/onnxruntime-genai
@@ -188,7 +188,7 @@ class RawBackend:
     name = "raw"
 
     def __init__(self, runner, eos: Sequence[int]) -> None:
-        from ortevals.engine.generate.kvrows import choose_kv
+        from ortevals.engine.generate.rows.kv import choose_kv
 
         self.kv = choose_kv(runner)  # the check the sampler runs once, outside the timers
         self.eos = tuple(eos)
@@ -281,7 +281,7 @@ class Profile:
 def open_backends(package, provider, wanted: Sequence[str] = BACKENDS) -> tuple[list, dict[str, str]]:
     """The backends that can run this package on ``provider``; the others with the reason."""
     from ortevals.engine.backends import capability
-    from ortevals.engine.generate.sampler import can_serve
+    from ortevals.engine.generate.rows.sampler import can_serve
     from ortevals.runtime.genai import GenaiRunner
     from ortevals.runtime.sessions import DecoderRunner
 

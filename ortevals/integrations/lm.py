@@ -64,7 +64,7 @@ class OrtLM(TemplateLM):
     def _open_search(self) -> None:
         """--search: the PRM from --verifier (integrations/verify.py); answers stored and resumed under the run's
         scope narrowed by the search's settings and what the verifier reads (run/search.py ``search_scope``)."""
-        from ortevals.engine.generate.prm import TextPrm
+        from ortevals.engine.generate.search.prm import TextPrm
         from ortevals.integrations.verify import open_verifier
         from ortevals.run.search import search_scope, search_settings
 

@@ -12,7 +12,7 @@ Owns scoring each question's K generated answers after a ``--samples K`` run:
 * ``PATH`` an ONNX sequence classifier with its tokenizer (runtime/reward.py) on ``context + answer``;
   each text runs whole (such a classifier has no KV inputs to share a prompt through);
 * with ``prm=true``, the same scorer as a process reward model: each step (split at
-  ``step_separator``) scored as the answer up to it (engine/generate/prm.py); the outcome score is
+  ``step_separator``) scored as the answer up to it (engine/generate/search/prm.py); the outcome score is
   then the last step's (the same text), so nothing is scored twice.
 
 P(True) calls keep every shared token prefix of their requests (:func:`every_prefix`), so a
@@ -34,7 +34,7 @@ from typing import Any, Protocol
 import numpy as np
 from lm_eval.api.instance import Instance
 
-from ortevals.engine.generate.prm import TextPrm
+from ortevals.engine.generate.search.prm import TextPrm
 from ortevals.errors import PackageError
 from ortevals.files import store_path
 from ortevals.integrations.self_eval import FALSE, TRUE, _context, prompt

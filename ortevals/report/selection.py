@@ -14,8 +14,8 @@ intervals (clustered SE by question, percentile bootstrap over questions) and po
   samples, the other answers' subsets that lose to T are counted by size (each class's subset sums
   enumerated once, ``MAX_SUBSETS`` at most) and combined by polynomial products over the classes.
 - ``bon_prm_<agg>``, ``weighted_maj_prm_<agg>``: the same with a PRM's step scores folded by
-  ``last``, ``min`` or ``prod`` (engine/generate/steps.py :func:`aggregate`) as each sample's score.
-- ``bon_certainty`` (Kang et al. 2025): the sample of highest self-certainty (engine/generate/certainty.py).
+  ``last``, ``min`` or ``prod`` (engine/generate/search/steps.py :func:`aggregate`) as each sample's score.
+- ``bon_certainty`` (Kang et al. 2025): the sample of highest self-certainty (engine/generate/choice/certainty.py).
 
 Pure numpy/scipy.
 """
@@ -29,7 +29,7 @@ from math import comb
 
 import numpy as np
 
-from ortevals.engine.generate.steps import AGGREGATIONS, aggregate
+from ortevals.engine.generate.search.steps import AGGREGATIONS, aggregate
 from ortevals.errors import OrtEvalsError
 from ortevals.report.scaling import CurvePoint, QuestionSamples, best_at_k, interval, ks_for
 

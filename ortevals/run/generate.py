@@ -3,8 +3,8 @@
 Owns turning requests (anything with lm-eval's ``args``: ``(context, gen_kwargs)``) into
 generation work for one run: each prompt's ids and decoding settings (:func:`prompt_item`: the
 context limit, left truncation as lm-eval's hf backend does), the generation path (raw
-onnxruntime, engine/generate/sampler.py, or onnxruntime-genai's Generators), the generation
-canary's plan per path (engine/generate/gencanary.py), made once per run and joined to the run's
+onnxruntime, engine/generate/rows/sampler.py, or onnxruntime-genai's Generators), the generation
+canary's plan per path (engine/generate/canary.py), made once per run and joined to the run's
 mode, the raw path's sampler on the log-likelihood path's runner, a worker pool when the run has
 one, and each finished text: the store, each sample's log-prob, the stats and a progress bar.
 """
@@ -18,12 +18,12 @@ import time
 
 from tqdm import tqdm
 
-from ortevals.engine.generate.cascade import Cascade, CascadeKV, decoder_bytes
-from ortevals.engine.generate.gencanary import og_plan, raw_plan
-from ortevals.engine.generate.generation import request_name
-from ortevals.engine.generate.sampler import SharedPromptSampler, run_sampling
-from ortevals.engine.generate.schedule import run_generation
-from ortevals.engine.generate.settings import GenSettings, parse_gen_kwargs
+from ortevals.engine.generate.canary import og_plan, raw_plan
+from ortevals.engine.generate.choice.settings import GenSettings, parse_gen_kwargs
+from ortevals.engine.generate.og.loops import request_name
+from ortevals.engine.generate.og.schedule import run_generation
+from ortevals.engine.generate.rows.cascade_kv import Cascade, CascadeKV, decoder_bytes
+from ortevals.engine.generate.rows.sampler import SharedPromptSampler, run_sampling
 from ortevals.engine.score.scoring import describe_request, fits
 from ortevals.errors import OrtEvalsError
 from ortevals.files import cache_root
@@ -107,7 +107,7 @@ class Generation:
                 return run.pool.generate([r.args for r in requests], keys, [it[0] for it in items],
                                          lambda i, text, lp, n, scored, c: finish(i, text, n, lp, scored, c),
                                          run.commit)
-            if path == "raw":  # issue 14: one prompt pass, K rows decoded together (engine/generate/sampler.py)
+            if path == "raw":  # issue 14: one prompt pass, K rows decoded together (engine/generate/rows/sampler.py)
                 self._raw(items, keys, lambda i, s: finish(i, s.text, s.tokens, s.logprob, s.scored, s.certainty),
                           name)
             else:
@@ -119,7 +119,7 @@ class Generation:
         return results
 
     def _raw(self, items, keys: list[list], finish, name) -> None:
-        """The raw path, after the generation canary (engine/generate/gencanary.py) where it applies."""
+        """The raw path, after the generation canary (engine/generate/canary.py) where it applies."""
         run = self.run
         sampler = self.sampler()
         self._check("raw", lambda: raw_plan(sampler, items, keys, name, run.backends.prefill_choice[0].dtype,
@@ -149,7 +149,7 @@ class Generation:
                        name=name, prefix_reuse=reuse, certainty=True)  # errors name the request
 
     def _check(self, path: str, plan):
-        """The generation canary's plan (engine/generate/gencanary.py), made once per run and path; its
+        """The generation canary's plan (engine/generate/canary.py), made once per run and path; its
         mode joins the run's mode. Returns the og path's (width, prefix reuse)."""
         if path not in self._plans:
             out = plan()
@@ -159,7 +159,7 @@ class Generation:
         return self._plans[path]
 
     def path(self) -> str:
-        """raw (engine/generate/sampler.py) or og, from gen_path and what the package allows."""
+        """raw (engine/generate/rows/sampler.py) or og, from gen_path and what the package allows."""
         path, why = self.run.backends.generation_path()
         if path == "og":
             log.info("generate_until goes to the onnxruntime-genai path%s", f" ({why})" if why else "")

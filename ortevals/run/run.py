@@ -19,7 +19,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ortevals.engine.backends import Backends
-from ortevals.engine.generate.settings import SEARCH_POLICY
+from ortevals.engine.generate.choice.settings import SEARCH_POLICY
 from ortevals.engine.score.prefill import EngineSettings, Score, TokenRequest
 from ortevals.engine.score.scoring import context_limit, effective_max_length
 from ortevals.errors import OrtEvalsError
@@ -62,7 +62,7 @@ class Run:
         self.stats = {"requests": 0, "seconds": 0.0, "generated_tokens": 0, "truncated": 0, "reused": 0}
         self.sample_logprobs: dict[str, tuple[float, int, int]] = {}  # key (JSON) → (log-prob, tokens, scored)
         self.sample_certainty: dict[str, float] = {}  # key (JSON) → self-certainty (raw and og paths)
-        self.step_scorer = None  # issue 25 --search: the PRM (engine/generate/prm.py), set by the front door
+        self.step_scorer = None  # issue 25 --search: the PRM (engine/generate/search/prm.py), set by the front door
         self.search_reward = "logit"  # its scores are probabilities (P(True)); "raw": already logits (an ORM)
         self._encoded: dict[tuple[str, bool | None], tuple[int, ...]] = {}  # tok_encode's last texts, oldest first
         self._modes: dict[str, str] = {}  # which mode ran and why, per request kind (stats["mode"] joins them)

@@ -1,13 +1,13 @@
 """A run's ``generate_until`` by step-level search (issue 25, ``--search beam|dvts|particles``).
 
 Owns turning each request (prompt ids, decoding settings) into one search on the raw engine
-(engine/generate/rowmodel.py's :class:`RawRowModel`: the prompt run once, rows forked by reference)
-guided by the run's step scorer (a PRM from ``--verifier``: engine/generate/prm.py, set by the
+(engine/generate/search/rawrows.py's :class:`RawRowModel`: the prompt run once, rows forked by reference)
+guided by the run's step scorer (a PRM from ``--verifier``: engine/generate/search/prm.py, set by the
 front door that opened the verifier, with ``search_reward``: how its scores become particle
 weights), and the answer's text cut at the request's stops. The answers are stored and resumed
 under the run's scope narrowed by :func:`search_scope` (the settings and what the verifier reads). Steps end
 at ``step_separator``; a step and a solution are capped at ``max_gen_toks``. Token choice is the
-sampler's (engine/generate/steps.py's :class:`ProcessorChooser` over engine/generate/sampling.py:
+sampler's (engine/generate/search/steps.py's :class:`ProcessorChooser` over engine/generate/choice/logits.py:
 the request's penalties over each row's prompt + tokens, temperature, top-k, top-p, min-p, typical,
 Mirostat) from one generator per request (seed, request key); a greedy request samples at
 temperature 0.8 (search-and-learn's default; greedy rows would all be equal) with its other
@@ -19,11 +19,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from ortevals.engine.generate.rowmodel import RawRowModel
-from ortevals.engine.generate.seeds import sample_rng
-from ortevals.engine.generate.steps import ProcessorChooser, StepRules, text_separator
-from ortevals.engine.generate.stepsearch import SearchSettings, dvts, particle_filter, prm_beam_search
-from ortevals.engine.generate.stops import TextStream
+from ortevals.engine.generate.choice.seeds import sample_rng
+from ortevals.engine.generate.choice.stops import TextStream
+from ortevals.engine.generate.search.guided import SearchSettings, dvts, particle_filter, prm_beam_search
+from ortevals.engine.generate.search.rawrows import RawRowModel
+from ortevals.engine.generate.search.steps import ProcessorChooser, StepRules, text_separator
 from ortevals.errors import OrtEvalsError
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""How much memory is free where a session keeps its tensors (the sampler's KV budget, engine/generate/sampler.py).
+"""How much memory is free where a session keeps its tensors (the sampler's KV budget, engine/generate/rows/sampler.py).
 
 Owns one reading, :func:`free_bytes`: on the host, the kernel's ``MemAvailable`` (``/proc/meminfo``;
 psutil where there is no ``/proc``); on a CUDA (or ROCm) device, ``cudaMemGetInfo`` (``hipMemGetInfo``)

@@ -65,7 +65,7 @@ def open_session(model: ModelFile, provider: ProviderConfig, derived: Path | Non
     ``derived``: a rewritten copy of ``model``'s graph whose weights stay in the package folder.
     ``stop_spinning``: onnxruntime's threads stop spinning when a run returns (they spin between ops within
     one), for a session whose caller works on those cores between runs. The decode loop chooses tokens on them
-    (engine/generate/rowsteps.py): with the threads spinning the choice took 4.0 s of a 52 s acceptance run,
+    (engine/generate/rows/batch.py): with the threads spinning the choice took 4.0 s of a 52 s acceptance run,
     2.3 s without; spinning off altogether slowed the passes 46 -> 53 s; the scoring passes, back to back, are
     left spinning. Changes no number, so it is not in the session's record.
     """

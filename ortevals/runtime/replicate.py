@@ -5,11 +5,11 @@ the session's own provider and device: a ``[1,H,T,D]`` OrtValue becomes
 ``[B,H,T,D]`` without a round trip through the host. GroupQueryAttention needs
 the past of a batch as one contiguous tensor, so binding one OrtValue per row is
 not an option. Host (numpy) past is repeated with ``np.repeat`` by the caller.
-The sampler (engine/generate/sampler.py) also keeps only some rows of a past (``Gather``
+The sampler (engine/generate/rows/sampler.py) also keeps only some rows of a past (``Gather``
 on axis 0: finished samples leave the batch) and cuts a past to its first
 tokens (``Slice`` on axis 2: a shared prompt prefix), the same way.
 
-Where the sampler keeps device KV in place (engine/generate/kvrows.py ``DeviceKV``), the
+Where the sampler keeps device KV in place (engine/generate/rows/kv.py ``DeviceKV``), the
 same graphs write into buffers it already holds (``into``: a
 :class:`~ortevals.runtime.buffers.KVView` bound by pointer), so nothing is
 allocated: ``expand`` a prompt's row into an arena, ``copy`` a row forward

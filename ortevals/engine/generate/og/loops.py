@@ -3,12 +3,13 @@
 Owns the loop over a Generator cursor (runtime/genai.py), which rewinds to the prompt
 prefix shared with the previous request, and batched greedy Generators (og's search
 with every token-changing option neutral, each token checked against the logits);
-token choice from logits (delegated to :mod:`ortevals.engine.generate.sampling`: greedy,
+token choice from logits (delegated to :mod:`ortevals.engine.generate.choice.logits`: greedy,
 the filters, penalties and Mirostat, from a seeded numpy generator: reproducible, pure),
-stop sequences checked as tokens arrive (:mod:`ortevals.engine.generate.stops`: generation
+stop sequences checked as tokens arrive (:mod:`ortevals.engine.generate.choice.stops`: generation
 stops at once, the text is cut at the first stop), EOS as a stop. Decoding settings and
-the policy live in :mod:`ortevals.engine.generate.settings`. Logits that are not finite
-end the run with an error naming the request and the step (:func:`check_logits`).
+the policy live in :mod:`ortevals.engine.generate.choice.settings`. Logits that are not finite
+end the run with an error naming the request and the step
+(:func:`ortevals.engine.generate.choice.logits.check_logits`).
 """
 
 from __future__ import annotations
@@ -18,37 +19,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ortevals.engine.generate.certainty import RunningCertainty
-from ortevals.engine.generate.sampling import Sampler, choose_tokens
-from ortevals.engine.generate.settings import GenSettings
-from ortevals.engine.generate.stops import TextStream
+from ortevals.engine.generate.choice.certainty import RunningCertainty
+from ortevals.engine.generate.choice.logits import Sampler, check_logits
+from ortevals.engine.generate.choice.settings import GenSettings
+from ortevals.engine.generate.choice.stops import TextStream
 from ortevals.engine.score.scoring import describe_request
 from ortevals.errors import OrtEvalsError
 
 log = logging.getLogger(__name__)
-
-def choose_token(logits: np.ndarray, s: GenSettings, rng: np.random.Generator,
-                 history: Sequence[int] = ()) -> int:
-    """One row's token (logits ``[V]``): see :func:`ortevals.engine.generate.sampling.choose_tokens`.
-
-    ``history``: the row's prompt + generated ids (repetition penalty, no-repeat n-gram).
-    Mirostat keeps state across steps: use :class:`ortevals.engine.generate.sampling.Sampler` for it."""
-    return int(choose_tokens(np.asarray(logits)[None, :], s, [history], [rng])[0])
-
-
-def check_logits(logits: np.ndarray, step: int, request: str) -> None:
-    """Raise if ``logits [V]`` hold a NaN or +inf, or no finite value (all -inf).
-
-    One reduction: max() is NaN if any value is, +inf if any is, -inf only if all are.
-    ``step`` counts generated tokens from 1; ``request`` names the request.
-    """
-    top = float(np.max(logits))
-    if np.isfinite(top):
-        return
-    what = "NaN" if np.isnan(top) else ("+inf" if top > 0 else "all -inf")
-    raise OrtEvalsError(f"non-finite logits ({what}) at generated token {step} for {request}; "
-                        "the model overflowed (fp16?) or its weights hold NaN/inf")
-
 
 def request_name(index: int, request=None, context: Sequence[int] = (), tokenizer=None) -> str:
     """``request #3 (task gsm8k, doc 7; prompt 'The capital of…')``, on one line.
@@ -70,7 +48,7 @@ def generate(cursor, tokenizer, context: Sequence[int], s: GenSettings, eos_ids:
     """Generate after ``context``; return (text cut at the first stop, tokens generated).
 
     ``name`` (see :func:`request_name`) names the request in errors. ``certainty`` (one row): each drawn
-    token's raw logits added, as the raw sampler adds them (self-certainty, engine/generate/certainty.py)."""
+    token's raw logits added, as the raw sampler adds them (self-certainty, engine/generate/choice/certainty.py)."""
     if s.num_beams > 1 or s.mbr_samples > 1:  # a safety net: the scheduler routes these to the raw path
         raise OrtEvalsError(f"gen_kwargs num_beams={s.num_beams}/mbr_samples={s.mbr_samples} need the "
                             "raw-onnxruntime generation path, not the onnxruntime-genai cursor")

@@ -4,7 +4,7 @@ Owns the split of prompts (ids and settings already made: ortevals/run/generate.
 batched greedy Generators (``gen_batch_size``) and the one rewinding cursor (prompts sorted so
 those sharing a few-shot header are adjacent), and the per-request sampling seed; each finished
 text goes to the caller's ``finish``. Token choice and stop sequences live in
-:mod:`ortevals.engine.generate.generation`.
+:mod:`ortevals.engine.generate.og.loops`.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from ortevals.engine.generate.certainty import RunningCertainty
-from ortevals.engine.generate.generation import can_batch, generate, generate_batch
-from ortevals.engine.generate.seeds import sample_rng
+from ortevals.engine.generate.choice.certainty import RunningCertainty
+from ortevals.engine.generate.choice.seeds import sample_rng
+from ortevals.engine.generate.og.loops import can_batch, generate, generate_batch
 
 log = logging.getLogger(__name__)
 
@@ -24,11 +24,11 @@ def run_generation(runner, tokenizer, items: Sequence[tuple[list[int], object]],
                    name: Callable[[int], str] = lambda i: f"request #{i}", prefix_reuse: bool = True,
                    certainty: bool = False) -> None:
     """Generate every item; ``finish(index, text, tokens)`` fires as each one ends (``certainty``: with the
-    keyword ``certainty``, the sample's self-certainty from og's logits: engine/generate/certainty.py).
+    keyword ``certainty``, the sample's self-certainty from og's logits: engine/generate/choice/certainty.py).
 
     width: greedy requests per batched Generator (1: all go through the rewinding cursor).
     name: how an error names request i. prefix_reuse: False gives each request its own Generator
-    (exact mode, or the generation canary's verdict: engine/generate/gencanary.py).
+    (exact mode, or the generation canary's verdict: engine/generate/canary.py).
     """
     batched = [i for i in range(len(items)) if width > 1 and can_batch(*items[i], pad_id)]
     singles = sorted(set(range(len(items))) - set(batched), key=lambda i: items[i][0])

@@ -1,10 +1,10 @@
 """Verifier-guided step-level search: PRM beam search, DVTS and particle filtering.
 
-Owns the three searches over a :class:`~ortevals.engine.generate.steps.RowModel` guided by a
-:class:`~ortevals.engine.generate.steps.StepScorer` (a PRM; its step scores folded by ``aggregation``).
+Owns the three searches over a :class:`~ortevals.engine.generate.search.steps.RowModel` guided by a
+:class:`~ortevals.engine.generate.search.steps.StepScorer` (a PRM; its step scores folded by ``aggregation``).
 Every choice reaches the decoder as a ``parents`` array (``StepRows.fork``), so the engine forks
 rows by copying KV, never re-running the prompt. Each iteration extends rows by one step
-(engine/generate/steps.py); the last of ``max_steps`` iterations runs to an EOS or a cap.
+(engine/generate/search/steps.py); the last of ``max_steps`` iterations runs to an EOS or a cap.
 
 - :func:`prm_beam_search` (huggingface/search-and-learn ``_beam_search``): ``n`` rows sample one
   step each; every row is scored; finished ones (EOS, the token cap, the last iteration) join the
@@ -36,8 +36,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ortevals.engine.generate.sampling import softmax
-from ortevals.engine.generate.steps import (
+from ortevals.engine.generate.choice.logits import softmax
+from ortevals.engine.generate.search.steps import (
     AGGREGATIONS,
     RowModel,
     Step,

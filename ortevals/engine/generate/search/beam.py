@@ -20,7 +20,7 @@ raw-onnxruntime engine replicates the prompt's KV to ``rows`` and reorders it by
   penalised scores accumulate, as there). The answer is the best finished hypothesis of any group.
   Done groups stop contributing to the diversity counts.
 
-The penalties of :mod:`ortevals.engine.generate.sampling` (repetition, no-repeat n-gram) apply to the
+The penalties of :mod:`ortevals.engine.generate.choice.logits` (repetition, no-repeat n-gram) apply to the
 log-probs, as transformers applies its processors in beam search.
 """
 
@@ -32,11 +32,11 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from ortevals.engine.generate.sampling import penalised
+from ortevals.engine.generate.choice.logits import penalised
 from ortevals.engine.score.scoring import log_softmax
 
 if TYPE_CHECKING:
-    from ortevals.engine.generate.settings import GenSettings
+    from ortevals.engine.generate.choice.settings import GenSettings
 
 BIG = 1.0e9  # transformers' "very large negative" for beams that must not be chosen
 

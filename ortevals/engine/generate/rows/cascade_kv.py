@@ -1,8 +1,8 @@
 """Decode rows that share one copy of their prompt's KV (model arg ``cascade=auto|on|off``).
 
-Owns :class:`CascadeKV`, a KV holder for the sampler (the interface of engine/kvrows.py:
+Owns :class:`CascadeKV`, a KV holder for the sampler (the interface of engine/generate/rows/kv.py:
 ``empty``/``prefix``, ``run``, ``repeat``, ``keep``, ``peak``, ``held_bytes``) over an in-place
-holder (:class:`~ortevals.engine.generate.kvrows.InplaceKV` on the host, ``DeviceKV`` where the session
+holder (:class:`~ortevals.engine.generate.rows.kv.InplaceKV` on the host, ``DeviceKV`` where the session
 runs). Prompt passes are the in-place holder's. Decode rows (``repeat`` with more than one row, or
 :meth:`CascadeKV.share` / :meth:`CascadeKV.join` of several prompts' rows) become :class:`SharedRows`:
 each prompt's valid tokens once, contiguous ``[1,H,P,D]`` per layer, bound as they are by every pass of
@@ -11,10 +11,10 @@ in-place holder's arenas (``[rows,H,max_gen_toks+1,D]``, written in place by Gro
 decode pass then reads its weights, each prompt once and the rows' suffixes, instead of a prompt per
 row; rows leave by the in-place holder's ``keep``. Up to GROUPS prompts' rows share a pass, each group
 holding its own number of tokens, so a prompt can join a batch that is already decoding (the sampler's
-streams: engine/generate/sampler.py).
+streams: engine/generate/rows/sampler.py).
 
 The cascade graph is opened on the first batch of several rows (a greedy run never pays for it)
-and trusted only after :func:`~ortevals.engine.generate.kvrows.same_as_plain` (a prompt, a prefix cut, rows
+and trusted only after :func:`~ortevals.engine.generate.rows.kv.same_as_plain` (a prompt, a prefix cut, rows
 replicated, decode steps, a row dropped, on NaN-filled buffers) agrees with the plain pass; where
 the graph is refused (runtime/cascade.py says why), the check fails or the session cannot open,
 ``auto`` logs why once and keeps each row's own copy of the prompt, ``on`` is a one-line error.
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ortevals.engine.generate.kvrows import DeviceKV, InplaceKV, same_as_plain
+from ortevals.engine.generate.rows.kv import DeviceKV, InplaceKV, same_as_plain
 from ortevals.errors import OrtEvalsError
 from ortevals.runtime.cascade import GROUPS
 

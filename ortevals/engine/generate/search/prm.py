@@ -5,7 +5,7 @@ OpenR's) and scoring each step as the score of the solution *up to and including
 the step text kept exactly as generated (so the last step's score is the whole answer's: the
 ``last`` aggregation equals the outcome score). The scorer is any ``score_texts(context, parts)``
 callable (an ORM classifier, P(True) on the package), so one adapter serves ``--verifier self`` and
-``--verifier PATH``. :class:`TextPrm` is also engine/generate/steps.py's ``StepScorer`` over token
+``--verifier PATH``. :class:`TextPrm` is also engine/generate/search/steps.py's ``StepScorer`` over token
 ids (decoded with the policy's tokenizer) for the step-level searches. Pure apart from the callables.
 """
 
@@ -55,7 +55,7 @@ class TextPrm:
         return _by_owner(self.score_texts(context, prefixes), owners, len(answers))
 
     def score(self, prompt: Sequence[int], solutions: Sequence[Sequence[Sequence[int]]]) -> list[list[float]]:
-        """engine/generate/steps.py's ``StepScorer``: per solution (its steps as token ids) one score per step,
+        """engine/generate/search/steps.py's ``StepScorer``: per solution (its steps as token ids) one score per step,
         each the score of the decoded solution up to that step."""
         if self.decode is None:
             raise ValueError("TextPrm.score needs the policy's decode")  # a wiring bug, never a user error

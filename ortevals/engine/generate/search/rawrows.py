@@ -1,8 +1,8 @@
 """Step-level search's decoder on raw onnxruntime: rows of one prompt that differ in length (issue 25).
 
-Owns :class:`RawRowModel`, engine/generate/steps.py's ``RowModel`` on a
+Owns :class:`RawRowModel`, engine/generate/search/steps.py's ``RowModel`` on a
 :class:`~ortevals.runtime.sessions.DecoderRunner`. Each row holds its own one-row KV, made new by
-every pass (engine/generate/kvrows.py's ``CopyKV``: a pass never writes a past it was given), so
+every pass (engine/generate/rows/kv.py's ``CopyKV``: a pass never writes a past it was given), so
 
 * ``start`` prefills the prompt once; every row starts on that one KV (nothing copied);
 * ``fork(parents)`` is a reference copy: row i takes row ``parents[i]``'s KV object, so a row
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ortevals.engine.generate.kvrows import CopyKV
+from ortevals.engine.generate.rows.kv import CopyKV
 from ortevals.runtime.buffers import KVCache
 
 

@@ -1,6 +1,6 @@
 """Step-level decoding for search: rows of one prompt, each a partial solution made of steps.
 
-Owns what the step-level searches (engine/generate/stepsearch.py) need from a decoder and a verifier,
+Owns what the step-level searches (engine/generate/search/guided.py) need from a decoder and a verifier,
 as protocols, and the decoding of one step on many rows:
 
 - :class:`RowModel`: one prompt on R rows whose KV may differ in length. ``start`` prefills the
@@ -14,7 +14,7 @@ as protocols, and the decoding of one step on many rows:
   ``aggregate_scores``).
 - :class:`TokenChooser`: the draw of the next token of some rows, given each row's history (prompt +
   its tokens). :class:`ProcessorChooser` is the run's: the sampler's own token choice
-  (engine/generate/sampling.py's ``choose_tokens``: penalties, temperature, top-k, top-p, min-p,
+  (engine/generate/choice/logits.py's ``choose_tokens``: penalties, temperature, top-k, top-p, min-p,
   typical, Mirostat) with one seeded generator for the search; :class:`SampleChooser` plain
   temperature sampling by inverse CDF (the toy references).
 - :class:`StepRows`: decodes one step on every row: tokens until the step ends (:class:`StepRules`:
@@ -34,8 +34,8 @@ from typing import Protocol
 
 import numpy as np
 
-from ortevals.engine.generate.sampling import choose_tokens
-from ortevals.engine.generate.settings import GenSettings
+from ortevals.engine.generate.choice.logits import choose_tokens
+from ortevals.engine.generate.choice.settings import GenSettings
 from ortevals.engine.score.scoring import log_softmax
 
 AGGREGATIONS = ("last", "min", "prod")
@@ -96,7 +96,7 @@ class SampleChooser:
 
 @dataclass
 class ProcessorChooser:
-    """The sampler's token choice for search rows: ``choose_tokens`` (engine/generate/sampling.py, the
+    """The sampler's token choice for search rows: ``choose_tokens`` (engine/generate/choice/logits.py, the
     code the sampler runs) with the request's settings, penalties over each row's history; the rows'
     draws come from one generator, in row order (rows fork, so no row owns a generator). Mirostat's
     per-row mu (``[R]``, the sampler's initial 2 tau) follows the forks."""

@@ -14,8 +14,9 @@ checks them against transformers on random logits):
 :func:`choose_tokens` applies them in transformers' order (penalties, temperature, top-k, top-p,
 min-p, typical; Mirostat after temperature, in place of the truncating warpers) and draws one
 token per row from that row's own ``np.random.Generator``, which
-:func:`~ortevals.engine.generate.seeds.row_rng` seeds from (seed, request key, sample index),
-so a sample's text never depends on the batch it ran in. No onnxruntime here.
+:func:`~ortevals.engine.generate.choice.seeds.row_rng` seeds from (seed, request key, sample index),
+so a sample's text never depends on the batch it ran in. :func:`choose_token` is one row's choice and
+:func:`check_logits` the non-finite check every decoding loop runs. No onnxruntime here.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ortevals.engine.score import scoring
+from ortevals.errors import OrtEvalsError
 
 if TYPE_CHECKING:
-    from ortevals.engine.generate.settings import GenSettings
+    from ortevals.engine.generate.choice.settings import GenSettings
 
 NEG = -np.inf
 
@@ -60,7 +62,7 @@ class Workspace:
     step costs its page faults again: 2.6 ms against 0.7 ms for one log-sum-exp of 16 rows on the 2-core
     machine (docs/benchmarks.md §8). A buffer here grows to the largest shape asked and is reused; fewer rows
     (finished samples left the batch) take a leading slice, contiguous. Each thread has its own buffers (the
-    decode loop chooses tokens for the rows in pieces, on several threads: engine/generate/rowsteps.py)."""
+    decode loop chooses tokens for the rows in pieces, on several threads: engine/generate/rows/batch.py)."""
 
     def __init__(self) -> None:
         self._local = threading.local()
@@ -373,3 +375,26 @@ class Sampler:
         out = choose_tokens(logits, self.settings, histories, [self.rngs[i] for i in idx], mu, self.work)
         self.mu[idx] = mu
         return out
+
+
+def choose_token(logits: np.ndarray, s: GenSettings, rng: np.random.Generator,
+                 history: Sequence[int] = ()) -> int:
+    """One row's token (logits ``[V]``): see :func:`ortevals.engine.generate.choice.logits.choose_tokens`.
+
+    ``history``: the row's prompt + generated ids (repetition penalty, no-repeat n-gram).
+    Mirostat keeps state across steps: use :class:`ortevals.engine.generate.choice.logits.Sampler` for it."""
+    return int(choose_tokens(np.asarray(logits)[None, :], s, [history], [rng])[0])
+
+
+def check_logits(logits: np.ndarray, step: int, request: str) -> None:
+    """Raise if ``logits [V]`` hold a NaN or +inf, or no finite value (all -inf).
+
+    One reduction: max() is NaN if any value is, +inf if any is, -inf only if all are.
+    ``step`` counts generated tokens from 1; ``request`` names the request.
+    """
+    top = float(np.max(logits))
+    if np.isfinite(top):
+        return
+    what = "NaN" if np.isnan(top) else ("+inf" if top > 0 else "all -inf")
+    raise OrtEvalsError(f"non-finite logits ({what}) at generated token {step} for {request}; "
+                        "the model overflowed (fp16?) or its weights hold NaN/inf")

@@ -3,9 +3,9 @@
 Generation reuses work across rows and prompts in two places, and each is right only if no op
 mixes the rows or tokens of a pass (engine/score/invariance.py):
 
-* the raw path (:mod:`ortevals.engine.generate.sampler`) decodes a prompt's K sample rows in one pass and
+* the raw path (:mod:`ortevals.engine.generate.rows.sampler`) decodes a prompt's K sample rows in one pass and
   runs a prompt on top of the KV of the prompt before it, cut to their shared prefix;
-* the onnxruntime-genai path (:mod:`ortevals.engine.generate.schedule`) decodes up to ``gen_batch_size``
+* the onnxruntime-genai path (:mod:`ortevals.engine.generate.og.schedule`) decodes up to ``gen_batch_size``
   greedy prompts in one batched Generator and rewinds its cursor to the prefix shared with the
   previous prompt.
 
@@ -169,8 +169,8 @@ def raw_plan(sampler, items: Sequence, keys: Sequence[list], name: Callable[[int
              verdicts: Verdicts | None = None) -> str:
     """Before the raw path's first generation: the canary unless ``sampler`` is exact or ``check`` is off.
     ``items[i]`` = (prompt ids, settings), ``keys[i]`` its store key (seeds). Returns the mode line."""
-    from ortevals.engine.generate.sampler import plan_jobs
-    from ortevals.engine.generate.seeds import sample_rng
+    from ortevals.engine.generate.choice.seeds import sample_rng
+    from ortevals.engine.generate.rows.sampler import plan_jobs
 
     if sampler.exact:
         return "generate_until: one row per pass, no prefix reuse (exact mode)"
@@ -188,9 +188,9 @@ def og_plan(runner, tokenizer, items: Sequence, keys: Sequence[list], eos: set[i
     """(width, prefix reuse, mode line) for og's path: one row and no rewind in exact mode or when the
     canary finds the batched Generator or the rewinding cursor off; else ``width`` and reuse where
     og's rewind is exact."""
-    from ortevals.engine.generate.generation import can_batch, generate
-    from ortevals.engine.generate.schedule import run_generation
-    from ortevals.engine.generate.seeds import sample_rng
+    from ortevals.engine.generate.choice.seeds import sample_rng
+    from ortevals.engine.generate.og.loops import can_batch, generate
+    from ortevals.engine.generate.og.schedule import run_generation
 
     if exact:
         return 1, False, "generate_until: one row per pass, no prefix reuse (exact mode)"

@@ -3,7 +3,7 @@
 Owns :class:`Sample` (a finished row), :class:`Rows` (the rows of one prompt, ready to decode) and the
 step state of a batch of one or more prompts' rows (each row's text stream, summed log-prob and
 self-certainty; each prompt's own sampler over its slice of the step's logits), used by
-engine/generate/sampler.py's decode loop. Pure numpy and the tokenizer; no onnxruntime.
+engine/generate/rows/sampler.py's decode loop. Pure numpy and the tokenizer; no onnxruntime.
 """
 
 from __future__ import annotations
@@ -15,11 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ortevals.engine.generate.certainty import RunningCertainty, row_logsumexp
-from ortevals.engine.generate.generation import check_logits
-from ortevals.engine.generate.sampling import Sampler, Workspace
-from ortevals.engine.generate.settings import GenSettings
-from ortevals.engine.generate.stops import TextStream
+from ortevals.engine.generate.choice.certainty import RunningCertainty, row_logsumexp
+from ortevals.engine.generate.choice.logits import Sampler, Workspace, check_logits
+from ortevals.engine.generate.choice.settings import GenSettings
+from ortevals.engine.generate.choice.stops import TextStream
 
 
 @dataclass(frozen=True)
@@ -33,7 +32,7 @@ class Sample:
     logprob: float
     ids: tuple[int, ...] = ()
     eos: bool = False
-    certainty: float = float("nan")  # self-certainty (engine/generate/certainty.py) of the tokens it chose
+    certainty: float = float("nan")  # self-certainty (engine/generate/choice/certainty.py) of the tokens it chose
 
     @property
     def scored(self) -> int:
@@ -43,7 +42,7 @@ class Sample:
 
 def token_logprob(logits: np.ndarray, tokens: np.ndarray, lse: np.ndarray | None = None) -> np.ndarray:
     """log softmax(logits)[row, tokens[row]] in float64; logits ``[R,V]``, tokens ``[R]`` → ``[R]``; ``lse [R]``
-    the rows' log-sum-exp (engine/generate/certainty.py's ``row_logsumexp``) when already computed."""
+    the rows' log-sum-exp (engine/generate/choice/certainty.py's ``row_logsumexp``) when already computed."""
     x = np.asarray(logits, dtype=np.float64)
     if lse is None:
         lse = row_logsumexp(x)
@@ -65,14 +64,14 @@ class Rows:
     members: tuple = ()
 
     @classmethod
-    def of(cls, job, logits, past, rng, name) -> Rows:  # job: engine/generate/sampler.Job
+    def of(cls, job, logits, past, rng, name) -> Rows:  # job: engine/generate/rows/sampler.Job
         return cls(logits, past, job.settings, tuple(rng(i) for i in job.members),
                    tuple(name(i) for i in job.members), job.prompt, job.members)
 
 
 class _Group:
     """One prompt's rows in a batch: each row's stream, summed log-prob and self-certainty, its own
-    :class:`~ortevals.engine.generate.sampling.Sampler` (settings, the rows' generators), the rows still live."""
+    :class:`~ortevals.engine.generate.choice.logits.Sampler` (settings, the rows' generators), the rows still live."""
 
     def __init__(self, rows: Rows, tokenizer, eos_ids, work: Workspace) -> None:
         self.rows = rows

@@ -2,8 +2,8 @@
 
 Owns :class:`TextStream` (the text of a request's generated tokens, ended at once by EOS, a
 stop sequence or max_gen_toks) and :func:`first_stop`. Used by every generation path: the
-onnxruntime-genai cursor and batched Generators (engine/generate/generation.py) and the raw
-shared-prompt sampler (engine/generate/sampler.py).
+onnxruntime-genai cursor and batched Generators (engine/generate/og/loops.py) and the raw
+shared-prompt sampler (engine/generate/rows/sampler.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ortevals.engine.generate.settings import GenSettings
+    from ortevals.engine.generate.choice.settings import GenSettings
 
 log = logging.getLogger(__name__)
 

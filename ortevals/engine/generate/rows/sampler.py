@@ -11,27 +11,27 @@ and keeps a plain (not windowed) KV cache:
   prefix (:meth:`SharedPromptSampler.prompt`);
 * consecutive sampled prompts with the same max_gen_toks form a stream on the cascade graph: up to
   GROUPS prompts' rows decode in one pass, and the next prompt joins when one's last row ends
-  (:meth:`SharedPromptSampler.streams`; engine/generate/rowsteps.py chooses each prompt's tokens);
-* the prompt's KV is replicated across the rows where it lives (engine/generate/kvrows.py: in place on
+  (:meth:`SharedPromptSampler.streams`; engine/generate/rows/batch.py chooses each prompt's tokens);
+* the prompt's KV is replicated across the rows where it lives (engine/generate/rows/kv.py: in place on
   the host or the device where the graph allows it), and all live rows take one token per
   decode pass; each row stops on its own (EOS, stop strings, max_gen_toks:
-  :class:`~ortevals.engine.generate.generation.TextStream`) and leaves the batch at once (its KV row is
+  :class:`~ortevals.engine.generate.og.loops.TextStream`) and leaves the batch at once (its KV row is
   dropped);
 * rows per decode batch: as many as fit the KV budget at the batch's real peak
-  (:class:`~ortevals.engine.generate.kvrows.KVPeak`: prompt + max_gen_toks per row, all layers), the
+  (:class:`~ortevals.engine.generate.rows.kv.KVPeak`: prompt + max_gen_toks per row, all layers), the
   budget being a share of the memory free where the KV lives (runtime/memory.py) unless given;
 * every row draws from its own generator, seeded by (seed, request, sample index), so a
   sample's tokens do not depend on which rows ran beside it; greedy rows are all equal, so
   greedy runs one row and copies it;
 * each sample's log-probability under the model (temperature 1, no filters) of the whole
   sequence, the EOS that ended it included, for best-of-k, and its self-certainty (the mean KL
-  from uniform of the raw next-token distributions it drew from: engine/generate/certainty.py's
+  from uniform of the raw next-token distributions it drew from: engine/generate/choice/certainty.py's
   running form, two numbers a row) for best-of-N by self-certainty.
 
-:class:`RawStepModel` is the same runner behind engine/generate/search.py's ``StepModel`` protocol
+:class:`RawStepModel` is the same runner behind engine/generate/search/beam.py's ``StepModel`` protocol
 (beam search). Exact mode (a graph whose numbers depend on the pass: engine/score/invariance.py)
 decodes one row per pass and never reuses a prefix. Token choice lives in
-:mod:`ortevals.engine.generate.generation`.
+:mod:`ortevals.engine.generate.og.loops`.
 """
 
 from __future__ import annotations
@@ -43,11 +43,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ortevals.engine.generate.cascade import CascadeKV
-from ortevals.engine.generate.kvrows import CopyKV, choose_kv
-from ortevals.engine.generate.rowsteps import Rows, RowSteps, Sample
-from ortevals.engine.generate.settings import GenSettings
-from ortevals.engine.generate.stops import TextStream
+from ortevals.engine.generate.choice.settings import GenSettings
+from ortevals.engine.generate.choice.stops import TextStream
+from ortevals.engine.generate.rows.batch import Rows, RowSteps, Sample
+from ortevals.engine.generate.rows.cascade_kv import CascadeKV
+from ortevals.engine.generate.rows.kv import CopyKV, choose_kv
 from ortevals.runtime.cascade import GROUPS
 from ortevals.tokens import common_prefix
 
@@ -94,7 +94,8 @@ class SharedPromptSampler:
                  free_memory: Callable[[], int | None] | None = None, cascade=None, threads: int = 1) -> None:
         """kv_budget_mb: decode KV per batch; None: FREE_SHARE of ``free_memory()`` (bytes free where the
         KV lives, read before each job: runtime/memory.py unless given) plus the arenas already held.
-        cascade: engine/generate/cascade.py's ``Cascade`` (decode rows on one shared prompt KV; never in exact mode).
+        cascade: engine/generate/rows/cascade_kv.py's ``Cascade`` (decode rows on one shared prompt KV;
+        never in exact mode).
         threads: how many threads choose the rows' tokens between passes (the session's own count)."""
         self.runner, self.tokenizer, self.eos_ids = runner, tokenizer, eos_ids
         self.exact = exact
@@ -111,7 +112,7 @@ class SharedPromptSampler:
 
     def fresh(self, exact: bool = False) -> SharedPromptSampler:
         """A copy holding no prompt KV, with its own stats; ``exact``: one row per pass, no prefix reuse
-        (the generation canary's two ways, engine/generate/gencanary.py)."""
+        (the generation canary's two ways, engine/generate/canary.py)."""
         self.kv_rows  # noqa: B018  (chosen once, shared by the copies)
         other = copy.copy(self)
         other._held, other.stats = None, dict.fromkeys(self.stats, 0)
@@ -121,7 +122,7 @@ class SharedPromptSampler:
 
     @property
     def kv_rows(self):
-        """How rows' KV is kept (engine/generate/kvrows.py): in place on the host where the graph allows it."""
+        """How rows' KV is kept (engine/generate/rows/kv.py): in place on the host where the graph allows it."""
         if self._kv_rows is None:
             self._kv_rows = choose_kv(self.runner)
             if self.cascade is not None and not self.exact:  # decode rows may share one prompt KV on top of it
@@ -197,9 +198,9 @@ class SharedPromptSampler:
         return max(self.kv_rows.peak(longest).rows_within(self.budget(), rows), max(len(j.members) for j in stream))
 
     def _mbr(self, job: Job, logits, past, rng, finish, name) -> None:
-        """MBR (engine/generate/mbr.py): per request, ``mbr_samples`` candidates decoded together from the shared
+        """MBR (engine/generate/search/mbr.py): per request, ``mbr_samples`` candidates decoded together from the shared
         prompt (candidate j of request i draws from ``rng(i, j)``); the one closest to the others wins."""
-        from ortevals.engine.generate.mbr import mbr_select
+        from ortevals.engine.generate.search.mbr import mbr_select
 
         m = job.settings.mbr_samples
         for i in job.members:
@@ -208,8 +209,9 @@ class SharedPromptSampler:
             finish(i, cands[mbr_select([c.text for c in cands], job.settings.mbr_metric).index])
 
     def beam(self, prompt: tuple[int, ...], settings: GenSettings) -> Sample:
-        """Beam / diverse beam search (engine/generate/search.py) on this runner; the best hypothesis, cut at a stop."""
-        from ortevals.engine.generate.search import beam_search
+        """Beam / diverse beam search (engine/generate/search/beam.py) on this runner; the best hypothesis,
+        cut at a stop."""
+        from ortevals.engine.generate.search.beam import beam_search
 
         def is_stop(seq) -> bool:  # special tokens kept, as TextStream (and lm-eval hf's criteria) look
             text = self.tokenizer.decode(list(seq), skip_special_tokens=False)
@@ -321,7 +323,7 @@ class SharedPromptSampler:
 
 
 class RawStepModel:
-    """engine/generate/search.py's ``StepModel`` on a DecoderRunner: ``start`` prefills the prompt once and
+    """engine/generate/search/beam.py's ``StepModel`` on a DecoderRunner: ``start`` prefills the prompt once and
     replicates its KV over ``rows``; ``step`` reorders the rows' KV by ``parents``, then appends
     ``tokens``. Logits are float32 ``[rows, V]``."""
 
@@ -344,8 +346,8 @@ def run_sampling(sampler: SharedPromptSampler, items: Sequence[tuple[Sequence[in
                  keys: Sequence[list], finish: Callable[[int, Sample], None], name: Callable[[int], str]) -> None:
     """generate_until's raw path: ``items[i]`` = (prompt ids, settings) of request i, ``keys[i]`` its store
     key (request + sample index: resume.request_keys); request i draws from the generator the og path
-    would give it (engine/generate/schedule.py), so a sample is the same whichever rows ran beside it."""
-    from ortevals.engine.generate.seeds import sample_rng
+    would give it (engine/generate/og/schedule.py), so a sample is the same whichever rows ran beside it."""
+    from ortevals.engine.generate.choice.seeds import sample_rng
 
     jobs = plan_jobs(items)
     log.info("generate_until: %d requests (%d prompts, up to %d samples each) on the raw shared-prompt path "

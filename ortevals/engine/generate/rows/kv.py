@@ -160,7 +160,7 @@ class InplaceKV:
         return self.KVCache(tuple(layers), past.length)
 
     def keep(self, past, rows):
-        """Rows ``rows`` (batch indices, each at or after the slot it takes: rowsteps.placed) moved to the front
+        """Rows ``rows`` (batch indices, each at or after the slot it takes: rows/batch.py placed) moved to the front
         in place, in that order; the leading rows are a contiguous view. Only valid tokens move (no allocation,
         no full copy)."""
         rows = _forward(rows)
