@@ -27,6 +27,7 @@ from ortevals.files import cache_root
 from ortevals.options import ModelArgs, scoped_settings
 from ortevals.package.loader import CONFIG_NAME, ModelPackage
 from ortevals.package.multimodal import check_media_tokens
+from ortevals.package.reuse import reuse_policy
 from ortevals.package.scope import Reads
 from ortevals.package.tokenizer import Tokenizer, tokenizer_reads
 from ortevals.report import resume
@@ -233,6 +234,7 @@ def engine_settings(package: ModelPackage, provider: ProviderConfig, args: Model
         memory_budget_mb=args.memory_budget_mb,
         token_budget=0 if provider.on_device else CPU_TOKEN_BUDGET,
         prefix_cache=args.prefix_cache and not package.windowed,
+        reuse=reuse_policy(package),  # what cached KV may be reused for (package/reuse.py)
         prefix_budget_mb=args.prefix_budget_mb,
         # issue 10 §4: CPU GQA refuses batched continuations (CUDA's shared input check likely too: the
         # engine then goes one row per pass; issue 20 §1, docs/architecture.md)
