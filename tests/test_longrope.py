@@ -26,6 +26,7 @@ _rng = random.Random(1)
 HEADER = "Question: " + " ".join(_rng.choice(WORDS) for _ in range(25)) + ". Answer: B\n"  # 35 tokens
 QUESTIONS = ["Question: " + " ".join(_rng.choice(WORDS) for _ in range(20 + 4 * q)) + ". Answer:" for q in range(5)]
 PAIRS = [(HEADER + q, c) for q in QUESTIONS for c in (" A", " B", " C")]  # inputs of 63 to 79 tokens
+GEN_PROMPTS = [" ".join(_rng.choice(WORDS) for _ in range(n)) for n in (40, 44)]  # 42 and 46 tokens, 24 more
 
 
 def _instances(kind: str, args: list) -> list[Instance]:
@@ -74,6 +75,61 @@ def test_the_canary_catches_reuse_across_the_switch(longrope, hf_scores, monkeyp
     ours = [lp for lp, _ in lm.loglikelihood(_instances("loglikelihood", PAIRS))]
     assert lm.backends.prefill.mode.startswith("exact (canary")
     assert max(abs(a - b) for a, b in zip(ours, hf_scores)) <= 1e-4
+
+
+@pytest.mark.parametrize("gen_path,beams", [("raw", 1), ("og", 1), ("raw", 2)])
+def test_generation_across_the_switch_equals_transformers(longrope, gen_path, beams):
+    """Greedy and beam decoding that crosses the switch: transformers' Phi-3 drops its cache at the crossing and
+    runs the whole sequence again; the raw rows, the og cursor and the beams do the same (before the fix the
+    first two continued on the short KV: both prompts' texts differed)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(longrope[0], dtype=torch.float32).eval()
+    lm = OrtLM.from_package(ModelArgs(pkg=str(longrope[1]), max_length=256, gen_path=gen_path))
+    kwargs = {"until": ["zzz"], "do_sample": False, "max_gen_toks": 24, "num_beams": beams}
+    outs = lm.generate_until(_instances("generate_until", [(p, kwargs) for p in GEN_PROMPTS]))
+    for prompt, out in zip(GEN_PROMPTS, outs):
+        ids = lm.tok_encode(prompt)
+        assert len(ids) < 64 < len(ids) + 24
+        with torch.no_grad():
+            ref = model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False, num_beams=beams,
+                                 eos_token_id=None, pad_token_id=2)[0, len(ids):]
+        assert out == lm.tokenizer.decode(ref.tolist())
+
+
+def test_search_rows_cross_the_switch_as_one_pass(longrope):
+    """Step-level search's rows (RawRowModel), forked and stepped past the switch, score their next token as a
+    one-pass run of their whole sequence does (before the fix: the steps past 64 ran on the short KV)."""
+    from ortevals.engine.generate.search.rawrows import RawRowModel
+    from ortevals.runtime.providers import from_package
+    from ortevals.runtime.sessions import DecoderRunner
+
+    pkg = ModelPackage.load(longrope[1])
+    runner = DecoderRunner.open(pkg, from_package({}))
+    rng = np.random.default_rng(2)
+    prompt = rng.integers(3, 500, 60).tolist()
+    model = RawRowModel(runner, reuse_policy(pkg))
+    model.start(prompt, 2)
+    seqs = [list(prompt), list(prompt)]
+    for step in range(8):
+        if step == 3:
+            model.fork(np.array([1, 1, 0]))
+            seqs = [list(seqs[1]), list(seqs[1]), list(seqs[0])]
+        tokens = rng.integers(3, 500, len(seqs))
+        logits = model.step(tokens, np.arange(len(seqs)))
+        for row, t in zip(seqs, tokens):
+            row.append(int(t))
+    for row, got in zip(seqs, logits):
+        ids = np.asarray([row], np.int64)
+        np.testing.assert_allclose(got, runner.forward(ids, np.ones_like(ids))[0][0, -1], atol=1e-4)
+
+
+def test_cascade_on_is_refused_in_one_line(longrope):
+    lm = OrtLM.from_package(ModelArgs(pkg=str(longrope[1]), max_length=256, gen_path="raw", cascade="on"))
+    kwargs = {"until": ["zzz"], "do_sample": True, "max_gen_toks": 4}
+    with pytest.raises(OrtEvalsError, match="^cascade=on is impossible for this package: its rotary factors switch"):
+        lm.generate_until(_instances("generate_until", [(GEN_PROMPTS[0], kwargs)] * 2))
 
 
 def test_a_pruned_head_refuses_a_continuation_across_the_switch():
