@@ -59,6 +59,15 @@ def longrope(fixture_cache) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="session")
+def gemma3(fixture_cache) -> tuple[Path, Path, Path]:
+    """(hf_dir, windowed package, full-past package) of the tiny Gemma-3-shaped model (16-token windows)."""
+    from tests.fixtures.gemma3 import build_gemma3
+
+    hf_dir, windowed = build_gemma3(fixture_cache / "gemma3")
+    return hf_dir, windowed, build_gemma3(fixture_cache / "gemma3", windowed=False)[1]
+
+
+@pytest.fixture(scope="session")
 def gemma4(fixture_cache) -> tuple[Path, Path]:
     """(hf_dir, package_dir) of the tiny Gemma-4-layout package (per-layer head sizes)."""
     from tests.fixtures.gemma4 import build_gemma4
