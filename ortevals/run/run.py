@@ -27,6 +27,7 @@ from ortevals.files import cache_root
 from ortevals.options import ModelArgs, scoped_settings
 from ortevals.package.loader import CONFIG_NAME, ModelPackage
 from ortevals.package.multimodal import check_media_tokens
+from ortevals.package.reuse import reuse_policy
 from ortevals.package.scope import Reads
 from ortevals.package.tokenizer import Tokenizer, tokenizer_reads
 from ortevals.report import resume
@@ -79,8 +80,6 @@ class Run:
         provider = from_package(package.decoder.session_options, args.ep,
                                 parse_options(args.provider_options), args.threads)
         settings = engine_settings(package, provider, args)
-        if args.prefix_cache and package.windowed:
-            log.info("prefix cache off: %s keeps a windowed sliding KV cache", package.root)
         backends = Backends(package, provider, settings, args.path, cache_root() if args.scoring_graph else None,
                             args.gen_path, args.media_path, args.cascade)
         workers = bool(args.workers or args.ray_address)  # issue 20: the driver opens no session (workers do)
@@ -232,7 +231,8 @@ def engine_settings(package: ModelPackage, provider: ProviderConfig, args: Model
         pad_token_id=package.pad_token_id or 0,
         memory_budget_mb=args.memory_budget_mb,
         token_budget=0 if provider.on_device else CPU_TOKEN_BUDGET,
-        prefix_cache=args.prefix_cache and not package.windowed,
+        prefix_cache=args.prefix_cache,
+        reuse=reuse_policy(package),  # what cached KV may be reused for (package/reuse.py)
         prefix_budget_mb=args.prefix_budget_mb,
         # issue 10 §4: CPU GQA refuses batched continuations (CUDA's shared input check likely too: the
         # engine then goes one row per pass; issue 20 §1, docs/architecture.md)

@@ -20,6 +20,7 @@ import numpy as np
 from ortevals.errors import PackageError, first_line
 from ortevals.install import import_ort
 from ortevals.package.loader import ModelPackage
+from ortevals.package.reuse import reuse_policy
 from ortevals.runtime.buffers import (
     NUMPY_NATIVE,
     KVCache,
@@ -303,12 +304,19 @@ class DecoderRunner:
                              for pair in past.layers), past.length)
 
     def narrow_past(self, past: KVCache, length: int) -> KVCache:
-        """The first ``length`` tokens of a past (a shared prompt prefix); not for windowed layers."""
+        """The first ``length`` tokens of a past (a shared prompt prefix). A windowed sliding layer's buffer keeps
+        its rows and holds the last positions a ``length``-token past holds (onnxruntime's layout,
+        package/reuse.py), where they were not evicted (``cut_exact``); otherwise the cut is refused."""
         if length == past.length:
             return past
-        return KVCache(tuple(tuple(np.ascontiguousarray(t[:, :, :length]) if isinstance(t, np.ndarray)
-                                   else self._replicator().narrow(t, length) for t in pair)
-                             for pair in past.layers), length)
+        reuse = reuse_policy(self.package)
+        if reuse.window is not None and not reuse.cut_exact(past.length, length):
+            raise PackageError(f"{self.package.decoder.path.name}: a windowed sliding-layer buffer holding "
+                               f"{past.length} tokens cannot be cut to {length}: positions it needs were evicted")
+        first = (length - reuse.resident(length)) - (past.length - reuse.resident(past.length))
+        rows = (first, reuse.resident(length))  # the windowed layers' rows kept, and where they go
+        return KVCache(tuple(tuple(_cut(t, length, rows if spec.window else None, self._replicator) for t in pair)
+                             for spec, pair in zip(self.package.kv, past.layers, strict=True)), length)
 
     def _replicator(self) -> Replicator:
         if self.replicator is None:
@@ -366,6 +374,20 @@ class DecoderRunner:
             feeds[spec.key_name] = k
             feeds[spec.value_name] = v
         return feeds
+
+
+def _cut(t, length: int, rows: tuple[int, int] | None, replicator):
+    """The first ``length`` positions of one past tensor: sliced, or for a windowed buffer (``rows``: the first row
+    kept and how many) those rows moved to its start, zeros after them, in a buffer of the same rows."""
+    if rows is None:
+        return np.ascontiguousarray(t[:, :, :length]) if isinstance(t, np.ndarray) else replicator().narrow(t, length)
+    if not isinstance(t, np.ndarray):
+        raise PackageError("cutting a windowed sliding-layer buffer where the session runs is not supported; "
+                           "prefix_cache=false scores without it")
+    first, count = rows
+    out = np.zeros_like(t)
+    out[:, :, :count] = t[:, :, first:first + count]
+    return out
 
 
 def symbolic_mismatch(package: ModelPackage, ort_message: str | None) -> PackageError | None:
