@@ -177,17 +177,19 @@ class PrefillEngine:
         self,
         requests: Sequence[TokenRequest],
         on_done: Callable[[int, Score], None] | None = None,
+        min_saving: int | None = None,
     ) -> list[Score]:
-        """Score every request; ``on_done(index, score)`` fires as each one finishes."""
+        """Score every request; ``on_done(index, score)`` fires as each one finishes. ``min_saving``: the
+        tokens a shared prefix must save to get a pass of its own in this call (default: the settings')."""
         if not requests:
             return []
         if self.settings.exact:
             return self.score_exact(requests, on_done)
         if self.settings.check and self.canary is None and self._can_differ():
             if not self._stored_verdict():
-                return self._score_checked(requests, on_done)
-            return self.score(requests, on_done)
-        return self.score_batched(requests, on_done)
+                return self._score_checked(requests, on_done, min_saving)
+            return self.score(requests, on_done, min_saving)
+        return self.score_batched(requests, on_done, min_saving)
 
     def _stored_verdict(self) -> bool:
         """Take the verdict a run with the same scope and settings kept, if any (issue 22 §9)."""
@@ -215,7 +217,7 @@ class PrefillEngine:
             self._score_pass(ids, mask, [group], [len(group.tokens)], done)
         return results  # type: ignore[return-value]
 
-    def _score_checked(self, requests: Sequence[TokenRequest], on_done=None) -> list[Score]:
+    def _score_checked(self, requests: Sequence[TokenRequest], on_done=None, min_saving=None) -> list[Score]:
         """The canary on a few inputs cut short (``invariance.slices``), then the run in the mode it chose.
 
         A non-finite canary score trips it too: the exact run then names the request that has it.
@@ -237,16 +239,11 @@ class PrefillEngine:
         self._canary_verdict(sub, configured, exact)
         if exact is not None:  # a non-finite score is the request's, not the graph's: not kept
             self.verdicts.keep_canary(key, self.canary, self.mode)
-        return self.score(requests, on_done)
+        return self.score(requests, on_done, min_saving)
 
     def _canary_configured(self, sub: list[TokenRequest]) -> list[Score]:
         """The configured way, with any shared prefix reused (a handful of requests saves few tokens)."""
-        saved = self.settings
-        self.settings = replace(saved, prefix_min_saving=1)
-        try:
-            return self.score_batched(sub)
-        finally:
-            self.settings = saved
+        return self.score_batched(sub, min_saving=1)
 
     def _canary_verdict(self, sub, configured, exact) -> None:
         c = self.canary
@@ -273,8 +270,10 @@ class PrefillEngine:
         self,
         requests: Sequence[TokenRequest],
         on_done: Callable[[int, Score], None] | None = None,
+        min_saving: int | None = None,
     ) -> list[Score]:
-        """The configured way: grouped, batched, shared prefixes reused."""
+        """The configured way: grouped, batched, shared prefixes reused (those saving ``min_saving`` tokens,
+        default the settings' ``prefix_min_saving``)."""
         groups = plan_groups(requests, self.settings.max_length, self.settings.group_by_context)
         results: list[Score | None] = [None] * len(requests)
         done = ScoreSink(requests, results, on_done)
@@ -285,7 +284,7 @@ class PrefillEngine:
             # SmolLM2 int8), while 2 or more are bit-identical to it (docs/calibration.md, issue 24)
             plan = plan_prefixes([g.tokens for g in groups],
                                  [max(MIN_OWN_TOKENS, *(n for _, n in g.members)) for g in groups],
-                                 self.settings.prefix_min_saving)
+                                 self.settings.prefix_min_saving if min_saving is None else min_saving)
             plain = [g for g, a in zip(groups, plan.ancestor) if a is None]
             log.info("prefill: %d requests, %d inputs, %d share %d cached prefixes", len(requests), len(groups),
                      len(groups) - len(plain), len(plan.nodes))
