@@ -12,6 +12,7 @@ and the media router are adapters over it. ``Run(...)`` does no I/O; :meth:`Run.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from pathlib import Path
@@ -69,6 +70,7 @@ class Run:
         self._modes: dict[str, str] = {}  # which mode ran and why, per request kind (stats["mode"] joins them)
         self.on_first_request = None  # called once when the first requests arrive (the CLI's collector, cli.py)
         self.generation = Generation(self)  # generate_until: its path, canary plans and the raw sampler
+        self.min_saving: int | None = None  # tokens a shared prefix must save in this call (prefix_saving)
 
     @classmethod
     def open(cls, args: ModelArgs, open_soon: bool = False) -> Run:
@@ -194,6 +196,16 @@ class Run:
             self._modes[kind] = mode
         self.stats["mode"] = "; ".join(self._modes.values())
 
+    @contextlib.contextmanager
+    def prefix_saving(self, tokens: int):
+        """While the block runs, the prefill engine gives every shared prefix that saves ``tokens`` a pass of
+        its own (default: 64): P(True) requests share short runs (an answer's steps, an (A)/(B) pair)."""
+        before, self.min_saving = self.min_saving, tokens
+        try:
+            yield
+        finally:
+            self.min_saving = before
+
     def score(self, token_reqs: list[TokenRequest], on_done, disable_tqdm: bool) -> list[Score]:
         """Scores in order; ``on_done(index, Score)`` as each finishes (on the engine, or on the workers
         with ``pool``, whose answers come back and are stored here)."""
@@ -208,7 +220,9 @@ class Run:
         try:
             if self.pool is not None:  # issue 15: workers on Ray; answers come back (and are stored) here
                 return self.pool.score(token_reqs, self.max_length, done, self.commit)
-            return self.engine.score(token_reqs, done)
+            if self.min_saving is None:
+                return self.engine.score(token_reqs, done)
+            return self.engine.score(token_reqs, done, min_saving=self.min_saving)
         finally:
             bar.close()
             self.stats["requests"] += len(token_reqs)

@@ -40,8 +40,10 @@ class IncrementalEngine:
         self.forward_passes = 0
         self.tokens_run = 0
 
-    def score(self, requests: Sequence[TokenRequest],
-              on_done: Callable[[int, Score], None] | None = None) -> list[Score]:
+    def score(self, requests: Sequence[TokenRequest], on_done: Callable[[int, Score], None] | None = None,
+              min_saving: int | None = None) -> list[Score]:
+        """Score every request on one cursor; ``min_saving`` is the prefill engine's (this path plans no
+        prefixes: each input rewinds to the longest prefix it shares with the one before)."""
         groups = plan_groups(requests, self.settings.max_length, self.settings.group_by_context)
         results: list[Score | None] = [None] * len(requests)
         sink = ScoreSink(requests, results, on_done)

@@ -88,17 +88,19 @@ class PrefillEngine:
         self,
         requests: Sequence[TokenRequest],
         on_done: Callable[[int, Score], None] | None = None,
+        min_saving: int | None = None,
     ) -> list[Score]:
-        """Score every request; ``on_done(index, score)`` fires as each one finishes."""
+        """Score every request; ``on_done(index, score)`` fires as each one finishes. ``min_saving``: the
+        tokens a shared prefix must save to get a pass of its own in this call (default: the settings')."""
         if not requests:
             return []
         if self.settings.exact:
             return self.score_exact(requests, on_done)
         if self.settings.check and self.canary is None and self._can_differ():
             if not self._stored_verdict():
-                return self._score_checked(requests, on_done)
-            return self.score(requests, on_done)
-        return self.score_batched(requests, on_done)
+                return self._score_checked(requests, on_done, min_saving)
+            return self.score(requests, on_done, min_saving)
+        return self.score_batched(requests, on_done, min_saving)
 
     def _stored_verdict(self) -> bool:
         """Take the verdict a run with the same scope and settings kept, if any (issue 22 §9)."""
@@ -126,7 +128,7 @@ class PrefillEngine:
             self._score_pass(ids, mask, [group], [len(group.tokens)], done)
         return results  # type: ignore[return-value]
 
-    def _score_checked(self, requests: Sequence[TokenRequest], on_done=None) -> list[Score]:
+    def _score_checked(self, requests: Sequence[TokenRequest], on_done=None, min_saving=None) -> list[Score]:
         """The canary on a few inputs cut short (``invariance.slices``), then the run in the mode it chose.
 
         A non-finite canary score trips it too: the exact run then names the request that has it.
@@ -149,16 +151,11 @@ class PrefillEngine:
         self._canary_verdict(sub, configured, exact)
         if exact is not None:  # a non-finite score is the request's, not the graph's: not kept
             self.verdicts.keep_canary(key, self.canary, self.mode)
-        return self.score(requests, on_done)
+        return self.score(requests, on_done, min_saving)
 
     def _canary_configured(self, sub: list[TokenRequest]) -> list[Score]:
         """The configured way, with any shared prefix reused (a handful of requests saves few tokens)."""
-        saved = self.settings
-        self.settings = replace(saved, prefix_min_saving=1)
-        try:
-            return self.score_batched(sub)
-        finally:
-            self.settings = saved
+        return self.score_batched(sub, min_saving=1)
 
     def _canary_verdict(self, sub, configured, exact) -> None:
         c = self.canary
@@ -185,9 +182,11 @@ class PrefillEngine:
         self,
         requests: Sequence[TokenRequest],
         on_done: Callable[[int, Score], None] | None = None,
+        min_saving: int | None = None,
     ) -> list[Score]:
-        """The configured way: grouped, batched, shared prefixes reused. Prefixes are planned within each length
-        class of the package's reuse policy (package/reuse.py): KV made for one class never serves the other."""
+        """The configured way: grouped, batched, shared prefixes reused (those saving ``min_saving`` tokens,
+        default the settings' ``prefix_min_saving``). Prefixes are planned within each length class of the
+        package's reuse policy (package/reuse.py): KV made for one class never serves the other."""
         groups = plan_groups(requests, self.settings.max_length, self.settings.group_by_context)
         results: list[Score | None] = [None] * len(requests)
         done = ScoreSink(requests, results, on_done)
@@ -195,14 +194,15 @@ class PrefillEngine:
         if self.settings.prefix_cache and not reuse.refused and len(groups) > 1:
             classes = sorted({reuse.length_class(len(g.tokens)) for g in groups})
             plain = [g for c in classes
-                     for g in self._shared([g for g in groups if reuse.length_class(len(g.tokens)) == c], done)]
+                     for g in self._shared([g for g in groups if reuse.length_class(len(g.tokens)) == c], done,
+                                          min_saving)]
             plain.sort(key=lambda g: -len(g.tokens))  # longest first, as plan_groups made them
         for batch in batches(plain, self.settings, getattr(self.runner, "gathers_positions", False)):
             ids, mask = pad_right([g.tokens for g in batch], self.settings.pad_token_id)
             self._score_pass(ids, mask, batch, [len(g.tokens) for g in batch], done)
         return results  # type: ignore[return-value]
 
-    def _shared(self, groups: list[Group], done: ScoreSink) -> list[Group]:
+    def _shared(self, groups: list[Group], done: ScoreSink, min_saving: int | None = None) -> list[Group]:
         """Score the inputs of ``groups`` (one length class) that share a planned prefix; return the others.
 
         Each input keeps at least 2 tokens for its own pass (``MIN_OWN_TOKENS``, package/reuse.py): on MatMulNBits
@@ -215,7 +215,8 @@ class PrefillEngine:
         if len(groups) < 2:
             return groups
         plan = plan_prefixes([g.tokens for g in groups], [max(MIN_OWN_TOKENS, *(n for _, n in g.members))
-                                                          for g in groups], self.settings.prefix_min_saving)
+                                                          for g in groups],
+                             self.settings.prefix_min_saving if min_saving is None else min_saving)
         reuse, total = self.settings.reuse, len(groups[0].tokens)
         if any(not reuse.cut_exact(reuse.kv_width(n.depth, total), n.depth) for n in plan.nodes):
             log.info("prefill: no shared prefixes for inputs past %s tokens: %s", reuse.rope_switch, reuse.describe())
