@@ -77,8 +77,7 @@ class OrtLM(TemplateLM):
                                 "on onnxruntime-genai or on workers (gen_path=raw, no --workers)")
         verifier = open_verifier(args.verifier, self)
         self.run.step_scorer = TextPrm(verifier.score_texts, args.step_separator, self.tokenizer.decode)
-        # P(True) (self, a GenAI judge) is a probability; a classifier's score is a logit already
-        self.run.search_reward = "raw" if verifier.kind == "classifier" else "logit"
+        self.run.search_reward = "logit"  # every verifier scores a probability (P(True), runtime/reward.py)
         self.run.narrow_scope(*search_scope(args, self.run.search_reward, verifier))
 
     @classmethod
