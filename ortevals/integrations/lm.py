@@ -53,9 +53,11 @@ class OrtLM(TemplateLM):
     def from_package(cls, args: ModelArgs, open_soon: bool = False) -> OrtLM:
         """Open the run (:meth:`Run.open`; ``open_soon``: its sessions on a thread, their errors at the first
         request); with workers, the Ray pool that serves it (the cluster starts on first use)."""
-        run = Run.open(args, open_soon)
-        if args.workers or args.ray_address:  # issue 15: data parallel on Ray
-            run.pool = WorkerPool(args, run.backends.provider.on_device)
+        pooled = bool(args.workers or args.ray_address)  # issue 15: data parallel on Ray
+        # on CPU the workers' thread count comes from the cluster: the run's scope records it (integrations/ray.py)
+        run = Run.open(args, open_soon, (lambda: WorkerPool.cpu_threads(args)) if pooled else None)
+        if pooled:
+            run.pool = WorkerPool(run.args, run.backends.provider.on_device)
         lm = cls(run)
         if args.search != "none":  # issue 25: the verifier's step scores guide generation
             lm._open_search()
