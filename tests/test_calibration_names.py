@@ -48,7 +48,8 @@ def test_a_temperature_on_its_search_bound_is_reported_as_a_bound():
     assert "temperature,none" not in got and "ece_scaled,none" not in got
     assert got["temperature_at_bound,none"] == pytest.approx(0.02) and "ece_at_temperature_bound,none" in got
     block = results["calibration"]["t"]
-    assert block["temperature_at_bound"] is True and "T = 0.02: no finite temperature fits" in block["temperature_bound"]
+    assert block["temperature_at_bound"] is True
+    assert "T = 0.02: no finite temperature fits" in block["temperature_bound"]
     table = format_table(summarize(results, 20, 1.0, 1.0))
     assert "temperature_at_bound" in table and "no finite temperature fits" in table
     fitted = {"results": {"t": {}}, "samples": {"t": records([[0.0, -1.0]] * 7 + [[-1.0, 0.0]] * 3, [0] * 10)},

@@ -50,26 +50,11 @@ def test_cli_samples_with_a_temperature_sample_a_greedy_task(tiny_pkg, tmp_path)
 
     from ortevals.cli import cli
 
-    rows = [{"question": f"Question {i}: the cat sat on the", "answer": "mat"} for i in range(2)]
-    (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tasks = tmp_path / "tasks"
-    tasks.mkdir()
-    (tasks / "greedy_task.yaml").write_text(f"""task: greedy_task
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {tmp_path / "data.jsonl"}
-test_split: test
-output_type: generate_until
-doc_to_text: "{{{{question}}}}"
-doc_to_target: "{{{{answer}}}}"
-generation_kwargs:
+    tasks = json_task(tmp_path, "greedy_task", """generation_kwargs:
   until: ["Question"]
   do_sample: false
   temperature: 0.0
   max_gen_toks: 12
-metric_list:
-  - metric: exact_match
 """)
     out = tmp_path / "run"
     result = CliRunner().invoke(cli, ["run", "--pkg", str(tiny_pkg), "--include-path", str(tasks), "--tasks",
@@ -193,14 +178,13 @@ def test_best_of_k_scores_the_whole_sequence_eos_included(cot_config):
     assert [got[f"best@{k},custom-extract"] for k in (1, 2, 4)] == [0.0, 1.0, 1.0]
 
 
-def first_k_task(tmp_path, k: int) -> Path:
-    """A task folder: lm-eval's gsm8k_cot_self_consistency filter layout (score-first; maj@k: take_first_k k, regex,
-    majority_vote, take_first) on two questions."""
+def json_task(tmp_path, name: str, settings: str) -> Path:
+    """A task folder: ``name`` on two questions of a JSON file, exact_match, with the YAML ``settings``."""
     rows = [{"question": f"Question {i}: the cat sat on the", "answer": "mat"} for i in range(2)]
     (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     tasks = tmp_path / "tasks"
     tasks.mkdir()
-    (tasks / "sc_task.yaml").write_text(f"""task: sc_task
+    (tasks / f"{name}.yaml").write_text(f"""task: {name}
 dataset_path: json
 dataset_kwargs:
   data_files:
@@ -209,7 +193,16 @@ test_split: test
 output_type: generate_until
 doc_to_text: "{{{{question}}}}"
 doc_to_target: "{{{{answer}}}}"
-repeats: 64
+metric_list:
+  - metric: exact_match
+""" + settings)
+    return tasks
+
+
+def first_k_task(tmp_path, k: int) -> Path:
+    """lm-eval's gsm8k_cot_self_consistency filter layout (score-first; maj@k: take_first_k k, regex,
+    majority_vote, take_first)."""
+    return json_task(tmp_path, "sc_task", f"""repeats: 64
 generation_kwargs:
   until: ["Question"]
   do_sample: true
@@ -229,10 +222,7 @@ filter_list:
         regex_pattern: "(\\\\w+)"
       - function: "majority_vote"
       - function: "take_first"
-metric_list:
-  - metric: exact_match
 """)
-    return tasks
 
 
 def test_take_first_k_filter_is_scored_on_the_samples_it_keeps(tiny_pkg, tmp_path):
