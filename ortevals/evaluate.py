@@ -22,7 +22,7 @@ from unittest import mock
 
 from ortevals.errors import DataError, OrtEvalsError, first_line
 from ortevals.files import cache_root, check_writable_file, check_writable_folder
-from ortevals.report.results import RunSummary, summarize, write_outputs
+from ortevals.report.results import RunSummary, summarize, write_outputs, write_unreported
 from ortevals.runtime.meter import boot_clock
 from ortevals.tasks import task_manager, with_fit_split, with_samples
 
@@ -104,12 +104,7 @@ def evaluate(lm, spec: RunSpec) -> RunOutcome:
     seconds, evaluated = time.perf_counter() - start, boot_clock()
     if not results or not results.get("samples"):
         raise DataError("the data set is empty after filters (check --limit and the task names)")
-    if k:
-        from ortevals.report.samples import add_scaling
-
-        add_scaling(results, tasks, lm.sample_facts(), spec.output,
-                    _verify(results, tasks, lm, verifier, lm.stats["seconds"] - before["seconds"]))
-    plots = _calibration(results, lm, spec.output)
+    plots = _report(results, tasks, lm, spec.output, verifier, lm.stats["seconds"] - before["seconds"], k)
     requests = lm.stats["requests"] - before["requests"]
     reused = lm.stats["reused"] - before["reused"]
     eff = _efficiency(results, lm, passes, requests, reused, lm.stats["generated_tokens"] - before["generated_tokens"],
@@ -118,6 +113,24 @@ def evaluate(lm, spec: RunSpec) -> RunOutcome:
                         mode_text(lm.stats, requests, reused), workers_text(lm), spec.notes, eff)
     files = tuple(write_outputs(spec.output, results, summary)) + tuple(plots) if spec.output else ()
     return RunOutcome(summary, results, files)
+
+
+def _report(results: dict, tasks, lm, output: Path | None, verifier, generation_seconds: float, k) -> list[Path]:
+    """What is computed after lm-eval's evaluation: the verifier's scores and the --samples estimators, then
+    calibration; the calibration plots written. An error or Ctrl-C there loses no model work: lm-eval's results
+    and every sample are written to ``output`` first (report/results.py ``write_unreported``), then it is raised."""
+    try:
+        if k:
+            from ortevals.report.samples import add_scaling
+
+            add_scaling(results, tasks, lm.sample_facts(), output,
+                        _verify(results, tasks, lm, verifier, generation_seconds))
+        return _calibration(results, lm, output)
+    except BaseException as e:
+        if output is not None:
+            write_unreported(output, results, e)
+            log.error("reporting stopped (%s); lm-eval's results and every sample are in %s", first_line(e), output)
+        raise
 
 
 @contextlib.contextmanager
@@ -338,7 +351,8 @@ def _verify(results: dict, tasks, lm, verifier, generation_seconds: float):
 
     names = [t.get("task") for t in tasks if isinstance(t, dict) and t.get("repeats")]
     out = verify_run(verifier, questions_of(results, names), lm.args.prm, lm.args.step_separator)
-    results["verifier"] = {"name": out.name, "kind": out.kind, "params": out.params, "questions": len(out.scores),
+    results["verifier"] = {"name": out.name, "kind": out.kind, "score": out.meaning, "params": out.params,
+                           "questions": len(out.scores),
                            "samples": sum(len(v) for v in out.scores.values()), "tokens_run": out.tokens,
                            "seconds": out.seconds, "prm": bool(lm.args.prm), "generation_seconds": generation_seconds,
                            "cost_ratio": out.seconds / generation_seconds if generation_seconds > 0 else None}

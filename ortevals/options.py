@@ -183,12 +183,19 @@ OPTIONS: tuple[Option, ...] = (
            "generate_until path: auto (raw where the package has full logits and a plain KV cache), raw "
            "(shared-prompt sampling on onnxruntime), og (onnxruntime-genai Generators)."),
     # issue 26 (engine/generate/rows/cascade_kv.py, runtime/cascade.py): scoped, its attention sums in another
-    # order (~1e-6)
+    # order (~1e-6); auto is resolved when the run opens, from what the device holds (run/generate.py decode_plan)
     Option("cascade", choice("cascade", ("auto", "on", "off")), "auto",
            "Raw-path sampling of K rows of one prompt: auto (the rows attend to one shared copy of the prompt's "
            "KV where the decoder's attention can be rewritten exactly, checked once against the plain pass; "
-           "costs a second session of the decoder), on (the same, an error where it cannot), off (each row "
+           "costs a second session of the decoder, declined where that copy would take more than half of the "
+           "memory the device holds beside the first), on (the same, an error where it cannot), off (each row "
            "keeps its own copy of the prompt KV)."),
+    # scoped: which rows decode together can change a row's numbers (the cascade graph's), so it is sized by
+    # what the device holds, never by what happens to be free
+    Option("decode_budget_mb", positive_int("decode_budget_mb"), None,
+           "Raw-path sampling: KV memory of one decode batch (the rows decoded together). Default: 80% of the "
+           "memory the device holds where the KV lives (its total, not what is free, so every run on this "
+           "machine decodes the same batches and draws the same samples)."),
     # not scoped: the store keys each sample by request + sample index, so raising K reuses the first K
     Option("samples", positive_int("samples"), None, "Samples per question: overrides the tasks' repeats and "
            "reports maj@k, pass@k and best-of-k for k = 1, 2, 4, … K (always sampling: at the --gen-kwargs "

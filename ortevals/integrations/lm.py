@@ -68,9 +68,11 @@ class OrtLM(TemplateLM):
     def from_package(cls, args: ModelArgs, open_soon: bool = False) -> OrtLM:
         """Open the run (:meth:`Run.open`; ``open_soon``: its sessions on a thread, their errors at the first
         request); with workers, the Ray pool that serves it (the cluster starts on first use)."""
-        run = Run.open(args, open_soon)
-        if args.workers or args.ray_address:  # issue 15: data parallel on Ray
-            run.pool = WorkerPool(args, run.backends.provider.on_device)
+        pooled = bool(args.workers or args.ray_address)  # issue 15: data parallel on Ray
+        # on CPU the workers' thread count comes from the cluster: the run's scope records it (integrations/ray.py)
+        run = Run.open(args, open_soon, (lambda: WorkerPool.cpu_threads(args)) if pooled else None)
+        if pooled:
+            run.pool = WorkerPool(run.args, run.backends.provider.on_device)
         lm = cls(run)
         if args.search != "none":  # issue 25: the verifier's step scores guide generation
             lm._open_search()
@@ -92,8 +94,7 @@ class OrtLM(TemplateLM):
                                 "on onnxruntime-genai or on workers (gen_path=raw, no --workers)")
         verifier = open_verifier(args.verifier, self)
         self.run.step_scorer = TextPrm(verifier.score_texts, args.step_separator, self.tokenizer.decode)
-        # P(True) (self, a GenAI judge) is a probability; a classifier's score is a logit already
-        self.run.search_reward = "raw" if verifier.kind == "classifier" else "logit"
+        self.run.search_reward = "logit"  # every verifier scores a probability (P(True), runtime/reward.py)
         self.run.narrow_scope(*search_scope(args, self.run.search_reward, verifier))
 
     @classmethod

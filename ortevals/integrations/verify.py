@@ -60,6 +60,7 @@ class Verifier(Protocol):
     name: str
     kind: str  # "self", "genai" or "classifier"
     params: int  # the weights its model holds (report/compute.py's verifier FLOPs)
+    meaning: str  # what a score is: a probability that the answer is right, and how it is made
 
     def score_texts(self, context: str, answers: Sequence[str]) -> np.ndarray:
         """``[N]`` a score per answer (higher: more likely right)."""
@@ -92,6 +93,8 @@ class SelfVerifier:
     """P(True) of each answer on a package's run: the package being evaluated (``self``, its own engine and
     result store) or a GenAI judge package (:func:`open_judge`)."""
 
+    meaning = "P(True): expit(log p(' (A)') - log p(' (B)'))"
+
     def __init__(self, model: PTrueModel, name: str = "self", kind: str = "self") -> None:
         self.model, self.name, self.kind = model, name, kind
         self.params = model.params
@@ -123,6 +126,7 @@ class OrmVerifier:
 
     def __init__(self, model: RewardModel) -> None:
         self.model, self.name, self.params = model, str(model.path), model.params
+        self.meaning = model.head.describe()
 
     def score_texts(self, context: str, answers: Sequence[str]) -> np.ndarray:
         return self.model.score([context + a for a in answers])
@@ -177,6 +181,7 @@ class Verified:
     name: str
     kind: str = "self"
     params: int = 0
+    meaning: str = ""  # what a score is (the verifier's ``meaning``)
     scores: dict[Key, list[float]] = field(default_factory=dict)
     steps: dict[Key, list[list[float]]] = field(default_factory=dict)
     tokens: int = 0
@@ -202,7 +207,7 @@ def verify_run(verifier: Verifier, questions: Sequence[Question], prm: bool = Fa
                separator: str = "\n\n") -> Verified:
     """Every question's answers scored, one scorer call per question: the outcome scores, or with ``prm`` the
     step scores (the outcome score is the last step's: that prefix is the whole answer)."""
-    out = Verified(verifier.name, verifier.kind, verifier.params)
+    out = Verified(verifier.name, verifier.kind, verifier.params, verifier.meaning)
     before, start = verifier.tokens_run, time.perf_counter()
     steps = TextPrm(verifier.score_texts, separator)
     for q in questions:

@@ -60,7 +60,7 @@ def report_tables(cmp: Comparison) -> dict[str, tuple[list[str], list[list[str]]
                [[q.run, q.task, str(q.doc_id), q.category or "", q.gold or "", q.ref_answer[:40], q.run_answer[:40],
                  f"{q.difference:.3g}", _prob(q.ref_probs, q.ref_answer), _prob(q.run_probs, q.run_answer)]
                 for q in cmp.changed[:MAX_CHANGED]])
-    calibration = (["run", "task", "ECE", "ref", "Δ ECE [95%]", "Brier", "ref", "Δ Brier [95%]",
+    calibration = (["run", "task", "ECE", "ref", "Δ ECE [95%]", "Brier (multi-class, 0–2)", "ref", "Δ Brier [95%]",
                     "conf − acc", "T needed [95%]", "ref T"],
                    [[c.run, c.task, f"{d.ece:.4f}", f"{d.ref_ece:.4f}", _delta(d.delta_ece), f"{d.brier:.4f}",
                      f"{d.ref_brier:.4f}", _delta(d.delta_brier), f"{d.overconfidence:+.4f}",

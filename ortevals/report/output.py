@@ -51,8 +51,9 @@ def calibration_record(d) -> dict[str, Any]:
         return [x.low, x.high]
 
     return {"ece": d.ece, "ref_ece": d.ref_ece, "delta_ece": d.delta_ece.estimate, "delta_ece_ci": ci(d.delta_ece),
-            "brier": d.brier, "ref_brier": d.ref_brier, "delta_brier": d.delta_brier.estimate,
-            "delta_brier_ci": ci(d.delta_brier), "overconfidence": d.overconfidence,
+            "brier_multiclass": d.brier, "ref_brier_multiclass": d.ref_brier,
+            "delta_brier_multiclass": d.delta_brier.estimate, "delta_brier_multiclass_ci": ci(d.delta_brier),
+            "overconfidence": d.overconfidence,
             "ref_overconfidence": d.ref_overconfidence, "delta_overconfidence": d.delta_overconfidence.estimate,
             "delta_overconfidence_ci": ci(d.delta_overconfidence), "temperature": d.temperature.estimate,
             "temperature_ci": ci(d.temperature), "ref_temperature": d.ref_temperature.estimate,
@@ -143,9 +144,9 @@ def calibration_lines(d) -> list[str]:
     word = "over-confident" if gap > 0 else "under-confident"
     return [f"  calibration: {word} by {abs(gap):.4f} (mean confidence - accuracy; ref {d.ref_overconfidence:+.4f}, "
             f"delta {delta(d.delta_overconfidence)})",
-            f"  ECE {d.ece:.4f} (ref {d.ref_ece:.4f}, delta {delta(d.delta_ece)}); Brier {d.brier:.4f} "
-            f"(ref {d.ref_brier:.4f}, delta {delta(d.delta_brier)}); temperature needed {temp(d.temperature)} "
-            f"(ref {temp(d.ref_temperature)})"]
+            f"  ECE {d.ece:.4f} (ref {d.ref_ece:.4f}, delta {delta(d.delta_ece)}); "
+            f"Brier (multi-class, 0-2) {d.brier:.4f} (ref {d.ref_brier:.4f}, delta {delta(d.delta_brier)}); "
+            f"temperature needed {temp(d.temperature)} (ref {temp(d.ref_temperature)})"]
 
 
 def compare_paths(ref: str | Path, runs: list[str | Path], echo, json_path: Path | None = None,

@@ -27,9 +27,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ortevals.errors import first_line
 from ortevals.files import atomic_write, json_text
 from ortevals.report.efficiency import summary_line, timeline_text
 from ortevals.report.model_info import describe
+from ortevals.report.scaling import DEFINITIONS as ESTIMATOR_DEFINITIONS
+from ortevals.report.selection import DEFINITIONS as SELECTOR_DEFINITIONS
 from ortevals.report.selection import SELECTORS
 
 log = logging.getLogger(__name__)
@@ -37,6 +40,7 @@ CATEGORY_KEYS = ("category", "subject")
 SAMPLE_METRICS = ("acc", "exact_match", "acc_norm")  # the per-question score a category averages
 SKIP_KEYS = ("alias", "name", "sample_len", " ")
 TABLE_ESTIMATORS = ("maj", "pass", "best", "bon", "weighted_maj", "bon_certainty")  # the PRM variants: rows only
+DEFINITIONS = {**ESTIMATOR_DEFINITIONS, **SELECTOR_DEFINITIONS}  # every @k metric's estimator, in one line
 
 
 @dataclass(frozen=True)
@@ -200,11 +204,12 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def _shown_rows(summary: RunSummary) -> list[MetricRow]:
-    """Every row; with --samples, pass@1 (the k=1 estimate) and the largest k of each estimator."""
+    """Every row; with --samples, pass@1 (the k=1 estimate) and the largest k of each standard estimator (the
+    ``_avg`` ones are in results.json)."""
     if not summary.scaling:
         return list(summary.rows)
     k = summary.scaling["samples"]
-    keep = {"pass@1", *(f"{e}@{k}" for e in ("maj", "pass", "best", *SELECTORS))}
+    keep = {"pass@1", *(f"{e}@{k}" for e in ("maj", "pass", "best", *SELECTORS) if not e.endswith("_avg"))}
     return [r for r in summary.rows if r.metric in keep]
 
 
@@ -222,6 +227,9 @@ def format_table(summary: RunSummary) -> str:
                         [[r.task, r.filter, r.metric, _num(r.value), _num(r.stderr)] for r in rows])
         if any(r.stderr is None for r in rows):
             lines.append("(stderr n/a: lm-eval gives none, or too few questions for one)")
+        if any(r.metric.startswith("temperature_at_bound") for r in rows):
+            lines.append("(temperature_at_bound: the NLL keeps falling up to the temperature search's bound, so no "
+                         "finite temperature fits; ece_at_temperature_bound is the ECE there)")
     lines += _overall_lines(summary) + _scaling_lines(summary)
     lines.append(
         f"questions {summary.questions}  requests {summary.requests}"
@@ -272,11 +280,23 @@ def _scaling_lines(summary: RunSummary) -> list[str]:
                                              else " [n/a]")
 
     rows = [[str(k), *(show(cell.get((e, k))) for e in estimators)] for k in ks]
+    shown = {r.metric.split("@")[0] for r in _shown_rows(summary) if "@" in r.metric}
     return ["", f"inference-time scaling over {summary.scaling['questions']} questions, "
                 f"K={summary.scaling['samples']} (pooled; 95% bootstrap intervals; n/a: too few questions):",
             *_table(["k", *(f"{e}@k" for e in estimators)], rows),
             "(exact_match in results.json is lm-eval's score of each question's first sample)",
+            *estimator_legend([e for e in DEFINITIONS if e in shown or e in estimators]),
             *_verifier_line(summary)]
+
+
+def estimator_legend(names: list[str]) -> list[str]:
+    """Which estimator each @k metric is, one line each, and where ortevals' subset-averaged ones are."""
+    lines = ["estimators:", *(f"  {name}@k: {DEFINITIONS[name]}" for name in names)]
+    averaged = ", ".join(f"{n}@k" for n in DEFINITIONS if n.endswith("_avg") and n.removesuffix("_avg") in names)
+    if averaged:
+        lines.append(f"  in results.json also {averaged}: ortevals' own, expected over every k-subset of the K "
+                     "samples (docs/search.md)")
+    return lines
 
 
 def _verifier_line(summary: RunSummary) -> list[str]:
@@ -296,7 +316,6 @@ def write_outputs(out_dir: Path, results: dict[str, Any], summary: RunSummary) -
     that this run does not write are removed, so a reused folder holds one run."""
     tasks = list(results.get("samples", {}))
     _remove_stale(out_dir, tasks, scaling=bool(summary.scaling))
-    written = []
     body = {k: v for k, v in results.items() if k != "samples"}
     body["ortevals"] = {"questions": summary.questions, "requests": summary.requests,
                         "overall": [asdict(o) for o in summary.overall], "seconds": summary.seconds,
@@ -304,14 +323,30 @@ def write_outputs(out_dir: Path, results: dict[str, Any], summary: RunSummary) -
                         "requests_per_s": summary.requests_per_s, "reused": summary.reused, "mode": summary.mode,
                         "workers": summary.workers, "notes": list(summary.notes),
                         "categories": [asdict(c) for c in summary.categories]}
-    path = out_dir / "results.json"
-    atomic_write(path, json_text(body, indent=2))
-    written.append(path)
-    for task in tasks:
+    return _write_files(out_dir, body, results)
+
+
+def write_unreported(out_dir: Path, results: dict[str, Any], error: BaseException) -> list[Path]:
+    """After the model work, when reporting failed (or was interrupted): lm-eval's results and every sample as
+    they are, ``results.json``'s ``ortevals.unreported`` saying why, so no generated answer is lost."""
+    tasks = list(results.get("samples", {}))
+    _remove_stale(out_dir, tasks, scaling=False)
+    body = {k: v for k, v in results.items() if k != "samples"}
+    body["ortevals"] = {"unreported": f"{type(error).__name__}: {first_line(error)}"}
+    return _write_files(out_dir, body, results)
+
+
+def _write_files(out_dir: Path, body: dict[str, Any], results: dict[str, Any]) -> list[Path]:
+    """The samples files first (the work), then ``results.json``."""
+    written = []
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for task in results.get("samples", {}):
         path = out_dir / f"samples_{task}.jsonl"
         atomic_write(path, "".join(json_text(s) + "\n" for s in results["samples"][task]))
         written.append(path)
-    return written
+    path = out_dir / "results.json"
+    atomic_write(path, json_text(body, indent=2))
+    return [path, *written]
 
 
 def _remove_stale(out_dir: Path, tasks: list[str], scaling: bool) -> None:

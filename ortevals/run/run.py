@@ -13,8 +13,10 @@ and the media router are adapters over it. ``Run(...)`` does no I/O; :meth:`Run.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tqdm import tqdm
@@ -35,7 +37,7 @@ from ortevals.report import resume
 from ortevals.report.model_info import model_info
 from ortevals.report.scope import results_scope
 from ortevals.report.store import ResultStore
-from ortevals.run.generate import Generation
+from ortevals.run.generate import Generation, decode_plan
 from ortevals.runtime.buffers import kv_bytes_per_token
 from ortevals.runtime.providers import ProviderConfig, from_package, parse_options
 
@@ -65,7 +67,7 @@ class Run:
         self.sample_logprobs: dict[str, tuple[float, int, int]] = {}  # key (JSON) → (log-prob, tokens, scored)
         self.sample_certainty: dict[str, float] = {}  # key (JSON) → self-certainty (raw and og paths)
         self.step_scorer = None  # issue 25 --search: the PRM (engine/generate/search/prm.py), set by the front door
-        self.search_reward = "logit"  # its scores are probabilities (P(True)); "raw": already logits (an ORM)
+        self.search_reward = "logit"  # the verifier's scores are probabilities (P(True), runtime/reward.py)
         self._encoded: dict[tuple[str, bool | None], tuple[int, ...]] = {}  # tok_encode's last texts, oldest first
         self._modes: dict[str, str] = {}  # which mode ran and why, per request kind (stats["mode"] joins them)
         self.on_first_request = None  # called once when the first requests arrive (the CLI's collector, cli.py)
@@ -73,14 +75,23 @@ class Run:
         self.min_saving: int | None = None  # tokens a shared prefix must save in this call (prefix_saving)
 
     @classmethod
-    def open(cls, args: ModelArgs, open_soon: bool = False) -> Run:
+    def open(cls, args: ModelArgs, open_soon: bool = False, worker_threads: Callable[[], int] | None = None) -> Run:
         """Load the package and tokenizer; open the log-likelihood path now (``open_soon``: on a thread while
-        the caller loads its data, an error there raised at the first request), generation on first use."""
+        the caller loads its data, an error there raised at the first request), generation on first use.
+
+        ``worker_threads``: with workers on CPU and no ``threads`` given, the threads each worker's sessions will
+        run with (integrations/ray.py), so the scope records what computes the numbers. ``run.args`` holds what
+        was resolved here (those threads, :func:`~ortevals.run.generate.decode_plan`'s budget and cascade)."""
         package = ModelPackage.load(args.pkg)
         tokenizer = Tokenizer.load(package, add_bos_token=args.add_bos_token)
         check_media_tokens(package, tokenizer.backend)  # issue 22: a media token id that text produces
         provider = from_package(package.decoder.session_options, args.ep,
                                 parse_options(args.provider_options), args.threads)
+        if worker_threads is not None and args.threads is None and not provider.on_device:
+            args = dataclasses.replace(args, threads=worker_threads())
+            provider = from_package(package.decoder.session_options, args.ep,
+                                    parse_options(args.provider_options), args.threads)
+        args = decode_plan(args, package, provider)
         settings = engine_settings(package, provider, args)
         backends = Backends(package, provider, settings, args.path, cache_root() if args.scoring_graph else None,
                             args.gen_path, args.media_path, args.cascade)
