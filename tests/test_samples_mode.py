@@ -3,7 +3,6 @@ answer through the task's own filters, maj@k / pass@k / best@k into results.json
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
