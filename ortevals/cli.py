@@ -312,14 +312,15 @@ def compare(ref, runs, json_path, report_dir, changed_path, max_flip_rate, max_k
     from ortevals.report.compare import Gates
     from ortevals.report.output import compare_paths
 
-    _fail_gates(compare_paths(ref, list(runs), click.echo, json_path, report_dir, changed_path,
-                              Gates(max_flip_rate, max_kl, margin)))
+    gates = Gates(max_flip_rate, max_kl, margin)  # a threshold that can never fire or always fires: one line
+    _fail_gates(compare_paths(ref, list(runs), click.echo, json_path, report_dir, changed_path, gates))
 
 
-def _fail_gates(failed: list[str]) -> None:
-    for line in failed:
-        click.echo(line, err=True)
-    if failed:
+def _fail_gates(verdicts) -> None:
+    """Each gate's verdict (a failed one on stderr); exit 1 when one failed."""
+    for v in verdicts:
+        click.echo(v.line, err=not v.passed)
+    if any(not v.passed for v in verdicts):
         sys.exit(1)
 
 

@@ -228,6 +228,8 @@ def test_gates(tmp_path, gate, passing, failing):
     ref, run = hand_runs(tmp_path)
     ok = invoke("--ref", str(ref), str(run), gate, passing)
     assert ok.exit_code == 0, ok.output
+    passed = [ln for ln in ok.output.splitlines() if ln.startswith("gate ")]  # issue 38: a passing gate says so
+    assert len(passed) == 1 and passed[0].startswith(f"gate {gate} passed: run {TASK}"), ok.output
     bad = invoke("--ref", str(ref), str(run), gate, failing)
     assert bad.exit_code == 1
     failed = [ln for ln in bad.output.splitlines() if ln.startswith("gate ")]

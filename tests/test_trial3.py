@@ -66,3 +66,12 @@ def test_a_store_that_breaks_while_reading_is_a_store_error(tmp_path):
         reopened = ResultStore.open(path, SCOPE)
         for i in range(2000):
             reopened.get("kind", [i, "x" * 200])
+
+
+# --- item 14: CI gates that cannot fire or always fire ------------------------------------------------------
+@pytest.mark.parametrize("flag, value", [("--max-kl", "nan"), ("--margin", "inf"), ("--max-flip-rate", "-1"),
+                                         ("--max-flip-rate", "1.5"), ("--max-kl", "-0.1"), ("--margin", "-0.02")])
+def test_gate_thresholds_out_of_range_are_one_line(tmp_path, flag, value):
+    """Refused before the runs are read (the paths do not exist: reading them would fail first)."""
+    assert_one_line_error(run("compare", "--ref", str(tmp_path / "ref"), str(tmp_path / "run"), flag, value),
+                          f"{flag} {value}", "expected")

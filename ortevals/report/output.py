@@ -153,14 +153,14 @@ def compare_paths(ref: str | Path, runs: list[str | Path], echo, json_path: Path
                   loaded: list | None = None) -> list[str]:
     """What ``ortevals compare`` does: load, compare, print with ``echo``, write the files asked for.
 
-    ``loaded``: runs already in memory (``--compare-to``), compared after ``runs``. Returns the lines
-    of the failed gates (empty when every gate passes).
+    ``loaded``: runs already in memory (``--compare-to``), compared after ``runs``. Returns each gate's
+    verdict (report/compare.py ``Verdict``: passing ones too; empty without gates).
     """
     from ortevals.report.compare import Gates, check_gates, compare
     from ortevals.report.runs import load_run
 
     cmp = compare(load_run(ref), [load_run(r) for r in runs] + list(loaded or []))
-    failed = check_gates(cmp, gates or Gates())
+    verdicts = check_gates(cmp, gates or Gates())
     echo(format_text(cmp))
     if json_path is not None:
         write_json(cmp, json_path)
@@ -173,4 +173,4 @@ def compare_paths(ref: str | Path, runs: list[str | Path], echo, json_path: Path
 
         for path in write_report(cmp, report_dir)[:2]:
             echo(f"wrote {path}")
-    return failed
+    return verdicts
