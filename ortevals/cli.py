@@ -189,6 +189,8 @@ def _evaluate(kw: dict, tasks, data: Path | None, **spec_kw) -> None:
     click.echo(format_table(outcome.summary))
     for path in outcome.files:
         click.echo(f"wrote {path}")
+    for path in outcome.removed:
+        click.echo(f"removed {path}: an earlier run's file in this --output folder that this run does not write")
     return outcome
 
 

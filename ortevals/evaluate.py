@@ -21,12 +21,13 @@ from typing import Any
 from unittest import mock
 
 from ortevals.errors import DataError, OrtEvalsError, first_line
-from ortevals.files import cache_root, check_writable_file, check_writable_folder
-from ortevals.report.results import RunSummary, summarize, write_outputs
+from ortevals.files import cache_root, check_writable_file, check_writable_folder, publish, staged
+from ortevals.report.results import RunSummary, stale_outputs, summarize, write_outputs
 from ortevals.runtime.meter import boot_clock
 from ortevals.tasks import task_manager, with_fit_split, with_samples
 
 log = logging.getLogger(__name__)
+OUTPUT_FILES = ("results.json", "samples_*.jsonl", "calibration_fit_*.jsonl", "*.png")  # what a run writes
 OFFLINE_HINTS = ("offline", "connection", "couldn't reach", "could not reach", "resolve", "localentrynotfound",
                  "max retries", "name or service not known", "network")
 
@@ -53,6 +54,7 @@ class RunOutcome:
     summary: RunSummary
     results: dict[str, Any]
     files: tuple[Path, ...]
+    removed: tuple[Path, ...] = ()  # an earlier run's files in --output that this run's set replaced
 
 
 def check_spec(spec: RunSpec) -> None:
@@ -63,7 +65,7 @@ def check_spec(spec: RunSpec) -> None:
     if spec.limit is not None and spec.limit <= 0:
         raise OrtEvalsError(f"--limit must be > 0, got {spec.limit}")
     if spec.output is not None:
-        check_writable_folder(spec.output, "--output")
+        check_writable_folder(spec.output, "--output", OUTPUT_FILES)
     if spec.use_cache is not None:
         check_writable_file(spec.use_cache, "--use-cache")
     cache_root()  # $ORTEVALS_CACHE naming a file is refused here, not halfway through the run
@@ -104,20 +106,40 @@ def evaluate(lm, spec: RunSpec) -> RunOutcome:
     seconds, evaluated = time.perf_counter() - start, boot_clock()
     if not results or not results.get("samples"):
         raise DataError("the data set is empty after filters (check --limit and the task names)")
-    if k:
-        from ortevals.report.samples import add_scaling
+    return _report(lm, spec, tasks, results, verifier, before, passes, (seconds, evaluated))
 
-        add_scaling(results, tasks, lm, spec.output,
-                    _verify(results, tasks, lm, verifier, lm.stats["seconds"] - before["seconds"]))
-    plots = _calibration(results, lm, spec.output)
-    requests = lm.stats["requests"] - before["requests"]
-    reused = lm.stats["reused"] - before["reused"]
-    eff = _efficiency(results, lm, passes, requests, reused, lm.stats["generated_tokens"] - before["generated_tokens"],
-                      evaluated)
-    summary = summarize(results, requests, seconds, lm.stats["seconds"] - before["seconds"], reused,
-                        mode_text(lm.stats, requests, reused), workers_text(lm), spec.notes, eff)
-    files = tuple(write_outputs(spec.output, results, summary)) + tuple(plots) if spec.output else ()
-    return RunOutcome(summary, results, files)
+
+def _report(lm, spec: RunSpec, tasks, results: dict, verifier, before: dict, passes, clock) -> RunOutcome:
+    """After lm-eval: the verifier, scaling, calibration and efficiency into ``results``, the summary, and every
+    file of the run written into a stage, then published as one set (``clock``: lm-eval's seconds and the
+    boot_clock() reading when it ended)."""
+    k = getattr(getattr(lm, "args", None), "samples", None)
+    with staged(spec.output) as stage:
+        if k:
+            from ortevals.report.samples import add_scaling
+
+            add_scaling(results, tasks, lm, stage,
+                        _verify(results, tasks, lm, verifier, lm.stats["seconds"] - before["seconds"]))
+        _calibration(results, lm, stage)
+        requests = lm.stats["requests"] - before["requests"]
+        reused = lm.stats["reused"] - before["reused"]
+        eff = _efficiency(results, lm, passes, requests, reused,
+                          lm.stats["generated_tokens"] - before["generated_tokens"], clock[1])
+        summary = summarize(results, requests, clock[0], lm.stats["seconds"] - before["seconds"], reused,
+                            mode_text(lm.stats, requests, reused), workers_text(lm), spec.notes, eff)
+        if stage is None:
+            return RunOutcome(summary, results, ())
+        return _publish(spec.output, stage, results, summary)
+
+
+def _publish(output: Path, stage: Path, results: dict, summary: RunSummary) -> RunOutcome:
+    """results.json and the samples beside the plots in ``stage``, then the whole set into ``output``; the earlier
+    run's files it leaves out go with it (files.py ``publish``: the earlier set or this one, never a mix)."""
+    others = sorted(p.name for p in stage.iterdir() if p.is_file())  # plots, calibration fit samples
+    names = [p.name for p in write_outputs(stage, results, summary, others)] + others
+    removed = stale_outputs(output, set(names))
+    publish(stage, output, "--output", removed)
+    return RunOutcome(summary, results, tuple(output / n for n in names), tuple(output / n for n in removed))
 
 
 @contextlib.contextmanager

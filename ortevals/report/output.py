@@ -12,8 +12,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ortevals.files import atomic_write
+from ortevals.files import atomic_write, check_writable_file, check_writable_folder, publish, staged
 from ortevals.report.compare import Comparison, TaskComparison
+
+REPORT_FILES = ("report.md", "report.html", "*.png")  # what --report writes (report/html.py)
 
 
 def task_record(c: TaskComparison) -> dict[str, Any]:
@@ -159,6 +161,11 @@ def compare_paths(ref: str | Path, runs: list[str | Path], echo, json_path: Path
     from ortevals.report.compare import Gates, check_gates, compare
     from ortevals.report.runs import load_run
 
+    for path, flag in ((json_path, "--json"), (changed_path, "--changed")):  # before any run is read
+        if path is not None:
+            check_writable_file(Path(path), flag)
+    if report_dir is not None:
+        check_writable_folder(Path(report_dir), "--report", REPORT_FILES)
     cmp = compare(load_run(ref), [load_run(r) for r in runs] + list(loaded or []))
     verdicts = check_gates(cmp, gates or Gates())
     echo(format_text(cmp))
@@ -171,6 +178,9 @@ def compare_paths(ref: str | Path, runs: list[str | Path], echo, json_path: Path
     if report_dir is not None:
         from ortevals.report.html import write_report
 
-        for path in write_report(cmp, report_dir)[:2]:
-            echo(f"wrote {path}")
+        with staged(Path(report_dir)) as stage:  # report.md, report.html and the PNGs as one set
+            names = [p.name for p in write_report(cmp, stage)]
+            publish(stage, Path(report_dir), "--report", last="report.html")
+        for name in names[:2]:
+            echo(f"wrote {Path(report_dir) / name}")
     return verdicts

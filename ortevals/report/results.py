@@ -13,8 +13,9 @@ Owns turning lm-eval's results dict into a :class:`RunSummary` and the text the 
   the efficiency line (report/efficiency.py), the scoring mode, what was scored, the workers.
 
 A statistic with no value (one question has no standard error) prints as ``n/a`` and is ``null``
-in the files. Writes lm-eval's results JSON (strict: no bare NaN) plus per-sample JSONL atomically,
-and removes the samples files an earlier run of other tasks left in the same ``--output`` folder.
+in the files. Writes lm-eval's results JSON (strict: no bare NaN, listing the run's files) plus per-sample
+JSONL, and names the files an earlier run left in the same ``--output`` folder that this run's set replaces
+(:func:`stale_outputs`; the caller publishes the set: files.py ``publish``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import json
 import logging
 import math
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -289,13 +291,13 @@ def _verifier_line(summary: RunSummary) -> list[str]:
             f"{v['seconds']:.1f} s{ratio}{', step scores (prm)' if v.get('prm') else ''}"]
 
 
-def write_outputs(out_dir: Path, results: dict[str, Any], summary: RunSummary) -> list[Path]:
-    """``results.json`` (lm-eval's dict without samples, plus ortevals' summary) and samples JSONL.
-
-    Samples files of tasks an earlier run wrote into the same folder (named by its results.json) and
-    that this run does not write are removed, so a reused folder holds one run."""
+def write_outputs(out_dir: Path, results: dict[str, Any], summary: RunSummary, others: Sequence[str] = ()
+                  ) -> list[Path]:
+    """``results.json`` (lm-eval's dict without samples, plus ortevals' summary) and samples JSONL into
+    ``out_dir``; ``results.json``'s ``ortevals.files`` names every file of the run's set (these and ``others``,
+    the plots written beside them), so a later run into the same folder knows which files were this run's."""
     tasks = list(results.get("samples", {}))
-    _remove_stale(out_dir, tasks, scaling=bool(summary.scaling))
+    samples = [f"samples_{task}.jsonl" for task in tasks]
     written = []
     body = {k: v for k, v in results.items() if k != "samples"}
     body["ortevals"] = {"questions": summary.questions, "requests": summary.requests,
@@ -303,30 +305,36 @@ def write_outputs(out_dir: Path, results: dict[str, Any], summary: RunSummary) -
                         "model_seconds": summary.model_seconds, "peak_rss_mb": summary.peak_rss_mb,
                         "requests_per_s": summary.requests_per_s, "reused": summary.reused, "mode": summary.mode,
                         "workers": summary.workers, "notes": list(summary.notes),
-                        "categories": [asdict(c) for c in summary.categories]}
+                        "categories": [asdict(c) for c in summary.categories],
+                        "files": sorted({"results.json", *samples, *others})}
     path = out_dir / "results.json"
     atomic_write(path, json_text(body, indent=2))
     written.append(path)
-    for task in tasks:
-        path = out_dir / f"samples_{task}.jsonl"
+    for task, name in zip(tasks, samples):
+        path = out_dir / name
         atomic_write(path, "".join(json_text(s) + "\n" for s in results["samples"][task]))
         written.append(path)
     return written
 
 
-def _remove_stale(out_dir: Path, tasks: list[str], scaling: bool) -> None:
+def stale_outputs(out_dir: Path, keep: set[str]) -> list[str]:
+    """Files an earlier ortevals run wrote into ``out_dir`` (named by its results.json) that this run's set
+    (``keep``) does not hold: they go when the new set is published, so a reused folder holds one run. A
+    results.json not written by ortevals touches nothing; names are plain file names of ortevals' kinds."""
     previous = out_dir / "results.json"
     try:
         earlier = json.loads(previous.read_text(encoding="utf-8")) if previous.is_file() else {}
     except (OSError, ValueError):
-        return  # not an ortevals results file: touch nothing
-    if not isinstance(earlier, dict) or "ortevals" not in earlier:
-        return
-    for task in set(earlier.get("n-samples", {})) | set(earlier.get("configs", {})):
-        stale = out_dir / f"samples_{task}.jsonl"
-        if task not in tasks and stale.is_file():
-            stale.unlink()
-            log.info("removed %s: an earlier run's task, not part of this run", stale)
-    for plot in ("scaling.png", "compute.png"):
-        if not scaling and (out_dir / plot).is_file() and "scaling" in earlier:
-            (out_dir / plot).unlink()
+        return []  # not an ortevals results file: touch nothing
+    if not isinstance(earlier, dict) or not isinstance(earlier.get("ortevals"), dict):
+        return []
+    listed = earlier["ortevals"].get("files")
+    if not isinstance(listed, list):  # an ortevals before the list: its tasks' samples and scaling plots
+        listed = [f"samples_{t}.jsonl" for t in set(earlier.get("n-samples", {})) | set(earlier.get("configs", {}))]
+        listed += ["scaling.png", "compute.png"] if "scaling" in earlier else []
+    return sorted(n for n in {str(n) for n in listed} if n not in keep and _own_kind(n) and (out_dir / n).is_file())
+
+
+def _own_kind(name: str) -> bool:
+    """A plain file name of a kind ortevals writes into --output (never a path, never a hidden file)."""
+    return Path(name).name == name and not name.startswith(".") and name.endswith((".jsonl", ".png", ".json"))
