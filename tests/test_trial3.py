@@ -4,6 +4,8 @@ Each bad input is one line naming the file, field or flag, exit 2, before any mo
 that does not exist is given, loading it would have failed first: the error proves nothing was loaded).
 """
 
+import os
+import re
 import sqlite3
 
 import pytest
@@ -75,3 +77,61 @@ def test_gate_thresholds_out_of_range_are_one_line(tmp_path, flag, value):
     """Refused before the runs are read (the paths do not exist: reading them would fail first)."""
     assert_one_line_error(run("compare", "--ref", str(tmp_path / "ref"), str(tmp_path / "run"), flag, value),
                           f"{flag} {value}", "expected")
+
+
+# --- item 15: settings accepted silently that do nothing or harm -----------------------------------------------
+NOTHING = [("search_n=8", "search_n=8 does nothing without --search"),
+           ("search=particles,search_width=4,verifier=self",
+            "search_width=4 does nothing without --search beam or dvts"),
+           ("search_max_steps=3", "search_max_steps=3 does nothing without --search"),
+           ("prm_aggregation=min", "prm_aggregation='min' does nothing without --search"),
+           ("prm=true", "prm=True does nothing without --verifier"),
+           ("step_separator=\\n", "step_separator='\\n' does nothing without prm=true or --search"),
+           ("cascade=on,gen_path=og", "cascade='on' does nothing without gen_path=auto or raw"),
+           ("gen_batch_size=4,gen_path=raw", "gen_batch_size=4 does nothing without gen_path=auto or og"),
+           (f"threads={(os.cpu_count() or 1) + 1}", f"is more than the {os.cpu_count() or 1} CPU cores")]
+
+
+@pytest.mark.parametrize("model_args, needle", NOTHING, ids=[a.split("=")[0] for a, _ in NOTHING])
+def test_settings_that_do_nothing_are_refused_by_every_front_door(model_args, needle):
+    """The options table checks them (options.check_settings): the CLI refuses them before the package is loaded
+    (it does not exist), lm-eval's route (create_from_arg_string) and Olive's parse the same table."""
+    from ortevals.errors import OrtEvalsError
+    from ortevals.integrations.lm import OrtLM
+
+    assert_one_line_error(run("run", "--pkg", MISSING_PKG, "--tasks", "gsm8k", "--model-args", model_args), needle)
+    with pytest.raises(OrtEvalsError, match=re.escape(needle)):
+        OrtLM.create_from_arg_string(f"pkg={MISSING_PKG},{model_args}")
+
+
+def test_the_defaults_and_settings_that_act_are_accepted():
+    from ortevals.options import parse_model_args
+
+    cores = os.cpu_count() or 1
+    for args in ({}, {"search": "beam", "search_n": "8", "verifier": "self", "prm_aggregation": "min"},
+                 {"verifier": "self", "prm": "true", "step_separator": "\\n"}, {"cascade": "off", "gen_path": "raw"},
+                 {"gen_batch_size": "4"}, {"threads": str(cores)}, {"threads": str(cores + 1), "workers": "2"}):
+        parse_model_args({"pkg": MISSING_PKG, **args})
+
+
+@pytest.mark.parametrize("key, value", [("temperature", "inf"), ("temperature", "nan"), ("temperature", "hot"),
+                                        ("repetition_penalty", "inf"), ("mirostat_eta", "inf"), ("top_k", "inf"),
+                                        ("diversity_penalty", "inf"), ("seed", "x"), ("max_gen_toks", "many")])
+def test_gen_kwargs_that_are_not_finite_numbers_are_one_line_before_any_work(key, value):
+    """temperature=inf decoded uniformly random tokens; 'hot' and top_k=inf were internal errors."""
+    assert_one_line_error(run("run", "--pkg", MISSING_PKG, "--tasks", "gsm8k", "--gen-kwargs", f"{key}={value}"),
+                          f"gen_kwargs {key}=", "expected")
+
+
+def test_help_names_only_flags_the_command_has():
+    """An option's help shown under a command names no flag that command lacks (mmlu-pro's --samples help sent
+    users to --gen-kwargs, which only `run` has). Flags of other programs (`ray start --head`) are not ours."""
+    from ortevals.options import OPTIONS
+
+    for name, command in cli.commands.items():
+        flags = {o for p in command.params for o in (*getattr(p, "opts", ()), *getattr(p, "secondary_opts", ()))}
+        for option in OPTIONS:
+            if option.flag not in flags:
+                continue
+            named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9_-]*", option.help)) - {"--head"}
+            assert named <= flags, f"ortevals {name} --help: {option.flag} names {sorted(named - flags)}"
