@@ -4,6 +4,7 @@ Each bad input is one line naming the file, field or flag, exit 2, before any mo
 that does not exist is given, loading it would have failed first: the error proves nothing was loaded).
 """
 
+import json
 import os
 import re
 import sqlite3
@@ -135,3 +136,46 @@ def test_help_names_only_flags_the_command_has():
                 continue
             named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9_-]*", option.help)) - {"--head"}
             assert named <= flags, f"ortevals {name} --help: {option.flag} names {sorted(named - flags)}"
+
+
+# --- item 16: messages that named the wrong thing -----------------------------------------------------------
+def test_data_given_a_file_names_the_folder_to_give():
+    from ortevals.presets import BUNDLED
+
+    parquet = next((BUNDLED / "mmlu_pro" / "data").glob("test-*.parquet"))
+    for command in (["mmlu-pro"], ["run", "--tasks", "leaderboard_mmlu_pro"]):
+        assert_one_line_error(run(*command, "--pkg", MISSING_PKG, "--data", str(parquet)),
+                              f"--data {parquet}: is a file; expected the folder",
+                              f"give --data {BUNDLED / 'mmlu_pro'}")
+
+
+def test_pkg_given_a_file_or_a_checkpoint_says_what_to_give(tiny, tmp_path):
+    hf_dir, pkg = tiny
+    assert_one_line_error(run("info", "--pkg", str(pkg / "model.onnx")),
+                          f"{pkg / 'model.onnx'}: is a file; expected the package folder", f"give its folder: {pkg}")
+    assert_one_line_error(run("info", "--pkg", str(hf_dir)), f"{hf_dir} is a transformers checkpoint",
+                          f"python -m onnxruntime_genai.models.builder -i {hf_dir} -o OUT")
+    (tmp_path / "olive-out" / "model").mkdir(parents=True)
+    (tmp_path / "olive-out" / "model" / "genai_config.json").write_text("{}")
+    inner = tmp_path / "olive-out" / "model"
+    assert_one_line_error(run("info", "--pkg", str(tmp_path / "olive-out")), f"{inner} holds one: pass --pkg {inner}")
+
+
+def test_a_decoder_path_that_is_a_folder_says_so(tiny_pkg, copy_pkg):
+    pkg = copy_pkg(tiny_pkg)
+    config = json.loads((pkg / "genai_config.json").read_text())
+    config["model"]["decoder"]["filename"] = "weights"
+    (pkg / "weights").mkdir()
+    (pkg / "genai_config.json").write_text(json.dumps(config))
+    assert_one_line_error(run("info", "--pkg", str(pkg)), "model.decoder.filename='weights' is a folder",
+                          "expected an ONNX model file")
+
+
+def test_a_provider_missing_from_the_install_hints_at_ep_cpu(tiny_pkg):
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this install has CUDA")
+    assert_one_line_error(run("mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--limit", "1", "--ep", "cuda"),
+                          "'cuda' (CUDAExecutionProvider) is not available", "Pass --ep cpu",
+                          "pip install 'ortevals[cuda]'")
