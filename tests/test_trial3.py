@@ -179,3 +179,25 @@ def test_a_provider_missing_from_the_install_hints_at_ep_cpu(tiny_pkg):
     assert_one_line_error(run("mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--limit", "1", "--ep", "cuda"),
                           "'cuda' (CUDAExecutionProvider) is not available", "Pass --ep cpu",
                           "pip install 'ortevals[cuda]'")
+
+
+# --- item 10: the verifier phase shows progress ---------------------------------------------------------------
+def test_the_verifier_phase_draws_a_progress_bar_of_answers(capsys):
+    """380 s of silence in a 14-question --samples 8 --verifier self run: now a bar like generation's."""
+    import numpy as np
+
+    from ortevals.integrations.verify import Question, verify_run
+
+    class Fake:
+        name, kind, params, tokens_run = "fake", "classifier", 0, 0
+
+        def score_texts(self, context, answers):
+            return np.arange(len(answers), dtype=float)
+
+    questions = [Question(("t", i), "Q", ("a", "b", "c")) for i in range(4)]
+    out = verify_run(Fake(), questions)
+    assert out.scores[("t", 3)] == [0.0, 1.0, 2.0]
+    err = capsys.readouterr().err
+    assert "verifier fake: 100%" in err and "12/12" in err and "answer" in err, err
+    verify_run(Fake(), questions, progress=False)
+    assert "verifier fake" not in capsys.readouterr().err
