@@ -19,6 +19,7 @@ import click
 from ortevals.cli_help import EPILOG_CACHE, EPILOG_COMPARE, EPILOG_FIDELITY, EPILOG_MMLU, EPILOG_PROFILE, EPILOG_RUN
 from ortevals.errors import OrtEvalsError, first_line
 
+RESUMABLE = ("mmlu-pro", "run")  # the commands whose answers go to the result store (Ctrl-C: resume advice)
 OWNS_PROCESS = False  # set by main(): the garbage-collector policy of a run (evaluate.collector_paused) applies
 
 
@@ -32,8 +33,11 @@ class Cli(click.Group):
             click.echo(f"Error: {e}", err=True)
             sys.exit(2)
         except KeyboardInterrupt:
-            click.echo("Interrupted. Finished requests are kept in the result store: run the same command "
-                       "again to resume (--no-resume starts over).", err=True)
+            if ctx.invoked_subcommand in RESUMABLE:
+                click.echo("Interrupted. Finished requests are kept in the result store: run the same command "
+                           "again to resume (--no-resume starts over).", err=True)
+            else:
+                click.echo("Interrupted.", err=True)
             sys.exit(130)
         except (click.exceptions.Exit, click.ClickException, SystemExit):
             raise
@@ -383,6 +387,11 @@ def profile(pkg, example, verbose, **kw) -> None:
     model = {k: kw.pop(k) for k in MODEL_ARGS} | {"pkg": _package_path(pkg, example)}
     prof, files = run_profile(model, ProfileRequest(**kw), lambda t: click.echo(f"{t.label}: done", err=True))
     click.echo("\n".join([format_table(prof), *(f"wrote {path}" for path in files)]))
+    if prof.interrupted:  # profile keeps no store: what was measured is in the files above
+        click.echo(f"Interrupted after {len(prof.trials)} of {prof.planned} runs (setting and backend); "
+                   + ("the table and files above hold the runs measured." if files else "nothing was measured."),
+                   err=True)
+        sys.exit(130)
 
 
 def main() -> None:
