@@ -101,13 +101,13 @@ def run_options(fn):
     return functools.reduce(lambda f, opt: opt(f), reversed(opts), fn)
 
 
-# info-level notices a user should see at the default verbosity, printed as plain lines (not "WARNING …")
+# notices a user should see at the default verbosity, printed as plain lines (not "WARNING …")
 NOTICES = ("ortevals.report.resume",)
 
 
 class _Format(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        if record.levelno == logging.INFO and record.name in NOTICES:
+        if record.levelno in (logging.INFO, logging.WARNING) and record.name in NOTICES:
             return record.getMessage()
         return super().format(record)
 

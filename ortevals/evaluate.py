@@ -98,7 +98,7 @@ def evaluate(lm, spec: RunSpec) -> RunOutcome:
         with quiet_git_hash(), deferred_torch_seed(), env_info_without_torch():
             results = lm_eval.simple_evaluate(
                 model=model, tasks=tasks, limit=None if spec.samples else spec.limit, samples=spec.samples,
-                num_fewshot=spec.num_fewshot,
+                num_fewshot=spec.num_fewshot, batch_size=_batch_size(lm),
                 log_samples=True, task_manager=_run_task_manager(spec),
                 apply_chat_template=spec.apply_chat_template, gen_kwargs=gen_kwargs, **spec.extra,
             )
@@ -274,6 +274,13 @@ class _SeedOnImport:
 
         spec.loader.exec_module = exec_module
         return spec
+
+
+def _batch_size(lm):
+    """What results["config"]["batch_size"] records: the run's rows per pass (lm-eval only records it for a
+    model object), as model_args says it."""
+    args = getattr(lm, "args", None)
+    return None if args is None else args.batch_size or "auto"
 
 
 def _meter_counts(lm):

@@ -4,6 +4,7 @@ Each bad input is one line naming the file, field or flag, exit 2, before any mo
 that does not exist is given, loading it would have failed first: the error proves nothing was loaded).
 """
 
+import dataclasses
 import json
 import os
 import re
@@ -201,3 +202,71 @@ def test_the_verifier_phase_draws_a_progress_bar_of_answers(capsys):
     assert "verifier fake: 100%" in err and "12/12" in err and "answer" in err, err
     verify_run(Fake(), questions, progress=False)
     assert "verifier fake" not in capsys.readouterr().err
+
+
+# --- item 18: smaller --------------------------------------------------------------------------------------
+def test_no_user_facing_string_names_an_issue_number():
+    """report.html's headings read "Reliability diagram (issue 24)": every string literal of the package that
+    is not a docstring (what reaches a user: headings, messages, help) is checked."""
+    import ast
+    from pathlib import Path
+
+    import ortevals
+
+    found = []
+    for path in sorted(Path(ortevals.__file__).parent.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docs = {id(n.body[0].value) for n in ast.walk(tree)
+                if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        found += [f"{path.name}:{n.lineno} {n.value!r}" for n in ast.walk(tree)
+                  if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
+                  and re.search(r"\bissues? \d+", n.value, re.I)]
+    assert not found, found
+
+
+def test_model_args_reproduce_the_run_and_config_batch_size_agrees(tiny_pkg, tmp_path):
+    """results.json's model_args held a raw newline (step_separator), and config.batch_size was null beside
+    model_args' batch_size=8. The string parses back to the same arguments."""
+    from ortevals.options import parse_arg_string, parse_model_args
+    from ortevals.report.model_info import model_args_string
+    from ortevals.runtime.providers import from_package
+
+    args = parse_model_args({"pkg": str(tiny_pkg), "verifier": "self", "prm": "true", "step_separator": "\\n\\n",
+                             "batch_size": "8"})
+    text = model_args_string(args, from_package({}, "cpu"))
+    assert "\n" not in text and "step_separator=\\n\\n" in text
+    resolved = dataclasses.replace(args, pkg=str(tiny_pkg.resolve()), ep="cpu")  # as the string records them
+    assert parse_model_args(parse_arg_string(text)) == resolved
+    for flags, want in ((["--batch-size", "8"], 8), ([], "auto")):
+        out = tmp_path / f"run{want}"
+        result = run("mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--limit", "1", "--truncate", "left",
+                     "--no-resume", "--output", str(out), *flags)
+        assert result.exit_code == 0, result.output
+        config = json.loads((out / "results.json").read_text())["config"]
+        assert config["batch_size"] == want and f"batch_size={want}," in config["model_args"]
+
+
+def test_the_lm_eval_route_shares_the_cli_answers_and_says_it_resumed(tiny_pkg, tmp_path):
+    """lm-eval's CLI hands the model batch_size=1 (its default): it ran under another scope than the CLI's
+    (auto), so nothing was shared, and its resume notice was an info record no lm-eval handler shows."""
+    import subprocess
+    import sys
+
+    env = {"ORTEVALS_CACHE": str(tmp_path / "cache")}
+    first = run("mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--limit", "1", "--truncate", "left",
+                env=env)
+    assert first.exit_code == 0, first.output
+    script = (
+        "from ortevals.integrations.lm_eval_plugin import register; register()\n"
+        "import lm_eval\n"
+        "from ortevals.presets import PRESETS, resolve_data, task_specs\n"
+        "p = PRESETS['mmlu-pro']\n"
+        "specs = task_specs(p, resolve_data(p, 'bundled'))\n"
+        f"r = lm_eval.simple_evaluate(model='ortevals', model_args='pkg={tiny_pkg},truncate=left', tasks=specs,\n"
+        "                             batch_size=1, limit=1)\n"
+        "print('acc', r['results']['leaderboard_mmlu_pro']['acc,none'])\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **env})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "resuming: 9 of 9 loglikelihood requests reused from" in proc.stderr, proc.stderr[-3000:]

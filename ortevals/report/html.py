@@ -22,7 +22,7 @@ PLOTS = ("delta_by_category", "flips_by_margin", "kl_distribution", "agreement",
 TITLES = {"delta_by_category": "Δ accuracy per category (95% interval)",
           "flips_by_margin": "Answer changes by the reference's top-1 margin",
           "kl_distribution": "KL(ref‖run) per question", "agreement": "Answer agreement, run by run",
-          "reliability": "Reliability diagram (issue 24)", "risk_coverage": "Risk against coverage (issue 24)"}
+          "reliability": "Reliability diagram", "risk_coverage": "Risk against coverage"}
 MAX_CHANGED = 25  # questions listed in the report (all of them go to --changed)
 
 
