@@ -22,6 +22,7 @@ from ortevals.engine.score.scoring import log_softmax
 from ortevals.errors import OrtEvalsError
 from ortevals.report import stats
 from ortevals.report.calibration_delta import CalibrationDelta, calibration_delta
+from ortevals.report.ptrue_delta import PTrueDelta, ptrue_delta
 from ortevals.report.runs import Run, TaskRun
 
 
@@ -72,6 +73,7 @@ class TaskComparison:
     choice: ChoiceStats | None
     generation: GenerationStats | None
     calibration: CalibrationDelta | None = None  # issue 24: choice tasks with a known gold
+    p_true: PTrueDelta | None = None  # both runs with --self-eval: P(True) drift
 
     @property
     def flip_rate(self) -> float:
@@ -216,6 +218,8 @@ def compare_task(a: TaskRun, b: TaskRun, ref_name: str, run_name: str) -> TaskCo
         choice=_choice_stats(a, b) if a.kind == "choice" else None,
         generation=_generation_stats(a, b) if a.kind == "generation" else None,
         calibration=calibration_delta(a.loglik, b.loglik, a.gold) if a.kind == "choice" and (a.gold >= 0).any()
+        else None,
+        p_true=ptrue_delta(a.p_true, a.correct, b.p_true, b.correct) if a.p_true is not None and b.p_true is not None
         else None)
 
 

@@ -40,6 +40,8 @@ def task_record(c: TaskComparison) -> dict[str, Any]:
                                      "flips": b.flips} for b in ch.margin_bins]})
     if c.calibration is not None:
         rec.update(calibration_record(c.calibration))
+    if c.p_true is not None:
+        rec.update(ptrue_record(c.p_true))
     if c.generation is not None:
         g = c.generation
         rec.update({"text_agreement": g.text_agreement,
@@ -59,6 +61,17 @@ def calibration_record(d) -> dict[str, Any]:
             "delta_overconfidence_ci": ci(d.delta_overconfidence), "temperature": d.temperature.estimate,
             "temperature_ci": ci(d.temperature), "ref_temperature": d.ref_temperature.estimate,
             "ref_temperature_ci": ci(d.ref_temperature)}
+
+
+def ptrue_record(d) -> dict[str, Any]:
+    """The ``--json`` fields of a :class:`~ortevals.report.ptrue_delta.PTrueDelta` (both runs with --self-eval)."""
+    out: dict[str, Any] = {"ptrue_n": d.n}
+    for name, ref, run, delta in (("ptrue_mean", d.ref_mean, d.mean, d.delta_mean),
+                                  ("ptrue_auroc", d.ref_auroc, d.auroc, d.delta_auroc),
+                                  ("ptrue_ece", d.ref_ece, d.ece, d.delta_ece)):
+        out.update({name: run, f"ref_{name}": ref, f"delta_{name}": delta.estimate,
+                    f"delta_{name}_ci": [delta.low, delta.high]})
+    return out | {"ptrue_change": d.change.estimate, "ptrue_change_ci": [d.change.low, d.change.high]}
 
 
 def write_json(cmp: Comparison, path: Path) -> None:
@@ -122,6 +135,8 @@ def task_lines(c: TaskComparison) -> list[str]:
             f"[{b.low:g},{b.high:g}) {b.answer_changes}/{b.n}" for b in bins))
     if c.calibration is not None:
         lines += calibration_lines(c.calibration)
+    if c.p_true is not None:
+        lines.append(ptrue_line(c.p_true))
     if c.generation is not None:
         g = c.generation
         lines.append(f"  identical text {g.text_agreement:.4f}; extracted-answer agreement {f.agreement:.4f}"
@@ -148,6 +163,18 @@ def calibration_lines(d) -> list[str]:
             f"  ECE {d.ece:.4f} (ref {d.ref_ece:.4f}, delta {delta(d.delta_ece)}); Brier {d.brier:.4f} "
             f"(ref {d.ref_brier:.4f}, delta {delta(d.delta_brier)}); temperature needed {temp(d.temperature)} "
             f"(ref {temp(d.ref_temperature)})"]
+
+
+def ptrue_line(d) -> str:
+    """P(True) drift: each statistic of the run, the reference's, and Δ with its paired 95% interval."""
+    def part(name: str, run: float, ref: float, delta) -> str:
+        return f"{name} {run:.4f} (ref {ref:.4f}, delta {delta.estimate:+.4f} [{delta.low:+.4f}, {delta.high:+.4f}])"
+
+    return (f"  P(True) on {d.n} questions: " + "; ".join([part("mean", d.mean, d.ref_mean, d.delta_mean),
+                                                           part("AUROC", d.auroc, d.ref_auroc, d.delta_auroc),
+                                                           part("ECE", d.ece, d.ref_ece, d.delta_ece)])
+            + f"; a question's P(True) moved by {d.change.estimate:.4f} on average "
+              f"[{d.change.low:.4f}, {d.change.high:.4f}]")
 
 
 def compare_paths(ref: str | Path, runs: list[str | Path], echo, json_path: Path | None = None,
