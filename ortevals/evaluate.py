@@ -295,13 +295,13 @@ def _efficiency(results: dict, lm, before, requests: int, reused: int, output_to
     evaluation ended at ``evaluated``, a boot_clock() reading) and peak memory."""
     from ortevals.report.efficiency import by_task, efficiency, since, timeline
     from ortevals.report.results import peak_rss_mb
-    from ortevals.runtime.meter import process_started
+    from ortevals.runtime.meter import CODE_STARTED
 
     after = _meter_counts(lm)
     if after is None:
         return None
     counts = since(after, before)
-    clock = timeline(process_started(), after.first_pass_at, evaluated, boot_clock())
+    clock = timeline(CODE_STARTED, after.first_pass_at, evaluated, boot_clock())
     overall = efficiency(counts, requests, reused, output_tokens, clock, peak_rss_mb())
     tasks = {t: len(s) for t, s in results.get("samples", {}).items()}
     results["efficiency"] = {"by_task": by_task(overall, tasks), "overall": overall}
