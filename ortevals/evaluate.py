@@ -118,6 +118,7 @@ def _report(lm, spec: RunSpec, tasks, results: dict, verifier, before: dict, pas
     file of the run written into a stage, then published as one set (``clock``: lm-eval's seconds and the
     boot_clock() reading when it ended)."""
     k = getattr(getattr(lm, "args", None), "samples", None)
+    _search(results, lm, before)
     with staged(spec.output) as stage:
         if k:
             from ortevals.report.samples import add_scaling
@@ -274,6 +275,17 @@ class _SeedOnImport:
 
         spec.loader.exec_module = exec_module
         return spec
+
+
+def _search(results: dict, lm, before: dict) -> None:
+    """--search: ``results["search"]`` (run/search.py ``search_record``): which search ran, its settings and
+    verifier, and what it cost in this run."""
+    args = getattr(lm, "args", None)
+    if getattr(args, "search", "none") == "none":
+        return
+    from ortevals.run.search import search_record
+
+    results["search"] = search_record(args, lm.run.search_reward, lm.run.search_verifier, lm.stats, before)
 
 
 def _batch_size(lm):

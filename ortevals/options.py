@@ -261,6 +261,11 @@ def check_settings(args) -> None:
             shown = ",".join(value) if isinstance(value, tuple) else value
             raise OrtEvalsError(f"{name}={shown!r} does nothing without {what}; drop it, or give "
                                 f"{what.split(' (')[0]}")
+    if args.search != "none" and args.samples:
+        raise OrtEvalsError(f"--search {args.search} with --samples {args.samples}: a search already returns one "
+                            f"answer a question, the best of search_n={args.search_n} candidates by the verifier's "
+                            "step scores; give --search (its budget: search_n) or --samples K with --verifier "
+                            "(best-of-K selections), not both")
     cores = os.cpu_count() or 1
     if args.threads and args.threads > cores and not (args.workers or args.ray_address):
         raise OrtEvalsError(f"threads={args.threads} is more than the {cores} CPU cores of this machine; expected "

@@ -270,3 +270,38 @@ def test_the_lm_eval_route_shares_the_cli_answers_and_says_it_resumed(tiny_pkg, 
                           env={**os.environ, **env})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "resuming: 9 of 9 loglikelihood requests reused from" in proc.stderr, proc.stderr[-3000:]
+
+
+# --- item 9: --search leaves a trace; with --samples it is refused ---------------------------------------------
+def test_search_with_samples_is_refused_in_one_line():
+    """A search returns one answer a question; K samples of it would be K searches (and the verifier phase after
+    printed `verifier self: … 0 tokens run, 0.0 s`)."""
+    assert_one_line_error(run("mmlu-pro", "--pkg", MISSING_PKG, "--data", "bundled", "--cot", "--search", "beam",
+                              "--verifier", "self", "--samples", "4"),
+                          "--search beam with --samples 4", "not both")
+
+
+def test_a_search_run_says_what_ran_and_what_it_cost(tiny_pkg, tiny_orm, tmp_path):
+    """The mode line, a `search:` line and results.json's `search` name the method, its settings and verifier,
+    and count the tokens generated, the steps, the passes and the verifier's tokens and seconds (before: nothing
+    said a search ran)."""
+    out = tmp_path / "run"
+    result = run("mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--cot", "--limit", "2", "--max-gen-toks",
+                 "12", "--no-resume", "--truncate", "left", "--search", "particles", "--verifier", str(tiny_orm[1]),
+                 "--model-args", "search_n=3,search_max_steps=2,step_separator=.,prm_aggregation=min",
+                 "--output", str(out))
+    assert result.exit_code == 0, result.output
+    record = json.loads((out / "results.json").read_text())["search"]
+    assert record["method"] == "particles" and record["name"] == "particle filtering"
+    assert {k: record["settings"][k] for k in ("n", "max_steps", "aggregation", "step_separator")} == {
+        "n": 3, "max_steps": 2, "aggregation": "min", "step_separator": "."}
+    assert record["verifier"] == {"name": str(tiny_orm[1]), "kind": "classifier"}
+    assert record["requests"] == 2 and record["generated_tokens"] > 0 and record["steps"] > 0
+    assert record["passes"] >= record["steps"] and record["verifier_tokens"] > 0
+    assert 0 < record["verifier_seconds"] <= record["seconds"]
+    mode = next(ln for ln in result.output.splitlines() if ln.startswith("scoring mode: "))
+    assert "step-level search: particle filtering (--search particles, n 3" in mode
+    line = next(ln for ln in result.output.splitlines() if ln.startswith("search: "))
+    assert line.startswith(f"search: particle filtering (n 3, at most 2 steps, step scores folded by min) guided by "
+                           f"verifier {tiny_orm[1]}: 2 requests, {record['generated_tokens']} tokens generated")
+    assert f"the verifier ran {record['verifier_tokens']} tokens" in line

@@ -79,7 +79,7 @@ class OrtLM(TemplateLM):
         scope narrowed by the search's settings and what the verifier reads (run/search.py ``search_scope``)."""
         from ortevals.engine.generate.prm import TextPrm
         from ortevals.integrations.verify import open_verifier
-        from ortevals.run.search import search_scope, search_settings
+        from ortevals.run.search import search_scope, search_settings, timed_scores
 
         args = self.args
         if args.verifier is None:
@@ -89,7 +89,8 @@ class OrtLM(TemplateLM):
             raise OrtEvalsError(f"--search {args.search} runs on the raw path in this process; this run generates "
                                 "on onnxruntime-genai or on workers (gen_path=raw, no --workers)")
         verifier = open_verifier(args.verifier, self)
-        self.run.step_scorer = TextPrm(verifier.score_texts, args.step_separator, self.tokenizer.decode)
+        self.run.search_verifier = verifier  # its name, kind and cost go to results["search"] (evaluate.py)
+        self.run.step_scorer = TextPrm(timed_scores(self.run, verifier), args.step_separator, self.tokenizer.decode)
         # P(True) (self, a GenAI judge) is a probability; a classifier's score is a logit already
         self.run.search_reward = "raw" if verifier.kind == "classifier" else "logit"
         self.run.narrow_scope(*search_scope(args, self.run.search_reward, verifier))

@@ -90,6 +90,7 @@ class RunSummary:
     scaling: dict | None = None  # --samples: results["scaling"] (pooled curve points)
     notes: tuple[str, ...] = ()  # what an option meant in this run (--limit)
     efficiency: dict | None = None  # results["efficiency"]["overall"] (report/efficiency.py)
+    search: dict | None = None  # --search: results["search"] (run/search.py search_record)
 
     @property
     def requests_per_s(self) -> float:
@@ -126,7 +127,7 @@ def summarize(results: dict[str, Any], requests: int, seconds: float, model_seco
         Overall(f, sum(v.values()) / len(v), len(v)) for f, v in by_filter.items() if v)
     return RunSummary(_rows(results), tuple(categories), len(docs), requests, overall, seconds, model_seconds,
                       peak_rss_mb(), reused, mode, describe(results.get("config") or {}), workers, scaling, notes,
-                      efficiency)
+                      efficiency, results.get("search"))
 
 
 def _number(value: Any) -> float | None:
@@ -233,10 +234,25 @@ def format_table(summary: RunSummary) -> str:
     )
     if summary.efficiency is not None:
         lines.append(summary_line(summary.efficiency))
-    for label, value in (("scoring mode", summary.mode), ("model", summary.model), ("workers", summary.workers)):
+    for label, value in (("scoring mode", summary.mode), ("model", summary.model), ("workers", summary.workers),
+                         ("search", search_text(summary.search))):
         if value:
             lines.append(f"{label}: {value}")
     return "\n".join(lines + list(summary.notes))
+
+
+def search_text(record: dict | None) -> str:
+    """--search's line: which search ran with what budget and verifier, and what it cost (results["search"])."""
+    if not record:
+        return ""
+    s = record["settings"]
+    width = f", width {s['width']}" if record["method"] in ("beam", "dvts") else ""
+    reused = f" (+{record['reused']} reused)" if record.get("reused") else ""
+    return (f"{record['name']} (n {s['n']}{width}, at most {s['max_steps']} steps, step scores folded by "
+            f"{s['aggregation']}) guided by verifier {record['verifier']['name']}: {record['requests']} requests"
+            f"{reused}, {record['generated_tokens']} tokens generated (pruned rows included) in {record['steps']} "
+            f"steps, {record['passes']} passes; the verifier ran {record['verifier_tokens']} tokens in "
+            f"{record['verifier_seconds']:.1f} s of the generation's {record['seconds']:.1f} s")
 
 
 def _clock(summary: RunSummary) -> str:

@@ -65,6 +65,7 @@ class Run:
         self.sample_certainty: dict[str, float] = {}  # key (JSON) → self-certainty (raw and og paths)
         self.step_scorer = None  # issue 25 --search: the PRM (engine/generate/prm.py), set by the front door
         self.search_reward = "logit"  # its scores are probabilities (P(True)); "raw": already logits (an ORM)
+        self.search_verifier = None  # --search: the verifier behind step_scorer (integrations/verify.py)
         self._encoded: dict[tuple[str, bool | None], tuple[int, ...]] = {}  # tok_encode's last texts, oldest first
         self._modes: dict[str, str] = {}  # which mode ran and why, per request kind (stats["mode"] joins them)
         self.on_first_request = None  # called once when the first requests arrive (the CLI's collector, cli.py)
