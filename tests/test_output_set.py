@@ -83,7 +83,8 @@ def test_a_target_that_is_a_folder_changes_nothing(tmp_path):
 
 
 def test_unwritable_places_are_refused_before_any_work(tmp_path):
-    """compare: the runs do not exist, so reading them would fail first; the writes are checked before."""
+    """compare and fidelity: the runs and packages do not exist, so reading them would fail first; the writes
+    are checked before."""
     ref, other = str(tmp_path / "ref"), str(tmp_path / "run")
     assert_one_line_error(run("compare", "--ref", ref, other, "--json", "/proc/ortevals.json"),
                           "--json /proc/ortevals.json: not writable")
@@ -92,6 +93,9 @@ def test_unwritable_places_are_refused_before_any_work(tmp_path):
     (tmp_path / "report.html").mkdir()
     assert_one_line_error(run("compare", "--ref", ref, other, "--report", str(tmp_path)),
                           f"--report {tmp_path}: report.html there is a folder")
+    for flag in ("--json", "--save-ref"):  # fidelity: the package does not exist either
+        assert_one_line_error(run("fidelity", "--pkg", MISSING_PKG, "--ref", MISSING_PKG, flag, "/proc/x.out"),
+                              f"{flag} /proc/x.out: not writable")
     out = tmp_path / "out"
     (out / "results.json").mkdir(parents=True)
     assert_one_line_error(run("mmlu-pro", "--pkg", MISSING_PKG, "--data", "bundled", "--output", str(out)),
