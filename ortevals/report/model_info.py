@@ -33,6 +33,8 @@ def model_args_string(args, provider) -> str:
             value = ";".join(value)
         elif isinstance(value, bool):
             value = str(value).lower()
+        elif isinstance(value, str) and not value.isprintable():  # step_separator "\n\n": escaped, as given
+            value = value.encode("unicode_escape").decode("ascii")
         parts.append(f"{key}={value}")
     return ",".join(parts)
 

@@ -39,6 +39,7 @@ from ortevals.report.scope import results_scope
 from ortevals.report.store import ResultStore
 from ortevals.run.generate import Generation, decode_plan
 from ortevals.runtime.buffers import kv_bytes_per_token
+from ortevals.runtime.meter import boot_clock
 from ortevals.runtime.providers import ProviderConfig, from_package, parse_options
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ class Run:
         self.sample_certainty: dict[str, float] = {}  # key (JSON) → self-certainty (raw and og paths)
         self.step_scorer = None  # issue 25 --search: the PRM (engine/generate/search/prm.py), set by the front door
         self.search_reward = "logit"  # the verifier's scores are probabilities (P(True), runtime/reward.py)
+        self.search_verifier = None  # --search: the verifier behind step_scorer (integrations/verify.py)
         self._encoded: dict[tuple[str, bool | None], tuple[int, ...]] = {}  # tok_encode's last texts, oldest first
         self._modes: dict[str, str] = {}  # which mode ran and why, per request kind (stats["mode"] joins them)
         self.on_first_request = None  # called once when the first requests arrive (the CLI's collector, cli.py)
@@ -228,6 +230,7 @@ class Run:
             bar.update(1)
 
         start = time.perf_counter()
+        self.begin()
         try:
             if self.pool is not None:  # issue 15: workers on Ray; answers come back (and are stored) here
                 return self.pool.score(token_reqs, self.max_length, done, self.commit)
@@ -243,7 +246,13 @@ class Run:
 
     def generate(self, requests, keys: list[list], on_text, disable_tqdm: bool) -> list[str]:
         """Generated texts in order (:meth:`ortevals.run.generate.Generation.generate`)."""
+        self.begin()
         return self.generation.generate(requests, keys, on_text, disable_tqdm)
+
+    def begin(self) -> None:
+        """The run computes from now (start-up ends here unless a metered pass came first): og's path, the media
+        paths and Ray workers run no pass the run's meter sees (runtime/meter.py ``PassMeter.begin``)."""
+        self.backends.meter.begin(boot_clock())
 
 
 def engine_settings(package: ModelPackage, provider: ProviderConfig, args: ModelArgs) -> EngineSettings:

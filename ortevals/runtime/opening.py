@@ -47,13 +47,19 @@ def session_options(settings: dict, model: ModelFile):
     return so
 
 
+INSTALL_HINTS = {"cuda": ", or install the CUDA runtime: pip install 'ortevals[cuda]' (onnxruntime-gpu and "
+                         "onnxruntime-genai-cuda, in place of the CPU wheels)",
+                 "dml": ", or install onnxruntime-directml (Windows)"}
+
+
 def check_available(provider: ProviderConfig) -> None:
     """The provider is in this onnxruntime install, else one line naming the ones that are."""
     available = import_ort().get_available_providers()
     if provider.ort_name not in available:
         raise ProviderError(
             f"execution provider {provider.name!r} ({provider.ort_name}) is not available in this onnxruntime "
-            f"install; available: {', '.join(available)}"
+            f"install; available: {', '.join(available)}. Pass --ep cpu (model_args ep=cpu) to run on the CPU"
+            + INSTALL_HINTS.get(provider.name, ", or install the onnxruntime package built with it")
         )
 
 

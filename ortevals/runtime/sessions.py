@@ -62,7 +62,7 @@ class DecoderRunner:
     """Forward passes through embedding → decoder. Build with :meth:`open`."""
 
     def __init__(self, package: ModelPackage, decoder, embedding=None, bind_device: str | None = None,
-                 device_id: int = 0, replicator=None) -> None:
+                 device_id: int = 0, replicator=None, meter: PassMeter | None = None) -> None:
         self.package = package
         self.decoder = decoder
         self.embedding = embedding
@@ -77,7 +77,8 @@ class DecoderRunner:
         self.gathers_positions = POSITIONS in self._dec_inputs
         self.scores_in_graph = TARGETS in self._dec_inputs
         self._emb_passthrough = self._embedding_outputs() if embedding is not None else ()
-        self.meter = PassMeter()  # every pass's tokens and seconds (runtime/meter.py), the probe's excluded
+        # every pass's tokens and seconds (runtime/meter.py), the probe's excluded; shared with the cascade runner
+        self.meter = meter if meter is not None else PassMeter()
         self._prompts: PromptBinding | None = None  # the cascade graph's kept binding, on its first pass
 
     @classmethod
@@ -242,14 +243,8 @@ class DecoderRunner:
         S`` (right-padded).
         """
         ort = import_ort()
-        if prompts is None:
-            mask = np.ones((input_ids.shape[0], past.length + input_ids.shape[1]), dtype=np.int64)
-        else:
-            lengths = np.repeat([p.length + held for p, _, held in prompts], [n for _, n, _ in prompts])
-            lengths += input_ids.shape[1]
-            mask = (np.arange(lengths.max()) < lengths[:, None]).astype(np.int64)
         feeds = self._token_feeds(input_ids) | self._gather_feeds(input_ids, positions)
-        feeds.update(self._mask_feeds(input_ids.shape, mask, past))
+        feeds.update(self._mask_feeds(input_ids.shape, _inplace_mask(input_ids, past, prompts), past))
         if prompts is None:
             binding = self.decoder.io_binding()
         else:  # the shared prompts stay bound from pass to pass (runtime/cascade.py)
@@ -268,9 +263,10 @@ class DecoderRunner:
                                             (spec.value_name, spec.present_value_name))):
                 bind_shared(binding, inp, out, past.layers[spec.layer][i])  # host array or device view
         started, clock = boot_clock(), time.perf_counter()
-        try:
+        try:  # a pass over shared prompts reads their KV: a decode step even where the rows hold no token yet
             self.decoder.run_with_iobinding(binding)
-            self.meter.record(*input_ids.shape, _past_len(past) > 0, started, time.perf_counter() - clock)
+            self.meter.record(*input_ids.shape, _past_len(past) > 0 or bool(prompts), started,
+                              time.perf_counter() - clock)
         except Exception as e:
             raise PackageError(f"{self.package.decoder.path}: onnxruntime failed to run the decoder with a "
                                f"shared KV buffer: {first_line(e)}") from None
@@ -283,8 +279,7 @@ class DecoderRunner:
         session = open_session(self.package.decoder, provider, cascade_decoder(self.package, cache),
                                stop_spinning=True)
         log.info("opened the cascade decode graph of %s", self.package.decoder.path.name)
-        return DecoderRunner(self.package, session, self.embedding, self.bind_device, self.device_id,
-                             self.replicator)
+        return CascadeRunner(self, session)
 
     def repeat_past(self, past: KVCache, batch: int) -> KVCache:
         """``past`` of one row (``[1,H,T,D]`` per layer) replicated to ``[batch,H,T,D]``.
@@ -416,6 +411,34 @@ def symbolic_mismatch(package: ModelPackage, ort_message: str | None) -> Package
 
 BIND_DEVICES = {"cpu": "cpu", "cuda": "cuda", "tensorrt": "cuda", "nvtensorrtrtx": "cuda", "rocm": "cuda",
                 "dml": "dml"}
+
+
+class CascadeRunner(DecoderRunner):
+    """A runner over the cascade decode graph whose passes are metered with its parent's (the run's meter, even
+    when the run hands the parent another meter after the cascade opened): the same package and sessions."""
+
+    def __init__(self, parent: DecoderRunner, session) -> None:
+        self._parent = parent  # first: the constructor below sets ``meter`` (the parent's own, unchanged)
+        super().__init__(parent.package, session, parent.embedding, parent.bind_device, parent.device_id,
+                         parent.replicator, parent.meter)
+
+    @property
+    def meter(self) -> PassMeter:
+        return self._parent.meter
+
+    @meter.setter
+    def meter(self, value: PassMeter) -> None:
+        self._parent.meter = value
+
+
+def _inplace_mask(input_ids: np.ndarray, past, prompts) -> np.ndarray:
+    """:meth:`DecoderRunner.forward_inplace`'s mask: all ones over past + new tokens, or with shared prompts each
+    row's prompt + its own held tokens + the new ones, right-padded."""
+    if prompts is None:
+        return np.ones((input_ids.shape[0], past.length + input_ids.shape[1]), dtype=np.int64)
+    lengths = np.repeat([p.length + held for p, _, held in prompts], [n for _, n, _ in prompts])
+    lengths += input_ids.shape[1]
+    return (np.arange(lengths.max()) < lengths[:, None]).astype(np.int64)
 
 
 def _past_len(past) -> int:
