@@ -30,6 +30,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -136,7 +137,7 @@ def run_ll(m: dict, built: dict, args, hf_cache: dict) -> dict:
     dtype = hf_dtype(m["precision"], args.ep)
     base = {"model": m["name"], "pkg": built["pkg"], "hf": built["hf"], "ep": args.ep, "hf_dtype": dtype,
             "hf_batch": args.hf_batch, "threads": args.threads, "ortevals_args": args.ortevals_args}
-    capture = args.out / f"requests-{m['name']}.json.tmp"  # the oracle's input (not one of the three files)
+    capture = Path(tempfile.gettempdir()) / f"ortevals-oracle-{os.getpid()}-{m['name']}.json"  # not in --out
     out = {}
     for backend in args.backends:
         limit = args.og_limit if backend == "og" else args.limit
