@@ -175,7 +175,10 @@ def run_oracle_child(m: dict, built: dict, args, capture: Path) -> dict:
                              "capture": str(capture)}, args.child_timeout)
     if "failed" in r:
         return r
-    return {**against_oracle(r.pop("requests"), m["precision"]), "seconds": r["seconds"],
+    from ortevals.package.loader import ModelPackage
+
+    activations = ModelPackage.load(built["pkg"]).kv[0].dtype  # fp16 for the CUDA int4 package, fp32 on CPU
+    return {**against_oracle(r.pop("requests"), activations), "seconds": r["seconds"],
             "peak_device_mib": r.get("peak_device_mib")}
 
 

@@ -359,10 +359,10 @@ def test_oracle_tolerance_is_the_stated_bound_and_requests_past_it_are_listed():
     """2 * n * 16 * u * max(1, max|z|), by hand: fp16, 2 tokens, largest logit 10 -> 0.3125; bf16 8x that."""
     from oracle import compare, tolerance
 
-    assert tolerance(2, 10.0, "fp16") == 0.3125 and tolerance(2, 10.0, "bf16") == 2.5
-    assert tolerance(1, 0.25, "fp16") == 2 * 16 * 2.0 ** -11  # logits below 1: the scale is 1
+    assert tolerance(2, 10.0, "float16") == 0.3125 and tolerance(2, 10.0, "bfloat16") == 2.5
+    assert tolerance(1, 0.25, "float16") == 2 * 16 * 2.0 ** -11  # logits below 1: the scale is 1
     rows = [{"ours": -1.0, "oracle": -1.3, "n": 2, "zmax": 10.0}, {"ours": -2.0, "oracle": -2.4, "n": 2, "zmax": 10.0},
             {"ours": float("nan"), "oracle": -1.0, "n": 1, "zmax": 1.0}]
-    got = compare(rows, "fp16")
+    got = compare(rows, "float16")
     assert got["within_tolerance"] == 1 and [o["request"] for o in got["outside"]] == [1, 2]
     assert got["max_ratio"] == pytest.approx(0.4 / 0.3125)

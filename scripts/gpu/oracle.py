@@ -16,20 +16,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-UNIT_ROUNDOFF = {"fp16": 2.0 ** -11, "int4": 2.0 ** -11, "bf16": 2.0 ** -8, "fp32": 2.0 ** -24}
+UNIT_ROUNDOFF = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8, "float32": 2.0 ** -24}  # by the package's KV type
 ULPS = 16
 TOLERANCE = (
     "|ortevals - oracle| <= 2 * n * 16 * u * max(1, max|z|) per request: n continuation tokens, z the oracle's "
-    "logits at the scored positions, u the unit roundoff of the package's activations (fp16 and the CUDA int4 "
-    "package 2^-11, bf16 2^-8, fp32 2^-24). A log-softmax moves by at most 2 max_i |dz_i| when the logits "
-    "move by dz, so n tokens move by at most 2n max|dz|; the same graph on the same kernels at other shapes "
-    "differs only by the order of its sums, each rounding worth at most u of the value rounded, and 16 units at "
-    "the scale of the largest logit is the room allowed for those roundings to accumulate through the layers "
-    "(max_ratio below says how much of it was used)")
+    "logits at the scored positions, u the unit roundoff of the package's activations, read from its KV type "
+    "(float16 2^-11, as in the CUDA int4 package; bfloat16 2^-8; float32 2^-24). A log-softmax moves by at most "
+    "2 max_i |dz_i| when the logits move by dz, so n tokens move by at most 2n max|dz|; the same graph on the "
+    "same kernels at other shapes differs only by the order of its sums, each rounding worth at most u of the "
+    "value rounded, and 16 units at the scale of the largest logit is the room allowed for those roundings to "
+    "accumulate through the layers (max_ratio below says how much of it was used)")
 
 
-def tolerance(n: int, zmax: float, precision: str) -> float:
-    return 2 * n * ULPS * UNIT_ROUNDOFF[precision] * max(1.0, zmax)
+def tolerance(n: int, zmax: float, dtype: str) -> float:
+    """The bound of one request: ``n`` tokens, largest logit ``zmax``, activations of ``dtype``."""
+    return 2 * n * ULPS * UNIT_ROUNDOFF[dtype] * max(1.0, zmax)
 
 
 def capture(lm, path: Path, limit: int) -> None:
@@ -77,11 +78,11 @@ def run_oracle(pkg: str, ep: str, path: Path) -> dict:
     return {"requests": out}
 
 
-def compare(rows: list[dict], precision: str) -> dict:
+def compare(rows: list[dict], dtype: str) -> dict:
     """Per request |Δ| against its tolerance; the requests past it (index, Δ, tolerance), at most 50."""
-    checked = [(i, abs(r["ours"] - r["oracle"]), tolerance(r["n"], r["zmax"], precision)) for i, r in enumerate(rows)]
+    checked = [(i, abs(r["ours"] - r["oracle"]), tolerance(r["n"], r["zmax"], dtype)) for i, r in enumerate(rows)]
     outside = [{"request": i, "delta": d, "tolerance": t} for i, d, t in checked if not d <= t]
     return {"requests": len(checked), "within_tolerance": len(checked) - len(outside),
             "max_abs_delta": max((d for _, d, _ in checked), default=None),
             "max_ratio": max((d / t for _, d, t in checked), default=None), "outside": outside[:50],
-            "unit_roundoff": UNIT_ROUNDOFF[precision], "ulps": ULPS}
+            "activations": dtype, "unit_roundoff": UNIT_ROUNDOFF[dtype], "ulps": ULPS}
