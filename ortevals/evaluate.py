@@ -69,7 +69,7 @@ def check_spec(spec: RunSpec) -> None:
     if spec.use_cache is not None:
         check_writable_file(spec.use_cache, "--use-cache")
     if spec.gen_kwargs:  # each value checked as generation will read it (temperature=inf: random tokens)
-        from ortevals.engine.generate.settings import parse_gen_kwargs
+        from ortevals.engine.generate.choice.settings import parse_gen_kwargs
 
         parse_gen_kwargs(spec.gen_kwargs, default_max=256)
     cache_root()  # $ORTEVALS_CACHE naming a file is refused here, not halfway through the run

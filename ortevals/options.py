@@ -142,6 +142,10 @@ OPTIONS: tuple[Option, ...] = (
     # is dropped for raw sessions neither splits nor mixes stored scores
     Option("provider_options", parse_provider_options, (), "Provider options, key=value (override the package's).",
            scoped=False, flag="--provider-option"),
+    # runtime/placement.py: on a device provider a node onnxruntime would run on the CPU is an error unless
+    # allowed; scoped (the sessions' config differs, and the CPU kernels compute other numbers)
+    Option("allow_cpu_fallback", boolean("allow_cpu_fallback"), False, "On a GPU/NPU provider, let onnxruntime "
+           "run the nodes that provider has no kernel for on the CPU (default: refused, naming their op types)."),
     Option("threads", positive_int("threads", allow_zero=True), None, "Intra-op threads (0: default).",
            flag="--threads", metavar="N"),
     Option("batch_size", parse_batch_size, None, "Rows per forward pass, or auto (default).", flag="--batch-size",

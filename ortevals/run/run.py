@@ -40,7 +40,7 @@ from ortevals.report.store import ResultStore
 from ortevals.run.generate import Generation, decode_plan
 from ortevals.runtime.buffers import kv_bytes_per_token
 from ortevals.runtime.meter import boot_clock
-from ortevals.runtime.providers import ProviderConfig, from_package, parse_options
+from ortevals.runtime.providers import ProviderConfig, from_package, parse_options, provider_mode
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_LENGTH = 2048
@@ -87,12 +87,12 @@ class Run:
         package = ModelPackage.load(args.pkg)
         tokenizer = Tokenizer.load(package, add_bos_token=args.add_bos_token)
         check_media_tokens(package, tokenizer.backend)  # issue 22: a media token id that text produces
-        provider = from_package(package.decoder.session_options, args.ep,
-                                parse_options(args.provider_options), args.threads)
+        provider = from_package(package.decoder.session_options, args.ep, parse_options(args.provider_options),
+                                args.threads, allow_cpu_fallback=args.allow_cpu_fallback)
         if worker_threads is not None and args.threads is None and not provider.on_device:
             args = dataclasses.replace(args, threads=worker_threads())
-            provider = from_package(package.decoder.session_options, args.ep,
-                                    parse_options(args.provider_options), args.threads)
+            provider = from_package(package.decoder.session_options, args.ep, parse_options(args.provider_options),
+                                    args.threads, allow_cpu_fallback=args.allow_cpu_fallback)
         args = decode_plan(args, package, provider)
         settings = engine_settings(package, provider, args)
         backends = Backends(package, provider, settings, args.path, cache_root() if args.scoring_graph else None,
@@ -109,7 +109,10 @@ class Run:
         if args.store and args.store.lower() not in NO_STORE:
             store = open_store(Path(args.store), package, tokenizer, backends, args)
         # resume=false: answers neither read nor written; the store still keeps the canary's verdicts (issue 26)
-        return cls(package, tokenizer, backends, args, store if args.resume else None)
+        run = cls(package, tokenizer, backends, args, store if args.resume else None)
+        if mode := provider_mode(provider):  # TF32 and the CPU fallback on a device provider
+            run.set_mode("provider", mode)
+        return run
 
     # --- the package's token facts -------------------------------------------------------------
     @property

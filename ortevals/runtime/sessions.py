@@ -35,6 +35,7 @@ from ortevals.runtime.cascade import PromptBinding, cascade_decoder
 from ortevals.runtime.derive import GREEDY, LOGPROBS, POSITIONS, TARGETS, derived_decoder
 from ortevals.runtime.meter import PassMeter, boot_clock
 from ortevals.runtime.opening import open_session
+from ortevals.runtime.pass_errors import kernel_limit, symbolic_mismatch
 from ortevals.runtime.providers import ProviderConfig
 from ortevals.runtime.replicate import Replicator
 
@@ -114,7 +115,8 @@ class DecoderRunner:
         try:
             logits, present = self.forward(np.zeros((1, 2), np.int64), np.ones((1, 2), np.int64), want_present=True)
         except PackageError as e:
-            raise symbolic_mismatch(self.package, getattr(e, "ort_message", None)) or e from None
+            said = getattr(e, "ort_message", None)  # runtime/pass_errors.py: a kernel's limit, or the config
+            raise kernel_limit(self.package, self.decoder, said) or symbolic_mismatch(self.package, said) or e from None
         if logits.shape[-1] != self.package.vocab_size:
             raise PackageError(f"{cfg}: model.vocab_size={self.package.vocab_size} but the decoder returned "
                                f"logits of width {logits.shape[-1]}; config and graph must agree")
@@ -188,8 +190,9 @@ class DecoderRunner:
             self.meter.record(*input_ids.shape, _past_len(past) > 0, started, time.perf_counter() - clock)
             return outs
         except Exception as e:  # onnxruntime's own error types; name the model and the likely cause
-            err = PackageError(f"{self.package.decoder.path}: onnxruntime failed to run the decoder: "
-                               f"{first_line(e)} (does genai_config.json match the graph?)")
+            limit = kernel_limit(self.package, self.decoder, first_line(e))
+            err = limit or PackageError(f"{self.package.decoder.path}: onnxruntime failed to run the decoder: "
+                                        f"{first_line(e)} (does genai_config.json match the graph?)")
             err.ort_message = first_line(e)  # the probe turns it into a config-vs-graph message
             raise err from None
 
@@ -383,32 +386,6 @@ def _cut(t, length: int, rows: tuple[int, int] | None, replicator):
     out = np.zeros_like(t)
     out[:, :, :count] = t[:, :, first:first + count]
     return out
-
-
-def symbolic_mismatch(package: ModelPackage, ort_message: str | None) -> PackageError | None:
-    """The probe failed: name the config fields that filled the graph's symbolic KV dims, if any did.
-
-    Returns None when every KV dim is concrete in the graph (the load already
-    compared those with the config), so the generic failure stands.
-    """
-    if ort_message is None:
-        return None
-    for spec in package.kv:
-        graph = package.decoder.input(spec.key_name)
-        symbolic = [d for d in (graph.shape[1], graph.shape[3]) if not isinstance(d, int)] if graph else []
-        if symbolic:
-            break
-    else:
-        return None
-    reason = ort_message.split("Status Message:", 1)[-1].strip()
-    dims = ", ".join(repr(d) if isinstance(d, str) else str(d) for d in graph.shape)
-    return PackageError(
-        f"{package.root / 'genai_config.json'}: layer {spec.layer} KV is [heads={spec.kv_heads}, "
-        f"head_size={spec.head_size}] by model.decoder.num_key_value_heads/head_size, but "
-        f"{package.decoder.path.name} declares {spec.key_name} as [{dims}] and refused past KV of that shape in "
-        f"a probe pass ({reason}); config and graph must agree")
-
-
 BIND_DEVICES = {"cpu": "cpu", "cuda": "cuda", "tensorrt": "cuda", "nvtensorrtrtx": "cuda", "rocm": "cuda",
                 "dml": "dml"}
 
