@@ -191,6 +191,7 @@ def test_the_verifier_phase_draws_a_progress_bar_of_answers(capsys):
 
     class Fake:
         name, kind, params, tokens_run = "fake", "classifier", 0, 0
+        meaning = "a made-up score"
 
         def score_texts(self, context, answers):
             return np.arange(len(answers), dtype=float)
