@@ -320,14 +320,14 @@ def test_stage_on_a_fresh_clone_prints_its_transfer_calls_and_each_fits_a_call(t
     from pack import MIB, load_manifest
 
     clone = fresh_clone(tmp_path)
-    files = {f"w{i}-1.0-py3-none-any.whl": np.random.default_rng(i).bytes(n) for i, n in enumerate([45 << 20, 5 << 20])}
+    files = {f"w{i}-1.0-py3-none-any.whl": np.random.default_rng(i).bytes(n) for i, n in enumerate([45 << 20, 25 << 20])}
     kit_dir(tmp_path / "kit", files, part_mib=8)
     proc = kit("stage", str(tmp_path / "kit"), "--repo", str(clone))
     assert proc.returncode == 0, proc.stderr
     calls = int(re.search(r": (\d+) transfer calls", proc.stdout).group(1))
     staged = sorted(p.name for p in (clone / ".gpukit").iterdir())
     part = part_mib_for(tree_bytes(clone))
-    assert staged == [f"c{i:02d}" for i in range(1, calls + 1)] and calls == -(-(50 << 20) // (part * MIB)) > 1
+    assert staged == [f"c{i:02d}" for i in range(1, calls + 1)] and calls == -(-(70 << 20) // (part * MIB)) > 1
     assert load_manifest(tmp_path / "kit")["part_mib"] == part
     tree = tree_bytes(clone)
     assert all(tree + sum(f.stat().st_size for f in (clone / ".gpukit" / c).glob("part-*")) <= CALL_MIB * MIB
