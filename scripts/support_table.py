@@ -66,10 +66,14 @@ def _short(x: float) -> str:
     return f"{x:.0e}".replace("e-0", "e-").replace("e+0", "e")
 
 
+def _by_title(archs: dict) -> list[dict]:
+    return sorted(archs.values(), key=lambda e: e["title"].lower())
+
+
 def _rows(archs: dict, refusals: dict[str, int]) -> list[str]:
     head = "| architecture | precision | " + " | ".join(title for _, title in PATHS) + " |"
     rows = [head, "|" + "---|" * (len(PATHS) + 2)]
-    for entry in archs.values():
+    for entry in _by_title(archs):
         for precision in PRECISIONS:
             cells = entry.get("cells", {}).get(precision)
             if cells is None:
@@ -83,11 +87,11 @@ def _rows(archs: dict, refusals: dict[str, int]) -> list[str]:
 def _features(archs: dict) -> list[str]:
     lines = ["## What each checkpoint exercises", "", "| architecture | features | package vs transformers (fp32) |",
              "|---|---|---|"]
-    for entry in archs.values():
+    for entry in _by_title(archs):
         gap = entry.get("package_gap", {}).get("fp32")
         note = "—" if gap is None else f"{gap:.1e}" + (f": {entry['deviation']}" if entry.get("deviation") else "")
         lines.append(f"| {entry['title']} | {entry.get('features') or '—'} | {note} |")
-    workarounds = [f"- **{e['title']}**: {e['workaround']}." for e in archs.values() if e.get("workaround")]
+    workarounds = [f"- **{e['title']}**: {e['workaround']}." for e in _by_title(archs) if e.get("workaround")]
     if workarounds:
         lines += ["", "Exported after a workaround for builder 0.18 on checkpoints saved by transformers 5:", "",
                   *workarounds]
