@@ -27,6 +27,7 @@ class GraphFacts:
     attention_heads: frozenset[int]  # num_heads of the attention nodes (GroupQueryAttention, ...)
     kv_heads: frozenset[int]  # kv_num_heads of the GroupQueryAttention nodes
     parameters: int = 0  # weights the graph holds (:func:`parameter_count`)
+    windows: frozenset[int] = frozenset()  # local_window_size of the attention nodes that have one (> 0)
 
 
 def read_signature(path: Path) -> tuple[tuple, tuple, frozenset[Path]]:
@@ -68,13 +69,15 @@ FLOAT_NAMES = {1: "float32", 10: "float16", 16: "bfloat16", 11: "float64"}
 
 
 def _facts(graph) -> GraphFacts:
-    """Weight precision from the quantized ops (their ``bits``) or the float initializers' dominant type."""
+    """Weight precision from the quantized ops (their ``bits``) or the float initializers' dominant type; the
+    attention nodes' head counts and sliding windows."""
     import onnx
 
     bits: set[int] = set()
     ops: set[str] = set()
     heads: set[int] = set()
     kv_heads: set[int] = set()
+    windows: set[int] = set()
     for node in graph.node:
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         if node.op_type in ("MatMulNBits", "GatherBlockQuantized"):
@@ -86,7 +89,10 @@ def _facts(graph) -> GraphFacts:
             heads.add(int(attrs["num_heads"]))
             if "kv_num_heads" in attrs:
                 kv_heads.add(int(attrs["kv_num_heads"]))
-    return GraphFacts(_precision(graph, bits, ops), frozenset(heads), frozenset(kv_heads), parameter_count(graph))
+            if int(attrs.get("local_window_size", -1)) > 0:
+                windows.add(int(attrs["local_window_size"]))
+    return GraphFacts(_precision(graph, bits, ops), frozenset(heads), frozenset(kv_heads), parameter_count(graph),
+                      frozenset(windows))
 
 
 ROTARY_CACHES = {"GroupQueryAttention": (7, 8), "RotaryEmbedding": (2, 3)}  # cos_cache, sin_cache inputs

@@ -121,6 +121,17 @@ class ModelPackage:
         return any(s.window for s in self.kv)
 
     @property
+    def unwindowed(self) -> str:
+        """Where ``genai_config.json`` declares a sliding window the decoder graph does not have (the builder
+        drops Mistral's: every attention node attends to the whole past), one line saying so; else ""."""
+        sw = self.config.get("model", {}).get("decoder", {}).get("sliding_window")
+        size = sw.get("window_size") if isinstance(sw, dict) else None
+        if not isinstance(size, int) or size <= 0 or graph_facts(self.decoder.path).windows:
+            return ""
+        return (f"{self.root / 'genai_config.json'}: model.decoder.sliding_window declares a {size}-token window "
+                f"that {self.decoder.path.name}'s attention does not have (it attends to the whole past)")
+
+    @property
     def has_position_ids(self) -> bool:
         name = self.decoder.inputs.get("position_ids", "position_ids")
         return self.decoder.input(name) is not None
@@ -200,6 +211,8 @@ def _read_package(path: Path) -> ModelPackage:
     )
     _check_logits(pkg, where)
     check_og_accepts(root)  # last: ortevals' own checks above name the field and what was expected
+    if pkg.unwindowed:
+        log.warning("%s; scores follow the graph (onnxruntime-genai's paths refuse it)", pkg.unwindowed)
     log.info("loaded %s: type %s, %d layers, skipped %s", root, model_type, len(pkg.kv), list(skipped) or "none")
     return pkg
 

@@ -23,7 +23,12 @@ weights), says where that holds; the engines ask it and decide nothing of their 
   in any longer sequence, as on a full-attention layer, so the prefill plan (each prefix computed to its own
   depth) reuses it as it is; a buffer can be cut back to ``d < T`` tokens only while the positions ``d``
   needs are still resident (:meth:`ReusePolicy.cut_exact`). Packages built with ``windowed_kv_cache=false``
-  keep a full past on every layer and cut anywhere.
+  keep a full past on every layer and cut anywhere. One exception (:attr:`ReusePolicy.unshared`): on a graph
+  whose MatMulNBits quantize their activations to int8 (``accuracy_level=4``, the builder's int4/int8 on
+  CPU), no prefix is shared at all. onnxruntime's windowed attention reading a past from its buffer is not
+  bit-identical to the same positions inside one pass (about 1e-7 in a layer's output; 2e-6 in fp32 logits
+  on a tiny Gemma 3), and the next layer's int8 rounding turns that into a different quantization step now
+  and then: 0.017 nats off one pass on the tiny Gemma 3 int4 of the parity matrix, with the canary clean.
 
 Policy objects are frozen and compare by value; they are part of the engines' settings, so canary verdicts
 kept in the result store are keyed by them too. Other kinds of state (recurrent and convolution state, which
@@ -50,6 +55,7 @@ class ReusePolicy:
     window: int | None = None  # W: the windowed-cache layers' local_window_size (None: full pasts only)
     capacity: int | None = None  # C: rows of a windowed layer's buffer as the raw path sizes it
     refused: str = ""  # why nothing may be reused (the graph switches on the length at a threshold not read)
+    unshared: str = ""  # why no prefix's KV may serve later passes (windowed layers under int8 activations)
 
     def length_class(self, total: int) -> int:
         """0 for sequences of up to ``rope_switch`` tokens (or any without a switch), 1 past it."""
@@ -83,22 +89,25 @@ class ReusePolicy:
         parts = [f"rotary factors switch past {self.rope_switch} tokens"] if self.rope_switch is not None else []
         if self.window is not None:
             parts.append(f"windowed sliding-layer cache (window {self.window}, {self.capacity} rows)")
-        return "; ".join(parts + ([self.refused] if self.refused else [])) or "plain KV cache"
+        return "; ".join(parts + [r for r in (self.refused, self.unshared) if r]) or "plain KV cache"
 
 
 def reuse_policy(package) -> ReusePolicy:
     """The policy of a :class:`~ortevals.package.loader.ModelPackage`: the decoder graph's length switch and
     its windowed layers (their buffers sized as the raw path sizes them: ``KVSpec.window`` rows)."""
-    switch, refused, windows = graph_switches(package.decoder.path)
+    switch, refused, windows, int8 = graph_switches(package.decoder.path)
     capacity = min((s.window for s in package.kv if s.window), default=None)
     window = min(windows, default=capacity) if capacity is not None else None
-    return ReusePolicy(switch, window, capacity, refused)
+    unshared = ("windowed sliding-layer caches under int8 activations (MatMulNBits accuracy_level=4): a "
+                "shared prefix's past is not bit-identical to one pass there" if window is not None and int8 else "")
+    return ReusePolicy(switch, window, capacity, refused, unshared)
 
 
 @functools.lru_cache(maxsize=16)
-def graph_switches(path: Path) -> tuple[int | None, str, tuple[int, ...]]:
+def graph_switches(path: Path) -> tuple[int | None, str, tuple[int, ...], bool]:
     """(length threshold of the graph's ``If`` on the sequence length or None, why it cannot be read or "",
-    the ``local_window_size`` of its windowed-cache attention nodes) from the ONNX protos (no weights)."""
+    the ``local_window_size`` of its windowed-cache attention nodes, whether a MatMulNBits quantizes its
+    activations to int8) from the ONNX protos (no weights)."""
     import onnx
     from onnx import helper, numpy_helper
 
@@ -108,6 +117,7 @@ def graph_switches(path: Path) -> tuple[int | None, str, tuple[int, ...]]:
     windows = tuple(sorted({helper.get_attribute_value(a) for n in graph.node if n.op_type == "GroupQueryAttention"
                             and _attr(n, "sliding_window_cache") for a in n.attribute
                             if a.name == "local_window_size"}))
+    int8 = any(n.op_type == "MatMulNBits" and _attr(n, "accuracy_level") == 4 for n in graph.node)
     found: set[int] = set()
     for node in graph.node:
         if node.op_type != "If" or not _from_length(node.input[0], made, graph):
@@ -116,11 +126,11 @@ def graph_switches(path: Path) -> tuple[int | None, str, tuple[int, ...]]:
         value = _threshold(cond, made, consts, graph, numpy_helper) if cond is not None else None
         if value is None:
             return None, (f"{path.name}: node {node.name!r} chooses on the sequence length at a threshold "
-                          "ortevals cannot read"), windows
+                          "ortevals cannot read"), windows, int8
         found.add(value)
     if len(found) > 1:
-        return None, f"{path.name}: several length thresholds {sorted(found)}", windows
-    return (found.pop() if found else None), "", windows
+        return None, f"{path.name}: several length thresholds {sorted(found)}", windows, int8
+    return (found.pop() if found else None), "", windows, int8
 
 
 def _attr(node, name: str) -> int:

@@ -188,6 +188,9 @@ class GenaiRunner:
 
     @classmethod
     def open(cls, package: ModelPackage, provider: ProviderConfig) -> GenaiRunner:
+        if package.unwindowed:  # og sizes its KV cache to the declared window; the graph then fails past it
+            raise PackageError(f"{package.unwindowed}; onnxruntime-genai sizes its KV cache to that window and "
+                               "fails past it: path=prefill and gen_path=raw run the graph as it is")
         og = import_og()
         config = og_config(og, package, provider, TEXT_SECTIONS)
         mm_overlay, stubs = text_only(package)
