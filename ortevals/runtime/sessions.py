@@ -4,7 +4,8 @@ Owns the decoder (and embedding, when the package has one) opened as
 ``onnxruntime.InferenceSession`` objects on the chosen execution provider
 (opening and the provider check: :mod:`ortevals.runtime.opening`), and one
 forward pass: ``input_ids [B,S]`` + right-padded ``attention_mask`` (+
-optional past KV) → ``logits [B,S,V]`` (+ present KV). Vision, speech and any
+optional past KV and, on hybrid decoders, recurrent state) → ``logits [B,S,V]`` (+ present KV and state).
+Vision, speech and any
 other model of the package are never opened. Buffers (past KV, element types)
 live in :mod:`ortevals.runtime.buffers`.
 """
@@ -27,6 +28,7 @@ from ortevals.runtime.buffers import (
     bind_shared,
     empty_like_input,
     empty_past,
+    empty_state,
     feeds_len,
     host_float32,
 )
@@ -148,16 +150,19 @@ class DecoderRunner:
         ``[B,K]`` int64 indices into S whose logits are wanted (every position
         when None); only a derived graph can honour it.
         Returns logits ``[B,S,V]`` or ``[B,K,V]`` (the graph's dtype) and, if
-        asked, present KV.
+        asked, present KV (with a hybrid's state after each row's last token: padding
+        included, so only an unpadded row's state is its tokens').
         """
         names = [self.package.logits_name]
         if want_present:
             names += [n for s in self.package.kv for n in (s.present_key_name, s.present_value_name)]
+            names += [s.present_name for s in self.package.states]
         outs = self._run(names, 1, input_ids, attention_mask, past, positions)
         present = None
         if want_present:
-            it = iter(outs[1:])
-            present = KVCache(tuple(zip(it, it)), feeds_len(attention_mask))
+            kv, states = outs[1:1 + 2 * len(self.package.kv)], outs[1 + 2 * len(self.package.kv):]
+            it = iter(kv)
+            present = KVCache(tuple(zip(it, it)), feeds_len(attention_mask), tuple(states))
         return outs[0], present
 
     def score(self, input_ids: np.ndarray, attention_mask: np.ndarray, past: KVCache | None,
@@ -241,6 +246,8 @@ class DecoderRunner:
         S`` (right-padded).
         """
         ort = import_ort()
+        if self.package.recurrent:  # state read and written in one buffer: never checked (rows/kv.py: CopyKV)
+            raise PackageError(f"{self.package.decoder.path}: no shared past/present buffer with recurrent state")
         if prompts is None:
             mask = np.ones((input_ids.shape[0], past.length + input_ids.shape[1]), dtype=np.int64)
         else:
@@ -262,10 +269,7 @@ class DecoderRunner:
                 value.bind_input(binding, name)
             else:
                 binding.bind_cpu_input(name, np.ascontiguousarray(value))
-        for spec in self.package.kv:
-            for i, (inp, out) in enumerate(((spec.key_name, spec.present_key_name),
-                                            (spec.value_name, spec.present_value_name))):
-                bind_shared(binding, inp, out, past.layers[spec.layer][i])  # host array or device view
+        _bind_past(binding, self.package, past)
         started, clock = boot_clock(), time.perf_counter()
         try:
             self.decoder.run_with_iobinding(binding)
@@ -292,20 +296,21 @@ class DecoderRunner:
         """
         if batch == 1:
             return past
-        layers = tuple(tuple(np.repeat(t, batch, axis=0) if isinstance(t, np.ndarray)
-                             else self._replicator().expand(t, batch) for t in pair) for pair in past.layers)
-        return KVCache(layers, past.length)
+        return past.rows(lambda t: np.repeat(t, batch, axis=0) if isinstance(t, np.ndarray)
+                         else self._replicator().expand(t, batch))
 
     def keep_rows(self, past: KVCache, rows) -> KVCache:
         """Rows ``rows`` of a ``[B,H,T,D]`` past (finished samples leave a decode batch), where it lives."""
-        return KVCache(tuple(tuple(np.ascontiguousarray(t[rows]) if isinstance(t, np.ndarray)
-                                   else self._replicator().gather(t, rows) for t in pair)
-                             for pair in past.layers), past.length)
+        return past.rows(lambda t: np.ascontiguousarray(t[rows]) if isinstance(t, np.ndarray)
+                         else self._replicator().gather(t, rows))
 
     def narrow_past(self, past: KVCache, length: int) -> KVCache:
-        """The first ``length`` tokens of a past (a shared prompt prefix); not for windowed layers."""
+        """The first ``length`` tokens of a past (a shared prompt prefix); not for windowed layers. A past
+        with recurrent state is the state after all its tokens: it is never cut (ValueError)."""
         if length == past.length:
             return past
+        if past.states:
+            raise ValueError(f"a recurrent state after {past.length} tokens cannot be cut to {length}")
         return KVCache(tuple(tuple(np.ascontiguousarray(t[:, :, :length]) if isinstance(t, np.ndarray)
                                    else self._replicator().narrow(t, length) for t in pair)
                              for pair in past.layers), length)
@@ -352,19 +357,25 @@ class DecoderRunner:
         feeds = {self.package.decoder.inputs.get("attention_mask", "attention_mask"): attention_mask}
         if self.package.has_position_ids:
             # right padding: real tokens sit at past_len + 0..n-1; pad positions are never read
-            pos = np.arange(past_len, past_len + seq, dtype=np.int64)
-            feeds[self.package.decoder.inputs.get("position_ids", "position_ids")] = np.broadcast_to(pos, (batch, seq))
+            name = self.package.decoder.inputs.get("position_ids", "position_ids")
+            pos = np.broadcast_to(np.arange(past_len, past_len + seq, dtype=np.int64), (batch, seq))
+            if len(self.package.decoder.input(name).shape) == 3:  # M-RoPE [3,B,S] (Qwen3.5): text has t = h = w
+                pos = np.broadcast_to(pos, (3, batch, seq))
+            feeds[name] = pos
         return feeds
 
     def _past_feeds(self, batch: int, past: KVCache | None) -> dict[str, np.ndarray]:
         feeds = {}
-        for spec in self.package.kv:
+        for i, spec in enumerate(self.package.kv):
             if past is not None:
-                k, v = past.layers[spec.layer]
+                k, v = past.layers[i]
             else:
                 k = v = empty_past(spec, batch, self.bind_device, self.device_id)
             feeds[spec.key_name] = k
             feeds[spec.value_name] = v
+        for i, spec in enumerate(self.package.states):  # the state after the past's tokens; zeros on a first pass
+            feeds[spec.name] = past.states[i] if past is not None else empty_state(spec, batch, self.bind_device,
+                                                                                    self.device_id)
         return feeds
 
 
@@ -390,6 +401,13 @@ def symbolic_mismatch(package: ModelPackage, ort_message: str | None) -> Package
         f"head_size={spec.head_size}] by model.decoder.num_key_value_heads/head_size, but "
         f"{package.decoder.path.name} declares {spec.key_name} as [{dims}] and refused past KV of that shape in "
         f"a probe pass ({reason}); config and graph must agree")
+
+
+def _bind_past(binding, package: ModelPackage, past: KVCache) -> None:
+    """Each KV layer's buffer (a host array or a device view) bound as both its past input and present output."""
+    for spec, (k, v) in zip(package.kv, past.layers, strict=True):
+        bind_shared(binding, spec.key_name, spec.present_key_name, k)
+        bind_shared(binding, spec.value_name, spec.present_value_name, v)
 
 
 BIND_DEVICES = {"cpu": "cpu", "cuda": "cuda", "tensorrt": "cuda", "nvtensorrtrtx": "cuda", "rocm": "cuda",
