@@ -92,6 +92,14 @@ def qwen35(fixture_cache) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="session")
+def phi16(fixture_cache) -> tuple[Path, Path]:
+    """(hf_dir, package_dir) of the tiny Phi with a head size of 16 (a package onnxruntime cannot run)."""
+    from tests.fixtures.phi16 import build_phi16
+
+    return build_phi16(fixture_cache / "phi16")
+
+
+@pytest.fixture(scope="session")
 def smollm2() -> tuple[Path, Path]:
     """(hf_dir, package_dir) of the real SmolLM2-135M-Instruct, fp32."""
     from ortevals.package.examples import smollm2_hf_dir, smollm2_package

@@ -212,6 +212,7 @@ def _read_package(path: Path) -> ModelPackage:
         config=cfg,
     )
     _check_logits(pkg, where)
+    _check_fused_rotary(pkg)
     check_og_accepts(root)  # last: ortevals' own checks above name the field and what was expected
     log.info("loaded %s: type %s, %d layers, skipped %s", root, model_type, len(pkg.kv), list(skipped) or "none")
     return pkg
@@ -358,6 +359,21 @@ def _check_decoder_inputs(decoder: ModelFile, where: Path) -> None:
         ids = decoder.inputs.get("input_ids", "input_ids")
         raise PackageError(f"{where}: neither model.decoder.inputs.input_ids={ids!r} nor inputs_embeds is an "
                            f"input of {decoder.path.name}; config and graph must agree")
+
+
+def _check_fused_rotary(pkg: ModelPackage) -> None:
+    """Refuse a decoder whose GroupQueryAttention rotates inside the kernel with a rotary cache the kernel
+    refuses: onnxruntime (1.32, CPU and CUDA, ``group_query_attention_helper.h``) takes a ``cos_cache`` width
+    (half the rotary dim) only as a multiple of 8 and at most ``head_size / 16 * 8``. The builder fuses
+    rotary into the kernel on CPU and CUDA, so a small head with partial rotary (Phi, head size 16, rotary
+    factor 0.5: width 4) gives a package that neither onnxruntime nor onnxruntime-genai can run."""
+    for node, size, width in graph_facts(pkg.decoder.path).fused_rotary:
+        if size and (width % 8 or width > size // 16 * 8):  # size 0: undeclared (the probe pass finds out)
+            raise PackageError(
+                f"{pkg.decoder.path}: GroupQueryAttention node {node!r} rotates inside the kernel with a cos_cache of "
+                f"width {width} (rotary dim {2 * width}) on head size {size}; onnxruntime's kernel takes only widths "
+                f"that are multiples of 8 up to {size // 16 * 8}, so neither onnxruntime nor onnxruntime-genai can "
+                "run this package (re-export a model whose rotary dim is a multiple of 16)")
 
 
 def _check_logits(pkg: ModelPackage, where: Path) -> None:
