@@ -107,7 +107,7 @@ def evaluate(lm, spec: RunSpec) -> RunOutcome:
     if k:
         from ortevals.report.samples import add_scaling
 
-        add_scaling(results, tasks, lm, spec.output,
+        add_scaling(results, tasks, lm.sample_facts(), spec.output,
                     _verify(results, tasks, lm, verifier, lm.stats["seconds"] - before["seconds"]))
     plots = _calibration(results, lm, spec.output)
     requests = lm.stats["requests"] - before["requests"]

@@ -1,9 +1,13 @@
 #!/usr/bin/env python
-"""Acceptance run for issue 24 (calibration): SmolLM2-135M fp32 / int8 / int4 against lm-eval hf.
+"""Calibration of SmolLM2-135M fp32 / int8 / int4 against lm-eval hf (docs/calibration.md, Measured).
 
-    nice -n 19 python scripts/bench_calibration.py --limit 300 --runs /work/calib-runs --out docs/bench-calibration
-    python scripts/bench_calibration.py --from-json docs/bench-calibration/questions.json   # redraw, no model
-    python scripts/bench_calibration.py --from-samples docs/bench-calibration/runs          # the same from the samples
+    nice -n 19 python scripts/bench_calibration.py --limit 300 --out docs/bench-calibration
+    python scripts/bench_calibration.py --from-json bench-data/bench-calibration/questions.json   # redraw, no model
+    python scripts/bench_calibration.py --from-samples bench-data/bench-calibration/runs          # the same
+
+``--out`` (docs) gets the summary: calibration.md (the table), compare.json, costs.json and the plots.
+``--runs`` (default ``bench-data/bench-calibration``, not tracked) gets the raw data: the four runs'
+folders with their samples files and ``questions.json``.
 
 1. ``scripts/bench_compare.py`` (not copied: called) runs lm-eval ``hf`` and ``ortevals mmlu-pro --self-eval``
    on the three packages over the first ``--limit`` questions of leaderboard_mmlu_pro into ``--runs``.
@@ -38,7 +42,8 @@ ENV = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZ
 
 def run_models(args) -> None:
     cmd = [sys.executable, str(REPO / "scripts" / "bench_compare.py"), "--limit", str(args.limit), "--out",
-           str(args.runs), "--ortevals-args=--self-eval", *(["--skip-existing"] if args.skip_existing else [])]
+           str(args.runs), "--raw", str(args.runs), "--ortevals-args=--self-eval",
+           *(["--skip-existing"] if args.skip_existing else [])]
     subprocess.run(cmd, env=ENV, check=True)
 
 
@@ -226,8 +231,8 @@ def probe(questions: int) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--limit", type=int, default=300)
-    p.add_argument("--runs", type=Path, default=REPO / "runs" / "bench-calibration",
-                   help="where bench_compare.py leaves the runs (large: full samples files)")
+    p.add_argument("--runs", type=Path, default=REPO / "bench-data" / "bench-calibration",
+                   help="where bench_compare.py leaves the runs and questions.json goes (large: not tracked)")
     p.add_argument("--out", type=Path, default=REPO / "docs" / "bench-calibration")
     p.add_argument("--skip-existing", action="store_true", help="keep runs already in --runs")
     p.add_argument("--from-json", type=Path, help="redraw the table and plots from a questions.json")
@@ -243,8 +248,9 @@ def main() -> None:
         data = from_samples(args.from_samples)
     else:
         run_models(args)
+        (args.out / "compare.json").write_bytes((args.runs / "compare.json").read_bytes())  # ortevals compare's
         data = extract(args.runs)
-        (args.out / "questions.json").write_text(json.dumps(data) + "\n")
+        (args.runs / "questions.json").write_text(json.dumps(data) + "\n")
         extra["hook"] = hook_cost(args.runs)
         extra["timings"] = json.loads((args.runs / "timings.json").read_text())
         if args.probe:

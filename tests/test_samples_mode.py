@@ -2,13 +2,12 @@
 answer through the task's own filters, maj@k / pass@k / best@k into results.json, and the CLI."""
 
 import json
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from ortevals.errors import OrtEvalsError
-from ortevals.report.samples import add_scaling, sample_answers
+from ortevals.report.samples import SampleFacts, add_scaling, sample_answers
 from ortevals.tasks import sampling_kwargs, with_samples
 
 
@@ -90,13 +89,10 @@ def test_each_sample_keeps_its_own_answer(cot_config):
     assert sample_answers(cot_config, texts, {}) == {"custom-extract": ["B", "C", None, "B"]}
 
 
-class Model:
-    """What add_scaling reads from the model: each sample's (summed log-prob, tokens, scored tokens) by store key."""
-
-    def __init__(self, metas):
-        self.sample_logprobs = metas
-        self.store = None
-        self.package = SimpleNamespace(parameters=1000)  # the FLOPs axis of compute.png
+def facts(metas) -> SampleFacts:
+    """What add_scaling reads of the run: each sample's (summed log-prob, tokens, scored tokens) by store key,
+    no self-certainty, no store, 1000 parameters (the FLOPs axis of compute.png)."""
+    return SampleFacts(metas, {}, None, lambda text: pytest.fail(f"no count kept for {text!r}"), 1000)
 
 
 def test_scaling_metrics_in_lm_eval_layout(cot_config, tmp_path):
@@ -110,7 +106,7 @@ def test_scaling_metrics_in_lm_eval_layout(cot_config, tmp_path):
     lps = {"p1": [-1.0, -0.1, -2.0, -3.0], "p2": [-0.5, -0.4, -0.3, -0.2]}  # summed, over 10 scored tokens each
     metas = {json.dumps([p, kw, j]): (lp, 10, 10) for p, row in lps.items() for j, lp in enumerate(row)}
     results = {"results": {cfg["task"]: {}}, "samples": {cfg["task"]: samples}}
-    points = add_scaling(results, [cfg], Model(metas), tmp_path)
+    points = add_scaling(results, [cfg], facts(metas), tmp_path)
     got = results["results"][cfg["task"]]
     assert set(got) >= {"maj@1,custom-extract", "pass@4,custom-extract", "best@2_stderr,custom-extract"}
     # pass@1: mean correct share = (2/4 + 2/4) / 2; pass@2: 1 - C(2,2)/C(4,2) = 5/6 for both questions
@@ -180,7 +176,7 @@ def test_best_of_k_scores_the_whole_sequence_eos_included(cot_config):
     metas = {json.dumps(["p", kw, j]): m for j, m in enumerate(meta)}
     samples = [{"doc_id": 0, "doc": {}, "target": "B", "resps": [texts], "arguments": [("p", kw)]}]
     results = {"results": {cfg["task"]: {}}, "samples": {cfg["task"]: samples}}
-    add_scaling(results, [cfg], Model(metas), None)
+    add_scaling(results, [cfg], facts(metas), None)
     got = results["results"][cfg["task"]]
     # order by score: (B) -0.5, (C) -0.6, nothing -1.0, EOS -2.3; only (B) is right, ranked first
     assert got["best@1,custom-extract"] == pytest.approx(1 / 4)

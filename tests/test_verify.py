@@ -57,7 +57,7 @@ def oracle_p_true(lm, pkg, context: str, answer: str) -> float:
 
 def test_self_verifier_runs_the_prompt_once_and_scores_as_alone(tiny_pkg):
     lm = OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg)))
-    verifier = SelfVerifier(lm)
+    verifier = SelfVerifier(lm.ptrue_model())
     out = verify_run(verifier, [Question(("t", 0), CONTEXT, ANSWERS)])
     want = [oracle_p_true(lm, tiny_pkg, CONTEXT, a) for a in ANSWERS]
     np.testing.assert_allclose(out.scores[("t", 0)], want, atol=1e-4)

@@ -143,7 +143,8 @@ class Backends:
 
         ok, why = can_serve(self.package, self.capability)
         if self.gen_path == "raw" and not ok:
-            raise OrtEvalsError(f"gen_path=raw is impossible for this package: {why}")
+            raise OrtEvalsError(f"gen_path=raw is impossible for this package: {why}; gen_path=og (or auto) "
+                                "generates on onnxruntime-genai")
         return (self.gen_path if self.gen_path != "auto" else ("raw" if ok else "og")), why
 
     def reads(self) -> list[Reads]:
@@ -183,6 +184,9 @@ class Backends:
         settings = replace(self.settings, dtype=out.dtype if out is not None else "float32")
         if settings.exact:
             return settings, "exact (forced: exact=true)"
+        if settings.reuse.refused:  # a length switch whose threshold is unknown: no batch or prefix is safe
+            log.warning("%s; scoring in exact mode: one row per pass, no prefix reuse", settings.reuse.refused)
+            return replace(settings, exact=True), f"exact ({settings.reuse.refused})"
         models = [m.path for m in (self.package.embedding, self.package.decoder) if m is not None]
         found = detect(models, [self.package.decoder.inputs.get("attention_mask", "attention_mask")])
         if found.found:

@@ -12,12 +12,18 @@ registry lives in :mod:`ortevals.integrations.lm_eval_plugin`; this module only 
 
 ``OrtLM(run)`` does no I/O: build it with :meth:`OrtLM.from_package`, which is also what
 lm-eval's ``create_from_arg_string`` / ``create_from_arg_obj`` call.
+
+Other modules use an ``OrtLM`` only through :data:`OrtLM.INTERFACE` (tests/test_interfaces.py holds
+integrations/ and report/ to it): lm-eval's model API, its model arguments, package and tokenizer, and
+two views that hand over data instead of the run: :meth:`OrtLM.sample_facts` (the ``--samples``
+report's input, report/samples.py) and :meth:`OrtLM.ptrue_model` (a P(True) verifier's, verify.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from types import MappingProxyType
 
 from lm_eval.api.model import TemplateLM
 
@@ -29,7 +35,8 @@ from ortevals.integrations import self_eval
 from ortevals.integrations.lm_media import MediaRouter
 from ortevals.integrations.ray import WorkerPool
 from ortevals.options import ModelArgs, parse_model_args
-from ortevals.run.run import NO_STORE, Run
+from ortevals.report.samples import SampleFacts
+from ortevals.run.run import NO_STORE, Run, run_settings
 
 log = logging.getLogger(__name__)
 __all__ = ["ModelArgs", "OrtLM"]
@@ -42,6 +49,14 @@ class OrtLM(TemplateLM):
     # issue 13: lm-eval's multimodal tasks; requests carrying media go to the media engine (lm_media.py),
     # all others to the text path unchanged (it never opens a vision or speech model)
     MULTIMODAL = True
+    # what other modules may read of an OrtLM: lm-eval's model API, the model arguments, package and
+    # tokenizer (read only), and the views below; nothing of the run, its engines or its store
+    INTERFACE = frozenset({
+        "loglikelihood", "loglikelihood_rolling", "generate_until", "tok_encode", "tok_decode",
+        "apply_chat_template", "chat_template", "tokenizer_name", "eot_token_id", "prefix_token_id",
+        "max_length", "max_gen_toks", "get_model_info", "from_package", "create_from_arg_string",
+        "create_from_arg_obj", "args", "package", "tokenizer", "sample_facts", "ptrue_model",
+    })
 
     def __init__(self, run: Run) -> None:
         super().__init__()
@@ -119,6 +134,31 @@ class OrtLM(TemplateLM):
     def engine(self):
         """The engine serving log-likelihood requests."""
         return self.run.engine
+
+    # --- views for other modules: the data they need, not the run ---------------------------------
+    def sample_facts(self) -> SampleFacts:
+        """What the ``--samples`` report reads of this run (report/samples.py): each sample's log-prob and
+        self-certainty kept in this process, the result store for resumed ones, a text's token count, the
+        package's weights."""
+        run = self.run
+        return SampleFacts(MappingProxyType(run.sample_logprobs), MappingProxyType(run.sample_certainty), run.store,
+                           lambda text: len(self.tok_encode(text)), run.package.parameters)
+
+    def ptrue_model(self):
+        """What a P(True) verifier uses of this run (integrations/verify.py ``PTrueModel``)."""
+        from ortevals.integrations.verify import PTrueModel
+
+        run = self.run
+
+        def every_prefix(requests):  # every shared prefix that saves a token gets its pass
+            with run.prefix_saving(1):
+                return self.loglikelihood(requests, disable_tqdm=True)
+
+        def tokens_run() -> int:
+            return int(run.engine.tokens_run - getattr(run.engine, "canary_tokens", 0))
+
+        return PTrueModel(every_prefix, tokens_run, run.package.parameters, run.reads,
+                          lambda: run_settings(run.args, run.backends))
 
     # --- lm-eval properties -------------------------------------------------
     @property

@@ -15,18 +15,20 @@ Owns scoring each question's K generated answers after a ``--samples K`` run:
   ``step_separator``) scored as the answer up to it (engine/generate/search/prm.py); the outcome score is
   then the last step's (the same text), so nothing is scored twice.
 
-P(True) calls keep every shared token prefix of their requests (:func:`every_prefix`), so a
-question's prompt, each answer's steps and each (A)/(B) pair's common text run once.
-:func:`verify_run` returns each question's scores in sample order, keyed by (task, doc_id).
+P(True) calls keep every shared token prefix of their requests (:class:`PTrueModel`'s
+``loglikelihood``), so a question's prompt, each answer's steps and each (A)/(B) pair's common text run
+once. :func:`verify_run` returns each question's scores in sample order, keyed by (task, doc_id).
+
+A P(True) verifier uses a run through a :class:`PTrueModel` (``OrtLM.ptrue_model`` builds it); of the
+lm-eval model it is opened with it reads only ``args`` and its class's ``from_package``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -41,7 +43,6 @@ from ortevals.integrations.self_eval import FALSE, TRUE, _context, prompt
 from ortevals.options import ModelArgs
 from ortevals.package.scope import Reads
 from ortevals.report.calibration import p_true
-from ortevals.run.run import run_settings
 from ortevals.runtime.reward import RewardModel
 
 log = logging.getLogger(__name__)
@@ -70,58 +71,49 @@ class Verifier(Protocol):
         """What its scores depend on beyond the run's own package (the scope of a ``--search`` run's answers)."""
 
 
+@dataclass(frozen=True)
+class PTrueModel:
+    """What P(True) verification uses of a package's run (``OrtLM.ptrue_model`` builds it).
+
+    ``loglikelihood`` keeps every shared prefix that saves a token (the prefill engine's plan otherwise
+    wants 64): a question's requests share much shorter runs than a few-shot header, an answer's text
+    across its step prefixes, an (A)/(B) pair's whole input but one token. Measured on SmolLM2-135M,
+    3 answers of 2-3 steps: 881 tokens in 19 passes with the default, 532 in 30 this way (docs/search.md).
+    """
+
+    loglikelihood: Callable[[list[Instance]], list[tuple[float, bool]]]
+    tokens_run: Callable[[], int]  # tokens its decoder has run so far, the invariance canary's excluded
+    params: int  # the weights its package holds
+    reads: Callable[[], list[Reads]]  # what its run reads (files, the settings each path hands its runtime)
+    settings: Callable[[], dict]  # its run's settings that can change a number
+
+
 class SelfVerifier:
     """P(True) of each answer on a package's run: the package being evaluated (``self``, its own engine and
     result store) or a GenAI judge package (:func:`open_judge`)."""
 
-    def __init__(self, lm, name: str = "self", kind: str = "self") -> None:
-        self.lm, self.name, self.kind = lm, name, kind
-        self.params = lm.package.parameters
+    def __init__(self, model: PTrueModel, name: str = "self", kind: str = "self") -> None:
+        self.model, self.name, self.kind = model, name, kind
+        self.params = model.params
 
     def score_texts(self, context: str, answers: Sequence[str]) -> np.ndarray:
         reqs = [Instance("loglikelihood", {}, (prompt(context, a), option), 0, ("verifier", 0, 1))
                 for a in answers for option in (TRUE, FALSE)]
         if not reqs:
             return np.zeros(0)
-        with every_prefix(self.lm.engine):
-            scores = self.lm.loglikelihood(reqs, disable_tqdm=True)
-        ll = np.array([s[0] for s in scores], dtype=np.float64)
+        ll = np.array([s[0] for s in self.model.loglikelihood(reqs)], dtype=np.float64)
         return p_true(ll[0::2], ll[1::2])
 
     @property
     def tokens_run(self) -> int:
-        engine = self.lm.engine
-        return int(engine.tokens_run - getattr(engine, "canary_tokens", 0))
+        return self.model.tokens_run()
 
     def reads(self) -> list[Reads]:
         """``self``: nothing beyond the run (its package); a judge: everything its run reads and its settings."""
         if self.kind == "self":
             return []
-        run = self.lm.run
-        return [*(dataclasses.replace(r, path=f"verifier {r.path}") for r in run.reads()),
-                Reads("verifier", settings=run_settings(run.args, run.backends))]
-
-
-@contextlib.contextmanager
-def every_prefix(engine):
-    """While P(True) requests are scored: the prefix plan keeps every shared prefix that saves tokens
-    (``prefix_min_saving`` 1, as the invariance canary's configured pass), not only those saving 64.
-
-    A question's requests share much shorter runs than a few-shot header: an answer's text across its
-    step prefixes, an (A)/(B) pair's whole input but one token. Measured on SmolLM2-135M, 3 answers of
-    2-3 steps: 881 tokens in 19 passes with the default, 532 in 30 with this (docs/search.md). Only that
-    field is restored after: the canary may switch the engine to exact mode meanwhile, which stays.
-    """
-    settings = getattr(engine, "settings", None)
-    if settings is None or not hasattr(settings, "prefix_min_saving"):  # og's incremental engine, a pool
-        yield
-        return
-    before = settings.prefix_min_saving
-    engine.settings = dataclasses.replace(settings, prefix_min_saving=1)
-    try:
-        yield
-    finally:
-        engine.settings = dataclasses.replace(engine.settings, prefix_min_saving=before)
+        return [*(dataclasses.replace(r, path=f"verifier {r.path}") for r in self.model.reads()),
+                Reads("verifier", settings=self.model.settings())]
 
 
 class OrmVerifier:
@@ -147,10 +139,10 @@ def open_verifier(spec: str, lm) -> Verifier:
     """``self``, a GenAI package folder (a judge: :func:`open_judge`) or a classifier folder; anything else
     is a one-line error naming the folder and what was expected."""
     if spec == "self":
-        return SelfVerifier(lm)
+        return SelfVerifier(lm.ptrue_model())
     root = Path(spec)
     if (root / "genai_config.json").is_file():
-        return SelfVerifier(open_judge(root, lm), str(root), "genai")
+        return SelfVerifier(open_judge(root, lm).ptrue_model(), str(root), "genai")
     if (root / "model.onnx").is_file() or (root / "tokenizer.json").is_file():
         return OrmVerifier(RewardModel.open(root))
     what = "no such folder" if not root.exists() else "not a folder" if not root.is_dir() else \

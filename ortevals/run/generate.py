@@ -146,7 +146,7 @@ class Generation:
             runner, run.tokenizer, items, keys, eos, run.package.pad_token_id, run.args.gen_batch_size,
             run.backends.exact, run.args.check, run.backends.verdicts, name))
         run_generation(runner, run.tokenizer, items, keys, eos, width, run.package.pad_token_id, finish,
-                       name=name, prefix_reuse=reuse, certainty=True)  # errors name the request
+                       name=name, prefix_reuse=reuse, certainty=True, switch=run.backends.settings.reuse.rope_switch)
 
     def _check(self, path: str, plan):
         """The generation canary's plan (engine/generate/canary.py), made once per run and path; its
@@ -177,7 +177,7 @@ class Generation:
             self._sampler = SharedPromptSampler(
                 runner, run.tokenizer, {run.eot_token_id, *run.package.eos_token_ids},
                 exact=prefill.settings.exact, prefix_cache=run.args.prefix_cache, cascade=cascade,
-                threads=_choice_threads(run.backends.provider))
+                threads=_choice_threads(run.backends.provider), reuse=prefill.settings.reuse)
         if run.backends.exact and not self._sampler.exact:  # the log-likelihood canary tripped since
             self._sampler.exact, self._sampler.prefix_cache = True, False
         return self._sampler

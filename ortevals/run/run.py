@@ -12,6 +12,7 @@ and the media router are adapters over it. ``Run(...)`` does no I/O; :meth:`Run.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from pathlib import Path
@@ -27,6 +28,7 @@ from ortevals.files import cache_root
 from ortevals.options import ModelArgs, scoped_settings
 from ortevals.package.loader import CONFIG_NAME, ModelPackage
 from ortevals.package.multimodal import check_media_tokens
+from ortevals.package.reuse import reuse_policy
 from ortevals.package.scope import Reads
 from ortevals.package.tokenizer import Tokenizer, tokenizer_reads
 from ortevals.report import resume
@@ -68,6 +70,7 @@ class Run:
         self._modes: dict[str, str] = {}  # which mode ran and why, per request kind (stats["mode"] joins them)
         self.on_first_request = None  # called once when the first requests arrive (the CLI's collector, cli.py)
         self.generation = Generation(self)  # generate_until: its path, canary plans and the raw sampler
+        self.min_saving: int | None = None  # tokens a shared prefix must save in this call (prefix_saving)
 
     @classmethod
     def open(cls, args: ModelArgs, open_soon: bool = False) -> Run:
@@ -79,8 +82,6 @@ class Run:
         provider = from_package(package.decoder.session_options, args.ep,
                                 parse_options(args.provider_options), args.threads)
         settings = engine_settings(package, provider, args)
-        if args.prefix_cache and package.windowed:
-            log.info("prefix cache off: %s keeps a windowed sliding KV cache", package.root)
         backends = Backends(package, provider, settings, args.path, cache_root() if args.scoring_graph else None,
                             args.gen_path, args.media_path, args.cascade)
         workers = bool(args.workers or args.ray_address)  # issue 20: the driver opens no session (workers do)
@@ -195,6 +196,16 @@ class Run:
             self._modes[kind] = mode
         self.stats["mode"] = "; ".join(self._modes.values())
 
+    @contextlib.contextmanager
+    def prefix_saving(self, tokens: int):
+        """While the block runs, the prefill engine gives every shared prefix that saves ``tokens`` a pass of
+        its own (default: 64): P(True) requests share short runs (an answer's steps, an (A)/(B) pair)."""
+        before, self.min_saving = self.min_saving, tokens
+        try:
+            yield
+        finally:
+            self.min_saving = before
+
     def score(self, token_reqs: list[TokenRequest], on_done, disable_tqdm: bool) -> list[Score]:
         """Scores in order; ``on_done(index, Score)`` as each finishes (on the engine, or on the workers
         with ``pool``, whose answers come back and are stored here)."""
@@ -209,7 +220,9 @@ class Run:
         try:
             if self.pool is not None:  # issue 15: workers on Ray; answers come back (and are stored) here
                 return self.pool.score(token_reqs, self.max_length, done, self.commit)
-            return self.engine.score(token_reqs, done)
+            if self.min_saving is None:
+                return self.engine.score(token_reqs, done)
+            return self.engine.score(token_reqs, done, min_saving=self.min_saving)
         finally:
             bar.close()
             self.stats["requests"] += len(token_reqs)
@@ -232,7 +245,8 @@ def engine_settings(package: ModelPackage, provider: ProviderConfig, args: Model
         pad_token_id=package.pad_token_id or 0,
         memory_budget_mb=args.memory_budget_mb,
         token_budget=0 if provider.on_device else CPU_TOKEN_BUDGET,
-        prefix_cache=args.prefix_cache and not package.windowed,
+        prefix_cache=args.prefix_cache,
+        reuse=reuse_policy(package),  # what cached KV may be reused for (package/reuse.py)
         prefix_budget_mb=args.prefix_budget_mb,
         # issue 10 §4: CPU GQA refuses batched continuations (CUDA's shared input check likely too: the
         # engine then goes one row per pass; issue 20 §1, docs/architecture.md)

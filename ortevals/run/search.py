@@ -72,7 +72,7 @@ def run_search(run, runner, items, keys: list[list], finish) -> None:
         rules = StepRules(eos, ends, max_step_tokens=settings.max_gen_toks, max_tokens=settings.max_gen_toks)
         rng = sample_rng(settings.seed, keys[i], None)
         chooser = ProcessorChooser(search_sampling(settings), rng)
-        model = RawRowModel(runner)
+        model = RawRowModel(runner, run.backends.settings.reuse)
         if args.search == "particles":
             out = particle_filter(model, ids, run.step_scorer, rules, chooser, s, rng)
         else:

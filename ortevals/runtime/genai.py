@@ -32,6 +32,7 @@ from ortevals.errors import PackageError, ProviderError, first_line
 from ortevals.install import import_og
 from ortevals.package.graph import external_data_files
 from ortevals.package.loader import CONFIG_NAME, ModelPackage, resolve_inside
+from ortevals.package.reuse import MIN_PASS_TOKENS, ReusePolicy, reuse_policy
 from ortevals.package.scope import Reads
 from ortevals.runtime.providers import ProviderConfig
 from ortevals.tokens import common_prefix
@@ -154,10 +155,6 @@ def rewind_is_exact(package: ModelPackage) -> tuple[bool, str]:
     return True, ""
 
 
-MIN_PASS = 2  # tokens on each side of a snapshot: a one-token pass on a cached past is another computation on
-# the builder's int4/int8 graphs (MatMulNBits accuracy_level=4), so a split never makes one
-
-
 def snapshot_rewinds(og, model, package: ModelPackage) -> tuple[bool, str]:
     """Whether og rewinds this hybrid model's recurrent state to a snapshot, and why not: og 0.15+ has
     ``Generator.snapshot_state``; model types whose rewind it refuses even then (og 0.18: lfm2, "RewindTo is
@@ -207,11 +204,12 @@ def og_config(og, package: ModelPackage, provider: ProviderConfig, sections: tup
 class GenaiRunner:
     """An ``og.Model`` opened on one provider. Build with :meth:`open`."""
 
-    def __init__(self, package: ModelPackage, model, og, rewind_ok: bool) -> None:
+    def __init__(self, package: ModelPackage, model, og, rewind_ok: bool, reuse: ReusePolicy | None = None) -> None:
         self.package = package
         self.model = model
         self.og = og
         self.rewind_ok = rewind_ok
+        self.reuse = reuse or ReusePolicy()  # what held KV a cursor may keep (package/reuse.py)
         self.snapshots = package.recurrent  # rewinding only to a snapshot position (recurrent state)
         # a batched Generator right-pads its prompts, and a recurrent layer runs the padding into its state
         # (Qwen3.5 on og 0.18: another token from the second step on): batches only without recurrent state
@@ -239,7 +237,7 @@ class GenaiRunner:
             ok, why = snapshot_rewinds(og, model, package)
         if not ok:
             log.info("incremental path: fresh Generator per input (%s)", why)
-        return cls(package, model, og, ok)
+        return cls(package, model, og, ok, reuse_policy(package))
 
     def cursor(self, max_length: int) -> Cursor:
         """A cursor whose Generators reserve KV for ``max_length`` tokens (never the whole context)."""
@@ -280,7 +278,12 @@ class GenaiRunner:
 
 
 class Cursor:
-    """A Generator and the tokens it holds; moves to new sequences as cheaply as is exact."""
+    """A Generator and the tokens it holds; moves to new sequences as cheaply as is exact.
+
+    What is exact is the package's :class:`~ortevals.package.reuse.ReusePolicy`, the rule the prefill path
+    follows too: a move runs at least ``MIN_PASS_TOKENS`` new tokens on a kept past, and keeps only KV made by
+    passes of the target's length class (LongRoPE); ``made`` records each pass's end and class.
+    """
 
     def __init__(self, runner: GenaiRunner, max_length: int) -> None:
         self.runner = runner
@@ -288,10 +291,14 @@ class Cursor:
         self.gen = None
         self.tokens: list[int] = []
         self.tokens_run = 0
+        self.reuse = getattr(runner, "reuse", None) or ReusePolicy()
+        self.made: list[tuple[int, int]] = []  # (end position, length class) of each pass over the held tokens
         self.snapshot: int | None = None  # where the Generator's recurrent state was saved (runner.snapshots)
 
-    def move_to(self, tokens: list[int] | tuple[int, ...], keep_at: int | None = None) -> np.ndarray:
-        """Hold exactly ``tokens``; return the logits ``[V]`` that predict the next token.
+    def move_to(self, tokens: list[int] | tuple[int, ...], own: int = MIN_PASS_TOKENS,
+                keep_at: int | None = None) -> np.ndarray:
+        """Hold exactly ``tokens``, running at least ``own`` of them (all of them in a fresh Generator);
+        return the logits ``[V]`` that predict the next token.
 
         ``keep_at``: where the next sequence branches off these tokens. On a package with recurrent state the
         cursor saves the state there (``snapshot_state``) and later rewinds only there (or not at all: its
@@ -300,36 +307,66 @@ class Cursor:
         if len(tokens) > self.max_length:
             raise ValueError(f"{len(tokens)} tokens exceed the cursor's max_length {self.max_length}")
         keep = common_prefix(self.tokens, tokens) if self.gen is not None and self.runner.rewind_ok else 0
-        keep = min(keep, len(tokens) - 1)  # the last token must be run to get its logits
+        keep = min(keep, len(tokens) - max(own, 1), self._valid(len(tokens)))
         if self.runner.snapshots:  # the live state (all tokens held) or the saved one, nothing between
             keep = len(self.tokens) if keep == len(self.tokens) else (
                 self.snapshot if self.snapshot is not None and self.snapshot <= keep else 0)
         if self.gen is None or keep <= 0:
-            self.gen, self.tokens, keep, self.snapshot = self.runner._generator(self.max_length), [], 0, None
+            self.gen, self.tokens, self.made, keep = self.runner._generator(self.max_length), [], [], 0
+            self.snapshot = None
         elif keep < len(self.tokens):
-            self._run(self.gen.rewind_to, keep)
+            self._call(self.gen.rewind_to, keep)
             self.tokens = self.tokens[:keep]
-        if self.runner.snapshots and self.runner.rewind_ok and keep_at is not None \
-                and keep_at + MIN_PASS <= len(tokens) and (keep_at - keep >= MIN_PASS or keep == 0 < keep_at):
-            self.append(tokens[keep:keep_at], logits=False)
-            self._run(self.gen.snapshot_state)
-            self.snapshot, keep = keep_at, keep_at
-        return self.append(tokens[keep:])
+            self.made = [(min(end, keep), c) for i, (end, c) in enumerate(self.made)
+                         if i == 0 or self.made[i - 1][0] < keep]
+        if keep_at is not None and self.runner.snapshots and self.runner.rewind_ok:
+            keep = self._snapshot(tokens, keep, keep_at, max(own, MIN_PASS_TOKENS))
+        return self._run(tokens[keep:])
 
-    def append(self, new: list[int], logits: bool = True) -> np.ndarray | None:
-        """Append ``new`` tokens; logits ``[V]`` after the last one."""
-        self._run(self.gen.append_tokens, np.asarray([new], dtype=np.int32))
+    def _snapshot(self, tokens: list[int], keep: int, at: int, own: int) -> int:
+        """Run ``tokens[keep:at]`` and save the recurrent state there, where both passes keep their own tokens
+        (``at - keep`` on a kept past, ``own`` after it); returns where the rest starts."""
+        if at + own > len(tokens) or not (at - keep >= MIN_PASS_TOKENS or keep == 0 < at):
+            return keep
+        self._run(tokens[keep:at], logits=False)
+        self._call(self.gen.snapshot_state)
+        self.snapshot = at
+        return at
+
+    def append(self, new: list[int]) -> np.ndarray:
+        """Append ``new`` tokens (a decode step); logits ``[V]`` after the last one. Where the held KV was made
+        for the other length class than the longer sequence's (a LongRoPE switch crossed), the whole sequence
+        runs again in a fresh Generator, as transformers' Phi-3 generation drops its cache there."""
+        if self.tokens and self._valid(len(self.tokens) + len(new)) < len(self.tokens):
+            held = self.tokens
+            self.gen, self.tokens, self.made, self.snapshot = self.runner._generator(self.max_length), [], [], None
+            return self._run(held + list(new))
+        return self._run(new)
+
+    def _run(self, new: list[int], logits: bool = True) -> np.ndarray | None:
+        self._call(self.gen.append_tokens, np.asarray([new], dtype=np.int32))
         self.tokens.extend(new)
         self.tokens_run += len(new)
+        self.made.append((len(self.tokens), self.reuse.length_class(len(self.tokens))))
         return np.asarray(self.gen.get_logits())[0, -1] if logits else None
 
-    def _run(self, call, *args) -> None:
+    def _call(self, call, *args) -> None:
         """One Generator call; og's failure (its RuntimeError) becomes one line naming the package."""
         try:
             call(*args)
         except RuntimeError as e:
             raise PackageError(f"{self.runner.package.root}: onnxruntime-genai failed in "
                                f"{getattr(call, '__name__', 'a Generator call')}: {first_line(e)}") from None
+
+    def _valid(self, total: int) -> int:
+        """Held tokens whose KV a ``total``-token sequence may keep: those before the first pass of another
+        length class."""
+        start, want = 0, self.reuse.length_class(total)
+        for end, kind in self.made:
+            if kind != want:
+                return start
+            start = end
+        return len(self.tokens)
 
     def tail_logits(self, n: int) -> np.ndarray | None:
         """Logits ``[n, V]`` of the last append's last n positions, if og returns all positions."""

@@ -21,6 +21,7 @@ import numpy as np
 from ortevals.errors import PackageError, first_line
 from ortevals.install import import_ort
 from ortevals.package.loader import ModelPackage
+from ortevals.package.reuse import reuse_policy
 from ortevals.runtime.buffers import (
     NUMPY_NATIVE,
     KVCache,
@@ -33,6 +34,7 @@ from ortevals.runtime.buffers import (
     host_float32,
 )
 from ortevals.runtime.cascade import PromptBinding, cascade_decoder
+from ortevals.runtime.checks import check_dtypes, package_dtypes, symbolic_mismatch
 from ortevals.runtime.derive import GREEDY, LOGPROBS, POSITIONS, TARGETS, derived_decoder
 from ortevals.runtime.meter import PassMeter, boot_clock
 from ortevals.runtime.opening import open_session
@@ -40,23 +42,6 @@ from ortevals.runtime.providers import ProviderConfig
 from ortevals.runtime.replicate import Replicator
 
 log = logging.getLogger(__name__)
-
-
-def check_dtypes(package: ModelPackage, provider: ProviderConfig) -> None:
-    """Refuse bfloat16 KV or logits on CPU: onnxruntime has no bfloat16 CPU kernels for them.
-
-    Measured with onnxruntime 1.32: the builder's ``-p bf16 -e cpu`` package fails to
-    load (no bfloat16 Where kernel) and GroupQueryAttention has no bfloat16 CPU kernel.
-    """
-    if provider.name == "cpu" and "bfloat16" in _dtypes(package):
-        raise PackageError(f"{package.decoder.path}: bfloat16 KV/logits need an accelerator provider; "
-                           "onnxruntime's CPU kernels do not run this graph (use --ep cuda, or a fp32/fp16/int4 "
-                           "package on CPU)")
-
-
-def _dtypes(package: ModelPackage) -> set[str]:
-    logits = package.decoder.output(package.logits_name)
-    return {s.dtype for s in package.kv} | ({logits.dtype} if logits is not None else set())
 
 
 class DecoderRunner:
@@ -67,7 +52,7 @@ class DecoderRunner:
         self.package = package
         self.decoder = decoder
         self.embedding = embedding
-        if bind_device is None and not _dtypes(package) <= NUMPY_NATIVE:
+        if bind_device is None and not package_dtypes(package) <= NUMPY_NATIVE:
             bind_device = "cpu"  # numpy cannot hold bfloat16: keep KV in OrtValues
         # with a device, IOBinding keeps present KV there (no host round trip) and copies only logits back
         self.bind_device = bind_device
@@ -305,15 +290,22 @@ class DecoderRunner:
                          else self._replicator().gather(t, rows))
 
     def narrow_past(self, past: KVCache, length: int) -> KVCache:
-        """The first ``length`` tokens of a past (a shared prompt prefix); not for windowed layers. A past
-        with recurrent state is the state after all its tokens: it is never cut (ValueError)."""
+        """The first ``length`` tokens of a past (a shared prompt prefix). A windowed sliding layer's buffer keeps
+        its rows and holds the last positions a ``length``-token past holds (onnxruntime's layout,
+        package/reuse.py), where they were not evicted (``cut_exact``); a recurrent state is the state after all
+        its tokens and is never cut; otherwise the cut is refused."""
         if length == past.length:
             return past
-        if past.states:
-            raise ValueError(f"a recurrent state after {past.length} tokens cannot be cut to {length}")
-        return KVCache(tuple(tuple(np.ascontiguousarray(t[:, :, :length]) if isinstance(t, np.ndarray)
-                                   else self._replicator().narrow(t, length) for t in pair)
-                             for pair in past.layers), length)
+        reuse = reuse_policy(self.package)
+        if not reuse.cut_exact(past.length, length):
+            why = ("a recurrent state is the state after exactly its tokens" if reuse.recurrent else
+                   "positions it needs were evicted")
+            raise PackageError(f"{self.package.decoder.path.name}: a past holding {past.length} tokens cannot be "
+                               f"cut to {length}: {why}")
+        first = (length - reuse.resident(length)) - (past.length - reuse.resident(past.length))
+        rows = (first, reuse.resident(length))  # the windowed layers' rows kept, and where they go
+        return KVCache(tuple(tuple(_cut(t, length, rows if spec.window else None, self._replicator) for t in pair)
+                             for spec, pair in zip(self.package.kv, past.layers, strict=True)), length)
 
     def _replicator(self) -> Replicator:
         if self.replicator is None:
@@ -379,29 +371,18 @@ class DecoderRunner:
         return feeds
 
 
-def symbolic_mismatch(package: ModelPackage, ort_message: str | None) -> PackageError | None:
-    """The probe failed: name the config fields that filled the graph's symbolic KV dims, if any did.
-
-    Returns None when every KV dim is concrete in the graph (the load already
-    compared those with the config) or onnxruntime's refusal is not about the past KV
-    it was handed, so the generic failure stands.
-    """
-    if ort_message is None or "past" not in ort_message.lower():
-        return None
-    for spec in package.kv:
-        graph = package.decoder.input(spec.key_name)
-        symbolic = [d for d in (graph.shape[1], graph.shape[3]) if not isinstance(d, int)] if graph else []
-        if symbolic:
-            break
-    else:
-        return None
-    reason = ort_message.split("Status Message:", 1)[-1].strip()
-    dims = ", ".join(repr(d) if isinstance(d, str) else str(d) for d in graph.shape)
-    return PackageError(
-        f"{package.root / 'genai_config.json'}: layer {spec.layer} KV is [heads={spec.kv_heads}, "
-        f"head_size={spec.head_size}] by model.decoder.num_key_value_heads/head_size, but "
-        f"{package.decoder.path.name} declares {spec.key_name} as [{dims}] and refused past KV of that shape in "
-        f"a probe pass ({reason}); config and graph must agree")
+def _cut(t, length: int, rows: tuple[int, int] | None, replicator):
+    """The first ``length`` positions of one past tensor: sliced, or for a windowed buffer (``rows``: the first row
+    kept and how many) those rows moved to its start, zeros after them, in a buffer of the same rows."""
+    if rows is None:
+        return np.ascontiguousarray(t[:, :, :length]) if isinstance(t, np.ndarray) else replicator().narrow(t, length)
+    if not isinstance(t, np.ndarray):
+        raise PackageError("cutting a windowed sliding-layer buffer where the session runs is not supported; "
+                           "prefix_cache=false scores without it")
+    first, count = rows
+    out = np.zeros_like(t)
+    out[:, :, :count] = t[:, :, first:first + count]
+    return out
 
 
 def _bind_past(binding, package: ModelPackage, past: KVCache) -> None:

@@ -24,15 +24,20 @@ log = logging.getLogger(__name__)
 def run_generation(runner, tokenizer, items: Sequence[tuple[list[int], object]], keys: Sequence[list],
                    eos: set[int], width: int, pad_id: int | None, finish: Callable[..., None],
                    name: Callable[[int], str] = lambda i: f"request #{i}", prefix_reuse: bool = True,
-                   certainty: bool = False) -> None:
+                   certainty: bool = False, switch: int | None = None) -> None:
     """Generate every item; ``finish(index, text, tokens)`` fires as each one ends (``certainty``: with the
     keyword ``certainty``, the sample's self-certainty from og's logits: engine/generate/choice/certainty.py).
 
     width: greedy requests per batched Generator (1: all go through the rewinding cursor).
     name: how an error names request i. prefix_reuse: False gives each request its own Generator
-    (exact mode, or the generation canary's verdict: engine/generate/canary.py).
+    (exact mode, or the generation canary's verdict: engine/generate/canary.py). switch: a LongRoPE switch
+    (package/reuse.py): a batched Generator would cross it without running its rows again (og does that at
+    batch 1 and 4,097 tokens only), so requests that may cross it go through the cursor, which does.
     """
     batched = [i for i in range(len(items)) if width > 1 and can_batch(*items[i], pad_id)]
+    if switch is not None and batched:  # a batch pads to its longest prompt: bound by the longest of all
+        most = max(items[i][1].max_gen_toks for i in batched)
+        batched = [i for i in batched if len(items[i][0]) + most <= switch]
     singles = sorted(set(range(len(items))) - set(batched), key=lambda i: items[i][0])
     log.info("generate_until: %d requests on the incremental path (%d in batches of up to %d)",
              len(items), len(batched), width)

@@ -135,8 +135,8 @@ class InplaceKV:
                                         for _ in range(2)) for s in self.specs), 0)
 
     def prefix(self, held, length: int, capacity: int):
-        """Fresh buffers holding the first ``length`` tokens of ``held`` (one row)."""
-        kv = self.empty(1, capacity)
+        """Fresh buffers holding the first ``length`` tokens of ``held`` (its rows)."""
+        kv = self.empty(held.layers[0][0].shape[0], capacity)
         for (k, v), (hk, hv) in zip(kv.layers, held.layers, strict=True):
             k[:, :, :length] = hk[:, :, :length]
             v[:, :, :length] = hv[:, :, :length]
@@ -225,8 +225,9 @@ class DeviceKV(InplaceKV):
         return self.KVCache(tuple(tuple(self._fresh(rows, capacity, s) for _ in range(2)) for s in self.specs), 0)
 
     def prefix(self, held, length: int, capacity: int):
-        """Fresh device buffers holding the first ``length`` tokens of ``held`` (one row)."""
-        kv = self.empty(1, capacity)
+        """Fresh device buffers holding the first ``length`` tokens of ``held`` (its rows)."""
+        first = held.layers[0][0]
+        kv = self.empty(int(first.shape[0] if isinstance(first.shape, tuple) else first.shape()[0]), capacity)
         for pair, held_pair in zip(kv.layers, held.layers, strict=True):
             for t, h in zip(pair, held_pair, strict=True):
                 self.copies.fit(h, length, into=t)

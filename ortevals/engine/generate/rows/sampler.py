@@ -52,11 +52,13 @@ from ortevals.engine.generate.rows.batch import Rows, RowSteps, Sample
 from ortevals.engine.generate.rows.cascade_kv import CascadeKV
 from ortevals.engine.generate.rows.kv import CopyKV, choose_kv
 from ortevals.engine.score.prefix import plan_prefixes
+from ortevals.errors import OrtEvalsError
+from ortevals.package.reuse import MIN_PASS_TOKENS, ReusePolicy
 from ortevals.runtime.cascade import GROUPS
 from ortevals.tokens import common_prefix
 
 log = logging.getLogger(__name__)
-MIN_SPLIT = 2  # tokens on each side of a branch point: no one-token pass on a cached past (MatMulNBits graphs)
+MIN_SPLIT = MIN_PASS_TOKENS  # tokens on each side of a branch point (package/reuse.py: no one-token pass)
 FREE_SHARE = 0.8  # of the free memory, for decode KV: the rest for activations, fragmentation, other users
 UNKNOWN_BUDGET = 4 * 2**30  # where free memory cannot be read (say DirectML)
 
@@ -105,12 +107,15 @@ class SharedPromptSampler:
 
     def __init__(self, runner, tokenizer, eos_ids: set[int], exact: bool = False, prefix_cache: bool = True,
                  prefix_min: int = 16, kv_budget_mb: int | None = None,
-                 free_memory: Callable[[], int | None] | None = None, cascade=None, threads: int = 1) -> None:
+                 free_memory: Callable[[], int | None] | None = None, cascade=None, threads: int = 1,
+                 reuse: ReusePolicy | None = None) -> None:
         """kv_budget_mb: decode KV per batch; None: FREE_SHARE of ``free_memory()`` (bytes free where the
         KV lives, read before each job: runtime/memory.py unless given) plus the arenas already held.
         cascade: engine/generate/rows/cascade_kv.py's ``Cascade`` (decode rows on one shared prompt KV;
         never in exact mode).
-        threads: how many threads choose the rows' tokens between passes (the session's own count)."""
+        threads: how many threads choose the rows' tokens between passes (the session's own count).
+        reuse: what held KV may serve (package/reuse.py): a prompt reuses the previous one's KV only within its
+        length class, and rows crossing a LongRoPE switch run their whole sequence again."""
         self.runner, self.tokenizer, self.eos_ids = runner, tokenizer, eos_ids
         self.exact = exact
         self.prefix_cache = prefix_cache and not exact  # a shorter pass may change an exact-mode graph's numbers
@@ -118,6 +123,7 @@ class SharedPromptSampler:
         self.kv_budget = kv_budget_mb * 2**20 if kv_budget_mb else None
         self.free_memory = free_memory
         self.cascade, self.threads = cascade, threads
+        self.reuse = reuse or ReusePolicy()
         self._said_unknown = False
         self.stats = {"prompts": 0, "prompt_tokens": 0, "reused_tokens": 0, "decode_passes": 0,
                       "row_steps": 0, "generated_tokens": 0}
@@ -142,7 +148,12 @@ class SharedPromptSampler:
         """How rows' KV is kept (engine/generate/rows/kv.py): in place on the host where the graph allows it."""
         if self._kv_rows is None:
             self._kv_rows = choose_kv(self.runner)
-            if self.cascade is not None and not self.exact:  # decode rows may share one prompt KV on top of it
+            # decode rows may share one prompt KV on top of it (not across a LongRoPE switch: rows run again there)
+            if self.cascade is not None and self.cascade.mode == "on" and self.reuse.rope_switch is not None:
+                raise OrtEvalsError(f"cascade=on is impossible for this package: its rotary factors switch past "
+                                    f"{self.reuse.rope_switch} tokens (LongRoPE), where decode rows run their whole "
+                                    "sequence again; cascade=auto or off generates without it")
+            if self.cascade is not None and not self.exact and self.reuse.rope_switch is None:
                 self._kv_rows = CascadeKV(self._kv_rows, CopyKV(self.runner), self.cascade)
             log.info("raw path: KV kept %s", self._kv_rows.name)
         # exact mode decodes on the package's own graph: one row per pass, its own prompt KV
@@ -236,7 +247,7 @@ class SharedPromptSampler:
             text = self.tokenizer.decode(list(seq), skip_special_tokens=False)
             return any(u in text for u in settings.until)
 
-        found = beam_search(RawStepModel(self.runner), prompt, settings, self.eos_ids, is_stop).best
+        found = beam_search(RawStepModel(self.runner, self.reuse), prompt, settings, self.eos_ids, is_stop).best
         stream = TextStream(self.tokenizer, settings, self.eos_ids)
         for tok in found.tokens:
             if stream.push(int(tok)):
@@ -297,9 +308,9 @@ class SharedPromptSampler:
 
     def _from_held(self, tokens: tuple[int, ...], capacity: int) -> tuple[int, int, object]:
         """(tokens reused, where this prompt's pass starts, its past): the previous prompt's KV cut to the prefix
-        they share, where it is worth it."""
-        if self.prefix_cache and self._held is not None:
-            common = min(common_prefix(self._held[0], tokens), len(tokens) - 1)  # one new token at least
+        they share, where it is worth it (within its length class, ``MIN_PASS_TOKENS`` of its own to run)."""
+        if self.prefix_cache and self._held is not None and self.reuse.same_class(len(self._held[0]), len(tokens)):
+            common = min(common_prefix(self._held[0], tokens), len(tokens) - MIN_PASS_TOKENS)
             if common >= self.prefix_min:
                 return common, common, self.kv_rows.prefix(self._held[1], common, capacity)
         return 0, 0, self.kv_rows.empty(1, capacity)
@@ -360,27 +371,47 @@ class SharedPromptSampler:
                 continue
             if len(keep) < len(tokens):  # finished rows stop costing at once
                 past = self.kv_rows.keep(past, keep)
-            logits, past = self.kv_rows.run(tokens[keep][:, None], past)
+            if self.reuse.rope_switch is None or self.reuse.same_class(past.length, past.length + 1):
+                logits, past = self.kv_rows.run(tokens[keep][:, None], past)
+            else:  # a LongRoPE switch crossed: the rows run again in one pass, as transformers' Phi-3 does
+                logits, past = self._again(steps)
             self.stats["decode_passes"] += 1
             self.stats["row_steps"] += len(keep)
         self.stats["generated_tokens"] += steps.generated
 
 
+    def _again(self, steps: RowSteps) -> tuple[np.ndarray, object]:
+        """The live rows' whole sequences (prompt and tokens so far, one prompt: equal lengths) in one pass with
+        no past: their logits ``[rows, V]`` and KV, in buffers as long as the prompt pass sized them."""
+        ids = np.asarray([[*g.rows.prompt, *g.streams[r].out] for g in steps.groups for r in g.live], np.int64)
+        logits, kv = CopyKV(self.runner).run(ids, None)
+        first = steps.groups[0].rows
+        return logits, self.kv_rows.prefix(kv, ids.shape[1], len(first.prompt) + first.settings.max_gen_toks + 1)
+
+
 class RawStepModel:
     """engine/generate/search/beam.py's ``StepModel`` on a DecoderRunner: ``start`` prefills the prompt once and
     replicates its KV over ``rows``; ``step`` reorders the rows' KV by ``parents``, then appends
-    ``tokens``. Logits are float32 ``[rows, V]``."""
+    ``tokens`` (past a LongRoPE switch of ``reuse``, the rows' whole sequences run again once). Logits are
+    float32 ``[rows, V]``."""
 
-    def __init__(self, runner) -> None:
+    def __init__(self, runner, reuse: ReusePolicy | None = None) -> None:
         self.kv_rows = CopyKV(runner)  # every step gathers rows by parents: a new cache each step anyway
         self.past = None
+        self.reuse = reuse or ReusePolicy()
+        self.seqs: list[tuple[int, ...]] = []
 
     def start(self, prompt: Sequence[int], rows: int) -> np.ndarray:
         logits, kv = self.kv_rows.run(np.asarray([list(prompt)], dtype=np.int64), None, last=True)
         self.past = self.kv_rows.repeat(kv, rows)
+        self.seqs = [tuple(prompt)] * rows
         return np.repeat(logits, rows, axis=0)
 
     def step(self, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
+        self.seqs = [(*self.seqs[int(p)], int(t)) for p, t in zip(parents, tokens, strict=True)]
+        if not self.reuse.same_class(self.past.length, self.past.length + 1):
+            logits, self.past = self.kv_rows.run(np.asarray(self.seqs, dtype=np.int64), None)
+            return logits
         past = self.kv_rows.keep(self.past, np.asarray(parents, dtype=np.int64))
         logits, self.past = self.kv_rows.run(np.asarray(tokens, dtype=np.int64)[:, None], past)
         return logits

@@ -23,33 +23,44 @@ from collections.abc import Sequence
 import numpy as np
 
 from ortevals.engine.generate.rows.kv import CopyKV
+from ortevals.package.reuse import ReusePolicy
 from ortevals.runtime.buffers import KVCache
 
 
 class RawRowModel:
-    """``RowModel`` on a DecoderRunner (see the module docstring); logits float32 ``[A, V]``."""
+    """``RowModel`` on a DecoderRunner (see the module docstring); logits float32 ``[A, V]``. Rows whose step
+    crosses a LongRoPE switch of ``reuse`` (package/reuse.py) run their whole sequence again, with no past."""
 
-    def __init__(self, runner) -> None:
+    def __init__(self, runner, reuse: ReusePolicy | None = None) -> None:
         self.kv = CopyKV(runner)
         self.rows: list[KVCache] = []
+        self.reuse = reuse or ReusePolicy()
+        self.seqs: list[tuple[int, ...]] = []  # each row's prompt and tokens
         self.stats = {"passes": 0, "prompt_tokens": 0, "tokens_run": 0}
 
     def start(self, prompt: Sequence[int], rows: int) -> np.ndarray:
         logits, kv = self.kv.run(np.asarray([list(prompt)], dtype=np.int64), None, last=True)
         self.rows = [kv] * rows
+        self.seqs = [tuple(prompt)] * rows
         self.stats["passes"] += 1
         self.stats["prompt_tokens"] += len(prompt)
         return np.repeat(logits, rows, axis=0)
 
     def fork(self, parents: np.ndarray) -> None:
         self.rows = [self.rows[int(p)] for p in parents]
+        self.seqs = [self.seqs[int(p)] for p in parents]
 
     def step(self, tokens: np.ndarray, rows: np.ndarray) -> np.ndarray:
         tokens, rows = np.asarray(tokens, dtype=np.int64), np.asarray(rows, dtype=np.int64)
         out: np.ndarray | None = None
+        for a, t in zip(rows, tokens, strict=True):
+            self.seqs[int(a)] = (*self.seqs[int(a)], int(t))
         for members in self._groups(rows):
             past = self._stack([self.rows[int(rows[a])] for a in members])
-            logits, kv = self.kv.run(tokens[members][:, None], past)
+            if self.reuse.same_class(past.length, past.length + 1):
+                logits, kv = self.kv.run(tokens[members][:, None], past)
+            else:  # past the switch: the rows' KV for the long class, as one pass over each would make it
+                logits, kv = self.kv.run(np.asarray([self.seqs[int(rows[a])] for a in members], np.int64), None)
             for j, a in enumerate(members):
                 self.rows[int(rows[a])] = _row(kv, j) if len(members) > 1 else kv
             if out is None:
