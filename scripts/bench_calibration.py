@@ -112,23 +112,26 @@ def ci(x, fmt: str = ".4f") -> str:
 
 
 def markdown(s: dict, n: int) -> str:
+    from ortevals.report.stats import RESAMPLES
+
     lines = [f"First {n} questions of leaderboard_mmlu_pro (5-shot), 95% bootstrap intervals over questions "
-             "(1000 resamples; the temperature's is a one-step bootstrap).", "",
-             "| run | accuracy | ECE | ECE equal-mass | Brier | NLL | AURC | acc @ 50% coverage | AUROC "
-             "| temperature | ECE after T |", "|" + "---|" * 11]
+             f"({RESAMPLES} resamples; the temperature's is a one-step bootstrap).", "",
+             "| run | accuracy | ECE | ECE equal-mass | Brier (multi-class, 0–2) | NLL | AURC | acc @ 50% coverage "
+             "| AUROC | temperature | ECE after T |", "|" + "---|" * 11]
     for name, c in s["runs"].items():
         t = c.temperature
         lines.append(f"| {name} | {c.accuracy:.4f} | {ci(c.ece)} | {ci(c.ece_mass)} | {ci(c.brier)} | "
                      f"{ci(c.nll, '.3f')} | {ci(c.aurc)} | {ci(c.acc_at_half)} | {ci(c.auroc)} | "
                      f"{ci(t.value, '.3f')} | {ci(t.ece)} |")
-    lines += ["", "| pair | Δ ECE | Δ Brier | Δ (confidence − accuracy) | T needed (run / ref) |",
+    lines += ["", "| pair | Δ ECE | Δ Brier (multi-class) | Δ (confidence − accuracy) | T needed (run / ref) |",
               "|---|---|---|---|---|"]
     for pair, d in s["delta"].items():
         lines.append(f"| {pair} | {ci(d.delta_ece, '+.4f')} | {ci(d.delta_brier, '+.4f')} | "
                      f"{ci(d.delta_overconfidence, '+.4f')} | {ci(d.temperature, '.3f')} / "
                      f"{ci(d.ref_temperature, '.3f')} |")
     if s["ptrue"]:
-        lines += ["", "| run | mean P(True) | P(True) AUROC | P(True) ECE | P(True) Brier |", "|---|---|---|---|---|"]
+        lines += ["", "| run | mean P(True) | P(True) AUROC | P(True) ECE | P(True) Brier (binary, 0–1) |",
+                  "|---|---|---|---|---|"]
         for name, p in s["ptrue"].items():
             lines.append(f"| {name} | {p.mean:.4f} | {ci(p.auroc)} | {ci(p.ece)} | {ci(p.brier)} |")
     return "\n".join(lines) + "\n"

@@ -164,3 +164,11 @@ def tiny_orm(fixture_cache, tiny) -> tuple[Path, Path]:
     from tests.fixtures.orm import build_orm
 
     return build_orm(fixture_cache, tiny[0])
+
+
+@pytest.fixture(scope="session")
+def tiny_orm2(fixture_cache, tiny) -> tuple[Path, Path]:
+    """(hf_dir, onnx_dir) of the tiny two-label sequence classifier (softmax; label 1 the right answer's)."""
+    from tests.fixtures.orm import build_orm
+
+    return build_orm(fixture_cache, tiny[0], labels=2)

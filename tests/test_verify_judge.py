@@ -134,9 +134,10 @@ def test_cli_genai_judge(tiny_pkg, tmp_path):
 
 
 def test_search_weights_a_judges_p_true_as_a_probability(tiny_pkg, tiny_orm):
-    """--search with a GenAI judge: particle weights from logit(P(True)), as for self; a classifier's raw score."""
+    """--search with a GenAI judge: particle weights from logit(P(True)), as for self; a classifier's too (its score
+    is a probability now: runtime/reward.py)."""
     kinds = {}
     for spec in (str(tiny_pkg), str(tiny_orm[1])):
         lm = OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg), search="particles", verifier=spec))
         kinds[spec] = lm.run.search_reward
-    assert kinds == {str(tiny_pkg): "logit", str(tiny_orm[1]): "raw"}
+    assert kinds == {str(tiny_pkg): "logit", str(tiny_orm[1]): "logit"}

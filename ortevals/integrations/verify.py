@@ -35,6 +35,7 @@ from typing import Any, Protocol
 
 import numpy as np
 from lm_eval.api.instance import Instance
+from tqdm import tqdm
 
 from ortevals.engine.generate.search.prm import TextPrm
 from ortevals.errors import PackageError
@@ -60,6 +61,7 @@ class Verifier(Protocol):
     name: str
     kind: str  # "self", "genai" or "classifier"
     params: int  # the weights its model holds (report/compute.py's verifier FLOPs)
+    meaning: str  # what a score is: a probability that the answer is right, and how it is made
 
     def score_texts(self, context: str, answers: Sequence[str]) -> np.ndarray:
         """``[N]`` a score per answer (higher: more likely right)."""
@@ -92,6 +94,8 @@ class SelfVerifier:
     """P(True) of each answer on a package's run: the package being evaluated (``self``, its own engine and
     result store) or a GenAI judge package (:func:`open_judge`)."""
 
+    meaning = "P(True): expit(log p(' (A)') - log p(' (B)'))"
+
     def __init__(self, model: PTrueModel, name: str = "self", kind: str = "self") -> None:
         self.model, self.name, self.kind = model, name, kind
         self.params = model.params
@@ -123,6 +127,7 @@ class OrmVerifier:
 
     def __init__(self, model: RewardModel) -> None:
         self.model, self.name, self.params = model, str(model.path), model.params
+        self.meaning = model.head.describe()
 
     def score_texts(self, context: str, answers: Sequence[str]) -> np.ndarray:
         return self.model.score([context + a for a in answers])
@@ -177,6 +182,7 @@ class Verified:
     name: str
     kind: str = "self"
     params: int = 0
+    meaning: str = ""  # what a score is (the verifier's ``meaning``)
     scores: dict[Key, list[float]] = field(default_factory=dict)
     steps: dict[Key, list[list[float]]] = field(default_factory=dict)
     tokens: int = 0
@@ -199,18 +205,25 @@ def questions_of(results: dict[str, Any], tasks: Sequence[str]) -> list[Question
 
 
 def verify_run(verifier: Verifier, questions: Sequence[Question], prm: bool = False,
-               separator: str = "\n\n") -> Verified:
+               separator: str = "\n\n", progress: bool = True) -> Verified:
     """Every question's answers scored, one scorer call per question: the outcome scores, or with ``prm`` the
-    step scores (the outcome score is the last step's: that prefix is the whole answer)."""
-    out = Verified(verifier.name, verifier.kind, verifier.params)
+    step scores (the outcome score is the last step's: that prefix is the whole answer); a progress bar of
+    answers scored (``progress``) as the generation before it has."""
+    out = Verified(verifier.name, verifier.kind, verifier.params, verifier.meaning)
     before, start = verifier.tokens_run, time.perf_counter()
     steps = TextPrm(verifier.score_texts, separator)
-    for q in questions:
-        if prm:
-            out.steps[q.key] = steps.step_scores(q.context, q.answers)
-            out.scores[q.key] = [s[-1] for s in out.steps[q.key]]
-        else:
-            out.scores[q.key] = [float(x) for x in verifier.score_texts(q.context, q.answers)]
+    bar = tqdm(total=sum(len(q.answers) for q in questions), desc=f"verifier {verifier.name}", unit="answer",
+               disable=not progress, dynamic_ncols=True, smoothing=0.1)  # minutes on a long run: a bar as the rest
+    try:
+        for q in questions:
+            if prm:
+                out.steps[q.key] = steps.step_scores(q.context, q.answers)
+                out.scores[q.key] = [s[-1] for s in out.steps[q.key]]
+            else:
+                out.scores[q.key] = [float(x) for x in verifier.score_texts(q.context, q.answers)]
+            bar.update(len(q.answers))
+    finally:
+        bar.close()
     out.tokens, out.seconds = verifier.tokens_run - before, time.perf_counter() - start
     log.info("verifier %s: %d questions, %d tokens run, %.1f s", verifier.name, len(questions), out.tokens,
              out.seconds)

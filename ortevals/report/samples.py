@@ -1,17 +1,19 @@
 """``--samples K``: inference-time scaling as an evaluation mode, scored after the run.
 
 The task configs were rewritten before the run (``repeats: K`` and sampling settings:
-:func:`ortevals.tasks.with_samples`). Owns what the samples score after it: each sample's
-answer through the task's own filter chain (``take_first`` and ``majority_vote`` left out, so
-every sample keeps its own answer), its correctness by the task's ``exact_match`` settings, its
-log-prob per scored token (the whole sequence, EOS included: :func:`best_of_k_score`) and token
-count (stored by the model, resumed runs included), then maj@k / pass@k / best-of-k for
-k = 1, 2, 4, … K (:mod:`ortevals.report.scaling`), and where a verifier ran (integrations/verify.py)
-or generation kept self-certainty (raw and og paths, Ray workers) the selectors of
-:mod:`ortevals.report.selection` (``bon@k``, ``weighted_maj@k``, PRM variants, ``bon_certainty@k``),
-into results.json's per-task results in lm-eval's layout (``maj@4,custom-extract``,
-``maj@4_stderr,custom-extract``), and the plots (``scaling.png``, ``compute.png``).
-Each question's samples-file record gains ``sample_tokens``, ``verifier_scores`` and ``filtered_resps``.
+:func:`ortevals.tasks.with_samples`). Owns what the samples score after it: each sample's answer
+through the task's own filter chain (``take_first`` and ``majority_vote`` left out, so every sample
+keeps its own answer; ``take_first_k`` kept, and every per-sample number of that filter cut to the
+same first k samples: each filter is scored on exactly the samples it keeps), its correctness by the
+task's ``exact_match`` settings, its log-prob per scored token (the whole sequence, EOS included:
+:func:`best_of_k_score`) and token count (stored by the model, resumed runs included), then maj@k /
+pass@k / best-of-k for k = 1, 2, 4, … K (:mod:`ortevals.report.scaling`), and where a verifier ran
+(integrations/verify.py) or generation kept self-certainty (raw and og paths, Ray workers) the
+selectors of :mod:`ortevals.report.selection` (``bon@k``, ``weighted_maj@k``, PRM variants,
+``bon_certainty@k``, each with its ``_avg`` twin), into results.json's per-task results in lm-eval's
+layout (``maj@4,custom-extract``, ``maj@4_stderr,custom-extract``), and the plots (``scaling.png``,
+``compute.png``). Each question's samples-file record gains ``sample_tokens``, ``verifier_scores`` and
+``filtered_resps``.
 
 What it knows of the run that generated the samples comes in a :class:`SampleFacts` (built by the run's
 owner: ``OrtLM.sample_facts``), never from the model object itself.
@@ -46,7 +48,8 @@ class SampleFacts:
 
 
 def sample_answers(cfg: dict, texts: Sequence[str], doc: dict) -> dict[str, list]:
-    """Per filter of the task: each sample's answer, ``None`` where nothing was extracted."""
+    """Per filter of the task: the answer of each sample it keeps (all K, or the first k of its ``take_first_k``),
+    ``None`` where nothing was extracted."""
     import lm_eval.filters  # noqa: F401  (registers the filters)
     from lm_eval.api.registry import get_filter
 
@@ -148,9 +151,12 @@ def _question(cfg: dict, s: dict, facts: SampleFacts, args: tuple | None, first:
     verifier = _tuple(scores.get(key))
     extra = {"verifier": verifier, "certainty": None if None in certainty else tuple(certainty),
              "steps": None if key not in steps else tuple(tuple(x) for x in steps[key])}
-    questions = {name: ScoredQuestion(QuestionSamples(tuple(answers), tuple(is_correct(cfg, answers, s["target"])),
-                                                      mean_lp, tokens), **extra)
-                 for name, answers in sample_answers(cfg, texts, s["doc"]).items()}
+    questions = {}
+    for name, answers in sample_answers(cfg, texts, s["doc"]).items():
+        n = len(answers)  # the samples this filter keeps: every per-sample number cut to the same first n
+        kept = {k: None if v is None else v[:n] for k, v in extra.items()}
+        questions[name] = ScoredQuestion(QuestionSamples(tuple(answers), tuple(is_correct(cfg, answers, s["target"])),
+                                                         None if mean_lp is None else mean_lp[:n], tokens[:n]), **kept)
     return questions, tokens, verifier
 
 
@@ -162,10 +168,12 @@ def add_scaling(results: dict, configs: Sequence[dict], facts: SampleFacts, outp
                 verified: Verdicts | None = None) -> list:
     """maj@k / pass@k / best@k, and the selectors the run has scores for (bon@k, weighted_maj@k, the PRM
     variants with ``verified``; bon_certainty where every sample has its self-certainty: report/selection.py)
-    into ``results["results"][task]`` (every filter), and over all tasks' questions pooled (first filter of
-    each) into ``results["scaling"]`` with Brown et al.'s coverage fit, pooled and per task (first filter),
-    plotted to ``output/scaling.png`` and ``output/compute.png``. Returns the pooled curve points."""
+    into ``results["results"][task]`` (every filter, each on the samples it keeps), and over all tasks' questions
+    pooled (of each task the first filter that keeps every sample) into ``results["scaling"]`` with Brown et
+    al.'s coverage fit, pooled and per task (that filter), plotted to ``output/scaling.png`` and
+    ``output/compute.png``. Returns the pooled curve points."""
     from ortevals.report.compute import coverage_record
+    from ortevals.report.results import DEFINITIONS
     from ortevals.report.scaling import lm_eval_metrics, scaling_curves
     from ortevals.report.selection import selection_curves
 
@@ -176,18 +184,24 @@ def add_scaling(results: dict, configs: Sequence[dict], facts: SampleFacts, outp
         samples = results.get("samples", {}).get(name)
         if not cfg.get("repeats") or not samples:
             continue
-        for i, (filt, questions) in enumerate(task_questions(cfg, samples, facts, verified).items()):
+        by_filter = task_questions(cfg, samples, facts, verified)
+        widest = max(by_filter, key=lambda f: len(by_filter[f][0].samples.answers))  # the first keeping all K
+        for filt, questions in by_filter.items():
             points = scaling_curves([q.samples for q in questions]) + selection_curves(questions)
             results["results"].setdefault(name, {}).update(lm_eval_metrics(points, filt))
-            if i == 0:  # the task's first filter, as pooled
+            if filt == widest:  # the task's first filter that keeps every sample, as pooled
                 pooled.extend(questions)
                 fits[name] = coverage_record(points)
+    if len({len(q.samples.answers) for q in pooled}) > 1:
+        log.warning("--samples: the tasks keep different numbers of samples; no pooled scaling table")
+        return []
     if not pooled:
         return []
     points = scaling_curves([q.samples for q in pooled]) + selection_curves(pooled)
     results["scaling"] = {"questions": len(pooled), "samples": len(pooled[0].samples.answers),
                           "points": [p.__dict__ for p in points], "coverage_fit": coverage_record(points),
-                          "coverage_fit_by_task": fits}
+                          "coverage_fit_by_task": fits,
+                          "estimators": {n: d for n, d in DEFINITIONS.items() if any(p.estimator == n for p in points)}}
     if unknown := sum(q.certainty is None for q in pooled):  # bon_certainty needs every sample's
         results["scaling"]["bon_certainty_missing"] = (
             f"{unknown} of {len(pooled)} questions have a sample without self-certainty (generated on the media "
@@ -210,4 +224,5 @@ def _scaling_plots(results: dict, points: list, parameters: int, output: Path) -
     cost = run_cost(parameters, results.get("verifier"))
     scaling["cost"] = cost.__dict__
     fit = fit_pass_curve(points) if scaling["coverage_fit"]["a"] is not None else None
-    compute_plot(compute_points(points, cost), output / "compute.png", title, fit)
+    standard = [p for p in points if not p.estimator.endswith("_avg")]  # one line per method, the names' own
+    compute_plot(compute_points(standard, cost), output / "compute.png", title, fit)

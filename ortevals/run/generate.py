@@ -7,10 +7,18 @@ onnxruntime, engine/generate/rows/sampler.py, or onnxruntime-genai's Generators)
 canary's plan per path (engine/generate/canary.py), made once per run and joined to the run's
 mode, the raw path's sampler on the log-likelihood path's runner, a worker pool when the run has
 one, and each finished text: the store, each sample's log-prob, the stats and a progress bar.
+
+:func:`decode_plan` resolves, when the run opens, what decides which rows decode together (the decode
+budget, and ``cascade=auto``'s choice) from the memory the device holds, not from what is free when a
+batch starts: both go into the run's scope, so a stored sample is a function of it. (On the cascade
+graph a row's log-probs move by up to ~3e-5 with the number of rows sharing its prompt on
+SmolLM2-135M fp32, enough to change a sampled token now and then; the plain path's rows are
+bit-equal whatever the batch.)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -23,17 +31,35 @@ from ortevals.engine.generate.choice.settings import GenSettings, parse_gen_kwar
 from ortevals.engine.generate.og.loops import request_name
 from ortevals.engine.generate.og.schedule import run_generation
 from ortevals.engine.generate.rows.cascade_kv import Cascade, CascadeKV, decoder_bytes
-from ortevals.engine.generate.rows.sampler import SharedPromptSampler, run_sampling
+from ortevals.engine.generate.rows.sampler import FREE_SHARE, UNKNOWN_BUDGET, SharedPromptSampler, run_sampling
 from ortevals.engine.score.scoring import describe_request, fits
 from ortevals.errors import OrtEvalsError
 from ortevals.files import cache_root
-from ortevals.runtime.memory import free_bytes
+from ortevals.runtime.memory import total_bytes
 from ortevals.runtime.providers import default_threads
+from ortevals.runtime.sessions import BIND_DEVICES
 
 log = logging.getLogger(__name__)
 # where ortevals differs on purpose, the output says so (the summary's mode line, results' config)
 CASCADE_MODE = ("sample rows on one shared prompt KV (cascade: attention summed in another order, ~1e-6 in "
                 "log-probs; cascade=off decodes as each row alone)")
+
+
+def decode_plan(args, package, provider):
+    """``args`` with ``decode_budget_mb`` (given, else FREE_SHARE of the memory the device holds where the KV
+    lives; UNKNOWN_BUDGET where that cannot be read) and ``cascade`` (``auto`` becomes ``off`` where a second
+    session of the decoder would take more than half of what that memory holds beside the first) resolved:
+    the same on every run on one machine, and recorded in the run's scope."""
+    device = BIND_DEVICES.get(provider.name, "cpu") if provider.on_device else "cpu"
+    total = total_bytes(device, int(provider.raw_options.get("device_id", 0) or 0))
+    budget = args.decode_budget_mb or int((FREE_SHARE * total if total else UNKNOWN_BUDGET) // 2**20)
+    cascade = args.cascade
+    if cascade == "auto" and total is not None and 3 * decoder_bytes(package) > total:
+        log.info("cascade off: a second session of the decoder (%.1f MiB of weights) would take more than half of "
+                 "the %.1f MiB the %s holds beside the first; each decode row keeps its own copy of the prompt KV",
+                 decoder_bytes(package) / 2**20, total / 2**20, device)
+        cascade = "off"
+    return dataclasses.replace(args, decode_budget_mb=budget, cascade=cascade)
 
 
 def gen_settings(run, gen_kwargs: dict) -> GenSettings:
@@ -130,12 +156,13 @@ class Generation:
             run.set_mode("cascade", CASCADE_MODE)
 
     def _search(self, items, keys: list[list], finish, path: str) -> None:
-        from ortevals.run.search import run_search
+        from ortevals.run.search import run_search, search_mode
 
         run = self.run
         if path != "raw" or run.pool is not None:  # OrtLM checks it at open; a Run driven otherwise too
             raise OrtEvalsError(f"--search {run.args.search} runs on the raw path in this process; this run "
                                 "generates on onnxruntime-genai or on workers (gen_path=raw, no --workers)")
+        run.set_mode("generate_until", search_mode(run.args))  # the mode line says a search ran, and which
         run_search(self.run, self.sampler().runner, items, keys, lambda i, text, n: finish(i, text, n))
 
     def _og(self, runner, items, keys: list[list], finish, name) -> None:
@@ -172,12 +199,13 @@ class Generation:
             prefill = run.backends.prefill
             runner = prefill.runner
             opener = functools.partial(runner.cascade, run.backends.provider, cache_root())
-            cascade = Cascade(run.args.cascade, opener, decoder_bytes(run.package),
-                              functools.partial(free_bytes, runner.bind_device or "cpu", runner.device_id))
+            # auto's memory rule was applied when the run opened (decode_plan), never against free memory here
+            cascade = Cascade(run.args.cascade, opener, decoder_bytes(run.package))
             self._sampler = SharedPromptSampler(
                 runner, run.tokenizer, {run.eot_token_id, *run.package.eos_token_ids},
-                exact=prefill.settings.exact, prefix_cache=run.args.prefix_cache, cascade=cascade,
-                threads=_choice_threads(run.backends.provider), reuse=prefill.settings.reuse)
+                exact=prefill.settings.exact, prefix_cache=run.args.prefix_cache,
+                kv_budget_mb=run.args.decode_budget_mb, cascade=cascade, threads=_choice_threads(run.backends.provider),
+                reuse=prefill.settings.reuse)
         if run.backends.exact and not self._sampler.exact:  # the log-likelihood canary tripped since
             self._sampler.exact, self._sampler.prefix_cache = True, False
         return self._sampler

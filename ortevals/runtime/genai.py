@@ -196,7 +196,9 @@ def og_config(og, package: ModelPackage, provider: ProviderConfig, sections: tup
             for key, value in settings["provider_options"].items():
                 config.set_provider_option(settings["provider"], key, value)
         except Exception as e:
-            raise ProviderError(f"onnxruntime-genai cannot use provider {provider.name!r}: {e}") from None
+            raise ProviderError(f"onnxruntime-genai cannot use provider {provider.name!r}: {first_line(e)}; pass --ep "
+                                "cpu (model_args ep=cpu) to run on the CPU, or install the onnxruntime-genai "
+                                "package built for it") from None
     config.overlay(json.dumps(settings["overlay"]))
     return config
 

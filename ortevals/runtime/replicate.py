@@ -25,7 +25,7 @@ import numpy as np
 
 from ortevals.install import import_ort
 from ortevals.runtime.buffers import KVView
-from ortevals.runtime.opening import check_provider
+from ortevals.runtime.opening import create_session
 from ortevals.runtime.providers import ProviderConfig
 
 
@@ -96,16 +96,18 @@ class Replicator:
             [helper.make_tensor_value_info("y", elem_type, ["b", *(f"y{i}" for i in range(1, rank))])])
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
         model.ir_version = 8  # readable by every onnxruntime ortevals supports
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # Identity must stay a copy
-        so.log_severity_level = 2
-        so.intra_op_num_threads = 1
-        providers = [(self.provider.ort_name, self.provider.raw_options)]
-        if self.provider.name != "cpu":
-            providers.append(("CPUExecutionProvider", {}))
-        session = ort.InferenceSession(model.SerializeToString(), so, providers=providers)
-        check_provider(session, self.provider, "replicate_past (built-in graph)")
-        return session
+
+        def options(config: dict[str, str]):
+            so = ort.SessionOptions()
+            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # Identity must stay a copy
+            so.log_severity_level = 2
+            so.intra_op_num_threads = 1
+            for key, value in config.items():  # the CPU fallback refused on a device (runtime/placement.py)
+                so.add_session_config_entry(key, value)
+            return so
+
+        return create_session(model.SerializeToString(), self.provider, options, {},
+                              f"replicate_past {op} (built-in graph)")
 
 
 def _nodes(op: str) -> list:

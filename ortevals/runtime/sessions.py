@@ -34,10 +34,11 @@ from ortevals.runtime.buffers import (
     host_float32,
 )
 from ortevals.runtime.cascade import PromptBinding, cascade_decoder
-from ortevals.runtime.checks import check_dtypes, package_dtypes, symbolic_mismatch
+from ortevals.runtime.checks import check_dtypes, package_dtypes
 from ortevals.runtime.derive import GREEDY, LOGPROBS, POSITIONS, TARGETS, derived_decoder
 from ortevals.runtime.meter import PassMeter, boot_clock
 from ortevals.runtime.opening import open_session
+from ortevals.runtime.pass_errors import kernel_limit, symbolic_mismatch
 from ortevals.runtime.providers import ProviderConfig
 from ortevals.runtime.replicate import Replicator
 
@@ -48,7 +49,7 @@ class DecoderRunner:
     """Forward passes through embedding → decoder. Build with :meth:`open`."""
 
     def __init__(self, package: ModelPackage, decoder, embedding=None, bind_device: str | None = None,
-                 device_id: int = 0, replicator=None) -> None:
+                 device_id: int = 0, replicator=None, meter: PassMeter | None = None) -> None:
         self.package = package
         self.decoder = decoder
         self.embedding = embedding
@@ -63,7 +64,8 @@ class DecoderRunner:
         self.gathers_positions = POSITIONS in self._dec_inputs
         self.scores_in_graph = TARGETS in self._dec_inputs
         self._emb_passthrough = self._embedding_outputs() if embedding is not None else ()
-        self.meter = PassMeter()  # every pass's tokens and seconds (runtime/meter.py), the probe's excluded
+        # every pass's tokens and seconds (runtime/meter.py), the probe's excluded; shared with the cascade runner
+        self.meter = meter if meter is not None else PassMeter()
         self._prompts: PromptBinding | None = None  # the cascade graph's kept binding, on its first pass
 
     @classmethod
@@ -99,7 +101,8 @@ class DecoderRunner:
         try:
             logits, present = self.forward(np.zeros((1, 2), np.int64), np.ones((1, 2), np.int64), want_present=True)
         except PackageError as e:
-            raise symbolic_mismatch(self.package, getattr(e, "ort_message", None)) or e from None
+            said = getattr(e, "ort_message", None)  # runtime/pass_errors.py: a kernel's limit, or the config
+            raise kernel_limit(self.package, self.decoder, said) or symbolic_mismatch(self.package, said) or e from None
         if logits.shape[-1] != self.package.vocab_size:
             raise PackageError(f"{cfg}: model.vocab_size={self.package.vocab_size} but the decoder returned "
                                f"logits of width {logits.shape[-1]}; config and graph must agree")
@@ -176,8 +179,9 @@ class DecoderRunner:
             self.meter.record(*input_ids.shape, _past_len(past) > 0, started, time.perf_counter() - clock)
             return outs
         except Exception as e:  # onnxruntime's own error types; name the model and the likely cause
-            err = PackageError(f"{self.package.decoder.path}: onnxruntime failed to run the decoder: "
-                               f"{first_line(e)} (does genai_config.json match the graph?)")
+            limit = kernel_limit(self.package, self.decoder, first_line(e))
+            err = limit or PackageError(f"{self.package.decoder.path}: onnxruntime failed to run the decoder: "
+                                        f"{first_line(e)} (does genai_config.json match the graph?)")
             err.ort_message = first_line(e)  # the probe turns it into a config-vs-graph message
             raise err from None
 
@@ -233,14 +237,8 @@ class DecoderRunner:
         ort = import_ort()
         if self.package.recurrent:  # state read and written in one buffer: never checked (rows/kv.py: CopyKV)
             raise PackageError(f"{self.package.decoder.path}: no shared past/present buffer with recurrent state")
-        if prompts is None:
-            mask = np.ones((input_ids.shape[0], past.length + input_ids.shape[1]), dtype=np.int64)
-        else:
-            lengths = np.repeat([p.length + held for p, _, held in prompts], [n for _, n, _ in prompts])
-            lengths += input_ids.shape[1]
-            mask = (np.arange(lengths.max()) < lengths[:, None]).astype(np.int64)
         feeds = self._token_feeds(input_ids) | self._gather_feeds(input_ids, positions)
-        feeds.update(self._mask_feeds(input_ids.shape, mask, past))
+        feeds.update(self._mask_feeds(input_ids.shape, _inplace_mask(input_ids, past, prompts), past))
         if prompts is None:
             binding = self.decoder.io_binding()
         else:  # the shared prompts stay bound from pass to pass (runtime/cascade.py)
@@ -256,9 +254,10 @@ class DecoderRunner:
                 binding.bind_cpu_input(name, np.ascontiguousarray(value))
         _bind_past(binding, self.package, past)
         started, clock = boot_clock(), time.perf_counter()
-        try:
+        try:  # a pass over shared prompts reads their KV: a decode step even where the rows hold no token yet
             self.decoder.run_with_iobinding(binding)
-            self.meter.record(*input_ids.shape, _past_len(past) > 0, started, time.perf_counter() - clock)
+            self.meter.record(*input_ids.shape, _past_len(past) > 0 or bool(prompts), started,
+                              time.perf_counter() - clock)
         except Exception as e:
             raise PackageError(f"{self.package.decoder.path}: onnxruntime failed to run the decoder with a "
                                f"shared KV buffer: {first_line(e)}") from None
@@ -271,8 +270,7 @@ class DecoderRunner:
         session = open_session(self.package.decoder, provider, cascade_decoder(self.package, cache),
                                stop_spinning=True)
         log.info("opened the cascade decode graph of %s", self.package.decoder.path.name)
-        return DecoderRunner(self.package, session, self.embedding, self.bind_device, self.device_id,
-                             self.replicator)
+        return CascadeRunner(self, session)
 
     def repeat_past(self, past: KVCache, batch: int) -> KVCache:
         """``past`` of one row (``[1,H,T,D]`` per layer) replicated to ``[batch,H,T,D]``.
@@ -394,6 +392,34 @@ def _bind_past(binding, package: ModelPackage, past: KVCache) -> None:
 
 BIND_DEVICES = {"cpu": "cpu", "cuda": "cuda", "tensorrt": "cuda", "nvtensorrtrtx": "cuda", "rocm": "cuda",
                 "dml": "dml"}
+
+
+class CascadeRunner(DecoderRunner):
+    """A runner over the cascade decode graph whose passes are metered with its parent's (the run's meter, even
+    when the run hands the parent another meter after the cascade opened): the same package and sessions."""
+
+    def __init__(self, parent: DecoderRunner, session) -> None:
+        self._parent = parent  # first: the constructor below sets ``meter`` (the parent's own, unchanged)
+        super().__init__(parent.package, session, parent.embedding, parent.bind_device, parent.device_id,
+                         parent.replicator, parent.meter)
+
+    @property
+    def meter(self) -> PassMeter:
+        return self._parent.meter
+
+    @meter.setter
+    def meter(self, value: PassMeter) -> None:
+        self._parent.meter = value
+
+
+def _inplace_mask(input_ids: np.ndarray, past, prompts) -> np.ndarray:
+    """:meth:`DecoderRunner.forward_inplace`'s mask: all ones over past + new tokens, or with shared prompts each
+    row's prompt + its own held tokens + the new ones, right-padded."""
+    if prompts is None:
+        return np.ones((input_ids.shape[0], past.length + input_ids.shape[1]), dtype=np.int64)
+    lengths = np.repeat([p.length + held for p, _, held in prompts], [n for _, n, _ in prompts])
+    lengths += input_ids.shape[1]
+    return (np.arange(lengths.max()) < lengths[:, None]).astype(np.int64)
 
 
 def _past_len(past) -> int:

@@ -153,7 +153,9 @@ class Step:
 
 
 def aggregate(scores: Sequence[float], how: str) -> float:
-    """One score from a solution's step scores: the last, the smallest, or their product."""
+    """One score from a solution's step scores: the last, the smallest, or their product (of probabilities:
+    a step score outside [0, 1] is a one-line error there, as two negative logits would multiply to a
+    large positive score)."""
     if not len(scores):
         raise ValueError("a PRM returned no step score")
     if how == "last":
@@ -161,6 +163,9 @@ def aggregate(scores: Sequence[float], how: str) -> float:
     if how == "min":
         return float(min(scores))
     if how == "prod":
+        if not all(0.0 <= s <= 1.0 for s in scores):
+            raise ValueError(f"prm_aggregation=prod multiplies step scores as probabilities; got "
+                             f"{[float(s) for s in scores]}, outside [0, 1]")
         return float(math.prod(scores))
     raise ValueError(f"unknown PRM aggregation {how!r}; expected one of {', '.join(AGGREGATIONS)}")
 
