@@ -28,11 +28,17 @@ weights), says where that holds; the engines ask it and decide nothing of their 
   CPU), no prefix is shared at all. onnxruntime's windowed attention reading a past from its buffer is not
   bit-identical to the same positions inside one pass (about 1e-7 in a layer's output; 2e-6 in fp32 logits
   on a tiny Gemma 3), and the next layer's int8 rounding turns that into a different quantization step now
-  and then: 0.017 nats off one pass on the tiny Gemma 3 int4 of the parity matrix, with the canary clean.
+  and then: 0.017 nats off one pass on the tiny Gemma 3 int4 of the parity matrix, with the canary clean;
+* **recurrent and convolution state** (hybrid decoders: LFM2's short convolutions, Qwen3.5's gated
+  delta-net layers; package/state.py): the state after a token summarises every token before it, so it is
+  the state of exactly the position where it was made and is never cut (:meth:`ReusePolicy.cut_exact`: only
+  to its own length). The prefill plan computes each prefix to its own depth and reuses it as it is; raw
+  generation keeps the state at the prompts' branch points; onnxruntime-genai rewinds it only to a
+  ``snapshot_state``. Splitting a sequence into passes that hand the state on is exact (2 new tokens a pass
+  at least, as for KV).
 
 Policy objects are frozen and compare by value; they are part of the engines' settings, so canary verdicts
-kept in the result store are keyed by them too. Other kinds of state (recurrent and convolution state, which
-is valid only at the exact position it was made) belong here as further fields.
+kept in the result store are keyed by them too.
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ class ReusePolicy:
     capacity: int | None = None  # C: rows of a windowed layer's buffer as the raw path sizes it
     refused: str = ""  # why nothing may be reused (the graph switches on the length at a threshold not read)
     unshared: str = ""  # why no prefix's KV may serve later passes (windowed layers under int8 activations)
+    recurrent: bool = False  # a hybrid's recurrent/convolution state: valid only where it was made, never cut
 
     def length_class(self, total: int) -> int:
         """0 for sequences of up to ``rope_switch`` tokens (or any without a switch), 1 past it."""
@@ -80,7 +87,10 @@ class ReusePolicy:
 
     def cut_exact(self, held: int, length: int) -> bool:
         """Whether a past of ``held`` tokens cut to its first ``length`` has every position a ``length``-token
-        past holds: always on full pasts; on windowed layers while those positions are still resident."""
+        past holds: always on full pasts; on windowed layers while those positions are still resident; never
+        to fewer tokens with recurrent state (the state after ``held`` tokens is not the one after ``length``)."""
+        if self.recurrent and length != held:
+            return False
         if self.window is None or length >= held:
             return length <= held
         return length - self.resident(length) >= held - self.resident(held)
@@ -89,18 +99,22 @@ class ReusePolicy:
         parts = [f"rotary factors switch past {self.rope_switch} tokens"] if self.rope_switch is not None else []
         if self.window is not None:
             parts.append(f"windowed sliding-layer cache (window {self.window}, {self.capacity} rows)")
+        if self.recurrent:
+            parts.append("recurrent state (reused only where it was made)")
         return "; ".join(parts + [r for r in (self.refused, self.unshared) if r]) or "plain KV cache"
 
 
 def reuse_policy(package) -> ReusePolicy:
-    """The policy of a :class:`~ortevals.package.loader.ModelPackage`: the decoder graph's length switch and
-    its windowed layers (their buffers sized as the raw path sizes them: ``KVSpec.window`` rows)."""
+    """The policy of a :class:`~ortevals.package.loader.ModelPackage`: the decoder graph's length switch, its
+    windowed layers (their buffers sized as the raw path sizes them: ``KVSpec.window`` rows) and whether it
+    carries recurrent state."""
     switch, refused, windows, int8 = graph_switches(package.decoder.path)
     capacity = min((s.window for s in package.kv if s.window), default=None)
     window = min(windows, default=capacity) if capacity is not None else None
     unshared = ("windowed sliding-layer caches under int8 activations (MatMulNBits accuracy_level=4): a "
                 "shared prefix's past is not bit-identical to one pass there" if window is not None and int8 else "")
-    return ReusePolicy(switch, window, capacity, refused, unshared)
+    return ReusePolicy(switch, window, capacity, refused, unshared,
+                       recurrent=bool(getattr(package, "recurrent", False)))
 
 
 @functools.lru_cache(maxsize=16)

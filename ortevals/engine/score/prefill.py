@@ -365,9 +365,9 @@ class PrefillEngine:
 
 
 def _repeat_host(past, batch: int):
-    """A numpy KVCache's rows repeated ``batch`` times (runners without ``repeat_past``)."""
-    layers = tuple(tuple(np.repeat(t, batch, axis=0) for t in pair) for pair in past.layers)
-    return type(past)(layers, past.length)
+    """A numpy KVCache's rows (KV and any recurrent state) repeated ``batch`` times (runners without
+    ``repeat_past``)."""
+    return past.rows(lambda t: np.repeat(t, batch, axis=0))
 
 
 def _depth(stack, plan: PrefixPlan) -> int:
