@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (markdown table rows)
 """Write docs/support.md (and docs/support.json) from the parity matrix's results.
 
 The matrix (tests/test_matrix.py) records every architecture × precision × path it ran in ``results.json``
