@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""GPU benchmark (issue 21): ortevals, lm-eval ``hf`` and lm-eval ``onnxruntime-genai`` side by side, one run.
+"""GPU benchmark: ortevals, lm-eval ``hf``, ``onnxruntime-genai`` and ``onnxruntime`` side by side, one run.
 
 For each model (``--models arch:params:precision,…``, built where it runs by scripts/gpu/make_model.py:
 random weights, a transformers checkpoint for hf and the onnxruntime-genai builder's package of the same
@@ -39,7 +39,8 @@ sys.path[:0] = [str(REPO), str(REPO / "scripts"), str(REPO / "scripts" / "gpu")]
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-BACKENDS = ("ortevals", "hf", "og")  # og = lm-eval's onnxruntime-genai backend
+BACKENDS = ("ortevals", "hf", "og", "ort")  # og, ort: lm-eval's onnxruntime-genai and onnxruntime backends
+SLOW = ("og", "ort")  # batch 1, a pass per request: run on --og-limit questions
 PYTHON = [sys.executable, *(["-S"] if sys.flags.no_site else [])]  # children see what this process sees
 
 
@@ -140,7 +141,7 @@ def run_ll(m: dict, built: dict, args, hf_cache: dict) -> dict:
     capture = Path(tempfile.gettempdir()) / f"ortevals-oracle-{os.getpid()}-{m['name']}.json"  # not in --out
     out = {}
     for backend in args.backends:
-        limit = args.og_limit if backend == "og" else args.limit
+        limit = args.og_limit if backend in SLOW else args.limit
         key = (built["hf"], dtype, limit)
         if backend == "hf" and key in hf_cache:  # fp16 and int4 of one model share the fp16 hf run
             out[backend] = {**hf_cache[key], "reused_from": hf_cache[key]["model"]}
@@ -290,9 +291,10 @@ def parse_args(argv=None):
     ap.add_argument("--models", default=None, help="ARCH:PARAMS:PRECISION,… (cuda: qwen3:1.5e9:fp16; cpu: a tiny "
                                                      "llama:1e6:fp32)")
     ap.add_argument("--models-dir", type=Path, default=None, help="where models are built (default: the cache)")
-    ap.add_argument("--backends", default=",".join(BACKENDS), help="ortevals,hf,og (og: lm-eval onnxruntime-genai)")
+    ap.add_argument("--backends", default=",".join(BACKENDS), help="ortevals,hf,og,ort (lm-eval's onnxruntime-genai "
+                    "and onnxruntime backends)")
     ap.add_argument("--limit", type=int, default=500, help="MMLU-Pro questions (0: skip the log-likelihood runs)")
-    ap.add_argument("--og-limit", type=int, default=None, help="questions for og (default: min(limit, 100))")
+    ap.add_argument("--og-limit", type=int, default=None, help="questions for og and ort (default: min(limit, 100))")
     ap.add_argument("--hf-batch", default=None, help="hf batch size (default: auto on cuda, 8 on cpu)")
     ap.add_argument("--threads", type=int, default=None,
                     help="CPU threads (default: 2 on cpu, the libraries' own on cuda)")

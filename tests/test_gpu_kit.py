@@ -279,7 +279,12 @@ def test_bench_gpu_runs_on_cpu_and_ortevals_answers_equal_hf(fixture_cache, tmp_
     assert set(res) >= {"device", "versions", "config", "models"} and res["config"]["ep"] == "cpu"
     assert {"name", "memory_mib", "driver"} <= set(res["device"]) and res["versions"]["lm_eval"]
     model = res["models"]["llama-1e6-fp32"]
-    assert set(model["backends"]) == {"ortevals", "hf", "og"} and model["build"]["config"]["vocab_size"] == 32768
+    assert set(model["backends"]) == {"ortevals", "hf", "og", "ort"}
+    assert model["build"]["config"]["vocab_size"] == 32768
+    # lm-eval 0.4.13's raw onnxruntime backend binds the builder's symbolic KV head size to 1 and fails at its
+    # first request on every builder package; the bench records its one line and goes on
+    ort = model["backends"].pop("ort")
+    assert "failed" not in ort or "past_key" in ort["failed"], ort
     for name, r in model["backends"].items():
         assert "failed" not in r, (name, r)
         assert r["questions"] == 5 and r["requests"] >= 5 * 3 and r["requests_per_s"] > 0 and r["model_calls"] > 0

@@ -43,6 +43,10 @@ def build(spec: dict):
         batch = spec["hf_batch"] if spec["hf_batch"] == "auto" else int(spec["hf_batch"])
         return HFLM(pretrained=spec["hf"], device="cuda:0" if ep == "cuda" else "cpu", dtype=spec["hf_dtype"],
                     batch_size=batch)
+    if backend == "ort":  # lm-eval's raw onnxruntime backend (0.4.13): one session, a full pass per request
+        from lm_eval.models.onnxruntime_ort import ONNXRuntimeLM
+
+        return ONNXRuntimeLM(pretrained=spec["pkg"], execution_provider=ep)
     from lm_eval.models.onnxruntime_genai import ONNXRuntimeGenAILM
 
     return ONNXRuntimeGenAILM(pretrained=spec["pkg"], execution_provider=ep)
