@@ -16,7 +16,15 @@ from pathlib import Path
 
 import click
 
-from ortevals.cli_help import EPILOG_CACHE, EPILOG_COMPARE, EPILOG_FIDELITY, EPILOG_MMLU, EPILOG_PROFILE, EPILOG_RUN
+from ortevals.cli_help import (
+    EPILOG_CACHE,
+    EPILOG_COMPARE,
+    EPILOG_DIAGNOSE,
+    EPILOG_FIDELITY,
+    EPILOG_MMLU,
+    EPILOG_PROFILE,
+    EPILOG_RUN,
+)
 from ortevals.errors import OrtEvalsError, first_line
 
 OWNS_PROCESS = False  # set by main(): the garbage-collector policy of a run (evaluate.collector_paused) applies
@@ -353,6 +361,43 @@ def fidelity(verbose: int, json_path: Path | None, **kw) -> None:
     _setup_logging(verbose)
     report = run_fidelity(FidelityOptions(json=json_path, **kw))
     click.echo(format_report(report.summary))
+    for path in report.files:
+        click.echo(f"wrote {path}")
+
+
+# --- diagnose (issue 41): all logic lives in ortevals/diagnose/ ---
+@cli.command("diagnose", epilog=EPILOG_DIAGNOSE)
+@click.option("--pkg", type=click.Path(path_type=Path), default=None, help="Candidate (quantized) GenAI package.")
+@click.option("--ref", default=None, help="The same model in higher precision: a GenAI package or a transformers "
+              "checkpoint folder (built once into an fp32 package).")
+@click.option("--checkpoint", type=click.Path(path_type=Path), default=None, help="The candidate's transformers "
+              "checkpoint, for the builder command and --verify (default: --ref when it is one).")
+@click.option("--text", type=click.Path(path_type=Path), default=None, help="UTF-8 text file to compare on.")
+@click.option("--data", default=None, help="'bundled' (default) or an MMLU-Pro folder: the text and the questions.")
+@click.option("--tokens", type=int, default=None, help="Tokens scored for the token KL (default 2048).")
+@click.option("--ctx", type=int, default=None, help="Window length (default 512).")
+@click.option("--budget", type=float, default=10.0, show_default=True, help="Largest size increase, in percent.")
+@click.option("--candidates", type=int, default=12, show_default=True, help="Weight groups measured alone.")
+@click.option("--questions", type=int, default=50, show_default=True,
+              help="MMLU-Pro questions for choice-KL and flips (0: token KL only).")
+@click.option("--verify", is_flag=True, help="Build the recommendation with the builder and measure it.")
+@click.option("--output", type=click.Path(path_type=Path), default=Path("ortevals-diagnose"), show_default=True,
+              help="Folder for diagnose.json, diagnose.png, reference.npz, recommended/.")
+@click.option("--ep", default=None, help="Execution provider for the packages (default: each package's).")
+@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+def diagnose(verbose: int, **kw) -> None:
+    """Where a quantized package loses accuracy, layer by layer, and which weights to keep in higher precision.
+
+    The residual stream's error after each block on real text; each weight group of the worst blocks put back
+    at the reference's precision and measured; the best set within --budget with its builder command line and
+    Olive pass (docs/diagnose.md)."""
+    from ortevals.diagnose.inputs import DiagnoseOptions
+    from ortevals.diagnose.report import format_text, summary
+    from ortevals.diagnose.run import run_diagnose
+
+    _setup_logging(verbose)
+    report = run_diagnose(DiagnoseOptions(**kw), lambda line: click.echo(line, err=True))
+    click.echo(format_text(summary(report)))
     for path in report.files:
         click.echo(f"wrote {path}")
 
