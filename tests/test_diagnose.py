@@ -277,3 +277,17 @@ def test_the_olive_pass_hands_the_builder_the_command_lines_options(monkeypatch,
     assert seen["items"] == cmd[cmd.index("--extra_options") + 1:]
     assert seen["items"] == [f"nodes_to_exclude={DOWN1},/lm_head/MatMul"]
     assert cmd[cmd.index("-p") + 1] == pass_config["precision"] == "int4" and cmd[cmd.index("-e") + 1] == "cpu"
+
+
+def test_a_checkpoint_reference_is_built_once_into_the_builders_fp32_package(tmp_path, tiny, tiny_int4):
+    """--ref HF_DIR: the builder's fp32 package of the checkpoint, built into the cache, gives the numbers the
+    same package gives as --ref (the tiny fp32 fixture is that build)."""
+    hf_dir, fp32 = tiny
+    a, _, _ = diagnose(tmp_path / "a", "--pkg", tiny_int4, "--ref", hf_dir, "--tokens", 256, "--questions", 0,
+                       "--candidates", 1)
+    b, _, _ = diagnose(tmp_path / "b", "--pkg", tiny_int4, "--ref", fp32, "--tokens", 256, "--questions", 0,
+                       "--candidates", 1)
+    assert "/derived/" in a["reference"]["path"] and a["reference"]["precision"] == "float32"
+    assert a["layers"]["blocks"] == b["layers"]["blocks"]
+    assert a["token_kl"]["candidate"]["mean"] == pytest.approx(b["token_kl"]["candidate"]["mean"], abs=1e-9)
+    assert str(hf_dir) in a["recommendation"]["builder_command"]  # the checkpoint doubles as --checkpoint

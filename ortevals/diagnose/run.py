@@ -21,7 +21,7 @@ from ortevals.diagnose.inputs import DEFAULT_TOKENS, DiagnoseOptions, Inputs, ch
 from ortevals.diagnose.layers import LayerStage, measure_layers, open_runners
 from ortevals.diagnose.measure import ChoiceKL, TokenKL, choice_kl, choice_run, save_reference
 from ortevals.diagnose.recommend import BuildSettings, build_settings
-from ortevals.diagnose.sensitivity import Bench, Candidate, Skipped, best, sized, units_to_try, with_choices
+from ortevals.diagnose.sensitivity import Bench, Candidate, Skipped, best, choose, with_choices
 from ortevals.diagnose.stats import ranked
 from ortevals.diagnose.verify import Verified, package_size, verify, with_choice
 from ortevals.fidelity.windows import WindowPlan
@@ -116,8 +116,7 @@ def _sensitivity(r: DiagnoseReport, cache: Path, say) -> DiagnoseReport:
     from ortevals.runtime.roles import weight_units
 
     units = weight_units(decoder_graph(r.cand))
-    todo, skipped = sized(r.cand, r.ref, units_to_try(ranked(list(r.layers.rows)), units, r.options.candidates),
-                          r.budget_bytes)
+    todo, skipped = choose(r.cand, r.ref, ranked(list(r.layers.rows)), units, r.options.candidates, r.budget_bytes)
     bench = Bench(r.cand, r.ref, r.baseline, r.files[0], cache, r.options.ep, say)
     say(f"sensitivity stage: {len(todo)} groups, each alone at the reference's precision")
     singles = bench.singles(todo)

@@ -56,24 +56,24 @@ def block_of(unit: Unit) -> str | None:
     return "embeddings" if unit.group == "embeddings" else None
 
 
-def units_to_try(ranked_rows: list[BlockRow], units: dict[str, Unit], limit: int) -> list[Unit]:
-    """The groups of the blocks that add the most error, in that order (``limit`` of them), then the LM head."""
+def in_order(ranked_rows: list[BlockRow], units: dict[str, Unit]) -> list[Unit]:
+    """The groups of the blocks that add the most error, in that order, then the LM head (and any group left)."""
     chosen: list[Unit] = []
     for row in ranked_rows:
-        inside = sorted((u for u in units.values() if block_of(u) == row.block and u.layer == row.layer),
-                        key=unit_sort_key)
-        for u in inside:
-            if len(chosen) < limit and u not in chosen:
-                chosen.append(u)
-    if "lm_head" in units:
-        chosen.append(units["lm_head"])
-    return chosen
+        chosen += [u for u in sorted(units.values(), key=unit_sort_key)
+                   if block_of(u) == row.block and u.layer == row.layer and u not in chosen]
+    head = [units["lm_head"]] if "lm_head" in units else []
+    return chosen + head + [u for u in sorted(units.values(), key=unit_sort_key) if u not in chosen + head]
 
 
-def sized(cand, ref, units: list[Unit], budget: float) -> tuple[list[tuple[Unit, int]], list[Skipped]]:
-    """Each group's bytes added; those already at full precision, unmatched or over the budget are skipped."""
+def choose(cand, ref, ranked_rows: list[BlockRow], units: dict[str, Unit], limit: int,
+           budget: float) -> tuple[list[tuple[Unit, int]], list[Skipped]]:
+    """Up to ``limit`` groups to measure, in :func:`in_order`'s order, each with its bytes added, and the LM head
+    besides; a group already at full precision (or unmatched) or over the budget is skipped and listed."""
     kept, skipped = [], []
-    for u in units:
+    for u in in_order(ranked_rows, units):
+        if len([k for k, _ in kept if k.group != "lm_head"]) >= limit and u.group != "lm_head":
+            continue
         try:
             size = size_delta(cand, ref, u.nodes)
         except Refused as e:
