@@ -169,14 +169,17 @@ def _check_against_config(cand: ModelPackage, cfg: dict, path: Path) -> None:
 
 def reference_package(checkpoint: Path, cache: Path) -> ModelPackage:
     """The builder's fp32 package of a transformers checkpoint, built once into the cache."""
+    from ortevals.files import atomic_write
     from ortevals.package.examples import build_genai_package
     from ortevals.package.scope import Reads, Scope
 
     files = tuple(p for p in sorted(Path(checkpoint).rglob("*")) if p.is_file())
     reads = Reads("fp32 reference build", files, {"precision": "fp32", "ep": "cpu",
                                                    "checkpoint": os.path.realpath(checkpoint)}, ("onnxruntime-genai",))
-    folder = cache / "derived" / Scope.build("derived", Path(checkpoint), [reads]).digest[:32] / "fp32"
+    scope = Scope.build("derived", Path(checkpoint), [reads])
+    folder = cache / "derived" / scope.digest[:32] / "fp32"
     if not (folder / "genai_config.json").is_file():
         log.info("building the fp32 reference package of %s into %s", checkpoint, folder)
         build_genai_package(Path(checkpoint), folder, "fp32", cache / "builder-cache")
+        atomic_write(folder.parent / "scope.json", json.dumps(scope.describe(), indent=1))
     return ModelPackage.load(folder)

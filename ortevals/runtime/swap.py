@@ -98,7 +98,7 @@ def swapped_package(cand: ModelPackage, ref: ModelPackage, nodes: tuple[str, ...
             (tmp / rel).symlink_to(os.path.realpath(path))
     (tmp / decoder).parent.mkdir(parents=True, exist_ok=True)
     (tmp / decoder).write_bytes(model.SerializeToString())
-    atomic_write(tmp / "ortevals_scope.json", json.dumps(scope.describe(), indent=1))
+    atomic_write(tmp / "scope.json", json.dumps(scope.describe(), indent=1))  # what `ortevals cache info` reads
     shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)
     log.info("candidate with %s at the reference's precision written to %s", ", ".join(nodes), folder)
