@@ -295,3 +295,26 @@ def test_a_checkpoint_reference_is_built_once_into_the_builders_fp32_package(tmp
     assert a["layers"]["blocks"] == b["layers"]["blocks"]
     assert a["token_kl"]["candidate"]["mean"] == pytest.approx(b["token_kl"]["candidate"]["mean"], abs=1e-9)
     assert str(hf_dir) in a["recommendation"]["builder_command"]  # the checkpoint doubles as --checkpoint
+
+
+def test_the_build_settings_read_back_rebuild_the_candidate_bit_for_bit(fixture_cache, tiny, tiny_int4, tmp_path):
+    """A candidate built with non-default builder settings: diagnose reads them back from the graph, and the
+    builder run with them (plus an exclusion) reproduces every other weight bit for bit; the default build does
+    not (the check can fail)."""
+    from ortevals.diagnose.recommend import build_settings
+    from ortevals.diagnose.verify import build, same_weights
+    from ortevals.package.examples import build_genai_package
+
+    hf_dir, _ = tiny
+    cand_dir = fixture_cache / "tiny-int4-b64-asym"
+    if not (cand_dir / "genai_config.json").is_file():
+        build_genai_package(hf_dir, cand_dir, "int4", fixture_cache / "builder-cache",
+                            extra=["block_size=64", "accuracy_level=1", "is_symmetric=false"])
+    cand = ModelPackage.load(cand_dir)
+    settings = build_settings(cand)
+    assert (settings.precision, settings.ep) == ("int4", "cpu")
+    assert sorted(settings.extra) == ["accuracy_level=1", "block_size=64", "is_symmetric=false"]
+    command = build(settings, (DOWN1,), hf_dir, tmp_path / "rebuilt", tmp_path)
+    assert command[command.index("--extra_options") + 1:] == (f"nodes_to_exclude={DOWN1}", *settings.extra)
+    assert "bit for bit" in same_weights(cand, ModelPackage.load(tmp_path / "rebuilt"))
+    assert "differ from the candidate's" in same_weights(cand, ModelPackage.load(tiny_int4))
