@@ -318,3 +318,17 @@ def test_the_build_settings_read_back_rebuild_the_candidate_bit_for_bit(fixture_
     assert command[command.index("--extra_options") + 1:] == (f"nodes_to_exclude={DOWN1}", *settings.extra)
     assert "bit for bit" in same_weights(cand, ModelPackage.load(tmp_path / "rebuilt"))
     assert "differ from the candidate's" in same_weights(cand, ModelPackage.load(tiny_int4))
+
+
+def test_layers_whose_points_are_not_named_are_listed(tmp_path, tiny_int4, tiny_pkg):
+    """A candidate whose layer-1 middle norm lost its builder name: layer 0 is compared, layer 1 is said not to be."""
+    cand = tmp_path / "renamed"
+    shutil.copytree(tiny_int4, cand)
+    model = onnx.load(str(cand / "model.onnx"), load_external_data=False)
+    next(n for n in model.graph.node if n.name == "/model/layers.1/post_attention_layernorm/SkipLayerNorm").name = "x"
+    onnx.save(model, str(cand / "model.onnx"))
+    s, text, _ = diagnose(tmp_path, "--pkg", cand, "--ref", tiny_pkg, "--tokens", 256, "--questions", 0,
+                          "--candidates", 1)
+    assert s["layers"]["compared"] == [0] and s["layers"]["not_compared"] == [1]
+    assert [b["name"] for b in s["layers"]["blocks"]] == ["embeddings", "layers.0.attn", "layers.0.mlp"]
+    assert "compared layers 0; not compared: 1 (their residual tensors are not named the builder's way" in text
