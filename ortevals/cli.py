@@ -16,17 +16,10 @@ from pathlib import Path
 
 import click
 
-from ortevals.cli_help import (
-    EPILOG_CACHE,
-    EPILOG_COMPARE,
-    EPILOG_DIAGNOSE,
-    EPILOG_FIDELITY,
-    EPILOG_MMLU,
-    EPILOG_PROFILE,
-    EPILOG_RUN,
-)
+from ortevals import cli_help
 from ortevals.errors import OrtEvalsError, first_line
 
+RESUMABLE = ("mmlu-pro", "run")  # the commands whose answers go to the result store (Ctrl-C: resume advice)
 OWNS_PROCESS = False  # set by main(): the garbage-collector policy of a run (evaluate.collector_paused) applies
 
 
@@ -40,8 +33,11 @@ class Cli(click.Group):
             click.echo(f"Error: {e}", err=True)
             sys.exit(2)
         except KeyboardInterrupt:
-            click.echo("Interrupted. Finished requests are kept in the result store: run the same command "
-                       "again to resume (--no-resume starts over).", err=True)
+            if ctx.invoked_subcommand in RESUMABLE:
+                click.echo("Interrupted. Finished requests are kept in the result store: run the same command "
+                           "again to resume (--no-resume starts over).", err=True)
+            else:
+                click.echo("Interrupted.", err=True)
             sys.exit(130)
         except (click.exceptions.Exit, click.ClickException, SystemExit):
             raise
@@ -105,13 +101,13 @@ def run_options(fn):
     return functools.reduce(lambda f, opt: opt(f), reversed(opts), fn)
 
 
-# info-level notices a user should see at the default verbosity, printed as plain lines (not "WARNING …")
+# notices a user should see at the default verbosity, printed as plain lines (not "WARNING …")
 NOTICES = ("ortevals.report.resume",)
 
 
 class _Format(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        if record.levelno == logging.INFO and record.name in NOTICES:
+        if record.levelno in (logging.INFO, logging.WARNING) and record.name in NOTICES:
             return record.getMessage()
         return super().format(record)
 
@@ -197,10 +193,12 @@ def _evaluate(kw: dict, tasks, data: Path | None, **spec_kw) -> None:
     click.echo(format_table(outcome.summary))
     for path in outcome.files:
         click.echo(f"wrote {path}")
+    for path in outcome.removed:
+        click.echo(f"removed {path}: an earlier run's file in this --output folder that this run does not write")
     return outcome
 
 
-@cli.command("mmlu-pro", epilog=EPILOG_MMLU)
+@cli.command("mmlu-pro", epilog=cli_help.EPILOG_MMLU)
 @model_options
 @run_options
 @click.option("--cot", is_flag=True, help="Chain-of-thought generation (lm-eval's mmlu_pro group, 14 subjects).")
@@ -224,7 +222,7 @@ def mmlu_pro(cot: bool, max_gen_toks: int | None, compare_to: Path | None, **kw)
         _compare_outcome(compare_to, outcome, kw)
 
 
-@cli.command("run", epilog=EPILOG_RUN)
+@cli.command("run", epilog=cli_help.EPILOG_RUN)
 @model_options
 @run_options
 @click.option("--tasks", required=True, help="Comma-separated lm-eval tasks or groups (arc_easy,hellaswag,…).")
@@ -268,7 +266,7 @@ def example(precision: str) -> None:
     click.echo(smollm2_package(precision))
 
 
-@cli.group("cache", epilog=EPILOG_CACHE)
+@cli.group("cache", epilog=cli_help.EPILOG_CACHE)
 def cache() -> None:
     """Show or clear what ortevals keeps in $ORTEVALS_CACHE (else ~/.cache/ortevals).
 
@@ -277,7 +275,7 @@ def cache() -> None:
     """
 
 
-@cache.command("info", epilog=EPILOG_CACHE)
+@cache.command("info", epilog=cli_help.EPILOG_CACHE)
 def cache_info() -> None:
     """The cache root; entries and bytes per kind; the scopes each result store holds."""
     from ortevals.files import cache_root
@@ -286,7 +284,7 @@ def cache_info() -> None:
     click.echo(info_text(cache_root()))
 
 
-@cache.command("clear", epilog=EPILOG_CACHE)
+@cache.command("clear", epilog=cli_help.EPILOG_CACHE)
 @click.option("--runs", is_flag=True, help="Result stores (resume).")
 @click.option("--derived", is_flag=True, help="Derived scoring graphs.")
 @click.option("--examples", is_flag=True, help="Example packages (rebuilt on next use, about a minute).")
@@ -303,7 +301,7 @@ def cache_clear(runs: bool, derived: bool, examples: bool, everything: bool) -> 
 
 
 # --- ortevals compare (issue 12): glue only; the logic is in ortevals/report/ ---
-@cli.command("compare", epilog=EPILOG_COMPARE)
+@cli.command("compare", epilog=cli_help.EPILOG_COMPARE)
 @click.option("--ref", required=True, type=click.Path(path_type=Path), help="The reference run.")
 @click.argument("runs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="One object per run and task.")
@@ -320,14 +318,15 @@ def compare(ref, runs, json_path, report_dir, changed_path, max_flip_rate, max_k
     from ortevals.report.compare import Gates
     from ortevals.report.output import compare_paths
 
-    _fail_gates(compare_paths(ref, list(runs), click.echo, json_path, report_dir, changed_path,
-                              Gates(max_flip_rate, max_kl, margin)))
+    gates = Gates(max_flip_rate, max_kl, margin)  # a threshold that can never fire or always fires: one line
+    _fail_gates(compare_paths(ref, list(runs), click.echo, json_path, report_dir, changed_path, gates))
 
 
-def _fail_gates(failed: list[str]) -> None:
-    for line in failed:
-        click.echo(line, err=True)
-    if failed:
+def _fail_gates(verdicts) -> None:
+    """Each gate's verdict (a failed one on stderr); exit 1 when one failed."""
+    for v in verdicts:
+        click.echo(v.line, err=not v.passed)
+    if any(not v.passed for v in verdicts):
         sys.exit(1)
 
 
@@ -340,7 +339,7 @@ def _compare_outcome(ref: Path, outcome, kw: dict) -> None:
 
 
 # --- fidelity (issue 12 §2): all logic lives in ortevals/fidelity/ ---
-@cli.command("fidelity", epilog=EPILOG_FIDELITY)
+@cli.command("fidelity", epilog=cli_help.EPILOG_FIDELITY)
 @click.option("--pkg", type=click.Path(path_type=Path), default=None, help="Candidate GenAI package folder.")
 @click.option("--ref", default=None, help="Reference: a GenAI package, a transformers checkpoint folder "
               "(config.json; needs the torch extra) or a file from --save-ref.")
@@ -366,7 +365,7 @@ def fidelity(verbose: int, json_path: Path | None, **kw) -> None:
 
 
 # --- diagnose (issue 41): all logic lives in ortevals/diagnose/ ---
-@cli.command("diagnose", epilog=EPILOG_DIAGNOSE)
+@cli.command("diagnose", epilog=cli_help.EPILOG_DIAGNOSE)
 @click.option("--pkg", type=click.Path(path_type=Path), default=None, help="Candidate (quantized) GenAI package.")
 @click.option("--ref", default=None, help="The same model in higher precision: a GenAI package or a transformers "
               "checkpoint folder (built once into an fp32 package).")
@@ -386,11 +385,7 @@ def fidelity(verbose: int, json_path: Path | None, **kw) -> None:
 @click.option("--ep", default=None, help="Execution provider for the packages (default: each package's).")
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
 def diagnose(verbose: int, **kw) -> None:
-    """Where a quantized package loses accuracy, layer by layer, and which weights to keep in higher precision.
-
-    The residual stream's error after each block on real text; each weight group of the worst blocks put back
-    at the reference's precision and measured; the best set within --budget with its builder command line and
-    Olive pass (docs/diagnose.md)."""
+    """Where a quantized package loses accuracy, layer by layer, and which weights to keep in higher precision."""
     from ortevals.diagnose.inputs import DiagnoseOptions
     from ortevals.diagnose.report import format_text, summary
     from ortevals.diagnose.run import run_diagnose
@@ -402,7 +397,7 @@ def diagnose(verbose: int, **kw) -> None:
         click.echo(f"wrote {path}")
 
 
-@cli.command("profile", epilog=EPILOG_PROFILE)
+@cli.command("profile", epilog=cli_help.EPILOG_PROFILE)
 @click.option("--pkg", type=click.Path(path_type=Path), default=None, help="GenAI package folder.")
 @click.option("--example", is_flag=True, help="Profile the embedded SmolLM2-135M example package.")
 @click.option("--batch", default="1", show_default=True, help="Batch sizes, comma-separated.")
@@ -425,6 +420,11 @@ def profile(pkg, example, verbose, **kw) -> None:
     model = {k: kw.pop(k) for k in MODEL_ARGS} | {"pkg": _package_path(pkg, example)}
     prof, files = run_profile(model, ProfileRequest(**kw), lambda t: click.echo(f"{t.label}: done", err=True))
     click.echo("\n".join([format_table(prof), *(f"wrote {path}" for path in files)]))
+    if prof.interrupted:  # profile keeps no store: what was measured is in the files above
+        click.echo(f"Interrupted after {len(prof.trials)} of {prof.planned} runs (setting and backend); "
+                   + ("the table and files above hold the runs measured." if files else "nothing was measured."),
+                   err=True)
+        sys.exit(130)
 
 
 def main() -> None:

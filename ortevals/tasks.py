@@ -76,6 +76,7 @@ def with_samples(tasks: Sequence[Any], k: int, task_manager, user: dict | None =
                             "(for MMLU-Pro use --cot)")
     changed: dict[str, list[str]] = {}
     for c in generating:
+        _check_first_k(c, k)
         c["repeats"] = k
         c["generation_kwargs"], changes = sampling_kwargs(c.get("generation_kwargs"), user, k)
         if changes:
@@ -84,6 +85,16 @@ def with_samples(tasks: Sequence[Any], k: int, task_manager, user: dict | None =
         shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
         log.warning("--samples %d: generation settings of %s changed to sample: %s", k, shown, changes)
     return configs
+
+
+def _check_first_k(cfg: dict, k: int) -> None:
+    """A filter that takes the first n samples (lm-eval's ``take_first_k``) needs n <= K, or lm-eval's own filter
+    fails after all generation: a one-line error naming the task and the filter before any work."""
+    for entry in cfg.get("filter_list") or []:
+        for step in entry.get("filter") or []:
+            if step.get("function") == "take_first_k" and int(step.get("k", 0)) > k:
+                raise OrtEvalsError(f"--samples {k}: task {cfg.get('task')}'s filter {entry.get('name')!r} takes the "
+                                    f"first {step['k']} samples (take_first_k); give --samples {step['k']} or more")
 
 
 def sampling_kwargs(task: dict | None, user: dict | None, k: int) -> tuple[dict, str]:

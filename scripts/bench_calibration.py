@@ -1,9 +1,13 @@
 #!/usr/bin/env python
-"""Acceptance run for issue 24 (calibration): SmolLM2-135M fp32 / int8 / int4 against lm-eval hf.
+"""Calibration of SmolLM2-135M fp32 / int8 / int4 against lm-eval hf (docs/calibration.md, Measured).
 
-    nice -n 19 python scripts/bench_calibration.py --limit 300 --runs /work/calib-runs --out docs/bench-calibration
-    python scripts/bench_calibration.py --from-json docs/bench-calibration/questions.json   # redraw, no model
-    python scripts/bench_calibration.py --from-samples docs/bench-calibration/runs          # the same from the samples
+    nice -n 19 python scripts/bench_calibration.py --limit 300 --out docs/bench-calibration
+    python scripts/bench_calibration.py --from-json bench-data/bench-calibration/questions.json   # redraw, no model
+    python scripts/bench_calibration.py --from-samples bench-data/bench-calibration/runs          # the same
+
+``--out`` (docs) gets the summary: calibration.md (the table), compare.json, costs.json and the plots.
+``--runs`` (default ``bench-data/bench-calibration``, not tracked) gets the raw data: the four runs'
+folders with their samples files and ``questions.json``.
 
 1. ``scripts/bench_compare.py`` (not copied: called) runs lm-eval ``hf`` and ``ortevals mmlu-pro --self-eval``
    on the three packages over the first ``--limit`` questions of leaderboard_mmlu_pro into ``--runs``.
@@ -38,7 +42,8 @@ ENV = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZ
 
 def run_models(args) -> None:
     cmd = [sys.executable, str(REPO / "scripts" / "bench_compare.py"), "--limit", str(args.limit), "--out",
-           str(args.runs), "--ortevals-args=--self-eval", *(["--skip-existing"] if args.skip_existing else [])]
+           str(args.runs), "--raw", str(args.runs), "--ortevals-args=--self-eval",
+           *(["--skip-existing"] if args.skip_existing else [])]
     subprocess.run(cmd, env=ENV, check=True)
 
 
@@ -107,23 +112,26 @@ def ci(x, fmt: str = ".4f") -> str:
 
 
 def markdown(s: dict, n: int) -> str:
+    from ortevals.report.stats import RESAMPLES
+
     lines = [f"First {n} questions of leaderboard_mmlu_pro (5-shot), 95% bootstrap intervals over questions "
-             "(1000 resamples; the temperature's is a one-step bootstrap).", "",
-             "| run | accuracy | ECE | ECE equal-mass | Brier | NLL | AURC | acc @ 50% coverage | AUROC "
-             "| temperature | ECE after T |", "|" + "---|" * 11]
+             f"({RESAMPLES} resamples; the temperature's is a one-step bootstrap).", "",
+             "| run | accuracy | ECE | ECE equal-mass | Brier (multi-class, 0–2) | NLL | AURC | acc @ 50% coverage "
+             "| AUROC | temperature | ECE after T |", "|" + "---|" * 11]
     for name, c in s["runs"].items():
         t = c.temperature
         lines.append(f"| {name} | {c.accuracy:.4f} | {ci(c.ece)} | {ci(c.ece_mass)} | {ci(c.brier)} | "
                      f"{ci(c.nll, '.3f')} | {ci(c.aurc)} | {ci(c.acc_at_half)} | {ci(c.auroc)} | "
                      f"{ci(t.value, '.3f')} | {ci(t.ece)} |")
-    lines += ["", "| pair | Δ ECE | Δ Brier | Δ (confidence − accuracy) | T needed (run / ref) |",
+    lines += ["", "| pair | Δ ECE | Δ Brier (multi-class) | Δ (confidence − accuracy) | T needed (run / ref) |",
               "|---|---|---|---|---|"]
     for pair, d in s["delta"].items():
         lines.append(f"| {pair} | {ci(d.delta_ece, '+.4f')} | {ci(d.delta_brier, '+.4f')} | "
                      f"{ci(d.delta_overconfidence, '+.4f')} | {ci(d.temperature, '.3f')} / "
                      f"{ci(d.ref_temperature, '.3f')} |")
     if s["ptrue"]:
-        lines += ["", "| run | mean P(True) | P(True) AUROC | P(True) ECE | P(True) Brier |", "|---|---|---|---|---|"]
+        lines += ["", "| run | mean P(True) | P(True) AUROC | P(True) ECE | P(True) Brier (binary, 0–1) |",
+                  "|---|---|---|---|---|"]
         for name, p in s["ptrue"].items():
             lines.append(f"| {name} | {p.mean:.4f} | {ci(p.auroc)} | {ci(p.ece)} | {ci(p.brier)} |")
     return "\n".join(lines) + "\n"
@@ -226,8 +234,8 @@ def probe(questions: int) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--limit", type=int, default=300)
-    p.add_argument("--runs", type=Path, default=REPO / "runs" / "bench-calibration",
-                   help="where bench_compare.py leaves the runs (large: full samples files)")
+    p.add_argument("--runs", type=Path, default=REPO / "bench-data" / "bench-calibration",
+                   help="where bench_compare.py leaves the runs and questions.json goes (large: not tracked)")
     p.add_argument("--out", type=Path, default=REPO / "docs" / "bench-calibration")
     p.add_argument("--skip-existing", action="store_true", help="keep runs already in --runs")
     p.add_argument("--from-json", type=Path, help="redraw the table and plots from a questions.json")
@@ -243,8 +251,9 @@ def main() -> None:
         data = from_samples(args.from_samples)
     else:
         run_models(args)
+        (args.out / "compare.json").write_bytes((args.runs / "compare.json").read_bytes())  # ortevals compare's
         data = extract(args.runs)
-        (args.out / "questions.json").write_text(json.dumps(data) + "\n")
+        (args.runs / "questions.json").write_text(json.dumps(data) + "\n")
         extra["hook"] = hook_cost(args.runs)
         extra["timings"] = json.loads((args.runs / "timings.json").read_text())
         if args.probe:

@@ -14,9 +14,12 @@ alternately so both see the same load on a shared machine:
 
     PYTHONPATH=. python scripts/bench_cascade.py                        # 14 questions, K=16, sweep 256,1024,2048
     PYTHONPATH=. python scripts/bench_cascade.py --questions 2 --lengths 256 --out /tmp/cascade
-    PYTHONPATH=. python scripts/bench_cascade.py --together --rounds 2 --lengths '' --baseline-tree /tmp/old
+    PYTHONPATH=. python scripts/bench_cascade.py --together --rounds 3 --lengths '' --baseline-tree /tmp/old \
+        --out /tmp/together                 # /tmp/old: a git worktree of an earlier ortevals, a third row
 
-Writes results.json, table.md and cascade.png to ``--out`` (docs/bench-cascade).
+Writes results.json, table.md and cascade.png to ``--out`` (docs/bench-cascade: the first command).
+docs/bench-cascade/together.json and together.md are the third command's results.json and table.md
+(every question in one run per mode, three rounds), copied there by hand.
 """
 
 from __future__ import annotations
@@ -219,7 +222,7 @@ def sweep(lms: dict, args) -> list[dict]:
     """Decode-only tokens/s after prompts of each length, both modes alternately."""
     import numpy as np
 
-    from ortevals.engine.generate.settings import parse_gen_kwargs
+    from ortevals.engine.generate.choice.settings import parse_gen_kwargs
     from ortevals.fidelity.text import default_text
 
     tok = lms["off"].tokenizer

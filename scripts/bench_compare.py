@@ -1,7 +1,11 @@
 #!/usr/bin/env python
-"""Acceptance run for ``ortevals compare``: SmolLM2-135M fp32 / int8 / int4 packages against PyTorch.
+"""``ortevals compare`` on SmolLM2-135M fp32 / int8 / int4 packages against PyTorch (docs/compare.md).
 
     python scripts/bench_compare.py --limit 300 --out docs/bench-compare
+
+``--out`` (docs) gets the summary: compare.json, timings.json, report.md and its plots. ``--raw``
+(default ``bench-data/<the --out folder's name>``, not tracked) gets the raw data: the runs' folders
+(``runs/``), changed.jsonl, the self-contained report (``report/report.html``) and ``bench.log``.
 
 1. lm-eval ``hf`` (PyTorch, fp32) on the SmolLM2 HF folder, written by lm-eval's own
    EvaluationTracker (``--log_samples`` layout): the reference.
@@ -19,6 +23,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -65,6 +70,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--limit", type=int, default=300)
     p.add_argument("--out", type=Path, default=REPO / "docs" / "bench-compare")
+    p.add_argument("--raw", type=Path, default=None, help="folder for the runs and per-question files "
+                   "(default: bench-data/<--out's name>)")
     p.add_argument("--precisions", default="fp32,int8,int4")
     p.add_argument("--hf-batch-size", type=int, default=4)
     p.add_argument("--skip-existing", action="store_true", help="keep runs already in --out")
@@ -72,8 +79,10 @@ def main() -> None:
     args = p.parse_args()
     from ortevals.package.examples import smollm2_hf_dir, smollm2_package
 
-    runs, timings, log = args.out / "runs", {}, args.out / "bench.log"
+    raw = args.raw or REPO / "bench-data" / args.out.name
+    runs, timings, log = raw / "runs", {}, raw / "bench.log"
     runs.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
     hf = smollm2_hf_dir()
     if not (args.skip_existing and any((runs / "hf").rglob("samples_*.jsonl"))):
         step("hf", [sys.executable, "-c", HF_SCRIPT, str(hf), str(runs / "hf"), str(args.limit),
@@ -90,10 +99,12 @@ def main() -> None:
                     *shlex.split(args.ortevals_args)], timings, log)
     step("compare", [sys.executable, "-m", "ortevals.cli", "compare", "--ref", str(runs / "hf"),
                      *(str(runs / n) for n in names), "--json", str(args.out / "compare.json"),
-                     "--changed", str(args.out / "changed.jsonl"), "--report", str(args.out / "report")],
+                     "--changed", str(raw / "changed.jsonl"), "--report", str(raw / "report")],
          timings, log)
+    for made in [raw / "report" / "report.md", *(raw / "report").glob("*.png")]:  # report.html stays in --raw
+        shutil.copyfile(made, args.out / made.name)
     (args.out / "timings.json").write_text(json.dumps(timings, indent=2) + "\n")
-    print((args.out / "bench.log").read_text().split("=== compare")[-1])
+    print(log.read_text().split("=== compare")[-1])
 
 
 if __name__ == "__main__":

@@ -9,6 +9,11 @@ a backend that generates past a stop sequence gets no credit for it.
 
     python scripts/bench_cot.py --limit 3 --max-gen-toks 64 --backends ortevals,ortevals-batch4,hf,onnxruntime-genai \
         --ortevals-args '{"ortevals-batch4": "gen_batch_size=4"}' --out docs/bench-cot
+    python scripts/bench_cot.py --limit 1 --max-gen-toks 64 --out docs/bench-cot-1
+
+Writes the summary to ``--out`` (results.json: each backend's figures and its agreement with hf; table.md:
+docs/benchmarks.md section 3) and every generated text to ``--raw`` (default ``bench-data/<the --out
+folder's name>/texts.json``, not tracked).
 """
 
 from __future__ import annotations
@@ -66,6 +71,13 @@ def run_backend(name: str, args) -> dict:
     return out
 
 
+def same_as_hf(results: list[dict]) -> dict[str, str]:
+    """backend -> "k/n": how many of hf's texts it returned word for word."""
+    ref = next((r for r in results if r["backend"] == "hf" and "failed" not in r), None)
+    return {r["backend"]: f"{sum(r['texts'].get(k) == v for k, v in ref['texts'].items())}/{len(ref['texts'])}"
+            for r in results if ref is not None and r is not ref and "failed" not in r}
+
+
 def table(results: list[dict], max_gen_toks: int) -> str:
     ref = next((r for r in results if r["backend"] == "hf" and "failed" not in r), None)
     rows = ["| backend | questions | generated tokens (kept) | seconds | tokens/s | × hf | same text as hf "
@@ -76,11 +88,17 @@ def table(results: list[dict], max_gen_toks: int) -> str:
             continue
         rate = r["gen_tokens"] / r["seconds"]
         ratio = f"{rate / (ref['gen_tokens'] / ref['seconds']):.2f}" if ref else "—"
-        same = "—" if ref is None or r is ref else \
-            f"{sum(r['texts'].get(k) == v for k, v in ref['texts'].items())}/{len(ref['texts'])}"
+        same = r.get("same_text_as_hf", "—")
         rows.append(f"| {r['backend']} | {r['questions']} | {r['gen_tokens']} | {r['seconds']:.1f} | {rate:.1f} | "
                     f"{ratio} | {same} | {r['exact_match']:.3f} | {r['peak_rss_mb']:.0f} |")
     return "\n".join(rows) + f"\n\nmax_gen_toks = {max_gen_toks} (the task's default is 2048)"
+
+
+def slim(results: list[dict]) -> list[dict]:
+    """Each backend's figures without its texts, with how many equal hf's."""
+    same = same_as_hf(results)
+    return [{**{k: v for k, v in r.items() if k != "texts"}, **({"same_text_as_hf": same[r["backend"]]}
+                                                               if r["backend"] in same else {})} for r in results]
 
 
 def main() -> None:
@@ -96,6 +114,7 @@ def main() -> None:
     p.add_argument("--ortevals-args", default="{}",
                    help='JSON: model_args per ortevals variant, e.g. {"ortevals-batch4": "gen_batch_size=4"}')
     p.add_argument("--out", default=str(HERE.parent / "docs" / "bench-cot"))
+    p.add_argument("--raw", default=None, help="folder for the generated texts (default: bench-data/<--out's name>)")
     args = p.parse_args()
     args.ortevals_args = json.loads(args.ortevals_args)
     if args.pkg is None or args.hf is None:
@@ -106,9 +125,12 @@ def main() -> None:
         args.backend = args.worker
         return worker(args)
     results = [run_backend(b, args) for b in args.backends.split(",")]
-    out = Path(args.out)
+    out, raw = Path(args.out), Path(args.raw or HERE.parent / "bench-data" / Path(args.out).name)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=1))
+    raw.mkdir(parents=True, exist_ok=True)
+    (raw / "texts.json").write_text(json.dumps({r["backend"]: r.get("texts") for r in results}, indent=1))
+    results = slim(results)
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     md = table(results, args.max_gen_toks)
     (out / "table.md").write_text(md + "\n")
     print(md)

@@ -7,6 +7,13 @@ subprocess so peak RSS and threads are its own. Scoring time is the time spent
 inside the backend's ``loglikelihood`` (data loading excluded, the same for all).
 
     python scripts/bench_mmlu_pro.py --limit 100 --slow-limit 20 --out docs/bench
+    python scripts/bench_mmlu_pro.py --backends ortevals,ortevals-incremental,hf,onnxruntime-genai --limit 50 \
+        --slow-limit 10 --slow onnxruntime-genai --ortevals-args '{"ortevals-incremental": "path=incremental"}' \
+        --out docs/bench-incremental
+
+Writes the summary to ``--out`` (results.json with each backend's figures and the ratios, table.md,
+throughput.png: docs/benchmarks.md sections 1 and 2) and every question's answers, log-probs and
+prompt ids to ``--raw`` (default ``bench-data/<the --out folder's name>/requests.json``, not tracked).
 
 Backends: ortevals (prefill path; variants via --ortevals-args), lm-eval ``hf``
 (PyTorch on the HF folder), lm-eval's built-in ``onnxruntime-genai`` and
@@ -134,7 +141,9 @@ def main() -> None:
     p.add_argument("--ortevals-args", type=json.loads, default={},
                    help='JSON: extra model_args per ortevals variant, e.g. {"ortevals-nocache": "prefix_cache=0"}')
     p.add_argument("--out", default=str(REPO / "docs" / "bench"), help="folder for results.json and the plot")
+    p.add_argument("--raw", default=None, help="folder for the per-question data (default: bench-data/<--out's name>)")
     args = p.parse_args()
+    args.raw = args.raw or str(REPO / "bench-data" / Path(args.out).name)
     if args.pkg is None or args.hf is None:
         from ortevals.package.examples import smollm2_hf_dir, smollm2_package
 

@@ -46,7 +46,7 @@ IMAGES = ["astronaut.png", "chelsea.png", "coffee.png", "camera.png", "text.png"
 
 
 def workloads(docs: int, shots: int):
-    from ortevals.engine.generate.settings import GenSettings
+    from ortevals.engine.generate.choice.settings import GenSettings
     from ortevals.engine.media.og import MediaRequest
     from ortevals.package.media import to_media
     from tests.fixtures.gemma4_mm import image_path

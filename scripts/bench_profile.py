@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""`ortevals profile` against onnxruntime-genai's own benchmark on the same settings (issue 26).
+"""`ortevals profile` against onnxruntime-genai's own benchmark on the same settings (docs/benchmarks.md §9).
 
 Runs ``--rounds`` rounds in ABBA order (profile, script; script, profile; ...), each side in its own
 process under ``flock /work/bench.lock`` (the machine is shared: 2 cores, other jobs beside):
@@ -22,12 +22,13 @@ process under ``flock /work/bench.lock`` (the machine is shared: 2 cores, other 
    the batch again: its printed prompt tokens/s is batch× too high for batch > 1; kept beside it as
    ``script_printed_prefill_tok_s``).
 
-Per round each side's mean over its repeats; the table is the median over rounds. Then writes ``--out``
-(docs/bench-profile/): ``profile/roundN/`` (the command's JSON and plot), ``og_script.json`` (the script's
-figures per setting, its timer lists joined over rounds), ``compare.json`` (median rows, pooled means, every round),
-``compare.md`` and ``compare.png``.
+Per round each side's mean over its repeats; the table is the median over rounds. Then writes the summary
+to ``--out`` (docs/bench-profile/): ``compare.json`` (median rows, pooled means, every round), ``compare.md``
+and ``compare.png``; and the raw data to ``--raw`` (default ``bench-data/bench-profile``, not tracked):
+``profile/roundN/`` (the command's JSON and plot), ``og_script.json`` (the script's figures per setting, its
+timer lists joined over rounds).
 
-    python scripts/bench_profile.py --batch 1,4 --prompt-len 128 --gen-len 64 --rounds 4 --out docs/bench-profile
+    python scripts/bench_profile.py --batch 1,4 --prompt-len 128 --gen-len 64 --rounds 3 --out docs/bench-profile
 """
 
 from __future__ import annotations
@@ -216,7 +217,7 @@ def rounds(a) -> tuple[list[list[dict]], list[list[dict]]]:
     for i in range(a.rounds):
         for side in (("profile", "script") if i % 2 == 0 else ("script", "profile")):
             if side == "profile":
-                prof.append(side_profile(a, a.out / "profile" / f"round{i + 1}"))
+                prof.append(side_profile(a, a.raw / "profile" / f"round{i + 1}"))
             else:
                 script.append(side_script(a))
     return prof, script
@@ -235,7 +236,7 @@ def medians(per_round: list[list[dict]]) -> list[dict]:
 
 
 def write_outputs(a, rows: list[dict], script: list[dict], per_round: list[list[dict]], pooled: list[dict]) -> str:
-    (a.out / "og_script.json").write_text(json.dumps(script, indent=1) + "\n")
+    (a.raw / "og_script.json").write_text(json.dumps(script, indent=1) + "\n")
     machine = {"cpus": os.cpu_count(), "load_avg_at_end": os.getloadavg(), "shared": "yes: other jobs ran beside"
                " it; each timed process held /work/bench.lock, but untimed work of others did not"}
     (a.out / "compare.json").write_text(json.dumps(
@@ -263,7 +264,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2, help="rounds of both sides, in ABBA order")
-    ap.add_argument("--out", type=Path, default=Path("docs/bench-profile"))
+    ap.add_argument("--out", type=Path, default=HERE.parent / "docs" / "bench-profile", help="the summary")
+    ap.add_argument("--raw", type=Path, default=HERE.parent / "bench-data" / "bench-profile",
+                    help="each round's profile.json and the script's timer lists (not tracked)")
     ap.add_argument("--og-script", action="store_true", help="(internal) run the ported og script, print JSON")
     a = ap.parse_args()
     if a.pkg is None:
@@ -276,6 +279,7 @@ def main() -> None:
         print(json.dumps([og_script(a.pkg, *s, a.repeats, a.warmup, a.threads) for s in grid]))
         return
     a.out.mkdir(parents=True, exist_ok=True)
+    a.raw.mkdir(parents=True, exist_ok=True)
     prof_rounds, script_rounds = rounds(a)
     per_round = [compare({"trials": [profile_metrics(t) for t in p]}, [script_metrics(x) for x in sc])
                  for p, sc in zip(prof_rounds, script_rounds, strict=True)]

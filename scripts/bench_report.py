@@ -102,17 +102,33 @@ def plot(results: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def slim(results: list[dict]) -> list[dict]:
+    """Each backend's figures without its per-question arrays, with its agreement with hf."""
+    ref = next((r for r in results if r["backend"] == "hf" and "failed" not in r), None)
+    out = []
+    for r in results:
+        row = {k: v for k, v in r.items() if k not in ("answers", "logprobs", "prompts")}
+        if "failed" not in r and ref is not None and r is not ref:
+            row["same_answer_as_hf"], row["max_abs_dlogprob_vs_hf"] = _agreement(r, ref)
+        out.append(row)
+    return out
+
+
 def write_report(results: list[dict], args) -> None:
-    out = Path(args.out)
+    """``--out`` (docs): results.json (each backend's figures and the ratios), table.md, throughput.png;
+    ``--raw`` (an ignored folder): requests.json, every question's answers, log-probs and prompt ids."""
+    out, raw = Path(args.out), Path(args.raw)
     out.mkdir(parents=True, exist_ok=True)
+    raw.mkdir(parents=True, exist_ok=True)
     add_flops(results, args)
-    slim = [{k: v for k, v in r.items() if k not in ("answers", "logprobs", "prompts")} for r in results]
     meta = {"machine": platform.processor() or platform.machine(), "ep": args.ep, "limit": args.limit,
             "slow_limit": args.slow_limit, "slow": args.slow, "matmul_peak_gflops": args.peak_gflops}
-    (out / "results.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    (raw / "requests.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    (out / "results.json").write_text(json.dumps({"meta": meta, "results": slim(results),
+                                                  "ratios": ratios(results)}, indent=1) + "\n")
     md = table(results)
     (out / "table.md").write_text(md + "\n")
     plot(results, out / "throughput.png")
     print(md)
     print(f"(* estimated from the backend's strategy; MatMul peak {args.peak_gflops:.1f} GFLOP/s)")
-    print(json.dumps({"ratios": ratios(results), "runs": slim}, indent=1))
+    print(json.dumps({"ratios": ratios(results), "runs": slim(results)}, indent=1))

@@ -72,9 +72,9 @@ def spy_allocations(logits_name: str) -> dict:
 
 
 def bench_kv(pkg: str, rows: int, tokens: int, prompt_len: int) -> dict:
-    from ortevals.engine.generate.kvrows import CopyKV
-    from ortevals.engine.generate.sampler import SharedPromptSampler
-    from ortevals.engine.generate.settings import parse_gen_kwargs
+    from ortevals.engine.generate.choice.settings import parse_gen_kwargs
+    from ortevals.engine.generate.rows.kv import CopyKV
+    from ortevals.engine.generate.rows.sampler import SharedPromptSampler
     from ortevals.package.loader import ModelPackage
     from ortevals.runtime.providers import ProviderConfig
     from ortevals.runtime.sessions import DecoderRunner
@@ -110,7 +110,7 @@ class _NoText:
 
 
 def bench_top_p(rows: int = 16, vocab: int = 262_144, p: float = 0.9) -> dict:
-    from ortevals.engine.generate import sampling
+    from ortevals.engine.generate.choice import logits as sampling
 
     out = {}
     for scale in (4.0, 6.0):

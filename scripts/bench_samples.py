@@ -5,7 +5,7 @@ One invocation runs every backend, one after the other, on the same task configs
 ortevals, offline), one question per subject (``limit`` 1 per subtask), ``repeats: K`` at
 temperature T, ``max_gen_toks`` M, stop "Question:".
 
-* ortevals: the package on the raw shared-prompt path (engine/generate/sampler.py): one prompt pass per
+* ortevals: the package on the raw shared-prompt path (engine/generate/rows/sampler.py): one prompt pass per
   question, K rows decoded together, each stopping on its own.
 * lm-eval ``hf``: the same weights in PyTorch (the example's transformers folder), batch_size K
   (the K repeats of a question are one batch: the strongest setting of that backend here).
@@ -91,7 +91,7 @@ def run_backend(backend: str, args, configs: list[dict]) -> dict:
 
     from ortevals.package.loader import ModelPackage
     from ortevals.package.tokenizer import Tokenizer
-    from ortevals.report.samples import task_questions
+    from ortevals.report.samples import SampleFacts, task_questions
     from ortevals.report.scaling import scaling_curves
     from ortevals.tasks import task_manager
 
@@ -99,7 +99,7 @@ def run_backend(backend: str, args, configs: list[dict]) -> dict:
     lm = load(backend, args)
     loaded = time.perf_counter() - t0
     tok = Tokenizer.load(ModelPackage.load(model_paths(args)[0]))
-    counter = type("Tok", (), {"tok_encode": lambda self, t: tok.encode(t, False)})()
+    counter = SampleFacts({}, {}, None, lambda t: len(tok.encode(t, False)), 0)  # a peer: token counts only
     questions, per_question = [], []
     for cfg in configs:
         t0 = time.perf_counter()
@@ -109,7 +109,7 @@ def run_backend(backend: str, args, configs: list[dict]) -> dict:
         texts = [t for e in results["samples"][cfg["task"]] for t in e["resps"][0]]
         tokens = sum(len(tok.encode(t, False)) for t in texts)
         questions += next(iter(task_questions(cfg, results["samples"][cfg["task"]],
-                                              lm if backend == "ortevals" else counter).values()))
+                                              lm.sample_facts() if backend == "ortevals" else counter).values()))
         per_question.append({"task": cfg["task"], "wall_s": wall, "samples": len(texts), "generated_tokens": tokens,
                              "exact_match": results["results"][cfg["task"]].get("exact_match,custom-extract")})
         print(f"  {cfg['task']}: {tokens} tokens in {wall:.1f} s", flush=True)

@@ -33,8 +33,8 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 def open_kv(pkg: str, threads: int, profile_dir: Path | None):
     import ortevals.runtime.opening as opening
-    from ortevals.engine.generate.cascade import Cascade, CascadeKV
-    from ortevals.engine.generate.kvrows import CopyKV, InplaceKV
+    from ortevals.engine.generate.rows.cascade_kv import Cascade, CascadeKV
+    from ortevals.engine.generate.rows.kv import CopyKV, InplaceKV
     from ortevals.package.loader import ModelPackage
     from ortevals.runtime.providers import ProviderConfig
     from ortevals.runtime.sessions import DecoderRunner

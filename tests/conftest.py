@@ -43,6 +43,31 @@ def tiny_pkg(tiny) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_int4(fixture_cache) -> Path:
+    """The tiny random Llama's int4 package (the builder's MatMulNBits, accuracy_level 4)."""
+    from tests.fixtures.tiny import build_tiny_int4
+
+    return build_tiny_int4(fixture_cache)
+
+
+@pytest.fixture(scope="session")
+def longrope(fixture_cache) -> tuple[Path, Path]:
+    """(hf_dir, package_dir) of the tiny Phi-3 LongRoPE package (rotary factors switch past 64 tokens)."""
+    from tests.fixtures.longrope import build_longrope
+
+    return build_longrope(fixture_cache)
+
+
+@pytest.fixture(scope="session")
+def gemma3(fixture_cache) -> tuple[Path, Path, Path]:
+    """(hf_dir, windowed package, full-past package) of the tiny Gemma-3-shaped model (16-token windows)."""
+    from tests.fixtures.gemma3 import build_gemma3
+
+    hf_dir, windowed = build_gemma3(fixture_cache / "gemma3")
+    return hf_dir, windowed, build_gemma3(fixture_cache / "gemma3", windowed=False)[1]
+
+
+@pytest.fixture(scope="session")
 def gemma4(fixture_cache) -> tuple[Path, Path]:
     """(hf_dir, package_dir) of the tiny Gemma-4-layout package (per-layer head sizes)."""
     from tests.fixtures.gemma4 import build_gemma4
@@ -107,3 +132,11 @@ def tiny_orm(fixture_cache, tiny) -> tuple[Path, Path]:
     from tests.fixtures.orm import build_orm
 
     return build_orm(fixture_cache, tiny[0])
+
+
+@pytest.fixture(scope="session")
+def tiny_orm2(fixture_cache, tiny) -> tuple[Path, Path]:
+    """(hf_dir, onnx_dir) of the tiny two-label sequence classifier (softmax; label 1 the right answer's)."""
+    from tests.fixtures.orm import build_orm
+
+    return build_orm(fixture_cache, tiny[0], labels=2)

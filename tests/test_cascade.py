@@ -1,4 +1,5 @@
-"""Decode rows on one shared prompt KV (issue 26, cascade attention: runtime/cascade.py, engine/generate/cascade.py).
+"""Decode rows on one shared prompt KV (issue 26, cascade attention: runtime/cascade.py,
+engine/generate/rows/cascade_kv.py).
 
 The cascade decode graph against a plain onnxruntime session on the package's unmodified decoder
 (each row's whole sequence in one pass: no ortevals code in the oracle), at 1, 4 and 16 rows, with
@@ -12,10 +13,10 @@ import numpy as np
 import onnx
 import pytest
 
-from ortevals.engine.generate.cascade import Cascade, CascadeKV, SharedRows
-from ortevals.engine.generate.kvrows import CopyKV, DeviceKV, InplaceKV
-from ortevals.engine.generate.sampler import SharedPromptSampler
-from ortevals.engine.generate.settings import parse_gen_kwargs
+from ortevals.engine.generate.choice.settings import parse_gen_kwargs
+from ortevals.engine.generate.rows.cascade_kv import Cascade, CascadeKV, SharedRows
+from ortevals.engine.generate.rows.kv import CopyKV, DeviceKV, InplaceKV
+from ortevals.engine.generate.rows.sampler import SharedPromptSampler
 from ortevals.errors import OrtEvalsError
 from ortevals.integrations.lm import ModelArgs, OrtLM
 from ortevals.package.loader import ModelPackage
@@ -193,7 +194,7 @@ def test_two_questions_decode_together_and_give_the_current_paths_samples(raw, c
     """Two sampled prompts of different lengths (jobs in a row) decode in one batch on the cascade graph, rows
     stopping early in both, with fewer passes than one prompt at a time: every sample token-equal to the
     current path's (each row its own copy of the prompt, one prompt at a time)."""
-    from ortevals.engine.generate.sampler import plan_jobs, run_sampling
+    from ortevals.engine.generate.rows.sampler import plan_jobs, run_sampling
 
     def run(mode: str, until: list) -> tuple:
         st = parse_gen_kwargs({**SAMPLED, "until": until}, 24, raw.tok_decode([raw.eot_token_id]))
@@ -226,7 +227,7 @@ def test_prompts_join_a_running_batch_and_give_the_current_paths_samples(raw, ca
     early, late = [" ", "a", "e", "i", "t"], []  # common letters end a row within a few tokens
 
     def run(mode: str) -> tuple:
-        from ortevals.engine.generate.sampler import run_sampling
+        from ortevals.engine.generate.rows.sampler import run_sampling
 
         eot = raw.tok_decode([raw.eot_token_id])
         st = [parse_gen_kwargs({**SAMPLED, "until": u}, 24, eot) for u in (early, late)]
@@ -260,8 +261,8 @@ def test_tokens_chosen_on_several_threads_give_the_same_samples(raw, cache):
     falling inside a prompt's rows (three rows a prompt, pieces of 8 and more): every sample (ids, text,
     log-prob, self-certainty) bit-equal to one thread's, with and without a repetition penalty (each row's
     history)."""
-    from ortevals.engine.generate.rowsteps import PIECE_ROWS
-    from ortevals.engine.generate.sampler import run_sampling
+    from ortevals.engine.generate.rows.batch import PIECE_ROWS
+    from ortevals.engine.generate.rows.sampler import run_sampling
 
     prompts = [" ".join(["word"] * (2 + 3 * j)) + f" {PROMPT}" for j in range(11)]
     eot = raw.tok_decode([raw.eot_token_id])
@@ -274,7 +275,7 @@ def test_tokens_chosen_on_several_threads_give_the_same_samples(raw, cache):
         run_sampling(s, items, [[i // 3, i % 3] for i in range(len(items))], done.__setitem__, str)
         return [(d.ids, d.text, d.logprob, d.certainty, d.eos) for d in (done[i] for i in range(len(items)))]
 
-    from ortevals.engine.generate import rowsteps
+    from ortevals.engine.generate.rows import batch as rowsteps
 
     choose = rowsteps.RowSteps._choose
 
@@ -391,7 +392,7 @@ def test_a_streams_prompts_are_read_where_their_prompt_pass_wrote_them(raw, cach
     """Several sampled prompts decoded together: each group's prompt KV is the buffer its prompt pass wrote
     (allocated to the prompt's length, no room: the rows' tokens live in the arenas), not a copy of it, and the
     samples are the current path's."""
-    from ortevals.engine.generate.sampler import run_sampling
+    from ortevals.engine.generate.rows.sampler import run_sampling
 
     eot = raw.tok_decode([raw.eot_token_id])
     st = parse_gen_kwargs(SAMPLED, 24, eot)
@@ -465,7 +466,7 @@ def test_graphs_it_cannot_rewrite_exactly_keep_the_current_path(copy_pkg, tiny_p
         cascade_decoder(ModelPackage.load(pkg), cache)
     lm = OrtLM.from_package(ModelArgs(pkg=str(pkg), max_length=256, gen_path="raw"))
     s = sampler(lm, cache, "auto")
-    with caplog.at_level("INFO", logger="ortevals.engine.generate.cascade"):
+    with caplog.at_level("INFO", logger="ortevals.engine.generate.rows.cascade_kv"):
         got = [rows(s, lm, PROMPT, SAMPLED, [1, 2, 3]) for _ in range(2)]
     assert [r.ids for r in got[0]] == [r.ids for r in rows(sampler(lm, cache, "off"), lm, PROMPT, SAMPLED, [1, 2, 3])]
     assert caplog.text.count("each decode row keeps its own copy") == 1 and why in caplog.text
@@ -494,7 +495,7 @@ def test_the_graph_is_cached_under_a_scope_of_what_the_rewrite_reads(tiny_pkg, c
 
 
 def test_auto_declines_a_second_session_that_would_take_half_the_free_memory(tiny_pkg, cache, caplog):
-    from ortevals.engine.generate.cascade import decoder_bytes
+    from ortevals.engine.generate.rows.cascade_kv import decoder_bytes
 
     package = ModelPackage.load(tiny_pkg)
     runner = DecoderRunner.open(package, ProviderConfig("cpu"))
@@ -503,9 +504,27 @@ def test_auto_declines_a_second_session_that_would_take_half_the_free_memory(tin
     opener = functools.partial(runner.cascade, ProviderConfig("cpu"), cache)
     for mode, free, used in (("auto", 2 * cost - 1, False), ("auto", 2 * cost, True), ("on", cost, True)):
         kv = CascadeKV(InplaceKV(runner), CopyKV(runner), Cascade(mode, opener, cost, lambda f=free: f))
-        with caplog.at_level("INFO", logger="ortevals.engine.generate.cascade"):
+        with caplog.at_level("INFO", logger="ortevals.engine.generate.rows.cascade_kv"):
             assert kv.ready() == used
     mib = cost / 2**20
     assert caplog.text.count("each decode row keeps its own copy") == 1
     assert f"cascade: a second session of the decoder ({mib:.1f} MiB of weights) would take more than half of " \
         f"the {(2 * cost - 1) / 2**20:.1f} MiB free; each decode row" in caplog.text
+
+
+def test_cascade_passes_are_metered_with_the_run(tiny_pkg):
+    """Issue 38 item 8: the cascade runner kept a meter of its own, so a run's decode tokens/s and TPOT
+    described only the passes outside it (the canary's 24 tokens beside 246 generated). Every generated token
+    after a row's first comes from a decode pass, so the run's meter counts at least that many decode rows, on
+    either path (more: rows that finished ride along, and the one-time checks of the KV kind and the graph)."""
+    reqs = repeats([PROMPT, "The capital of France is"], SAMPLED, 4)
+    for mode in ("on", "off"):
+        lm = OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg), max_length=256, gen_path="raw", cascade=mode,
+                                          check=False))
+        before = lm.backends.meter.counts()
+        lm.generate_until(reqs, disable_tqdm=True)
+        after = lm.backends.meter.counts()
+        assert ("cascade off" not in lm.run.generation.sampler().kv_rows.name) == (mode == "on")
+        decode = after.decode_tokens - before.decode_tokens
+        assert decode >= lm.stats["generated_tokens"] - len(reqs) > 100, (mode, decode, lm.stats)
+        assert after.decode_row_seconds > before.decode_row_seconds

@@ -83,6 +83,6 @@ def test_plot_writes_a_png_and_import_stays_light(tmp_path):
     fit = fit_coverage([1, 2, 4], [0.1, 0.1 * 2 ** 0.3, 0.1 * 4 ** 0.3])
     out = compute_plot(pts, tmp_path / "c.png", "toy", fit)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
-    code = "import sys, ortevals.report.compute, ortevals.report.selection, ortevals.engine.generate.stepsearch; " \
+    code = "import sys, ortevals.report.compute, ortevals.report.selection, ortevals.engine.generate.search.guided; " \
            "bad = {'matplotlib', 'torch', 'onnxruntime'} & set(sys.modules); assert not bad, bad"
     subprocess.run([sys.executable, "-c", code], check=True)

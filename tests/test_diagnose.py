@@ -23,13 +23,6 @@ DOWN1 = "/model/layers.1/mlp/down_proj/MatMul"
 
 
 @pytest.fixture(scope="session")
-def tiny_int4(fixture_cache):
-    from tests.fixtures.tiny import build_tiny_int4
-
-    return build_tiny_int4(fixture_cache)
-
-
-@pytest.fixture(scope="session")
 def tiny_int4_down1(fixture_cache):
     """The builder's int4 export with layer 1's down projection left in fp32 (``nodes_to_exclude``)."""
     from tests.fixtures.tiny import build_tiny_int4

@@ -13,13 +13,6 @@ from tests.test_cli import assert_one_line_error
 
 
 @pytest.fixture(scope="session")
-def tiny_int4(fixture_cache):
-    from tests.fixtures.tiny import build_tiny_int4
-
-    return build_tiny_int4(fixture_cache)
-
-
-@pytest.fixture(scope="session")
 def tiny3(fixture_cache):
     from tests.fixtures.tiny import build_tiny_layers
 

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 from lm_eval.api.instance import Instance
 
-from ortevals.engine.generate import gencanary
-from ortevals.engine.generate.gencanary import raw_plan
-from ortevals.engine.generate.sampler import SharedPromptSampler, run_sampling
-from ortevals.engine.generate.settings import GenSettings
+from ortevals.engine.generate import canary as gencanary
+from ortevals.engine.generate.canary import raw_plan
+from ortevals.engine.generate.choice.settings import GenSettings
+from ortevals.engine.generate.rows.sampler import SharedPromptSampler, run_sampling
 from ortevals.engine.score import invariance
 from ortevals.integrations.lm import ModelArgs, OrtLM
 from ortevals.package.loader import ModelPackage

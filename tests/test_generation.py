@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 from lm_eval.api.instance import Instance
 
-from ortevals.engine.generate.generation import choose_token
-from ortevals.engine.generate.settings import GenSettings, parse_gen_kwargs
-from ortevals.engine.generate.stops import first_stop
+from ortevals.engine.generate.choice.logits import choose_token
+from ortevals.engine.generate.choice.settings import GenSettings, parse_gen_kwargs
+from ortevals.engine.generate.choice.stops import first_stop
 from ortevals.errors import OrtEvalsError
 from ortevals.integrations.lm import ModelArgs, OrtLM
 
@@ -245,8 +245,9 @@ def test_cursor_rewinds_only_where_exact(tiny, fixture_cache):
     cursor, errors = cursor_errors(text)
     assert text.rewind_ok and max(errors) <= 1e-5
     assert text.generators_created == 1 + len(MOVES)  # one cursor Generator; the rest are the references
-    # the header ran once: then only each move's suffix past the common prefix (at least one token)
-    assert cursor.tokens_run == 60 + 5 + 1 + 30
+    # the header ran once: then only each move's suffix past the common prefix (at least two tokens:
+    # package/reuse.py's MIN_PASS_TOKENS, so the move back to SHORT[:2] runs its last two)
+    assert cursor.tokens_run == 60 + 5 + 2 + 30
 
     windowed_dir = build_gemma4(fixture_cache / "gemma4", windowed=True)[1]
     windowed = open_runner(windowed_dir)

@@ -1,4 +1,4 @@
-"""The sampler's decode KV (engine/generate/kvrows.py, issue 20 §1): the memory a batch really needs and the
+"""The sampler's decode KV (engine/generate/rows/kv.py, issue 20 §1): the memory a batch really needs and the
 rows chosen from the free memory; device KV kept in place (bound by pointer as past and present),
 proven on CPU through the same OrtValue code path a device takes (``bind_device='cpu'``)."""
 
@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from ortevals.engine.generate.kvrows import CopyKV, InplaceKV
-from ortevals.engine.generate.sampler import Job, SharedPromptSampler
-from ortevals.engine.generate.settings import parse_gen_kwargs
+from ortevals.engine.generate.choice.settings import parse_gen_kwargs
+from ortevals.engine.generate.rows.kv import CopyKV, InplaceKV
+from ortevals.engine.generate.rows.sampler import Job, SharedPromptSampler
 from ortevals.integrations.lm import ModelArgs, OrtLM
 from ortevals.package.loader import ModelPackage
 
@@ -109,7 +109,7 @@ def test_rows_per_batch_from_the_real_peak(lm, kind):
 def test_rows_per_batch_from_the_free_memory_reading(lm):
     """The free-memory reading (injected) sets the budget: FREE_SHARE of it, plus the arenas already
     held, which the next batch reuses."""
-    from ortevals.engine.generate.sampler import FREE_SHARE
+    from ortevals.engine.generate.rows.sampler import FREE_SHARE
 
     prompt_len = len(lm.tok_encode(PROMPT))
     row = (prompt_len + 201) * 512
@@ -254,7 +254,7 @@ def test_a_device_graph_that_refuses_the_shared_buffer_falls_back_once(lm, devic
 def test_the_in_place_check_catches_a_row_op_that_writes_nothing(device_runner, monkeypatch, caplog, op):
     """The check runs every row op the sampler uses on buffers that start as NaN: a device copy that
     does not happen cannot pass because the allocator handed back memory holding the right values."""
-    from ortevals.engine.generate.kvrows import choose_kv
+    from ortevals.engine.generate.rows.kv import choose_kv
     from ortevals.runtime.replicate import Replicator
 
     original = getattr(Replicator, op)
@@ -273,7 +273,7 @@ def test_the_in_place_check_catches_a_row_op_that_writes_nothing(device_runner, 
 def test_rows_that_leave_move_only_the_rows_they_must():
     """Rows 1 (of the first prompt's four) and 5 (of the second's three) end: each group keeps its slots, a hole
     filled by its own last row; the second group starts one slot earlier (its last row moves to its first)."""
-    from ortevals.engine.generate.rowsteps import placed
+    from ortevals.engine.generate.rows.batch import placed
 
     first = placed([(0, "a"), (2, "c"), (3, "d")], 0)
     second = placed([(4, "e"), (6, "g")], len(first))

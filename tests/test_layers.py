@@ -11,6 +11,7 @@ They also hold files to about 400 lines and functions to about 50 (the project's
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("package", ("ortevals.package",)),
     ("runtime", ("ortevals.runtime",)),
     ("engine.score", ("ortevals.engine.score",)),
+    ("engine.generate.choice", ("ortevals.engine.generate.choice",)),
     ("engine.generate", ("ortevals.engine.generate",)),
     ("engine.media", ("ortevals.engine.media",)),
     ("engine", ("ortevals.engine",)),
@@ -231,3 +233,66 @@ def test_files_and_functions_stay_small():
                 if n > MAX_FUNCTION_LINES:
                     long.append(f"{path.relative_to(ROOT.parent)}:{node.lineno}: {node.name} is {n} lines")
     assert not long, "over the size rule:\n" + "\n".join(long)
+
+
+ARCHITECTURE = ROOT.parent / "docs" / "architecture.md"
+
+
+def diagram(text: str) -> list[tuple[str, str]]:
+    """(layer name, the text of its line and continuation lines) of the page's first code block, in order."""
+    block = text.split("```", 2)[1]
+    out: list[tuple[str, str]] = []
+    for line in block.splitlines()[1:]:
+        if line.strip() in ("", "▼", "│"):
+            continue
+        if line[0].isspace() and out:
+            out[-1] = (out[-1][0], out[-1][1] + " " + line.strip())
+        else:
+            name, _, rest = line.strip().partition(" ")
+            out.append((name, rest.strip()))
+    return out
+
+
+def path_form(prefix: str, root: Path = ROOT) -> str:
+    """How the picture names a layer's prefix: ``ortevals.run`` → ``run/``, ``ortevals.cli`` → ``cli.py``."""
+    parts = prefix.split(".")[1:]
+    if not parts:
+        return "__init__.py"
+    return "/".join(parts) + ("/" if (root / Path(*parts)).is_dir() else ".py")
+
+
+def picture_problems(text: str) -> list[str]:
+    """How a page's picture differs from LAYERS: the names (highest first), and each layer's prefixes named
+    on its line."""
+    found = diagram(text)
+    names = [name for name, _ in reversed(LAYERS)]
+    if [name for name, _ in found] != names:
+        return [f"the picture's layers {[name for name, _ in found]} are not LAYERS' {names}"]
+    return [f"{name}: {path_form(p)} not named" for (name, line), (_, prefixes) in zip(found, reversed(LAYERS))
+            for p in prefixes if path_form(p) not in line]
+
+
+def test_the_architecture_picture_is_layers():
+    """docs/architecture.md's picture lists LAYERS' names highest first, each line naming its layer's prefixes."""
+    found = picture_problems(ARCHITECTURE.read_text())
+    assert not found, "docs/architecture.md's picture disagrees with LAYERS:\n" + "\n".join(found)
+
+
+def test_the_picture_check_sees_a_wrong_order_and_a_missing_prefix():
+    lines = [f"{name}  {' · '.join(path_form(p) for p in prefixes)}" for name, prefixes in reversed(LAYERS)]
+    page = "x\n```\n" + "\n  ▼\n".join(lines) + "\n```\n"
+    assert picture_problems(page) == []
+    swapped = lines[:2] + [lines[3], lines[2]] + lines[4:]
+    assert picture_problems("```\n" + "\n".join(swapped) + "\n```")[0].startswith("the picture's layers")
+    assert picture_problems(page.replace(" · run/", "")) == ["run: run/ not named"]
+    assert diagram("```\nrun  a\n  more\n  ▼\nreport  b\n```") == [("run", "a more"), ("report", "b")]
+
+
+def test_every_folder_and_module_is_on_the_architecture_page():
+    text = ARCHITECTURE.read_text()
+    folders = sorted({p.parent.relative_to(ROOT.parent).as_posix() for p in ROOT.rglob("__init__.py")})
+    rows = set(re.findall(r"^\| `([\w/]+\.py)` \|", text, re.M))
+    files = {p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*.py") if p.name != "__init__.py"}
+    assert [f for f in folders if f"`{f}/`" not in text] == [], "folders without their line"
+    assert sorted(files - rows) == [], "modules without a row in the module table"
+    assert sorted(rows - files) == [], "rows for modules that do not exist"

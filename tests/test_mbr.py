@@ -1,9 +1,9 @@
-"""MBR selection (engine/generate/mbr.py) on hand-made candidate sets."""
+"""MBR selection (engine/generate/search/mbr.py) on hand-made candidate sets."""
 
 import pytest
 from sacrebleu.metrics import CHRF
 
-from ortevals.engine.generate.mbr import mbr_select, utility_matrix
+from ortevals.engine.generate.search.mbr import mbr_select, utility_matrix
 from ortevals.errors import OrtEvalsError
 
 

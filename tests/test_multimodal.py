@@ -13,7 +13,7 @@ import json
 import numpy as np
 import pytest
 
-from ortevals.engine.generate.settings import GenSettings
+from ortevals.engine.generate.choice.settings import GenSettings
 from ortevals.engine.media.og import MediaEngine, MediaRequest, split_context
 from ortevals.engine.media.paths import open_media
 from ortevals.errors import OrtEvalsError, PackageError

@@ -185,6 +185,25 @@ def test_the_driver_opens_no_session_with_workers(ray_cluster, tiny_pkg, monkeyp
                    one.generate_until(gen, disable_tqdm=True), one.max_length)
 
 
+def test_the_driver_scope_records_the_threads_the_workers_run_with(ray_cluster, tiny_pkg, tmp_path):
+    """On CPU each worker runs ``num_cpus`` threads (the cluster's 2 CPUs over 2 workers: 1), not the driver's
+    default (this machine's cores): the driver's store scope is the one a worker's run has (its threads
+    included), so answers stored by one setting are never served to another."""
+    from ortevals.integrations.ray import placement
+    from ortevals.report.scope import results_scope
+    from ortevals.run.run import Run, run_settings
+
+    lm = OrtLM.from_package(parse_model_args({"pkg": str(tiny_pkg), "workers": 2,
+                                              "store": str(tmp_path / "s.sqlite")}))
+    settings = json.loads(lm.store.scope.settings)
+    assert settings["threads"] == lm.run.args.threads == 1
+    assert settings["path:raw sessions"]["intra_op_num_threads"] == 1
+    worker = Run.open(parse_model_args(lm.pool.worker_args(placement(False, 2, lm.run.args.threads, 2))))
+    assert worker.backends.provider.intra_op_threads == 1
+    digest = results_scope(worker.package.root, worker.reads(), run_settings(worker.args, worker.backends)).digest
+    assert digest == lm.store.scope.digest
+
+
 def test_a_decoder_the_runtime_refuses_is_one_line_from_the_workers(ray_cluster, tiny_pkg, copy_pkg):
     """The driver no longer opens the decoder, so a package only the runtime refuses (a wrong head size
     the probe pass finds) is reported by the workers: the single process's one line, not a dead actor."""

@@ -1,4 +1,4 @@
-"""RawRowModel (engine/generate/rowmodel.py, issue 25): the step-level searches on the raw engine give the
+"""RawRowModel (engine/generate/search/rawrows.py, issue 25): the step-level searches on the raw engine give the
 tokens a transformers model gives when it recomputes every row from scratch (same seeded choices, same
 PRM), with the prompt run once and rows of different lengths."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ortevals.engine.generate.rowmodel import RawRowModel
-from ortevals.engine.generate.settings import GenSettings
-from ortevals.engine.generate.steps import ProcessorChooser, SampleChooser, StepRules
-from ortevals.engine.generate.stepsearch import SearchSettings, dvts, particle_filter, prm_beam_search
+from ortevals.engine.generate.choice.settings import GenSettings
+from ortevals.engine.generate.search.guided import SearchSettings, dvts, particle_filter, prm_beam_search
+from ortevals.engine.generate.search.rawrows import RawRowModel
+from ortevals.engine.generate.search.steps import ProcessorChooser, SampleChooser, StepRules
 from ortevals.integrations.lm import ModelArgs, OrtLM
 from ortevals.options import parse_model_args
 from ortevals.run.search import search_sampling, search_settings
@@ -116,9 +116,9 @@ def test_search_option_answers_as_the_search_on_transformers(models, tiny_pkg, t
     search run on transformers (the decoder and the ORM), seeded by the request's own generator."""
     from lm_eval.api.instance import Instance
 
-    from ortevals.engine.generate.prm import TextPrm
-    from ortevals.engine.generate.seeds import sample_rng
-    from ortevals.engine.generate.steps import text_separator
+    from ortevals.engine.generate.choice.seeds import sample_rng
+    from ortevals.engine.generate.search.prm import TextPrm
+    from ortevals.engine.generate.search.steps import text_separator
     from ortevals.report.resume import request_keys
 
     _, hf = models
@@ -182,7 +182,7 @@ def test_bad_search_options_are_one_line_errors(tiny_pkg, extra, needle):
 @pytest.mark.parametrize("aggregation", ["last", "min", "prod"])
 def test_the_prm_aggregation_option_reaches_the_search(aggregation):
     """``prm_aggregation`` from the options table is the search's fold of each solution's step scores
-    (stepsearch's judge reads ``SearchSettings.aggregation``); its default is search-and-learn's ``last``."""
+    (search/guided.py's judge reads ``SearchSettings.aggregation``); its default is search-and-learn's ``last``."""
     args = parse_model_args({"pkg": "x", "search": "beam", "search_n": "4", "search_width": "2",
                              "prm_aggregation": aggregation})
     assert search_settings(args).aggregation == aggregation

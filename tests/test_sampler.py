@@ -1,4 +1,4 @@
-"""The shared-prompt sampling engine (engine/generate/sampler.py, issue 14 §1-2): K rows of one prompt decoded
+"""The shared-prompt sampling engine (engine/generate/rows/sampler.py, issue 14 §1-2): K rows of one prompt decoded
 together give each sample exactly what it gives alone; greedy equals the og path and transformers;
 per-row stops; prefix reuse; lm-eval ``repeats`` grouping; the store reuses the first K samples."""
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from lm_eval.api.instance import Instance
 
-from ortevals.engine.generate.sampler import SharedPromptSampler, plan_jobs
-from ortevals.engine.generate.settings import parse_gen_kwargs
+from ortevals.engine.generate.choice.settings import parse_gen_kwargs
+from ortevals.engine.generate.rows.sampler import SharedPromptSampler, plan_jobs
 from ortevals.integrations.lm import ModelArgs, OrtLM
 
 PROMPT = "Question: what is the river of the city? Answer: the river"
@@ -32,7 +32,7 @@ def repeats(prompts, kwargs, k):
 
 def sampler(lm, kv: str = "auto", **kw) -> SharedPromptSampler:
     """A fresh sampler on lm's runner; kv: auto (in place where checked), or copy (a new cache per pass)."""
-    from ortevals.engine.generate.kvrows import CopyKV
+    from ortevals.engine.generate.rows.kv import CopyKV
 
     base = lm.run.generation.sampler()
     s = SharedPromptSampler(base.runner, lm.tokenizer, base.eos_ids, **kw)
@@ -100,7 +100,7 @@ def test_greedy_raw_equals_greedy_og_and_transformers(raw, og, tiny):
 
 
 def test_each_row_stops_on_its_own(raw, og):
-    from ortevals.engine.generate.generation import generate
+    from ortevals.engine.generate.og.loops import generate
 
     seeds = [21, 22, 23, 24]
     free = rows(sampler(raw), raw, PROMPT, SAMPLED, seeds)
@@ -156,11 +156,11 @@ def test_store_reuses_the_first_k_samples_when_k_grows(tiny_pkg, tmp_path):
 
 def test_beam_search_on_the_raw_runner_equals_transformers(raw, tiny):
     """RawStepModel (prompt KV replicated, rows reordered by parents on the runner) under
-    engine/generate/search.py gives transformers' generate(num_beams=4) tokens; generate_until routes it."""
+    engine/generate/search/beam.py gives transformers' generate(num_beams=4) tokens; generate_until routes it."""
     from transformers import AutoModelForCausalLM
 
-    from ortevals.engine.generate.sampler import RawStepModel
-    from ortevals.engine.generate.search import beam_search
+    from ortevals.engine.generate.rows.sampler import RawStepModel
+    from ortevals.engine.generate.search.beam import beam_search
     from tests.test_search import hf_beams
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny[0]), dtype="float32").eval()
@@ -176,9 +176,9 @@ def test_beam_search_on_the_raw_runner_equals_transformers(raw, tiny):
 
 def test_mbr_returns_the_candidate_closest_to_the_others(raw):
     """mbr_samples=4: the answer is one of the 4 candidates (the same seeds decoded as plain samples),
-    the one engine/generate/mbr.py picks from them."""
-    from ortevals.engine.generate.mbr import mbr_select
-    from ortevals.engine.generate.seeds import sample_rng
+    the one engine/generate/search/mbr.py picks from them."""
+    from ortevals.engine.generate.choice.seeds import sample_rng
+    from ortevals.engine.generate.search.mbr import mbr_select
 
     kwargs = {**SAMPLED, "mbr_samples": 4, "mbr_metric": "chrf"}
     [text] = raw.generate_until(repeats([PROMPT], kwargs, 1), disable_tqdm=True)

@@ -1,4 +1,4 @@
-"""Sampling filters and penalties (engine/generate/sampling.py) against transformers' logits processors;
+"""Sampling filters and penalties (engine/generate/choice/logits.py) against transformers' logits processors;
 Mirostat v2 against a worked example; per-row seeding."""
 
 import numpy as np
@@ -15,10 +15,10 @@ from transformers.generation import (
     TypicalLogitsWarper,
 )
 
-from ortevals.engine.generate import sampling
-from ortevals.engine.generate.generation import choose_token
-from ortevals.engine.generate.seeds import row_rng
-from ortevals.engine.generate.settings import GenSettings, parse_gen_kwargs
+from ortevals.engine.generate.choice import logits as sampling
+from ortevals.engine.generate.choice.logits import choose_token
+from ortevals.engine.generate.choice.seeds import row_rng
+from ortevals.engine.generate.choice.settings import GenSettings, parse_gen_kwargs
 from ortevals.errors import OrtEvalsError
 
 V = 97

@@ -1,10 +1,10 @@
-"""Beam search and diverse beam search (engine/generate/search.py) against transformers and by hand."""
+"""Beam search and diverse beam search (engine/generate/search/beam.py) against transformers and by hand."""
 
 import numpy as np
 import pytest
 
-from ortevals.engine.generate.search import beam_search
-from ortevals.engine.generate.settings import GenSettings, parse_gen_kwargs
+from ortevals.engine.generate.choice.settings import GenSettings, parse_gen_kwargs
+from ortevals.engine.generate.search.beam import beam_search
 
 
 class TorchStepModel:

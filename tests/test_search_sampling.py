@@ -1,6 +1,6 @@
 """Token choice in step-level search (issue 25): the request's processors, as the sampler applies them.
 
-``ProcessorChooser`` (engine/generate/steps.py) is what ``--search`` draws tokens with. Each draw is
+``ProcessorChooser`` (engine/generate/search/steps.py) is what ``--search`` draws tokens with. Each draw is
 reproduced independently: transformers' own processors (RepetitionPenalty, Temperature, TopK, TopP,
 MinP) on the same logits and the row's history as a model wrapper saw it fed, then ``rng.choice`` from
 the same generator state. Dropping any processor changes the draws (checked in the report by hand)."""
@@ -12,9 +12,9 @@ import copy
 import numpy as np
 import pytest
 
-from ortevals.engine.generate.settings import GenSettings
-from ortevals.engine.generate.steps import ProcessorChooser, StepRules
-from ortevals.engine.generate.stepsearch import SearchSettings, dvts, particle_filter, prm_beam_search
+from ortevals.engine.generate.choice.settings import GenSettings
+from ortevals.engine.generate.search.guided import SearchSettings, dvts, particle_filter, prm_beam_search
+from ortevals.engine.generate.search.steps import ProcessorChooser, StepRules
 
 V = 40
 

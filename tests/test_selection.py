@@ -1,4 +1,4 @@
-"""Selection by verifier or self-certainty (report/selection.py, engine/generate/certainty.py): hand-made tables
+"""Selection by verifier or self-certainty (report/selection.py, engine/generate/choice/certainty.py): hand-made tables
 with known answers, a brute force over every k-subset (search-and-learn's selection rules), scipy."""
 
 import itertools
@@ -10,14 +10,14 @@ from scipy.special import log_softmax
 from scipy.stats import entropy
 
 import ortevals.report.selection as sel
-from ortevals.engine.generate.certainty import RunningCertainty, certainty_terms, self_certainty
+from ortevals.engine.generate.choice.certainty import RunningCertainty, certainty_terms, self_certainty
 from ortevals.errors import OrtEvalsError
 from ortevals.report.scaling import QuestionSamples, lm_eval_metrics
 from ortevals.report.selection import (
     ScoredQuestion,
     per_question,
     selection_curves,
-    weighted_maj_at_k,
+    weighted_maj_avg_at_k,
 )
 
 
@@ -46,20 +46,20 @@ def _brute(answers, correct, scores, k, rule):
 def test_weighted_maj_by_hand():
     # A .9, B .5 + .5, C .2; B right. k=2: only {1,2} {1,3} {2,3} elect B; k=3: {0,1,2} and {1,2,3}
     ans, ok, w = ["A", "B", "B", "C"], [False, True, True, False], [0.9, 0.5, 0.5, 0.2]
-    assert [weighted_maj_at_k(ans, ok, w, k) for k in (1, 2, 3, 4)] == [0.5, 0.5, 0.5, 1.0]
+    assert [weighted_maj_avg_at_k(ans, ok, w, k) for k in (1, 2, 3, 4)] == [0.5, 0.5, 0.5, 1.0]
 
 
 def test_weighted_maj_ties_one_sample_all_wrong():
-    assert weighted_maj_at_k(["a", "b"], [True, False], [0.5, 0.5], 2) == 1.0  # tie: a seen first
-    assert weighted_maj_at_k(["b", "a"], [False, True], [0.5, 0.5], 2) == 0.0
-    assert weighted_maj_at_k(["x", "y", "y"], [False, True, True], [0.6, 0.1, 0.5], 3) == 0.0  # 0.1+0.5 == 0.6
-    assert weighted_maj_at_k(["x", "y", "y"], [False, True, True], [0.3, 0.1, 0.2], 3) == 1.0  # 0.1+0.2 > 0.3
+    assert weighted_maj_avg_at_k(["a", "b"], [True, False], [0.5, 0.5], 2) == 1.0  # tie: a seen first
+    assert weighted_maj_avg_at_k(["b", "a"], [False, True], [0.5, 0.5], 2) == 0.0
+    assert weighted_maj_avg_at_k(["x", "y", "y"], [False, True, True], [0.6, 0.1, 0.5], 3) == 0.0  # 0.1+0.5 == 0.6
+    assert weighted_maj_avg_at_k(["x", "y", "y"], [False, True, True], [0.3, 0.1, 0.2], 3) == 1.0  # 0.1+0.2 > 0.3
     # summed in sample order, as search-and-learn adds: (0.1 + 0.2) + 0.3 > 0.6 (0.1 + (0.2 + 0.3) would tie)
-    assert weighted_maj_at_k(["x", "y", "y", "y"], [False, True, True, True], [0.6, 0.1, 0.2, 0.3], 4) == 1.0
-    assert weighted_maj_at_k(["a"], [True], [0.1], 1) == 1.0
-    assert weighted_maj_at_k([None], [False], [0.9], 1) == 0.0
-    assert weighted_maj_at_k(["a", "b", None], [False, False, False], [0.9, 0.8, 0.7], 2) == 0.0
-    assert weighted_maj_at_k([None, "a", None], [False, True, False], [5.0, 0.1, 5.0], 2) == pytest.approx(2 / 3)
+    assert weighted_maj_avg_at_k(["x", "y", "y", "y"], [False, True, True, True], [0.6, 0.1, 0.2, 0.3], 4) == 1.0
+    assert weighted_maj_avg_at_k(["a"], [True], [0.1], 1) == 1.0
+    assert weighted_maj_avg_at_k([None], [False], [0.9], 1) == 0.0
+    assert weighted_maj_avg_at_k(["a", "b", None], [False, False, False], [0.9, 0.8, 0.7], 2) == 0.0
+    assert weighted_maj_avg_at_k([None, "a", None], [False, True, False], [5.0, 0.1, 5.0], 2) == pytest.approx(2 / 3)
 
 
 def test_weighted_maj_equals_brute_force_on_random_tables():
@@ -73,7 +73,7 @@ def test_weighted_maj_equals_brute_force_on_random_tables():
             rng.random(n).tolist()  # few distinct values: sums tie often
         for k in range(1, n + 1):
             want = _brute(answers, correct, scores, k, "weighted")
-            assert weighted_maj_at_k(answers, correct, scores, k) == pytest.approx(want, abs=1e-12), \
+            assert weighted_maj_avg_at_k(answers, correct, scores, k) == pytest.approx(want, abs=1e-12), \
                 (answers, correct, scores, k)
 
 
@@ -91,35 +91,39 @@ def test_bon_and_prm_variants_equal_brute_force():
         verifier = tuple(rng.choice([0.1, 0.4, 0.4, 0.8], n).tolist())
         q = _q(answers, correct, verifier=verifier, steps=steps, certainty=verifier)
         for k in range(1, n + 1):
-            assert per_question([q], "bon", k)[0] == pytest.approx(_brute(answers, correct, verifier, k, "best"))
-            assert per_question([q], "bon_certainty", k)[0] == per_question([q], "bon", k)[0]
+            assert per_question([q], "bon_avg", k)[0] == pytest.approx(
+                _brute(answers, correct, verifier, k, "best"))
+            assert per_question([q], "bon_certainty_avg", k)[0] == per_question([q], "bon_avg", k)[0]
             for agg, fold in (("min", min), ("last", lambda s: s[-1]), ("prod", np.prod)):
                 folded = [float(fold(s)) for s in steps]
-                assert per_question([q], f"bon_prm_{agg}", k)[0] == pytest.approx(
+                assert per_question([q], f"bon_prm_{agg}_avg", k)[0] == pytest.approx(
                     _brute(answers, correct, folded, k, "best"))
-                assert per_question([q], f"weighted_maj_prm_{agg}", k)[0] == pytest.approx(
+                assert per_question([q], f"weighted_maj_prm_{agg}_avg", k)[0] == pytest.approx(
                     _brute(answers, correct, folded, k, "weighted"))
 
 
 def test_bon_by_hand():
     q = _q(["a", "b", "c"], [False, True, False], verifier=(0.3, 0.9, 0.9))  # tie .9: b (index 1) first
-    assert [per_question([q], "bon", k)[0] for k in (1, 2, 3)] == pytest.approx([1 / 3, 2 / 3, 1.0])
+    assert [per_question([q], "bon_avg", k)[0] for k in (1, 2, 3)] == pytest.approx([1 / 3, 2 / 3, 1.0])
+    assert [per_question([q], "bon", k)[0] for k in (1, 2, 3)] == [0.0, 1.0, 1.0]  # the first k
     q = _q(["a", "b"], [False, False], verifier=(0.3, 0.9))
-    assert per_question([q], "bon", 2)[0] == 0.0
+    assert per_question([q], "bon", 2)[0] == 0.0 and per_question([q], "bon_avg", 2)[0] == 0.0
 
 
 def test_curves_intervals_and_lm_eval_names():
     qs = [_q(["a", "b", "a", "b"], [True, False, True, False], verifier=(0.9, 0.1, 0.2, 0.8)),
           _q(["c", "c", "d", "d"], [False, False, True, True], verifier=(0.5, 0.5, 0.4, 0.7))]
     points = selection_curves(qs)
-    assert {p.estimator for p in points} == {"bon", "weighted_maj"}  # no PRM or certainty scores given
+    # no PRM or certainty scores given
+    assert {p.estimator for p in points} == {"bon", "weighted_maj", "bon_avg", "weighted_maj_avg"}
     by = {(p.estimator, p.k): p for p in points}
-    v = np.array([weighted_maj_at_k(q.samples.answers, q.samples.correct, q.verifier, 2) for q in qs])
-    assert by["weighted_maj", 2].value == pytest.approx(v.mean())
-    assert by["weighted_maj", 2].stderr == pytest.approx(np.std(v, ddof=1) / np.sqrt(2))
+    v = np.array([weighted_maj_avg_at_k(q.samples.answers, q.samples.correct, q.verifier, 2) for q in qs])
+    assert by["weighted_maj_avg", 2].value == pytest.approx(v.mean())
+    assert by["weighted_maj_avg", 2].stderr == pytest.approx(np.std(v, ddof=1) / np.sqrt(2))
+    assert by["weighted_maj", 2].value == 0.5  # q1: a .9 vs b .1; q2: c 1.0 (wrong)
     assert by["bon", 4].tokens == 40
     metrics = lm_eval_metrics(points, "none")
-    assert "bon@4,none" in metrics and "weighted_maj@2_stderr,none" in metrics
+    assert "bon@4,none" in metrics and "weighted_maj@2_stderr,none" in metrics and "bon_avg@4,none" in metrics
 
 
 def test_bad_tables():
@@ -128,7 +132,7 @@ def test_bad_tables():
     with pytest.raises(OrtEvalsError, match="one finite verifier score per sample"):
         per_question([_q(["a", "b"], [True, False], verifier=(0.1, float("nan")))], "weighted_maj", 1)
     with pytest.raises(OrtEvalsError, match="both right and wrong"):
-        weighted_maj_at_k(["a", "a"], [True, False], [0.1, 0.2], 1)
+        weighted_maj_avg_at_k(["a", "a"], [True, False], [0.1, 0.2], 1)
     with pytest.raises(OrtEvalsError, match="unknown selector"):
         per_question([_q(["a"], [True], verifier=(1.0,))], "best_of", 1)
     with pytest.raises(OrtEvalsError, match="same number of samples"):
@@ -137,8 +141,8 @@ def test_bad_tables():
 
 def test_weighted_maj_refuses_too_many_subsets(monkeypatch):
     monkeypatch.setattr(sel, "MAX_SUBSETS", 10)
-    with pytest.raises(OrtEvalsError, match=r"weighted_maj@3: one answer has 5 samples \(25 subsets"):
-        weighted_maj_at_k(["a"] * 5, [True] * 5, [0.1] * 5, 3)
+    with pytest.raises(OrtEvalsError, match=r"weighted_maj_avg@3: one answer has 5 samples \(25 subsets"):
+        weighted_maj_avg_at_k(["a"] * 5, [True] * 5, [0.1] * 5, 3)
 
 
 def test_self_certainty_is_the_mean_kl_from_uniform():

@@ -1,4 +1,5 @@
-"""Step-level search (engine/generate/steps.py, engine/generate/stepsearch.py) against brute-force references on a toy.
+"""Step-level search (engine/generate/search/steps.py, engine/generate/search/guided.py) against brute-force
+references on a toy.
 
 Sampled searches: the exact distribution of the answer, enumerated from the specification
 (tests/fixtures/stepsearch_toy.py), against the answers of many seeded runs (scipy chi-square, alpha 1e-3;
@@ -15,9 +16,16 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-import ortevals.engine.generate.stepsearch as ss
-from ortevals.engine.generate.steps import SampleChooser, StepRows, StepRules, aggregate, fork_moves, text_separator
-from ortevals.engine.generate.stepsearch import SearchSettings, dvts, particle_filter, prm_beam_search, weighted_vote
+import ortevals.engine.generate.search.guided as ss
+from ortevals.engine.generate.search.guided import SearchSettings, dvts, particle_filter, prm_beam_search, weighted_vote
+from ortevals.engine.generate.search.steps import (
+    SampleChooser,
+    StepRows,
+    StepRules,
+    aggregate,
+    fork_moves,
+    text_separator,
+)
 from tests.fixtures.stepsearch_toy import (
     MAX_TOKENS,
     RULES,

@@ -1,12 +1,12 @@
-"""Stop sequences as tokens arrive (engine/generate/stops.py): special-token stops as lm-eval's hf backend fires
+"""Stop sequences as tokens arrive (engine/generate/choice/stops.py): special-token stops as lm-eval's hf backend fires
 them, and incremental decoding equal to decoding everything again, with linear work."""
 
 import numpy as np
 import pytest
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
-from ortevals.engine.generate.settings import GenSettings
-from ortevals.engine.generate.stops import TextStream, first_stop
+from ortevals.engine.generate.choice.settings import GenSettings
+from ortevals.engine.generate.choice.stops import TextStream, first_stop
 
 SPECIALS = ["<unk>", "<s>", "</s>", "<|im_start|>", "<end_of_turn>"]
 TEXTS = ["Hello world, ça va? Ünïcödé — “quotes” … naïve café",

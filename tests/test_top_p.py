@@ -1,4 +1,4 @@
-"""top-p without a full-vocabulary sort (engine/generate/sampling.py, issue 20 §1): the kept set equals
+"""top-p without a full-vocabulary sort (engine/generate/choice/logits.py, issue 20 §1): the kept set equals
 transformers' TopPLogitsWarper (ties, p near 1, tiny p, a 262k vocabulary), it is the very set the
 full sort keeps (the samples are token-equal with the same seeds), and only the nucleus is sorted."""
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers.generation import TopPLogitsWarper
 
-from ortevals.engine.generate import sampling
+from ortevals.engine.generate.choice import logits as sampling
 
 
 def theirs(x: np.ndarray, p: float) -> np.ndarray:
@@ -84,7 +84,7 @@ def test_vocabulary_of_262k(p):
 
 def test_samples_are_token_equal_to_the_full_sort():
     """Same seeds, same settings: every drawn token is the one the full-sort top-p gives."""
-    from ortevals.engine.generate.settings import GenSettings
+    from ortevals.engine.generate.choice.settings import GenSettings
 
     s = GenSettings(do_sample=True, temperature=0.8, top_k=0, top_p=0.9, min_p=0.01)
     rng = np.random.default_rng(5)

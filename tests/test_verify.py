@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from ortevals.engine.generate.prm import TextPrm, split_steps
+from ortevals.engine.generate.search.prm import TextPrm, split_steps
 from ortevals.errors import OrtEvalsError, PackageError
 from ortevals.integrations.lm import ModelArgs, OrtLM
 from ortevals.integrations.verify import OrmVerifier, Question, SelfVerifier, verify_run
@@ -22,19 +22,49 @@ CONTEXT = SHOTS + "Question: what is the capital city of france?\nAnswer:"
 ANSWERS = (" paris", " the river of berlin\n\nso rome", " two three four\n\nfive\n\nsix", " madrid", " paris")
 
 
-def test_orm_scores_equal_transformers(tiny_orm):
+def pipeline_scores(hf_dir, texts, label: str) -> list[float]:
+    """transformers' text-classification pipeline on the same weights: its probability of ``label`` (its own
+    function_to_apply: sigmoid for one label, softmax for several)."""
     import torch
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline
 
+    model = AutoModelForSequenceClassification.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    classify = pipeline("text-classification", model=model, tokenizer=AutoTokenizer.from_pretrained(hf_dir),
+                        top_k=None, device="cpu")
+    return [next(r["score"] for r in found if r["label"] == label) for found in classify(texts)]
+
+
+def test_orm_scores_are_the_probabilities_transformers_gives(tiny_orm):
+    """One label: the sigmoid of the classifier's logit (weighted_maj@k sums scores, a PRM's prod multiplies them:
+    a raw logit there elects the wrong answer)."""
     hf_dir, onnx_dir = tiny_orm
     texts = [CONTEXT + a for a in ANSWERS] + ["a"]
+    model = RewardModel.open(onnx_dir)
+    got = model.score(texts)
+    np.testing.assert_allclose(got, pipeline_scores(hf_dir, texts, "LABEL_0"), rtol=1e-4, atol=1e-5)
+    assert np.ptp(got) > 1e-3 and np.all((got > 0) & (got < 1))  # the scores tell the answers apart
+    assert model.head.describe() == "sigmoid of the classifier's logit"
+
+
+def test_two_label_classifier_scores_its_right_label_by_softmax(tiny_orm2, tmp_path):
+    hf_dir, onnx_dir = tiny_orm2
+    texts = [CONTEXT + a for a in ANSWERS]
     got = RewardModel.open(onnx_dir).score(texts)
-    tok = AutoTokenizer.from_pretrained(hf_dir)
-    model = AutoModelForSequenceClassification.from_pretrained(hf_dir, dtype=torch.float32).eval()
-    with torch.no_grad():
-        want = [model(**tok(t, return_tensors="pt")).logits.item() for t in texts]
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-    assert np.ptp(got) > 1e-2  # the scores tell the answers apart
+    np.testing.assert_allclose(got, pipeline_scores(hf_dir, texts, "LABEL_1"), rtol=1e-4, atol=1e-5)
+    # a config.json naming the labels: the one named as the right answer's, whichever index it has
+    import shutil
+
+    named = tmp_path / "named"
+    shutil.copytree(onnx_dir, named)
+    (named / "config.json").write_text(json.dumps({"id2label": {"0": "correct", "1": "incorrect"}}))
+    np.testing.assert_allclose(RewardModel.open(named).score(texts), 1 - got, rtol=1e-5, atol=1e-6)
+    (named / "config.json").write_text(json.dumps({"id2label": {"0": "a", "1": "b", "2": "c"}}))
+    with pytest.raises(PackageError, match=r"config.json: 3 labels .* and not one of them named as the right"):
+        RewardModel.open(named)
+    (named / "config.json").write_text(json.dumps({"problem_type": "regression", "num_labels": 1}))
+    with pytest.raises(PackageError, match=r"config.json: problem_type is regression, whose score is not a "
+                                           r"probability"):
+        RewardModel.open(named)
 
 
 def oracle_p_true(lm, pkg, context: str, answer: str) -> float:
@@ -57,7 +87,7 @@ def oracle_p_true(lm, pkg, context: str, answer: str) -> float:
 
 def test_self_verifier_runs_the_prompt_once_and_scores_as_alone(tiny_pkg):
     lm = OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg)))
-    verifier = SelfVerifier(lm)
+    verifier = SelfVerifier(lm.ptrue_model())
     out = verify_run(verifier, [Question(("t", 0), CONTEXT, ANSWERS)])
     want = [oracle_p_true(lm, tiny_pkg, CONTEXT, a) for a in ANSWERS]
     np.testing.assert_allclose(out.scores[("t", 0)], want, atol=1e-4)
@@ -127,7 +157,8 @@ def _cli(args):
 def test_cli_verifier_selection_metrics_and_samples_fields(tiny_pkg, tiny_orm, tmp_path):
     """results.json's bon@4 / weighted_maj@4 / bon_prm_min@4 / bon_certainty@4 recomputed by hand from the
     samples file's K answers and scores (search-and-learn's rules: the first best; an answer's summed
-    scores, ties to the first seen); verifier_scores recomputed by the classifier on context + answer."""
+    scores, no answer a vote, ties to the first seen); verifier_scores recomputed by the classifier on
+    context + answer (a probability: the sigmoid of its logit)."""
     out = tmp_path / "run"
     result = _cli(["mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--cot", "--limit", "3",
                    "--max-gen-toks", "12", "--samples", "4", "--no-resume", "--truncate", "left",
@@ -147,11 +178,10 @@ def test_cli_verifier_selection_metrics_and_samples_fields(tiny_pkg, tiny_orm, t
         np.testing.assert_allclose(x["verifier_scores"], model.score([ctx + t for t in x["resps"][0]]), rtol=1e-5)
         right = [a == x["target"] for a in x["filtered_resps"]]
         bon.append(right[int(np.argmax(x["verifier_scores"]))])
-        sums: dict = {}
+        sums: dict = {}  # search-and-learn's: an answer the regex could not extract (None) votes too
         for a, v in zip(x["filtered_resps"], x["verifier_scores"], strict=True):
-            if a is not None and a != "[invalid]":
-                sums[a] = sums.get(a, 0.0) + v
-        wmaj.append(bool(sums) and max(sums, key=lambda a: sums[a]) == x["target"])
+            sums[a] = sums.get(a, 0.0) + v
+        wmaj.append(max(sums, key=lambda a: sums[a]) == x["target"])
         step_min = [min(model.score([ctx + p for p in _prefixes(t, "\n")])) for t in x["resps"][0]]
         prm_min.append(right[int(np.argmax(step_min))])
     assert res["bon@4,custom-extract"] == pytest.approx(np.mean(bon))

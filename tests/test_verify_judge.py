@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from ortevals.engine.generate.prm import split_steps
+from ortevals.engine.generate.search.prm import split_steps
 from ortevals.integrations.lm import ModelArgs, OrtLM
 from ortevals.integrations.self_eval import prompt
 from ortevals.integrations.verify import Question, SelfVerifier, open_verifier, verify_run
@@ -43,15 +43,15 @@ def test_genai_judge_equals_transformers_and_runs_the_prompt_once(policy, tiny):
     from scipy.special import expit
 
     judge = open_verifier(str(tiny[1]), policy)
-    assert (judge.kind, judge.name) == ("genai", str(tiny[1])) and judge.lm is not policy
+    assert (judge.kind, judge.name) == ("genai", str(tiny[1]))
     out = verify_run(judge, [Question(("t", 0), CONTEXT, ANSWERS)])
     hf = HFLM(pretrained=str(tiny[0]), device="cpu", batch_size=1, dtype="float32", max_length=512)
     reqs = [Instance("loglikelihood", {}, (prompt(CONTEXT, a), o), 0) for a in ANSWERS for o in (" (A)", " (B)")]
     ll = np.array([x[0] for x in hf.loglikelihood(reqs)])
     np.testing.assert_allclose(out.scores[("t", 0)], expit(ll[0::2] - ll[1::2]), atol=1e-4)
-    own = verify_run(SelfVerifier(policy), [Question(("t", 0), CONTEXT, ANSWERS)]).scores[("t", 0)]
+    own = verify_run(SelfVerifier(policy.ptrue_model()), [Question(("t", 0), CONTEXT, ANSWERS)]).scores[("t", 0)]
     assert np.max(np.abs(np.subtract(own, out.scores[("t", 0)]))) > 1e-3  # the policy's own P(True) differs
-    inputs = _inputs(judge.lm, dict.fromkeys(ANSWERS))
+    inputs = _inputs(OrtLM.from_package(ModelArgs(pkg=str(tiny[1]))), dict.fromkeys(ANSWERS))  # the judge's ids
     tree = radix_tokens(inputs)  # the prompt once, each answer once, each (A)/(B) pair's common text once
     assert tree <= out.tokens <= tree + 2 * len(inputs) and out.tokens < 0.3 * sum(map(len, inputs))
 
@@ -61,7 +61,7 @@ def test_prm_step_prefixes_share_kv_and_score_as_alone(tiny_pkg):
     radix tree's over all inputs plus at most 2 per input (before: 1,265 on this case, the tree's 836). Each
     step's score equals its prefix scored alone on one plain pass; the outcome score is the last step's."""
     lm = OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg)))
-    verifier = SelfVerifier(lm)
+    verifier = SelfVerifier(lm.ptrue_model())
     verifier.score_texts(CONTEXT, ["warm"])  # the invariance canary runs on a first call: not counted here
     out = verify_run(verifier, [Question(("t", 1), CONTEXT, STEPPED)], prm=True)
     prefixes = [["".join(split_steps(a)[:i + 1]) for i in range(len(split_steps(a)))] for a in STEPPED]
@@ -129,14 +129,15 @@ def test_cli_genai_judge(tiny_pkg, tmp_path):
     line = json.loads((out / "samples_mmlu_pro_business.jsonl").read_text().splitlines()[0])
     args = line["arguments"]
     ctx = args["gen_args_0"]["arg_0"] if isinstance(args, dict) else args[0][0]
-    fresh = SelfVerifier(OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg), truncate="left")))
+    fresh = SelfVerifier(OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg), truncate="left")).ptrue_model())
     np.testing.assert_allclose(line["verifier_scores"], fresh.score_texts(ctx, line["resps"][0]), atol=1e-6)
 
 
 def test_search_weights_a_judges_p_true_as_a_probability(tiny_pkg, tiny_orm):
-    """--search with a GenAI judge: particle weights from logit(P(True)), as for self; a classifier's raw score."""
+    """--search with a GenAI judge: particle weights from logit(P(True)), as for self; a classifier's too (its score
+    is a probability now: runtime/reward.py)."""
     kinds = {}
     for spec in (str(tiny_pkg), str(tiny_orm[1])):
         lm = OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg), search="particles", verifier=spec))
         kinds[spec] = lm.run.search_reward
-    assert kinds == {str(tiny_pkg): "logit", str(tiny_orm[1]): "raw"}
+    assert kinds == {str(tiny_pkg): "logit", str(tiny_orm[1]): "logit"}

@@ -35,7 +35,7 @@ from ortevals.runtime.reads import runner_reads
 
 log = logging.getLogger(__name__)
 PATHS = ("auto", "prefill", "incremental")
-# the engine's own maths (scoring, token choice, seeded draws) and MBR's utilities (engine/generate/mbr.py)
+# the engine's own maths (scoring, token choice, seeded draws) and MBR's utilities (engine/generate/search/mbr.py)
 ENGINE_READS = (Reads("engine", dists=("numpy",)), Reads("mbr", dists=("sacrebleu", "rouge-score")))
 
 
@@ -81,7 +81,7 @@ class Backends:
         self.loglikelihood_path = loglikelihood_path(path, self.capability)
         self.gen_path = gen_path
         self.media_path = media_path
-        self.cascade = cascade  # decode rows on one shared prompt KV (engine/generate/cascade.py)
+        self.cascade = cascade  # decode rows on one shared prompt KV (engine/generate/rows/cascade_kv.py)
         self.meter = PassMeter()  # tokens and seconds of every raw pass of the run (runtime/meter.py)
         self._opening: _Opening | None = None  # open_soon's thread
         self.verdicts = Verdicts()  # canary verdicts; OrtLM gives it the result store (engine/score/invariance.py)
@@ -139,11 +139,12 @@ class Backends:
 
     def generation_path(self) -> tuple[str, str]:
         """(``raw`` or ``og``, why the raw path cannot serve this package or ""), from ``gen_path``."""
-        from ortevals.engine.generate.sampler import can_serve
+        from ortevals.engine.generate.rows.sampler import can_serve
 
         ok, why = can_serve(self.package, self.capability)
         if self.gen_path == "raw" and not ok:
-            raise OrtEvalsError(f"gen_path=raw is impossible for this package: {why}")
+            raise OrtEvalsError(f"gen_path=raw is impossible for this package: {why}; gen_path=og (or auto) "
+                                "generates on onnxruntime-genai")
         return (self.gen_path if self.gen_path != "auto" else ("raw" if ok else "og")), why
 
     def reads(self) -> list[Reads]:
@@ -183,6 +184,9 @@ class Backends:
         settings = replace(self.settings, dtype=out.dtype if out is not None else "float32")
         if settings.exact:
             return settings, "exact (forced: exact=true)"
+        if settings.reuse.refused:  # a length switch whose threshold is unknown: no batch or prefix is safe
+            log.warning("%s; scoring in exact mode: one row per pass, no prefix reuse", settings.reuse.refused)
+            return replace(settings, exact=True), f"exact ({settings.reuse.refused})"
         models = [m.path for m in (self.package.embedding, self.package.decoder) if m is not None]
         found = detect(models, [self.package.decoder.inputs.get("attention_mask", "attention_mask")])
         if found.found:

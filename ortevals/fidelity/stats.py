@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ortevals.report.stats import clustered_cov, clustered_mean, n_clusters, t_critical
+from ortevals.report.stats import kl as kl_divergence
 
 PERCENTILES = (0.1, 1.0, 5.0, 10.0, 25.0, 50.0, 75.0, 90.0, 95.0, 99.0, 99.9)
 
@@ -105,11 +106,9 @@ def kl_topk(ref_logp: np.ndarray, ref_tail: np.ndarray, cand_logp: np.ndarray, c
     # and an unnormalized P leaves that rounding in KL at first order (±1e-7 per token); normalized, it is
     # second order (~1e-13). On float64 log-probs the shift is ~1e-16.
     z = np.logaddexp(np.logaddexp.reduce(ref_logp, axis=-1), ref_tail)
-    ref_logp, ref_tail = ref_logp - z[:, None], ref_tail - z
-    head = (np.exp(ref_logp) * (ref_logp - cand_logp)).sum(axis=-1)
-    with np.errstate(invalid="ignore"):  # an empty reference tail contributes 0·log 0 = 0
-        tail = np.where(np.isneginf(ref_tail), 0.0, np.exp(ref_tail) * (ref_tail - cand_tail))
-    return head + tail
+    ref = np.concatenate([ref_logp - z[:, None], (ref_tail - z)[:, None]], axis=-1)
+    cand = np.concatenate([np.asarray(cand_logp, np.float64), np.asarray(cand_tail, np.float64)[:, None]], axis=-1)
+    return kl_divergence(ref, cand)  # report/stats.py: rel_entr over the k+1 outcomes (an empty tail adds 0·log 0 = 0)
 
 
 def compare_window(ref: RefTokens, cand_logp: np.ndarray, targets: np.ndarray) -> TokenStats:

@@ -12,12 +12,18 @@ registry lives in :mod:`ortevals.integrations.lm_eval_plugin`; this module only 
 
 ``OrtLM(run)`` does no I/O: build it with :meth:`OrtLM.from_package`, which is also what
 lm-eval's ``create_from_arg_string`` / ``create_from_arg_obj`` call.
+
+Other modules use an ``OrtLM`` only through :data:`OrtLM.INTERFACE` (tests/test_interfaces.py holds
+integrations/ and report/ to it): lm-eval's model API, its model arguments, package and tokenizer, and
+two views that hand over data instead of the run: :meth:`OrtLM.sample_facts` (the ``--samples``
+report's input, report/samples.py) and :meth:`OrtLM.ptrue_model` (a P(True) verifier's, verify.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from types import MappingProxyType
 
 from lm_eval.api.model import TemplateLM
 
@@ -29,10 +35,24 @@ from ortevals.integrations import self_eval
 from ortevals.integrations.lm_media import MediaRouter
 from ortevals.integrations.ray import WorkerPool
 from ortevals.options import ModelArgs, parse_model_args
-from ortevals.run.run import NO_STORE, Run
+from ortevals.report.samples import SampleFacts
+from ortevals.run.run import NO_STORE, Run, run_settings
 
 log = logging.getLogger(__name__)
 __all__ = ["ModelArgs", "OrtLM"]
+
+
+def lm_eval_settings(arg_dict: dict, additional_config: dict | None) -> dict:
+    """lm-eval's own settings for the model (``additional_config``: ``batch_size``, ``max_batch_size``,
+    ``device``), where ``model_args`` do not set them. lm-eval's ``--batch_size`` default, 1, runs as the
+    ortevals CLI's default (auto): the same scope, so the two routes share stored answers (one row per pass
+    stays one ``model_args`` entry away: ``batch_size=1``)."""
+    extra = {k: v for k, v in (additional_config or {}).items() if v is not None and k not in arg_dict}
+    if str(extra.get("batch_size")) == "1":
+        log.info("lm-eval's batch_size 1 (its --batch_size default) runs as batch_size=auto, the ortevals CLI's "
+                 "default; give model_args batch_size=1 for one row per pass")
+        extra.pop("batch_size")
+    return extra
 
 
 class OrtLM(TemplateLM):
@@ -42,6 +62,14 @@ class OrtLM(TemplateLM):
     # issue 13: lm-eval's multimodal tasks; requests carrying media go to the media engine (lm_media.py),
     # all others to the text path unchanged (it never opens a vision or speech model)
     MULTIMODAL = True
+    # what other modules may read of an OrtLM: lm-eval's model API, the model arguments, package and
+    # tokenizer (read only), and the views below; nothing of the run, its engines or its store
+    INTERFACE = frozenset({
+        "loglikelihood", "loglikelihood_rolling", "generate_until", "tok_encode", "tok_decode",
+        "apply_chat_template", "chat_template", "tokenizer_name", "eot_token_id", "prefix_token_id",
+        "max_length", "max_gen_toks", "get_model_info", "from_package", "create_from_arg_string",
+        "create_from_arg_obj", "args", "package", "tokenizer", "sample_facts", "ptrue_model",
+    })
 
     def __init__(self, run: Run) -> None:
         super().__init__()
@@ -53,9 +81,11 @@ class OrtLM(TemplateLM):
     def from_package(cls, args: ModelArgs, open_soon: bool = False) -> OrtLM:
         """Open the run (:meth:`Run.open`; ``open_soon``: its sessions on a thread, their errors at the first
         request); with workers, the Ray pool that serves it (the cluster starts on first use)."""
-        run = Run.open(args, open_soon)
-        if args.workers or args.ray_address:  # issue 15: data parallel on Ray
-            run.pool = WorkerPool(args, run.backends.provider.on_device)
+        pooled = bool(args.workers or args.ray_address)  # issue 15: data parallel on Ray
+        # on CPU the workers' thread count comes from the cluster: the run's scope records it (integrations/ray.py)
+        run = Run.open(args, open_soon, (lambda: WorkerPool.cpu_threads(args)) if pooled else None)
+        if pooled:
+            run.pool = WorkerPool(run.args, run.backends.provider.on_device)
         lm = cls(run)
         if args.search != "none":  # issue 25: the verifier's step scores guide generation
             lm._open_search()
@@ -64,9 +94,9 @@ class OrtLM(TemplateLM):
     def _open_search(self) -> None:
         """--search: the PRM from --verifier (integrations/verify.py); answers stored and resumed under the run's
         scope narrowed by the search's settings and what the verifier reads (run/search.py ``search_scope``)."""
-        from ortevals.engine.generate.prm import TextPrm
+        from ortevals.engine.generate.search.prm import TextPrm
         from ortevals.integrations.verify import open_verifier
-        from ortevals.run.search import search_scope, search_settings
+        from ortevals.run.search import search_scope, search_settings, timed_scores
 
         args = self.args
         if args.verifier is None:
@@ -76,9 +106,9 @@ class OrtLM(TemplateLM):
             raise OrtEvalsError(f"--search {args.search} runs on the raw path in this process; this run generates "
                                 "on onnxruntime-genai or on workers (gen_path=raw, no --workers)")
         verifier = open_verifier(args.verifier, self)
-        self.run.step_scorer = TextPrm(verifier.score_texts, args.step_separator, self.tokenizer.decode)
-        # P(True) (self, a GenAI judge) is a probability; a classifier's score is a logit already
-        self.run.search_reward = "raw" if verifier.kind == "classifier" else "logit"
+        self.run.search_verifier = verifier  # its name, kind and cost go to results["search"] (evaluate.py)
+        self.run.step_scorer = TextPrm(timed_scores(self.run, verifier), args.step_separator, self.tokenizer.decode)
+        self.run.search_reward = "logit"  # every verifier scores a probability (P(True), runtime/reward.py)
         self.run.narrow_scope(*search_scope(args, self.run.search_reward, verifier))
 
     @classmethod
@@ -90,9 +120,9 @@ class OrtLM(TemplateLM):
     @classmethod
     def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> OrtLM:
         """lm-eval's (and lmms-eval's) route. It resumes like the CLI: the package's result store in the
-        ortevals cache (the same file, the same scope for the same settings) unless ``store=PATH`` names
-        another or ``store=none`` turns it off."""
-        merged = {**arg_dict, **{k: v for k, v in (additional_config or {}).items() if v is not None}}
+        ortevals cache (the same file, the same scope for the same settings: :func:`lm_eval_settings`) unless
+        ``store=PATH`` names another or ``store=none`` turns it off."""
+        merged = {**lm_eval_settings(arg_dict, additional_config), **arg_dict}  # model_args win
         off = "store" in merged and (merged["store"] in (None, False) or str(merged["store"]).lower() in NO_STORE)
         args = parse_model_args({k: v for k, v in merged.items() if not (off and k == "store")})
         if args.store is None and not off:
@@ -119,6 +149,31 @@ class OrtLM(TemplateLM):
     def engine(self):
         """The engine serving log-likelihood requests."""
         return self.run.engine
+
+    # --- views for other modules: the data they need, not the run ---------------------------------
+    def sample_facts(self) -> SampleFacts:
+        """What the ``--samples`` report reads of this run (report/samples.py): each sample's log-prob and
+        self-certainty kept in this process, the result store for resumed ones, a text's token count, the
+        package's weights."""
+        run = self.run
+        return SampleFacts(MappingProxyType(run.sample_logprobs), MappingProxyType(run.sample_certainty), run.store,
+                           lambda text: len(self.tok_encode(text)), run.package.parameters)
+
+    def ptrue_model(self):
+        """What a P(True) verifier uses of this run (integrations/verify.py ``PTrueModel``)."""
+        from ortevals.integrations.verify import PTrueModel
+
+        run = self.run
+
+        def every_prefix(requests):  # every shared prefix that saves a token gets its pass
+            with run.prefix_saving(1):
+                return self.loglikelihood(requests, disable_tqdm=True)
+
+        def tokens_run() -> int:
+            return int(run.engine.tokens_run - getattr(run.engine, "canary_tokens", 0))
+
+        return PTrueModel(every_prefix, tokens_run, run.package.parameters, run.reads,
+                          lambda: run_settings(run.args, run.backends))
 
     # --- lm-eval properties -------------------------------------------------
     @property

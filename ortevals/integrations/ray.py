@@ -17,8 +17,9 @@ padding never apply on top. Each worker is a :class:`Worker` over a run of its o
   holds the tokenizer and the package config; a decoder the runtime refuses is reported by the
   first worker's reply, in one line. Device providers: ``num_gpus=1``; Ray sets ``CUDA_VISIBLE_DEVICES``, so the session
   uses ``device_id=0``. CPU: ``num_cpus=k`` and ``threads=k`` (``threads``, else the cluster's
-  CPUs split evenly). Every other model argument is the driver's, so every worker computes in
-  the same scope; workers never open the result store.
+  CPUs split evenly: :meth:`WorkerPool.cpu_threads`, asked when the run opens, so the driver's scope
+  records the threads the workers run with). Every other model argument is the driver's as it resolved
+  them (``run.args``), so every worker computes in the driver's scope; workers never open the result store.
 * **Sharding**: :mod:`ortevals.engine.shard` plans chunks (a question's choices together; a
   shared few-shot header to as few workers as possible); free workers pull chunks; the prefix
   KV a worker computed last is kept between its chunks (:class:`WarmPrefix`).
@@ -94,6 +95,13 @@ def check_resources(resources: dict, workers: int, place: Placement, where: str)
         if need > have:
             raise OrtEvalsError(f"workers={workers} needs {need:g} {key}s ({per:g} per worker) but the Ray cluster "
                                 f"{where} has {have:g}")
+
+
+def _worker_count(ray, args, on_device: bool, resources: dict) -> int:
+    """``workers``, else every GPU of the cluster (devices) or one worker per live node (CPU); 1 at least."""
+    found = args.workers or (int(resources.get("GPU", 0)) if on_device else
+                             len([n for n in ray.nodes() if n.get("Alive")]))
+    return max(found, 1)
 
 
 class WarmPrefix:
@@ -193,22 +201,35 @@ class WorkerPool:
             signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
         return ray
 
+    @staticmethod
+    def cpu_threads(args) -> int:
+        """The threads each CPU worker's sessions run with (``threads``, else the cluster's CPUs split evenly over
+        the workers); starts or joins the cluster."""
+        ray = WorkerPool(args, False)._ray()
+        resources = ray.cluster_resources()
+        return int(placement(False, _worker_count(ray, args, False, resources), args.threads,
+                             float(resources.get("CPU", 0))).num_cpus)
+
     def _actors(self, ray):
         resources = ray.cluster_resources()
-        workers = self.args.workers or (int(resources.get("GPU", 0)) if self.on_device else
-                                        len([n for n in ray.nodes() if n.get("Alive")]))
-        self.workers = max(workers, 1)  # what the run summary reports
-        place = placement(self.on_device, max(workers, 1), self.args.threads, float(resources.get("CPU", 0)))
-        check_resources(resources, max(workers, 1), place, self.args.ray_address or "(local)")
+        workers = _worker_count(ray, self.args, self.on_device, resources)
+        self.workers = workers  # what the run summary reports
+        place = placement(self.on_device, workers, self.args.threads, float(resources.get("CPU", 0)))
+        check_resources(resources, workers, place, self.args.ray_address or "(local)")
+        model_args = self.worker_args(place)
+        env = {CRASH_MARKER: os.environ[CRASH_MARKER]} if os.environ.get(CRASH_MARKER) else {}
+        remote = ray.remote(Worker).options(num_cpus=place.num_cpus, num_gpus=place.num_gpus,
+                                            max_restarts=MAX_RESTARTS, runtime_env={"env_vars": env})
+        return [remote.remote(model_args) for _ in range(workers)]
+
+    def worker_args(self, place: Placement) -> dict:
+        """The model args each worker opens its run with: the driver's, no store, ``place``'s overrides."""
         model_args = {k: v for k, v in asdict(self.args).items() if v not in (None, ())}
         model_args.update(store=None, workers=None, ray_address=None, **place.overrides)
         if "device_id" in place.overrides:  # a provider option, not a model arg
             model_args.pop("device_id")
             model_args["provider_options"] = (*self.args.provider_options, "device_id=0")
-        env = {CRASH_MARKER: os.environ[CRASH_MARKER]} if os.environ.get(CRASH_MARKER) else {}
-        remote = ray.remote(Worker).options(num_cpus=place.num_cpus, num_gpus=place.num_gpus,
-                                            max_restarts=MAX_RESTARTS, runtime_env={"env_vars": env})
-        return [remote.remote(model_args) for _ in range(workers)]
+        return model_args
 
     # --- work --------------------------------------------------------------------
     def score(self, requests: Sequence, max_length: int, on_done: Callable, after_chunk: Callable[[], None]) -> list:

@@ -12,36 +12,38 @@ Owns scoring each question's K generated answers after a ``--samples K`` run:
 * ``PATH`` an ONNX sequence classifier with its tokenizer (runtime/reward.py) on ``context + answer``;
   each text runs whole (such a classifier has no KV inputs to share a prompt through);
 * with ``prm=true``, the same scorer as a process reward model: each step (split at
-  ``step_separator``) scored as the answer up to it (engine/generate/prm.py); the outcome score is
+  ``step_separator``) scored as the answer up to it (engine/generate/search/prm.py); the outcome score is
   then the last step's (the same text), so nothing is scored twice.
 
-P(True) calls keep every shared token prefix of their requests (:func:`every_prefix`), so a
-question's prompt, each answer's steps and each (A)/(B) pair's common text run once.
-:func:`verify_run` returns each question's scores in sample order, keyed by (task, doc_id).
+P(True) calls keep every shared token prefix of their requests (:class:`PTrueModel`'s
+``loglikelihood``), so a question's prompt, each answer's steps and each (A)/(B) pair's common text run
+once. :func:`verify_run` returns each question's scores in sample order, keyed by (task, doc_id).
+
+A P(True) verifier uses a run through a :class:`PTrueModel` (``OrtLM.ptrue_model`` builds it); of the
+lm-eval model it is opened with it reads only ``args`` and its class's ``from_package``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 from lm_eval.api.instance import Instance
+from tqdm import tqdm
 
-from ortevals.engine.generate.prm import TextPrm
+from ortevals.engine.generate.search.prm import TextPrm
 from ortevals.errors import PackageError
 from ortevals.files import store_path
 from ortevals.integrations.self_eval import FALSE, TRUE, _context, prompt
 from ortevals.options import ModelArgs
 from ortevals.package.scope import Reads
 from ortevals.report.calibration import p_true
-from ortevals.run.run import run_settings
 from ortevals.runtime.reward import RewardModel
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,7 @@ class Verifier(Protocol):
     name: str
     kind: str  # "self", "genai" or "classifier"
     params: int  # the weights its model holds (report/compute.py's verifier FLOPs)
+    meaning: str  # what a score is: a probability that the answer is right, and how it is made
 
     def score_texts(self, context: str, answers: Sequence[str]) -> np.ndarray:
         """``[N]`` a score per answer (higher: more likely right)."""
@@ -70,58 +73,51 @@ class Verifier(Protocol):
         """What its scores depend on beyond the run's own package (the scope of a ``--search`` run's answers)."""
 
 
+@dataclass(frozen=True)
+class PTrueModel:
+    """What P(True) verification uses of a package's run (``OrtLM.ptrue_model`` builds it).
+
+    ``loglikelihood`` keeps every shared prefix that saves a token (the prefill engine's plan otherwise
+    wants 64): a question's requests share much shorter runs than a few-shot header, an answer's text
+    across its step prefixes, an (A)/(B) pair's whole input but one token. Measured on SmolLM2-135M,
+    3 answers of 2-3 steps: 881 tokens in 19 passes with the default, 532 in 30 this way (docs/search.md).
+    """
+
+    loglikelihood: Callable[[list[Instance]], list[tuple[float, bool]]]
+    tokens_run: Callable[[], int]  # tokens its decoder has run so far, the invariance canary's excluded
+    params: int  # the weights its package holds
+    reads: Callable[[], list[Reads]]  # what its run reads (files, the settings each path hands its runtime)
+    settings: Callable[[], dict]  # its run's settings that can change a number
+
+
 class SelfVerifier:
     """P(True) of each answer on a package's run: the package being evaluated (``self``, its own engine and
     result store) or a GenAI judge package (:func:`open_judge`)."""
 
-    def __init__(self, lm, name: str = "self", kind: str = "self") -> None:
-        self.lm, self.name, self.kind = lm, name, kind
-        self.params = lm.package.parameters
+    meaning = "P(True): expit(log p(' (A)') - log p(' (B)'))"
+
+    def __init__(self, model: PTrueModel, name: str = "self", kind: str = "self") -> None:
+        self.model, self.name, self.kind = model, name, kind
+        self.params = model.params
 
     def score_texts(self, context: str, answers: Sequence[str]) -> np.ndarray:
         reqs = [Instance("loglikelihood", {}, (prompt(context, a), option), 0, ("verifier", 0, 1))
                 for a in answers for option in (TRUE, FALSE)]
         if not reqs:
             return np.zeros(0)
-        with every_prefix(self.lm.engine):
-            scores = self.lm.loglikelihood(reqs, disable_tqdm=True)
-        ll = np.array([s[0] for s in scores], dtype=np.float64)
+        ll = np.array([s[0] for s in self.model.loglikelihood(reqs)], dtype=np.float64)
         return p_true(ll[0::2], ll[1::2])
 
     @property
     def tokens_run(self) -> int:
-        engine = self.lm.engine
-        return int(engine.tokens_run - getattr(engine, "canary_tokens", 0))
+        return self.model.tokens_run()
 
     def reads(self) -> list[Reads]:
         """``self``: nothing beyond the run (its package); a judge: everything its run reads and its settings."""
         if self.kind == "self":
             return []
-        run = self.lm.run
-        return [*(dataclasses.replace(r, path=f"verifier {r.path}") for r in run.reads()),
-                Reads("verifier", settings=run_settings(run.args, run.backends))]
-
-
-@contextlib.contextmanager
-def every_prefix(engine):
-    """While P(True) requests are scored: the prefix plan keeps every shared prefix that saves tokens
-    (``prefix_min_saving`` 1, as the invariance canary's configured pass), not only those saving 64.
-
-    A question's requests share much shorter runs than a few-shot header: an answer's text across its
-    step prefixes, an (A)/(B) pair's whole input but one token. Measured on SmolLM2-135M, 3 answers of
-    2-3 steps: 881 tokens in 19 passes with the default, 532 in 30 with this (docs/search.md). Only that
-    field is restored after: the canary may switch the engine to exact mode meanwhile, which stays.
-    """
-    settings = getattr(engine, "settings", None)
-    if settings is None or not hasattr(settings, "prefix_min_saving"):  # og's incremental engine, a pool
-        yield
-        return
-    before = settings.prefix_min_saving
-    engine.settings = dataclasses.replace(settings, prefix_min_saving=1)
-    try:
-        yield
-    finally:
-        engine.settings = dataclasses.replace(engine.settings, prefix_min_saving=before)
+        return [*(dataclasses.replace(r, path=f"verifier {r.path}") for r in self.model.reads()),
+                Reads("verifier", settings=self.model.settings())]
 
 
 class OrmVerifier:
@@ -131,6 +127,7 @@ class OrmVerifier:
 
     def __init__(self, model: RewardModel) -> None:
         self.model, self.name, self.params = model, str(model.path), model.params
+        self.meaning = model.head.describe()
 
     def score_texts(self, context: str, answers: Sequence[str]) -> np.ndarray:
         return self.model.score([context + a for a in answers])
@@ -147,10 +144,10 @@ def open_verifier(spec: str, lm) -> Verifier:
     """``self``, a GenAI package folder (a judge: :func:`open_judge`) or a classifier folder; anything else
     is a one-line error naming the folder and what was expected."""
     if spec == "self":
-        return SelfVerifier(lm)
+        return SelfVerifier(lm.ptrue_model())
     root = Path(spec)
     if (root / "genai_config.json").is_file():
-        return SelfVerifier(open_judge(root, lm), str(root), "genai")
+        return SelfVerifier(open_judge(root, lm).ptrue_model(), str(root), "genai")
     if (root / "model.onnx").is_file() or (root / "tokenizer.json").is_file():
         return OrmVerifier(RewardModel.open(root))
     what = "no such folder" if not root.exists() else "not a folder" if not root.is_dir() else \
@@ -185,6 +182,7 @@ class Verified:
     name: str
     kind: str = "self"
     params: int = 0
+    meaning: str = ""  # what a score is (the verifier's ``meaning``)
     scores: dict[Key, list[float]] = field(default_factory=dict)
     steps: dict[Key, list[list[float]]] = field(default_factory=dict)
     tokens: int = 0
@@ -207,18 +205,25 @@ def questions_of(results: dict[str, Any], tasks: Sequence[str]) -> list[Question
 
 
 def verify_run(verifier: Verifier, questions: Sequence[Question], prm: bool = False,
-               separator: str = "\n\n") -> Verified:
+               separator: str = "\n\n", progress: bool = True) -> Verified:
     """Every question's answers scored, one scorer call per question: the outcome scores, or with ``prm`` the
-    step scores (the outcome score is the last step's: that prefix is the whole answer)."""
-    out = Verified(verifier.name, verifier.kind, verifier.params)
+    step scores (the outcome score is the last step's: that prefix is the whole answer); a progress bar of
+    answers scored (``progress``) as the generation before it has."""
+    out = Verified(verifier.name, verifier.kind, verifier.params, verifier.meaning)
     before, start = verifier.tokens_run, time.perf_counter()
     steps = TextPrm(verifier.score_texts, separator)
-    for q in questions:
-        if prm:
-            out.steps[q.key] = steps.step_scores(q.context, q.answers)
-            out.scores[q.key] = [s[-1] for s in out.steps[q.key]]
-        else:
-            out.scores[q.key] = [float(x) for x in verifier.score_texts(q.context, q.answers)]
+    bar = tqdm(total=sum(len(q.answers) for q in questions), desc=f"verifier {verifier.name}", unit="answer",
+               disable=not progress, dynamic_ncols=True, smoothing=0.1)  # minutes on a long run: a bar as the rest
+    try:
+        for q in questions:
+            if prm:
+                out.steps[q.key] = steps.step_scores(q.context, q.answers)
+                out.scores[q.key] = [s[-1] for s in out.steps[q.key]]
+            else:
+                out.scores[q.key] = [float(x) for x in verifier.score_texts(q.context, q.answers)]
+            bar.update(len(q.answers))
+    finally:
+        bar.close()
     out.tokens, out.seconds = verifier.tokens_run - before, time.perf_counter() - start
     log.info("verifier %s: %d questions, %d tokens run, %.1f s", verifier.name, len(questions), out.tokens,
              out.seconds)

@@ -48,7 +48,8 @@ def _read(path: Path) -> tuple[tuple, tuple, frozenset[Path], GraphFacts]:
     import onnx
 
     if not path.is_file():
-        raise PackageError(f"{path}: model file not found")
+        what = "is a folder; expected an ONNX model file" if path.is_dir() else "model file not found"
+        raise PackageError(f"{path}: {what}")
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as e:  # protobuf raises several unrelated types

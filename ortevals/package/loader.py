@@ -212,6 +212,9 @@ def _model_file(root: Path, model: dict, role: str, *, required: bool) -> ModelF
     if not isinstance(section, dict):
         raise PackageError(f"{where}: field model.{role} must be an object with a 'filename', got {section!r}")
     path = resolve_inside(root, section.get("filename"), f"model.{role}.filename")
+    if path.is_dir():
+        raise PackageError(f"{where}: model.{role}.filename={section['filename']!r} is a folder in {root}; "
+                           "expected an ONNX model file")
     if not path.is_file():
         raise PackageError(f"{where}: model.{role}.filename={section['filename']!r} not found in {root}")
     for key in ("inputs", "outputs", "session_options"):

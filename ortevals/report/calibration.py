@@ -34,7 +34,7 @@ from ortevals.report import calibration_boot as boot
 from ortevals.report.stats import Interval
 
 N_BINS = 10
-RESAMPLES = boot.RESAMPLES
+RESAMPLES = boot.RESAMPLES  # report/stats.py: the one bootstrap convention
 FOLDS = 10
 T_BOUNDS = (0.02, 50.0)  # temperatures searched; a fit on a bound is reported as such
 SEED = boot.SEED

@@ -1,7 +1,7 @@
 """Bootstrap intervals for the calibration statistics, without re-sorting per resample (issue 24).
 
-Owns :func:`interval` (scipy's ``bootstrap`` over question indices, percentile 95%
-and standard error) and each statistic of :mod:`ortevals.report.calibration`
+Owns :func:`interval` (report/stats.py's ``bootstrap`` over question indices: the one
+convention, percentile 95% and standard error) and each statistic of :mod:`ortevals.report.calibration`
 rewritten as a function of the resample's *counts* ``w [..., N]`` (how often each
 question was drawn; all ones is the data itself). The questions are sorted
 once; a resample is then a weighting of that fixed order, so ECE (equal-width
@@ -12,16 +12,13 @@ plain definition on the expanded resample (each question repeated w times).
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from ortevals.report.stats import Interval
+from ortevals.report.stats import RESAMPLES, SEED, Interval, bootstrap
 
 Statistic = Callable[[np.ndarray], np.ndarray]  # counts [..., N] -> value [...]
-RESAMPLES = 1000
-SEED = 0
 BATCH_CELLS = 2_000_000  # resamples × questions held at once
 
 
@@ -36,22 +33,19 @@ def counts(idx: np.ndarray, n: int) -> np.ndarray:
 
 def intervals(statistics: Mapping[str, Statistic], n: int, resamples: int = RESAMPLES,
               seed: int = SEED) -> dict[str, Interval]:
-    """Each statistic at all-ones counts, with scipy's percentile bootstrap over the n questions: one set
-    of resamples for all of them (so differences between them are paired). NaN intervals under 2 questions."""
+    """Each statistic at all-ones counts, with the percentile bootstrap over the n questions (report/stats.py): one
+    set of resamples for all of them (so differences between them are paired). NaN intervals under 2 questions."""
     names = list(statistics)
     estimates = [float(statistics[k](np.ones(n))) for k in names]
     if n < 2:
         return {k: Interval(e, float("nan"), float("nan"), float("nan")) for k, e in zip(names, estimates)}
-    from scipy.stats import DegenerateDataWarning, bootstrap
 
     def stat(i: np.ndarray, axis: int = -1) -> np.ndarray:
         w = counts(i, n)
         return np.stack([statistics[k](w) for k in names], axis=0)
 
-    with warnings.catch_warnings():  # a statistic constant over resamples (ECE of identical runs) is fine
-        warnings.simplefilter("ignore", DegenerateDataWarning)
-        res = bootstrap((np.arange(n, dtype=np.float64),), stat, vectorized=True, n_resamples=resamples,
-                        batch=max(1, BATCH_CELLS // n), method="percentile", rng=np.random.default_rng(seed))
+    res = bootstrap((np.arange(n, dtype=np.float64),), stat, resamples, seed, vectorized=True,
+                    batch=max(1, BATCH_CELLS // n))
     low, high = np.atleast_1d(res.confidence_interval.low), np.atleast_1d(res.confidence_interval.high)
     se = np.atleast_1d(res.standard_error)
     return {k: Interval(e, float(lo), float(hi), float(s)) for k, e, lo, hi, s in zip(names, estimates, low, high, se)}

@@ -5,7 +5,11 @@ Owns, for every multiple-choice task of a finished run (``results["samples"]``):
 * the numbers of :mod:`ortevals.report.calibration` in lm-eval's metric layout beside ``acc``
   (``ece,none``, ``ece_stderr,none``, …: :data:`METRICS`), again with a ``_norm`` suffix on acc_norm's
   length-normalised scores where the task logs acc_norm, with ``higher_is_better`` flags, so
-  ortevals' table, lm-eval's ``make_table`` and Olive's metrics all show them;
+  ortevals' table, lm-eval's ``make_table`` and Olive's metrics all show them; each Brier score names
+  its scale (``brier_multiclass``: Σ over the choices, in [0, 2]; ``ptrue_brier_binary``: the binary
+  mean, in [0, 1], as scikit-learn's ``brier_score_loss`` scales each); a temperature fitted on a bound
+  of its search (no finite optimum) is reported as ``temperature_at_bound`` with ``ece_at_temperature_bound``,
+  never as a fitted ``temperature`` / ``ece_scaled``;
 * ``results["calibration"][task]``: the reliability bins and how the temperature was fitted;
 * P(True) (``--self-eval``) from the scores the caller collected: ``ptrue_auroc``, ``ptrue_ece``,
   ``ptrue_brier``, ``ptrue_mean`` (choice tasks: of the chosen choice; generation tasks: of the
@@ -38,11 +42,14 @@ from ortevals.report.stats import Interval
 log = logging.getLogger(__name__)
 FIT_MARK = "@"  # <task>@<split>: the copy of a task whose questions fit the temperature
 # metric name, Calibration field (dotted), higher is better (None: no direction, a temperature)
-METRICS = (("ece", "ece", False), ("ece_mass", "ece_mass", False), ("brier", "brier", False),
+METRICS = (("ece", "ece", False), ("ece_mass", "ece_mass", False), ("brier_multiclass", "brier", False),
            ("nll", "nll", False), ("aurc", "aurc", False), ("selective_acc@50", "acc_at_half", True),
            ("auroc", "auroc", True), ("temperature", "temperature.value", None),
            ("ece_scaled", "temperature.ece", False))
-PTRUE = (("ptrue_auroc", "auroc", True), ("ptrue_ece", "ece", False), ("ptrue_brier", "brier", False))
+AT_BOUND = {"temperature": "temperature_at_bound", "ece_scaled": "ece_at_temperature_bound"}  # no finite optimum
+PTRUE = (("ptrue_auroc", "auroc", True), ("ptrue_ece", "ece", False), ("ptrue_brier_binary", "brier", False))
+BOUND_NOTE = ("the NLL keeps falling up to the search's bound T = {:g}: no finite temperature fits (a model near "
+              "chance, or one right on every question); ece_at_temperature_bound is the ECE at that bound")
 SelfEvalScores = Mapping[tuple[str, int], Mapping[int, tuple[float, float]]]  # (task, doc_id) -> idx -> (A, B)
 
 
@@ -92,7 +99,7 @@ def _one_task(results, task: str, filt: str, run: TaskRun, records, fit, fit_nam
     if run.kind == "choice" and (run.gold >= 0).any():
         c = cal.calibrate(run.loglik, run.gold, fit, f"{fit_name.rsplit(FIT_MARK, 1)[-1]} split")
         entry.update(metric_entries(c, filt))
-        flags.update({name: better for name, _, better in METRICS})
+        flags.update({name: better for name, _, better in metric_names(c)})
         conf, correct = cal.confidence(*cal.known(run.loglik, run.gold))
         rel = cal.reliability(conf, correct)
         results.setdefault("calibration", {})[run.task] = describe(c, rel)
@@ -100,8 +107,9 @@ def _one_task(results, task: str, filt: str, run: TaskRun, records, fit, fit_nam
         risks.append((f"choice confidence (AURC {c.aurc.estimate:.3f})", cal.risk_curve(conf, correct)))
         norm = _normalised(results, task, records, run)
         if norm is not None:
-            entry.update(metric_entries(cal.calibrate(norm, run.gold), filt, "_norm"))
-            flags.update({f"{name}_norm": better for name, _, better in METRICS})
+            scaled = cal.calibrate(norm, run.gold)
+            entry.update(metric_entries(scaled, filt, "_norm"))
+            flags.update({name: better for name, _, better in metric_names(scaled, "_norm")})
     found = _p_true(task, run, self_eval) if self_eval else None
     if found is not None:
         ptrue, correct, by_doc = found
@@ -115,10 +123,18 @@ def _one_task(results, task: str, filt: str, run: TaskRun, records, fit, fit_nam
     return (series, risks) if series else None
 
 
+def metric_names(c: cal.Calibration, suffix: str = "") -> list[tuple[str, str, bool | None]]:
+    """(metric name, Calibration field, higher is better) of one Calibration: the temperature's only where one was
+    fitted, named ``AT_BOUND``'s way where the fit stopped on a bound of its search."""
+    t = c.temperature
+    bound = AT_BOUND if t is not None and t.at_bound else {}
+    return [(f"{bound.get(name, name)}{suffix}", field, better) for name, field, better in METRICS
+            if t is not None or not field.startswith("temperature")]
+
+
 def metric_entries(c: cal.Calibration, filt: str, suffix: str = "") -> dict[str, Any]:
     """``{"ece,none": …, "ece_stderr,none": …, …}`` for one Calibration (lm-eval's ``name,filter`` keys)."""
-    return _entries(((f"{name}{suffix}", _get(c, field), better) for name, field, better in METRICS
-                     if c.temperature is not None or not field.startswith("temperature")), filt)
+    return _entries(((name, _get(c, field), better) for name, field, better in metric_names(c, suffix)), filt)
 
 
 def _entries(items, filt: str) -> dict[str, Any]:
@@ -149,6 +165,7 @@ def describe(c: cal.Calibration, rel: cal.Reliability) -> dict[str, Any]:
     return {"questions": c.n, "accuracy": c.accuracy, "bin_rule": "as sklearn's calibration_curve: a value on "
             "an edge goes to the bin below", "temperature_fitted_on": t.fitted_on if t else None,
             "temperature_at_bound": t.at_bound if t else None,
+            **({"temperature_bound": BOUND_NOTE.format(t.value.estimate)} if t and t.at_bound else {}),
             "reliability": {"edges": listed(rel.edges), "count": [int(v) for v in rel.count],
                             "accuracy": listed(rel.accuracy), "confidence": listed(rel.confidence)}}
 

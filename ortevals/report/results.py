@@ -13,8 +13,9 @@ Owns turning lm-eval's results dict into a :class:`RunSummary` and the text the 
   the efficiency line (report/efficiency.py), the scoring mode, what was scored, the workers.
 
 A statistic with no value (one question has no standard error) prints as ``n/a`` and is ``null``
-in the files. Writes lm-eval's results JSON (strict: no bare NaN) plus per-sample JSONL atomically,
-and removes the samples files an earlier run of other tasks left in the same ``--output`` folder.
+in the files. Writes lm-eval's results JSON (strict: no bare NaN, listing the run's files) plus per-sample
+JSONL, and names the files an earlier run left in the same ``--output`` folder that this run's set replaces
+(:func:`stale_outputs`; the caller publishes the set: files.py ``publish``).
 """
 
 from __future__ import annotations
@@ -23,13 +24,17 @@ import json
 import logging
 import math
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ortevals.errors import first_line
 from ortevals.files import atomic_write, json_text
 from ortevals.report.efficiency import summary_line, timeline_text
 from ortevals.report.model_info import describe
+from ortevals.report.scaling import DEFINITIONS as ESTIMATOR_DEFINITIONS
+from ortevals.report.selection import DEFINITIONS as SELECTOR_DEFINITIONS
 from ortevals.report.selection import SELECTORS
 
 log = logging.getLogger(__name__)
@@ -37,6 +42,7 @@ CATEGORY_KEYS = ("category", "subject")
 SAMPLE_METRICS = ("acc", "exact_match", "acc_norm")  # the per-question score a category averages
 SKIP_KEYS = ("alias", "name", "sample_len", " ")
 TABLE_ESTIMATORS = ("maj", "pass", "best", "bon", "weighted_maj", "bon_certainty")  # the PRM variants: rows only
+DEFINITIONS = {**ESTIMATOR_DEFINITIONS, **SELECTOR_DEFINITIONS}  # every @k metric's estimator, in one line
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,7 @@ class RunSummary:
     scaling: dict | None = None  # --samples: results["scaling"] (pooled curve points)
     notes: tuple[str, ...] = ()  # what an option meant in this run (--limit)
     efficiency: dict | None = None  # results["efficiency"]["overall"] (report/efficiency.py)
+    search: dict | None = None  # --search: results["search"] (run/search.py search_record)
 
     @property
     def requests_per_s(self) -> float:
@@ -124,7 +131,7 @@ def summarize(results: dict[str, Any], requests: int, seconds: float, model_seco
         Overall(f, sum(v.values()) / len(v), len(v)) for f, v in by_filter.items() if v)
     return RunSummary(_rows(results), tuple(categories), len(docs), requests, overall, seconds, model_seconds,
                       peak_rss_mb(), reused, mode, describe(results.get("config") or {}), workers, scaling, notes,
-                      efficiency)
+                      efficiency, results.get("search"))
 
 
 def _number(value: Any) -> float | None:
@@ -200,11 +207,12 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def _shown_rows(summary: RunSummary) -> list[MetricRow]:
-    """Every row; with --samples, pass@1 (the k=1 estimate) and the largest k of each estimator."""
+    """Every row; with --samples, pass@1 (the k=1 estimate) and the largest k of each standard estimator (the
+    ``_avg`` ones are in results.json)."""
     if not summary.scaling:
         return list(summary.rows)
     k = summary.scaling["samples"]
-    keep = {"pass@1", *(f"{e}@{k}" for e in ("maj", "pass", "best", *SELECTORS))}
+    keep = {"pass@1", *(f"{e}@{k}" for e in ("maj", "pass", "best", *SELECTORS) if not e.endswith("_avg"))}
     return [r for r in summary.rows if r.metric in keep]
 
 
@@ -222,6 +230,9 @@ def format_table(summary: RunSummary) -> str:
                         [[r.task, r.filter, r.metric, _num(r.value), _num(r.stderr)] for r in rows])
         if any(r.stderr is None for r in rows):
             lines.append("(stderr n/a: lm-eval gives none, or too few questions for one)")
+        if any(r.metric.startswith("temperature_at_bound") for r in rows):
+            lines.append("(temperature_at_bound: the NLL keeps falling up to the temperature search's bound, so no "
+                         "finite temperature fits; ece_at_temperature_bound is the ECE there)")
     lines += _overall_lines(summary) + _scaling_lines(summary)
     lines.append(
         f"questions {summary.questions}  requests {summary.requests}"
@@ -231,10 +242,25 @@ def format_table(summary: RunSummary) -> str:
     )
     if summary.efficiency is not None:
         lines.append(summary_line(summary.efficiency))
-    for label, value in (("scoring mode", summary.mode), ("model", summary.model), ("workers", summary.workers)):
+    for label, value in (("scoring mode", summary.mode), ("model", summary.model), ("workers", summary.workers),
+                         ("search", search_text(summary.search))):
         if value:
             lines.append(f"{label}: {value}")
     return "\n".join(lines + list(summary.notes))
+
+
+def search_text(record: dict | None) -> str:
+    """--search's line: which search ran with what budget and verifier, and what it cost (results["search"])."""
+    if not record:
+        return ""
+    s = record["settings"]
+    width = f", width {s['width']}" if record["method"] in ("beam", "dvts") else ""
+    reused = f" (+{record['reused']} reused)" if record.get("reused") else ""
+    return (f"{record['name']} (n {s['n']}{width}, at most {s['max_steps']} steps, step scores folded by "
+            f"{s['aggregation']}) guided by verifier {record['verifier']['name']}: {record['requests']} requests"
+            f"{reused}, {record['generated_tokens']} tokens generated (pruned rows included) in {record['steps']} "
+            f"steps, {record['passes']} passes; the verifier ran {record['verifier_tokens']} tokens in "
+            f"{record['verifier_seconds']:.1f} s of the generation's {record['seconds']:.1f} s")
 
 
 def _clock(summary: RunSummary) -> str:
@@ -272,11 +298,23 @@ def _scaling_lines(summary: RunSummary) -> list[str]:
                                              else " [n/a]")
 
     rows = [[str(k), *(show(cell.get((e, k))) for e in estimators)] for k in ks]
+    shown = {r.metric.split("@")[0] for r in _shown_rows(summary) if "@" in r.metric}
     return ["", f"inference-time scaling over {summary.scaling['questions']} questions, "
                 f"K={summary.scaling['samples']} (pooled; 95% bootstrap intervals; n/a: too few questions):",
             *_table(["k", *(f"{e}@k" for e in estimators)], rows),
             "(exact_match in results.json is lm-eval's score of each question's first sample)",
+            *estimator_legend([e for e in DEFINITIONS if e in shown or e in estimators]),
             *_verifier_line(summary)]
+
+
+def estimator_legend(names: list[str]) -> list[str]:
+    """Which estimator each @k metric is, one line each, and where ortevals' subset-averaged ones are."""
+    lines = ["estimators:", *(f"  {name}@k: {DEFINITIONS[name]}" for name in names)]
+    averaged = ", ".join(f"{n}@k" for n in DEFINITIONS if n.endswith("_avg") and n.removesuffix("_avg") in names)
+    if averaged:
+        lines.append(f"  in results.json also {averaged}: ortevals' own, expected over every k-subset of the K "
+                     "samples (docs/search.md)")
+    return lines
 
 
 def _verifier_line(summary: RunSummary) -> list[str]:
@@ -289,44 +327,66 @@ def _verifier_line(summary: RunSummary) -> list[str]:
             f"{v['seconds']:.1f} s{ratio}{', step scores (prm)' if v.get('prm') else ''}"]
 
 
-def write_outputs(out_dir: Path, results: dict[str, Any], summary: RunSummary) -> list[Path]:
-    """``results.json`` (lm-eval's dict without samples, plus ortevals' summary) and samples JSONL.
-
-    Samples files of tasks an earlier run wrote into the same folder (named by its results.json) and
-    that this run does not write are removed, so a reused folder holds one run."""
+def write_outputs(out_dir: Path, results: dict[str, Any], summary: RunSummary, others: Sequence[str] = ()
+                  ) -> list[Path]:
+    """``results.json`` (lm-eval's dict without samples, plus ortevals' summary) and samples JSONL into
+    ``out_dir``; ``results.json``'s ``ortevals.files`` names every file of the run's set (these and ``others``,
+    the plots written beside them), so a later run into the same folder knows which files were this run's."""
     tasks = list(results.get("samples", {}))
-    _remove_stale(out_dir, tasks, scaling=bool(summary.scaling))
-    written = []
+    samples = [f"samples_{task}.jsonl" for task in tasks]
     body = {k: v for k, v in results.items() if k != "samples"}
     body["ortevals"] = {"questions": summary.questions, "requests": summary.requests,
                         "overall": [asdict(o) for o in summary.overall], "seconds": summary.seconds,
                         "model_seconds": summary.model_seconds, "peak_rss_mb": summary.peak_rss_mb,
                         "requests_per_s": summary.requests_per_s, "reused": summary.reused, "mode": summary.mode,
                         "workers": summary.workers, "notes": list(summary.notes),
-                        "categories": [asdict(c) for c in summary.categories]}
-    path = out_dir / "results.json"
-    atomic_write(path, json_text(body, indent=2))
-    written.append(path)
-    for task in tasks:
+                        "categories": [asdict(c) for c in summary.categories],
+                        "files": sorted({"results.json", *samples, *others})}
+    return _write_files(out_dir, body, results)
+
+
+def write_unreported(out_dir: Path, results: dict[str, Any], error: BaseException, others: Sequence[str] = ()
+                     ) -> list[Path]:
+    """After the model work, when reporting failed (or was interrupted): lm-eval's results and every sample as
+    they are, ``results.json``'s ``ortevals.unreported`` saying why, so no generated answer is lost."""
+    samples = [f"samples_{task}.jsonl" for task in results.get("samples", {})]
+    body = {k: v for k, v in results.items() if k != "samples"}
+    body["ortevals"] = {"unreported": f"{type(error).__name__}: {first_line(error)}",
+                        "files": sorted({"results.json", *samples, *others})}
+    return _write_files(out_dir, body, results)
+
+
+def _write_files(out_dir: Path, body: dict[str, Any], results: dict[str, Any]) -> list[Path]:
+    """The samples files first (the work), then ``results.json``; ``[results.json, samples…]``."""
+    written = []
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for task in results.get("samples", {}):
         path = out_dir / f"samples_{task}.jsonl"
         atomic_write(path, "".join(json_text(s) + "\n" for s in results["samples"][task]))
         written.append(path)
-    return written
+    path = out_dir / "results.json"
+    atomic_write(path, json_text(body, indent=2))
+    return [path, *written]
 
 
-def _remove_stale(out_dir: Path, tasks: list[str], scaling: bool) -> None:
+def stale_outputs(out_dir: Path, keep: set[str]) -> list[str]:
+    """Files an earlier ortevals run wrote into ``out_dir`` (named by its results.json) that this run's set
+    (``keep``) does not hold: they go when the new set is published, so a reused folder holds one run. A
+    results.json not written by ortevals touches nothing; names are plain file names of ortevals' kinds."""
     previous = out_dir / "results.json"
     try:
         earlier = json.loads(previous.read_text(encoding="utf-8")) if previous.is_file() else {}
     except (OSError, ValueError):
-        return  # not an ortevals results file: touch nothing
-    if not isinstance(earlier, dict) or "ortevals" not in earlier:
-        return
-    for task in set(earlier.get("n-samples", {})) | set(earlier.get("configs", {})):
-        stale = out_dir / f"samples_{task}.jsonl"
-        if task not in tasks and stale.is_file():
-            stale.unlink()
-            log.info("removed %s: an earlier run's task, not part of this run", stale)
-    for plot in ("scaling.png", "compute.png"):
-        if not scaling and (out_dir / plot).is_file() and "scaling" in earlier:
-            (out_dir / plot).unlink()
+        return []  # not an ortevals results file: touch nothing
+    if not isinstance(earlier, dict) or not isinstance(earlier.get("ortevals"), dict):
+        return []
+    listed = earlier["ortevals"].get("files")
+    if not isinstance(listed, list):  # an ortevals before the list: its tasks' samples and scaling plots
+        listed = [f"samples_{t}.jsonl" for t in set(earlier.get("n-samples", {})) | set(earlier.get("configs", {}))]
+        listed += ["scaling.png", "compute.png"] if "scaling" in earlier else []
+    return sorted(n for n in {str(n) for n in listed} if n not in keep and _own_kind(n) and (out_dir / n).is_file())
+
+
+def _own_kind(name: str) -> bool:
+    """A plain file name of a kind ortevals writes into --output (never a path, never a hidden file)."""
+    return Path(name).name == name and not name.startswith(".") and name.endswith((".jsonl", ".png", ".json"))

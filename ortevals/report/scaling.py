@@ -1,24 +1,35 @@
 """Inference-time scaling estimators over K samples per question: maj@k, pass@k, best-of-k.
 
-Owns the statistics of ``--samples K`` (docs/decoding.md): for each k in 1, 2, 4, …, K, the
-expected accuracy when k of the K samples are drawn without replacement, averaged over every
-size-k subset (exact, never one random draw):
+Owns the statistics of ``--samples K`` (docs/decoding.md) for each k in 1, 2, 4, …, K, under two
+conventions, each under its own name (:data:`DEFINITIONS`):
 
-- ``pass@k``: at least one of the k is correct: ``1 - C(n - c, k) / C(n, k)`` (Chen et al. 2021).
-- ``maj@k`` (self-consistency, Wang et al. 2023): the most frequent extracted answer among the k
-  is correct. Samples with no extracted answer (None) do not vote; a subset with no vote is wrong.
-  Ties among the most frequent answers are broken uniformly at random, so a subset where the
-  right answer ties with t others counts 1/(t + 1). Exact combinatorics (a DP over answer
-  classes), no enumeration.
-- ``best@k``: the sample with the highest score among the k (the model's own confidence) is
-  correct; the score is the log-prob of the whole sequence, the EOS that ended it included, per
-  scored token (generated tokens + that EOS; report/samples.py ``best_of_k_score``), so a sample
-  that ends at once scores log p(EOS) rather than 0. Equal scores are ranked by sample index.
-  Sample r in the descending order is chosen in C(K - 1 - r, k - 1) of the C(K, k) subsets.
+The standard ones, equal to the definition their name has elsewhere: the *first* k samples.
+
+- ``maj@k``: lm-eval's (its ``take_first_k`` then ``majority_vote`` filters): the most frequent
+  extracted answer among the first k samples, a sample with none (lm-eval's ``[invalid]``) voting
+  like any answer, a tie going to the answer seen first (``Counter.most_common``).
+- ``pass@k``: at least one of k samples is correct, the unbiased estimator over all K:
+  ``1 - C(n - c, k) / C(n, k)`` (Chen et al. 2021; lm-eval's and search-and-learn's).
+- ``best@k``: the sample with the highest score (the model's own confidence) among the first k, a
+  tie to the first; the score is the log-prob of the whole sequence, the EOS that ended it
+  included, per scored token (generated tokens + that EOS; report/samples.py ``best_of_k_score``),
+  so a sample that ends at once scores log p(EOS) rather than 0.
+
+ortevals' own, named ``_avg``: the expected value over every size-k subset of the K samples
+(exact, never one random draw), smoother than one draw of k.
+
+- ``maj_avg@k`` (self-consistency, Wang et al. 2023): samples with no extracted answer (None) do
+  not vote; a subset with no vote is wrong. Ties among the most frequent answers are broken
+  uniformly at random, so a subset where the right answer ties with t others counts 1/(t + 1).
+  Exact combinatorics (a DP over answer classes), no enumeration.
+- ``best_avg@k``: best@k's score over every subset; equal scores ranked by sample index. Sample r
+  in the descending order is chosen in C(K - 1 - r, k - 1) of the C(K, k) subsets.
 
 Per-question values are averaged over questions; the interval is a percentile bootstrap over
-questions (scipy.stats.bootstrap), the stderr the clustered one (questions are the clusters:
-std of the per-question values / sqrt(n)). Pure numpy/scipy; :func:`curve_plot` imports matplotlib.
+questions (report/stats.py ``bootstrap_interval``), the stderr the clustered one (questions are the
+clusters: std of the per-question values / sqrt(n)). :func:`classes` groups a question's samples by
+answer for every vote here and in report/selection.py. Pure numpy/scipy; :func:`curve_plot` imports
+matplotlib.
 """
 
 from __future__ import annotations
@@ -33,8 +44,18 @@ import numpy as np
 from ortevals.errors import OrtEvalsError
 from ortevals.files import atomic_write_bytes
 from ortevals.report import plots
+from ortevals.report.stats import bootstrap_interval
 
-ESTIMATORS = ("maj", "pass", "best")
+ESTIMATORS = ("maj", "pass", "best", "maj_avg", "best_avg")
+DEFINITIONS = {  # each estimator in one line: the console's legend and results.json's ``scaling.estimators``
+    "maj": "lm-eval's maj@k: majority vote of the first k samples, no answer ([invalid]) a vote, ties to the first "
+           "seen",
+    "pass": "pass@k, the unbiased estimator over all K samples (Chen et al. 2021)",
+    "best": "the highest mean log-prob (EOS included) among the first k samples, ties to the first",
+    "maj_avg": "ortevals' maj@k: expected majority vote over every k-subset of the K samples, samples with no "
+               "answer do not vote, ties at random",
+    "best_avg": "ortevals' best@k: expected over every k-subset of the K samples",
+}
 
 
 @dataclass(frozen=True)
@@ -49,7 +70,7 @@ class QuestionSamples:
 
 @dataclass(frozen=True)
 class CurvePoint:
-    estimator: str  # maj | pass | best
+    estimator: str  # maj | pass | best | maj_avg | best_avg, or a selector of report/selection.py
     k: int
     value: float  # mean over questions
     stderr: float  # clustered by question
@@ -69,24 +90,51 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - comb(n - c, k) / comb(n, k)
 
 
-def best_at_k(correct: Sequence[bool], score: Sequence[float], k: int) -> float:
+def best_avg_at_k(correct: Sequence[bool], score: Sequence[float], k: int) -> float:
     """P(the highest-scoring of a random k-subset is correct); ties ranked by sample index."""
     n = len(correct)
     order = sorted(range(n), key=lambda i: (-score[i], i))
     return sum(comb(n - 1 - r, k - 1) for r, i in enumerate(order) if correct[i]) / comb(n, k)
 
 
-def _classes(q: QuestionSamples) -> tuple[list[int], list[bool], int]:
-    """(count per answer class, whether each class is correct, number of non-voting samples)."""
-    counts: dict[Hashable, int] = {}
+def best_at_k(correct: Sequence[bool], score: Sequence[float], k: int) -> float:
+    """1.0 when the highest-scoring of the first k samples (a tie to the first) is correct, else 0.0
+    (search-and-learn's ``pred_naive``: a stable sort by score, descending)."""
+    first = sorted(range(k), key=lambda i: -score[i])[0]
+    return float(bool(correct[first]))
+
+
+def classes(answers: Sequence[Hashable | None], correct: Sequence[bool],
+            none_votes: bool = False) -> list[tuple[list[int], bool]]:
+    """Each distinct answer's sample indices (ascending) and whether it is right, in order of first sight;
+    samples with no answer (None) form a class of their own where ``none_votes`` (lm-eval's ``[invalid]``,
+    search-and-learn's empty extraction), else none. An answer scored both right and wrong is an error."""
+    idx: dict[Hashable, list[int]] = {}
     right: dict[Hashable, bool] = {}
-    for a, c in zip(q.answers, q.correct, strict=True):
-        if a is None:
+    for i, (a, c) in enumerate(zip(answers, correct, strict=True)):
+        if a is None and not none_votes:
             continue
-        counts[a] = counts.get(a, 0) + 1
+        idx.setdefault(a, []).append(i)
         if right.setdefault(a, bool(c)) != bool(c):
             raise OrtEvalsError(f"answer {a!r} is scored both right and wrong among one question's samples")
-    return list(counts.values()), [right[a] for a in counts], q.answers.count(None)
+    return [(idx[a], right[a]) for a in idx]
+
+
+def first_k_vote(answers: Sequence[Hashable | None], correct: Sequence[bool], k: int,
+                 weights: Sequence[float] | None = None) -> float:
+    """1.0 when the vote of the first k samples elects a right answer, else 0.0: each answer (None too) scores
+    its samples' count, or the sum of their ``weights`` added in sample order; the highest wins, a tie going to
+    the answer seen first (lm-eval's ``majority_vote``, search-and-learn's ``find_answer_with_largest_sum``)."""
+    votes = classes(answers[:k], correct[:k], none_votes=True)
+    tally = [float(len(members)) if weights is None else _ordered_sum(weights, members) for members, _ in votes]
+    return float(votes[int(np.argmax(tally))][1])  # argmax: the first of the largest
+
+
+def _ordered_sum(weights: Sequence[float], members: Sequence[int]) -> float:
+    total = 0.0
+    for i in members:
+        total += float(weights[i])
+    return total
 
 
 def _ways_others(counts: Sequence[int], abstain: int, k: int, m: int) -> np.ndarray:
@@ -107,8 +155,14 @@ def _ways_others(counts: Sequence[int], abstain: int, k: int, m: int) -> np.ndar
 
 
 def maj_at_k(q: QuestionSamples, k: int) -> float:
+    """lm-eval's maj@k of one question: 1.0 when the majority of its first k samples is right (module doc)."""
+    return first_k_vote(q.answers, q.correct, k)
+
+
+def maj_avg_at_k(q: QuestionSamples, k: int) -> float:
     """P(majority vote of a random k-subset is right), ties broken uniformly (see the module doc)."""
-    counts, right, abstain = _classes(q)
+    found = classes(q.answers, q.correct)
+    counts, right, abstain = [len(m) for m, _ in found], [r for _, r in found], q.answers.count(None)
     total = 0.0
     for c, (n_c, ok) in enumerate(zip(counts, right, strict=True)):
         if not ok:
@@ -124,27 +178,25 @@ def per_question(questions: Sequence[QuestionSamples], estimator: str, k: int) -
     """``[Q]`` the expected value of one estimator at k for each question."""
     if estimator == "pass":
         return np.array([pass_at_k(len(q.correct), sum(map(bool, q.correct)), k) for q in questions])
-    if estimator == "maj":
-        return np.array([maj_at_k(q, k) for q in questions])
-    if estimator == "best":
+    if estimator in ("maj", "maj_avg"):
+        return np.array([(maj_at_k if estimator == "maj" else maj_avg_at_k)(q, k) for q in questions])
+    if estimator in ("best", "best_avg"):
         if any(q.mean_logprob is None for q in questions):
             raise OrtEvalsError("best-of-k needs each sample's mean log-prob")
-        return np.array([best_at_k(q.correct, q.mean_logprob, k) for q in questions])
+        pick = best_at_k if estimator == "best" else best_avg_at_k
+        return np.array([pick(q.correct, q.mean_logprob, k) for q in questions])
     raise OrtEvalsError(f"unknown estimator {estimator!r}; expected one of {', '.join(ESTIMATORS)}")
 
 
-def interval(values: np.ndarray, seed: int = 0) -> tuple[float, float, float]:
+def interval(values: np.ndarray) -> tuple[float, float, float]:
     """(stderr, low, high) of the mean over questions: clustered SE and a 95% percentile bootstrap."""
-    from scipy.stats import bootstrap
-
     if len(values) < 2:
         return float("nan"), float("nan"), float("nan")
     se = float(np.std(values, ddof=1) / np.sqrt(len(values)))
     if np.ptp(values) == 0:
         return se, float(values[0]), float(values[0])
-    ci = bootstrap((values,), np.mean, confidence_level=0.95, n_resamples=2000, method="percentile",
-                   random_state=np.random.default_rng(seed)).confidence_interval
-    return se, float(ci.low), float(ci.high)
+    found = bootstrap_interval((values,), np.mean)
+    return se, found.low, found.high
 
 
 def scaling_curves(questions: Sequence[QuestionSamples],
@@ -158,7 +210,7 @@ def scaling_curves(questions: Sequence[QuestionSamples],
         else float("nan")
     points = []
     for est in estimators:
-        if est == "best" and any(q.mean_logprob is None for q in questions):
+        if est.startswith("best") and any(q.mean_logprob is None for q in questions):
             continue
         for k in ks_for(k_max):
             v = per_question(questions, est, k)
@@ -179,7 +231,8 @@ def lm_eval_metrics(points: Sequence[CurvePoint], filter_name: str | None = None
 def curve_plot(points: Sequence[CurvePoint], path: str | Path, title: str = "") -> Path:
     """Accuracy against k (log2 axis) and against generated tokens per question; 95% intervals as bands."""
     plt, fig, axes = plots.figure(10, 4, cols=2, sharey=True)
-    styles = {"maj": ("o", "-"), "pass": ("s", "--"), "best": ("^", ":")}  # curves that coincide stay visible
+    styles = {"maj": ("o", "-"), "pass": ("s", "--"), "best": ("^", ":"),  # curves that coincide stay visible
+              "maj_avg": ("o", "-."), "best_avg": ("^", (0, (1, 3)))}
     for est in ESTIMATORS:
         pts = [p for p in points if p.estimator == est]
         if not pts:

@@ -1,23 +1,32 @@
 """Selection among K samples by a verifier or by self-certainty: bon@k, weighted_maj@k and variants.
 
-Owns the selection estimators over the K samples of each question, each the exact mean over every
-size-k subset (never one random draw), as report/scaling.py's maj@k and pass@k, with the same
-intervals (clustered SE by question, percentile bootstrap over questions) and points
-(:class:`~ortevals.report.scaling.CurvePoint`):
+Owns the selection estimators over the K samples of each question, under the two conventions of
+report/scaling.py, with its intervals (clustered SE by question, percentile bootstrap over questions)
+and points (:class:`~ortevals.report.scaling.CurvePoint`):
 
-- ``bon`` (best-of-N by a verifier, search-and-learn's ``pred_naive``): the sample of highest
-  verifier score among the k; equal scores ranked by sample index (scaling's :func:`best_at_k`).
-- ``weighted_maj`` (search-and-learn's ``pred_weighted``): each distinct extracted answer among the
-  k scores the sum of its samples' verifier scores, summed in sample order; the highest wins, a tie
-  going to the answer seen first (its first sample comes first). Samples with no extracted answer
-  do not vote; a subset where none votes is wrong. Exact: for each subset T of a right answer's
-  samples, the other answers' subsets that lose to T are counted by size (each class's subset sums
-  enumerated once, ``MAX_SUBSETS`` at most) and combined by polynomial products over the classes.
+search-and-learn's (``src/sal/utils/math.py``), on the *first* k samples, a sample with no
+extracted answer voting like any answer (its ``extract_answer`` always returns a string):
+
+- ``bon`` (best-of-N, its ``pred_naive``): the sample of highest verifier score among the first k,
+  a tie to the first (a stable sort, descending).
+- ``weighted_maj`` (its ``pred_weighted``): each distinct answer among the first k scores the sum of
+  its samples' verifier scores, summed in sample order; the highest wins, a tie going to the answer
+  seen first.
 - ``bon_prm_<agg>``, ``weighted_maj_prm_<agg>``: the same with a PRM's step scores folded by
-  ``last``, ``min`` or ``prod`` (engine/generate/steps.py :func:`aggregate`) as each sample's score.
-- ``bon_certainty`` (Kang et al. 2025): the sample of highest self-certainty (engine/generate/certainty.py).
+  ``last``, ``min`` or ``prod`` (engine/generate/search/steps.py :func:`aggregate`, its
+  ``aggregate_scores``) as each sample's score.
+- ``bon_certainty`` (Kang et al. 2025): the sample of highest self-certainty
+  (engine/generate/choice/certainty.py) among the first k.
 
-Pure numpy/scipy.
+ortevals' own, each named ``<selector>_avg``: the exact mean over every size-k subset of the K
+samples (never one random draw), samples with no extracted answer not voting in the weighted ones (a
+subset where none votes is wrong). weighted_maj_avg: for each subset T of a right answer's samples, the
+other answers' subsets that lose to T are counted by size (each class's subset sums enumerated once,
+``MAX_SUBSETS`` at most) and combined by polynomial products over the classes.
+
+The weighted selectors sum scores and a PRM's ``prod`` multiplies them, as search-and-learn does with
+probabilities: a score outside [0, 1] there is a one-line error (every verifier scores a probability:
+runtime/reward.py, P(True)). Pure numpy/scipy.
 """
 
 from __future__ import annotations
@@ -29,18 +38,38 @@ from math import comb
 
 import numpy as np
 
-from ortevals.engine.generate.steps import AGGREGATIONS, aggregate
+from ortevals.engine.generate.search.steps import AGGREGATIONS, aggregate
 from ortevals.errors import OrtEvalsError
-from ortevals.report.scaling import CurvePoint, QuestionSamples, best_at_k, interval, ks_for
+from ortevals.report.scaling import (
+    CurvePoint,
+    QuestionSamples,
+    best_at_k,
+    best_avg_at_k,
+    classes,
+    first_k_vote,
+    interval,
+    ks_for,
+)
 
-MAX_SUBSETS = 2**21  # subsets of one answer's samples weighted_maj@k enumerates (sizes 1..k)
-SELECTORS: dict[str, tuple[str, str]] = {  # name → (how it selects, which score)
+MAX_SUBSETS = 2**21  # subsets of one answer's samples weighted_maj_avg@k enumerates (sizes 1..k)
+_STANDARD: dict[str, tuple[str, str]] = {  # name → (how it selects, which score)
     "bon": ("best", "verifier"),
     "weighted_maj": ("weighted", "verifier"),
     **{f"bon_prm_{a}": ("best", f"prm_{a}") for a in AGGREGATIONS},
     **{f"weighted_maj_prm_{a}": ("weighted", f"prm_{a}") for a in AGGREGATIONS},
     "bon_certainty": ("best", "certainty"),
 }
+SELECTORS: dict[str, tuple[str, str]] = {**_STANDARD, **{f"{n}_avg": (f"{how}_avg", src)
+                                                         for n, (how, src) in _STANDARD.items()}}
+_SCORES = {"verifier": "verifier score", "certainty": "self-certainty",
+           **{f"prm_{a}": f"PRM step scores folded by {a}" for a in AGGREGATIONS}}
+_HOW = {"best": "the highest {} among the first k samples, ties to the first (search-and-learn's pred_naive)",
+        "weighted": "the answer with the largest sum of {} among the first k samples, no answer a vote, ties to the "
+                    "first seen (search-and-learn's pred_weighted)",
+        "best_avg": "ortevals': the highest {}, expected over every k-subset of the K samples",
+        "weighted_avg": "ortevals': the largest sum of {}, expected over every k-subset of the K samples, samples "
+                        "with no answer do not vote"}
+DEFINITIONS = {n: _HOW[how].format(_SCORES[src]) for n, (how, src) in SELECTORS.items()}  # the console's legend
 
 
 @dataclass(frozen=True)
@@ -62,25 +91,12 @@ def sample_scores(q: ScoredQuestion, source: str) -> np.ndarray | None:
     return None if values is None else np.asarray(values, dtype=np.float64)
 
 
-def _classes(answers: Sequence[Hashable | None], correct: Sequence[bool]) -> list[tuple[list[int], bool]]:
-    """Each distinct answer's sample indices (ascending) and whether it is right, in order of first sight."""
-    idx: dict[Hashable, list[int]] = {}
-    right: dict[Hashable, bool] = {}
-    for i, (a, c) in enumerate(zip(answers, correct, strict=True)):
-        if a is None:
-            continue
-        idx.setdefault(a, []).append(i)
-        if right.setdefault(a, bool(c)) != bool(c):
-            raise OrtEvalsError(f"answer {a!r} is scored both right and wrong among one question's samples")
-    return [(idx[a], right[a]) for a in idx]
-
-
 def _subsets(members: list[int], weights: np.ndarray, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """For sizes j = 0..k: (sums ``[C(n, j)]`` added in sample order, first sample ``[C(n, j)]``)."""
     n = len(members)
     total = sum(comb(n, j) for j in range(1, min(n, k) + 1))
     if total > MAX_SUBSETS:
-        raise OrtEvalsError(f"weighted_maj@{k}: one answer has {n} samples ({total} subsets to enumerate, "
+        raise OrtEvalsError(f"weighted_maj_avg@{k}: one answer has {n} samples ({total} subsets to enumerate, "
                             f"at most {MAX_SUBSETS}); use a smaller k")
     out = [(np.zeros(1), np.full(1, len(weights)))]  # the empty subset: sum 0, never first
     for j in range(1, min(n, k) + 1):
@@ -111,14 +127,20 @@ def _losers(table, s: np.ndarray, f: np.ndarray, k: int) -> np.ndarray:
 
 def weighted_maj_at_k(answers: Sequence[Hashable | None], correct: Sequence[bool], weights: Sequence[float],
                       k: int) -> float:
+    """search-and-learn's weighted vote of the first k samples: 1.0 when it elects a right answer, else 0.0."""
+    return first_k_vote(answers, correct, k, weights)
+
+
+def weighted_maj_avg_at_k(answers: Sequence[Hashable | None], correct: Sequence[bool], weights: Sequence[float],
+                          k: int) -> float:
     """P(the weighted-majority answer of a random k-subset is right) (see the module docstring)."""
     w = np.asarray(weights, dtype=np.float64)
-    classes = _classes(answers, correct)
-    tables = [_subsets(members, w, k) for members, _ in classes]
+    found = classes(answers, correct)
+    tables = [_subsets(members, w, k) for members, _ in found]
     abstain = sum(a is None for a in answers)
     base = np.array([float(comb(abstain, j)) for j in range(k + 1)])
     total = 0.0
-    for c, (members, right) in enumerate(classes):
+    for c, (members, right) in enumerate(found):
         if not right:
             continue
         for t in range(1, min(len(members), k) + 1):
@@ -138,15 +160,20 @@ def per_question(questions: Sequence[ScoredQuestion], name: str, k: int) -> np.n
     if name not in SELECTORS:
         raise OrtEvalsError(f"unknown selector {name!r}; expected one of {', '.join(SELECTORS)}")
     how, source = SELECTORS[name]
+    pick = {"best": best_at_k, "best_avg": best_avg_at_k}.get(how)
+    vote = {"weighted": weighted_maj_at_k, "weighted_avg": weighted_maj_avg_at_k}.get(how)
     out = []
     for q in questions:
         scores = sample_scores(q, source)
         if scores is None or len(scores) != len(q.samples.answers) or not np.all(np.isfinite(scores)):
             raise OrtEvalsError(f"{name}@k needs one finite {source} score per sample; got "
                                 f"{None if scores is None else scores.tolist()}")
+        if vote is not None and not np.all((scores >= 0) & (scores <= 1)):
+            raise OrtEvalsError(f"{name}@k sums {source} scores as probabilities, as search-and-learn does; got "
+                                f"{scores.tolist()}, outside [0, 1] (a classifier's logits? runtime/reward.py maps "
+                                "them to probabilities)")
         s = q.samples
-        out.append(best_at_k(s.correct, scores.tolist(), k) if how == "best" else
-                   weighted_maj_at_k(s.answers, s.correct, scores, k))
+        out.append(pick(s.correct, scores.tolist(), k) if pick is not None else vote(s.answers, s.correct, scores, k))
     return np.array(out)
 
 

@@ -2,8 +2,13 @@
 
 Every function takes numpy arrays of per-question values (N questions, C
 choices) and returns numbers or frozen dataclasses; nothing here reads files.
-scipy provides the exact binomial (McNemar, Wilson), the t quantiles and the
-paired bootstrap.
+scipy provides the exact binomial (McNemar, Wilson), the t quantiles, KL
+(``scipy.special.rel_entr``) and the bootstrap.
+
+The bootstrap, ONE convention for every interval ortevals draws by resampling
+(``compare``'s Δ check, calibration, the ``--samples`` curves): :func:`bootstrap`,
+scipy's ``stats.bootstrap`` over questions, percentile, 95%, ``RESAMPLES``
+resamples drawn by ``np.random.default_rng(SEED)`` (scipy's ``rng=``).
 
 Clustered intervals, ONE convention for ``ortevals compare`` and ``ortevals
 fidelity`` (docs/compare.md): the cluster-robust (CR1) variance of a mean over G
@@ -17,6 +22,8 @@ of 1.96, and the factor 14/13 on the variance.
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,6 +32,8 @@ Z95 = 1.959963984540054  # two-sided 95%
 Z80 = 0.8416212335729143  # one-sided 80% power
 FEW_QUESTIONS = 300  # under this, the power line warns
 MARGIN_BINS = (0.0, 1e-4, 1e-3, 1e-2, 0.05, 0.1, 0.2, 0.5, 1.0)  # edges on the reference's top-1 margin
+RESAMPLES = 2000  # every bootstrap's resamples
+SEED = 0  # and its generator's seed
 
 
 @dataclass(frozen=True)
@@ -133,18 +142,35 @@ def paired_delta(ref: np.ndarray, run: np.ndarray, clusters: np.ndarray | None =
     return clustered_interval(d, clusters)
 
 
-def bootstrap_delta(ref: np.ndarray, run: np.ndarray, resamples: int = 2000, seed: int = 0) -> Interval:
-    """Δ accuracy with scipy's paired percentile bootstrap: a check on the analytic interval."""
-    from scipy.stats import bootstrap
+def bootstrap(data: tuple[np.ndarray, ...], statistic: Callable, resamples: int = RESAMPLES, seed: int = SEED,
+              **options):
+    """scipy's ``stats.bootstrap`` of ``statistic`` over ``data`` (questions along the last axis): percentile, 95%,
+    ``resamples`` drawn by ``np.random.default_rng(seed)``; ``options``: ``paired``, ``vectorized``, ``batch``.
+    A statistic that is constant over resamples (ECE of identical runs) is fine: scipy's warning is dropped."""
+    from scipy.stats import DegenerateDataWarning
+    from scipy.stats import bootstrap as scipy_bootstrap
 
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DegenerateDataWarning)
+        return scipy_bootstrap(data, statistic, n_resamples=resamples, confidence_level=0.95, method="percentile",
+                               rng=np.random.default_rng(seed), **options)
+
+
+def bootstrap_interval(data: tuple[np.ndarray, ...], statistic: Callable, **options) -> Interval:
+    """One scalar statistic's :func:`bootstrap`: (NaN, low, high, standard error)."""
+    res = bootstrap(data, statistic, **options)
+    ci = res.confidence_interval
+    return Interval(float("nan"), float(ci.low), float(ci.high), float(res.standard_error))
+
+
+def bootstrap_delta(ref: np.ndarray, run: np.ndarray) -> Interval:
+    """Δ accuracy with the paired percentile :func:`bootstrap`: a check on the analytic interval."""
     d = np.asarray(run, dtype=np.float64) - np.asarray(ref, dtype=np.float64)
     if len(d) < 2 or np.all(d == d[0]):  # no spread: the bootstrap distribution is a point
         return Interval(float(d.mean()), float(d.mean()), float(d.mean()), 0.0)
-    res = bootstrap((np.asarray(ref, float), np.asarray(run, float)), lambda a, b, axis=-1: np.mean(b - a, axis=axis),
-                    paired=True, vectorized=True, n_resamples=resamples, method="percentile",
-                    random_state=np.random.default_rng(seed))
-    ci = res.confidence_interval
-    return Interval(float(d.mean()), float(ci.low), float(ci.high), float(res.standard_error))
+    found = bootstrap_interval((np.asarray(ref, float), np.asarray(run, float)),
+                               lambda a, b, axis=-1: np.mean(b - a, axis=axis), paired=True, vectorized=True)
+    return Interval(float(d.mean()), found.low, found.high, found.se)
 
 
 def mcnemar_p(correct_to_wrong: int, wrong_to_correct: int) -> float:
@@ -165,14 +191,14 @@ def flips(ref_correct: np.ndarray, run_correct: np.ndarray, ref_answer, run_answ
                  float(same.mean()) if len(same) else float("nan"))
 
 
-def kl(logp: np.ndarray, logq: np.ndarray) -> np.ndarray:
-    """KL(p‖q) per question, nats: [N, C] log-probabilities (-inf pads in the same places) -> [N]."""
-    p = np.exp(logp)
-    live = p > 0
-    safe_p, safe_q = np.where(live, logp, 0.0), np.where(np.isfinite(logq), logq, 0.0)  # no 0·inf
-    out = np.sum(np.where(live, p * (safe_p - safe_q), 0.0), axis=1)
-    bad = np.any(live & ~np.isfinite(logq), axis=1)  # q gives zero mass where p does not
-    return np.where(bad, np.inf, np.maximum(out, 0.0))
+def kl(logp: np.ndarray, logq: np.ndarray, axis: int = -1) -> np.ndarray:
+    """KL(p‖q) in nats along ``axis`` from log-probabilities (``-inf`` where a distribution has no mass):
+    ``scipy.special.rel_entr`` of the probabilities, summed (0 where p is 0, inf where q is 0 and p is not),
+    never below 0 (a negative sum is rounding: KL ≥ 0); [N, C] -> [N] for ``compare``'s choice distributions,
+    [n, k+1] -> [n] for ``fidelity``'s top-k with its tail."""
+    from scipy.special import rel_entr
+
+    return np.maximum(np.sum(rel_entr(np.exp(logp), np.exp(logq)), axis=axis), 0.0)
 
 
 def distribution(x: np.ndarray) -> Distribution:

@@ -3,14 +3,22 @@
 Owns turning requests (anything with lm-eval's ``args``: ``(context, gen_kwargs)``) into
 generation work for one run: each prompt's ids and decoding settings (:func:`prompt_item`: the
 context limit, left truncation as lm-eval's hf backend does), the generation path (raw
-onnxruntime, engine/generate/sampler.py, or onnxruntime-genai's Generators), the generation
-canary's plan per path (engine/generate/gencanary.py), made once per run and joined to the run's
+onnxruntime, engine/generate/rows/sampler.py, or onnxruntime-genai's Generators), the generation
+canary's plan per path (engine/generate/canary.py), made once per run and joined to the run's
 mode, the raw path's sampler on the log-likelihood path's runner, a worker pool when the run has
 one, and each finished text: the store, each sample's log-prob, the stats and a progress bar.
+
+:func:`decode_plan` resolves, when the run opens, what decides which rows decode together (the decode
+budget, and ``cascade=auto``'s choice) from the memory the device holds, not from what is free when a
+batch starts: both go into the run's scope, so a stored sample is a function of it. (On the cascade
+graph a row's log-probs move by up to ~3e-5 with the number of rows sharing its prompt on
+SmolLM2-135M fp32, enough to change a sampled token now and then; the plain path's rows are
+bit-equal whatever the batch.)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -18,22 +26,40 @@ import time
 
 from tqdm import tqdm
 
-from ortevals.engine.generate.cascade import Cascade, CascadeKV, decoder_bytes
-from ortevals.engine.generate.gencanary import og_plan, raw_plan
-from ortevals.engine.generate.generation import request_name
-from ortevals.engine.generate.sampler import SharedPromptSampler, run_sampling
-from ortevals.engine.generate.schedule import run_generation
-from ortevals.engine.generate.settings import GenSettings, parse_gen_kwargs
+from ortevals.engine.generate.canary import og_plan, raw_plan
+from ortevals.engine.generate.choice.settings import GenSettings, parse_gen_kwargs
+from ortevals.engine.generate.og.loops import request_name
+from ortevals.engine.generate.og.schedule import run_generation
+from ortevals.engine.generate.rows.cascade_kv import Cascade, CascadeKV, decoder_bytes
+from ortevals.engine.generate.rows.sampler import FREE_SHARE, UNKNOWN_BUDGET, SharedPromptSampler, run_sampling
 from ortevals.engine.score.scoring import describe_request, fits
 from ortevals.errors import OrtEvalsError
 from ortevals.files import cache_root
-from ortevals.runtime.memory import free_bytes
+from ortevals.runtime.memory import total_bytes
 from ortevals.runtime.providers import default_threads
+from ortevals.runtime.sessions import BIND_DEVICES
 
 log = logging.getLogger(__name__)
 # where ortevals differs on purpose, the output says so (the summary's mode line, results' config)
 CASCADE_MODE = ("sample rows on one shared prompt KV (cascade: attention summed in another order, ~1e-6 in "
                 "log-probs; cascade=off decodes as each row alone)")
+
+
+def decode_plan(args, package, provider):
+    """``args`` with ``decode_budget_mb`` (given, else FREE_SHARE of the memory the device holds where the KV
+    lives; UNKNOWN_BUDGET where that cannot be read) and ``cascade`` (``auto`` becomes ``off`` where a second
+    session of the decoder would take more than half of what that memory holds beside the first) resolved:
+    the same on every run on one machine, and recorded in the run's scope."""
+    device = BIND_DEVICES.get(provider.name, "cpu") if provider.on_device else "cpu"
+    total = total_bytes(device, int(provider.raw_options.get("device_id", 0) or 0))
+    budget = args.decode_budget_mb or int((FREE_SHARE * total if total else UNKNOWN_BUDGET) // 2**20)
+    cascade = args.cascade
+    if cascade == "auto" and total is not None and 3 * decoder_bytes(package) > total:
+        log.info("cascade off: a second session of the decoder (%.1f MiB of weights) would take more than half of "
+                 "the %.1f MiB the %s holds beside the first; each decode row keeps its own copy of the prompt KV",
+                 decoder_bytes(package) / 2**20, total / 2**20, device)
+        cascade = "off"
+    return dataclasses.replace(args, decode_budget_mb=budget, cascade=cascade)
 
 
 def gen_settings(run, gen_kwargs: dict) -> GenSettings:
@@ -107,7 +133,7 @@ class Generation:
                 return run.pool.generate([r.args for r in requests], keys, [it[0] for it in items],
                                          lambda i, text, lp, n, scored, c: finish(i, text, n, lp, scored, c),
                                          run.commit)
-            if path == "raw":  # issue 14: one prompt pass, K rows decoded together (engine/generate/sampler.py)
+            if path == "raw":  # issue 14: one prompt pass, K rows decoded together (engine/generate/rows/sampler.py)
                 self._raw(items, keys, lambda i, s: finish(i, s.text, s.tokens, s.logprob, s.scored, s.certainty),
                           name)
             else:
@@ -119,7 +145,7 @@ class Generation:
         return results
 
     def _raw(self, items, keys: list[list], finish, name) -> None:
-        """The raw path, after the generation canary (engine/generate/gencanary.py) where it applies."""
+        """The raw path, after the generation canary (engine/generate/canary.py) where it applies."""
         run = self.run
         sampler = self.sampler()
         self._check("raw", lambda: raw_plan(sampler, items, keys, name, run.backends.prefill_choice[0].dtype,
@@ -130,12 +156,13 @@ class Generation:
             run.set_mode("cascade", CASCADE_MODE)
 
     def _search(self, items, keys: list[list], finish, path: str) -> None:
-        from ortevals.run.search import run_search
+        from ortevals.run.search import run_search, search_mode
 
         run = self.run
         if path != "raw" or run.pool is not None:  # OrtLM checks it at open; a Run driven otherwise too
             raise OrtEvalsError(f"--search {run.args.search} runs on the raw path in this process; this run "
                                 "generates on onnxruntime-genai or on workers (gen_path=raw, no --workers)")
+        run.set_mode("generate_until", search_mode(run.args))  # the mode line says a search ran, and which
         run_search(self.run, self.sampler().runner, items, keys, lambda i, text, n: finish(i, text, n))
 
     def _og(self, runner, items, keys: list[list], finish, name) -> None:
@@ -146,10 +173,10 @@ class Generation:
             runner, run.tokenizer, items, keys, eos, run.package.pad_token_id, run.args.gen_batch_size,
             run.backends.exact, run.args.check, run.backends.verdicts, name))
         run_generation(runner, run.tokenizer, items, keys, eos, width, run.package.pad_token_id, finish,
-                       name=name, prefix_reuse=reuse, certainty=True)  # errors name the request
+                       name=name, prefix_reuse=reuse, certainty=True, switch=run.backends.settings.reuse.rope_switch)
 
     def _check(self, path: str, plan):
-        """The generation canary's plan (engine/generate/gencanary.py), made once per run and path; its
+        """The generation canary's plan (engine/generate/canary.py), made once per run and path; its
         mode joins the run's mode. Returns the og path's (width, prefix reuse)."""
         if path not in self._plans:
             out = plan()
@@ -159,7 +186,7 @@ class Generation:
         return self._plans[path]
 
     def path(self) -> str:
-        """raw (engine/generate/sampler.py) or og, from gen_path and what the package allows."""
+        """raw (engine/generate/rows/sampler.py) or og, from gen_path and what the package allows."""
         path, why = self.run.backends.generation_path()
         if path == "og":
             log.info("generate_until goes to the onnxruntime-genai path%s", f" ({why})" if why else "")
@@ -172,12 +199,13 @@ class Generation:
             prefill = run.backends.prefill
             runner = prefill.runner
             opener = functools.partial(runner.cascade, run.backends.provider, cache_root())
-            cascade = Cascade(run.args.cascade, opener, decoder_bytes(run.package),
-                              functools.partial(free_bytes, runner.bind_device or "cpu", runner.device_id))
+            # auto's memory rule was applied when the run opened (decode_plan), never against free memory here
+            cascade = Cascade(run.args.cascade, opener, decoder_bytes(run.package))
             self._sampler = SharedPromptSampler(
                 runner, run.tokenizer, {run.eot_token_id, *run.package.eos_token_ids},
-                exact=prefill.settings.exact, prefix_cache=run.args.prefix_cache, cascade=cascade,
-                threads=_choice_threads(run.backends.provider))
+                exact=prefill.settings.exact, prefix_cache=run.args.prefix_cache,
+                kv_budget_mb=run.args.decode_budget_mb, cascade=cascade, threads=_choice_threads(run.backends.provider),
+                reuse=prefill.settings.reuse)
         if run.backends.exact and not self._sampler.exact:  # the log-likelihood canary tripped since
             self._sampler.exact, self._sampler.prefix_cache = True, False
         return self._sampler

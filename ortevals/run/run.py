@@ -12,14 +12,17 @@ and the media router are adapters over it. ``Run(...)`` does no I/O; :meth:`Run.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tqdm import tqdm
 
 from ortevals.engine.backends import Backends
-from ortevals.engine.generate.settings import SEARCH_POLICY
+from ortevals.engine.generate.choice.settings import SEARCH_POLICY
 from ortevals.engine.score.prefill import EngineSettings, Score, TokenRequest
 from ortevals.engine.score.scoring import context_limit, effective_max_length
 from ortevals.errors import OrtEvalsError
@@ -27,15 +30,17 @@ from ortevals.files import cache_root
 from ortevals.options import ModelArgs, scoped_settings
 from ortevals.package.loader import CONFIG_NAME, ModelPackage
 from ortevals.package.multimodal import check_media_tokens
+from ortevals.package.reuse import reuse_policy
 from ortevals.package.scope import Reads
 from ortevals.package.tokenizer import Tokenizer, tokenizer_reads
 from ortevals.report import resume
 from ortevals.report.model_info import model_info
 from ortevals.report.scope import results_scope
 from ortevals.report.store import ResultStore
-from ortevals.run.generate import Generation
+from ortevals.run.generate import Generation, decode_plan
 from ortevals.runtime.buffers import kv_bytes_per_token
-from ortevals.runtime.providers import ProviderConfig, from_package, parse_options
+from ortevals.runtime.meter import boot_clock
+from ortevals.runtime.providers import ProviderConfig, from_package, parse_options, provider_mode
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_LENGTH = 2048
@@ -62,25 +67,34 @@ class Run:
         self.stats = {"requests": 0, "seconds": 0.0, "generated_tokens": 0, "truncated": 0, "reused": 0}
         self.sample_logprobs: dict[str, tuple[float, int, int]] = {}  # key (JSON) → (log-prob, tokens, scored)
         self.sample_certainty: dict[str, float] = {}  # key (JSON) → self-certainty (raw and og paths)
-        self.step_scorer = None  # issue 25 --search: the PRM (engine/generate/prm.py), set by the front door
-        self.search_reward = "logit"  # its scores are probabilities (P(True)); "raw": already logits (an ORM)
+        self.step_scorer = None  # issue 25 --search: the PRM (engine/generate/search/prm.py), set by the front door
+        self.search_reward = "logit"  # the verifier's scores are probabilities (P(True), runtime/reward.py)
+        self.search_verifier = None  # --search: the verifier behind step_scorer (integrations/verify.py)
         self._encoded: dict[tuple[str, bool | None], tuple[int, ...]] = {}  # tok_encode's last texts, oldest first
         self._modes: dict[str, str] = {}  # which mode ran and why, per request kind (stats["mode"] joins them)
         self.on_first_request = None  # called once when the first requests arrive (the CLI's collector, cli.py)
         self.generation = Generation(self)  # generate_until: its path, canary plans and the raw sampler
+        self.min_saving: int | None = None  # tokens a shared prefix must save in this call (prefix_saving)
 
     @classmethod
-    def open(cls, args: ModelArgs, open_soon: bool = False) -> Run:
+    def open(cls, args: ModelArgs, open_soon: bool = False, worker_threads: Callable[[], int] | None = None) -> Run:
         """Load the package and tokenizer; open the log-likelihood path now (``open_soon``: on a thread while
-        the caller loads its data, an error there raised at the first request), generation on first use."""
+        the caller loads its data, an error there raised at the first request), generation on first use.
+
+        ``worker_threads``: with workers on CPU and no ``threads`` given, the threads each worker's sessions will
+        run with (integrations/ray.py), so the scope records what computes the numbers. ``run.args`` holds what
+        was resolved here (those threads, :func:`~ortevals.run.generate.decode_plan`'s budget and cascade)."""
         package = ModelPackage.load(args.pkg)
         tokenizer = Tokenizer.load(package, add_bos_token=args.add_bos_token)
         check_media_tokens(package, tokenizer.backend)  # issue 22: a media token id that text produces
-        provider = from_package(package.decoder.session_options, args.ep,
-                                parse_options(args.provider_options), args.threads)
+        provider = from_package(package.decoder.session_options, args.ep, parse_options(args.provider_options),
+                                args.threads, allow_cpu_fallback=args.allow_cpu_fallback)
+        if worker_threads is not None and args.threads is None and not provider.on_device:
+            args = dataclasses.replace(args, threads=worker_threads())
+            provider = from_package(package.decoder.session_options, args.ep, parse_options(args.provider_options),
+                                    args.threads, allow_cpu_fallback=args.allow_cpu_fallback)
+        args = decode_plan(args, package, provider)
         settings = engine_settings(package, provider, args)
-        if args.prefix_cache and package.windowed:
-            log.info("prefix cache off: %s keeps a windowed sliding KV cache", package.root)
         backends = Backends(package, provider, settings, args.path, cache_root() if args.scoring_graph else None,
                             args.gen_path, args.media_path, args.cascade)
         workers = bool(args.workers or args.ray_address)  # issue 20: the driver opens no session (workers do)
@@ -95,7 +109,10 @@ class Run:
         if args.store and args.store.lower() not in NO_STORE:
             store = open_store(Path(args.store), package, tokenizer, backends, args)
         # resume=false: answers neither read nor written; the store still keeps the canary's verdicts (issue 26)
-        return cls(package, tokenizer, backends, args, store if args.resume else None)
+        run = cls(package, tokenizer, backends, args, store if args.resume else None)
+        if mode := provider_mode(provider):  # TF32 and the CPU fallback on a device provider
+            run.set_mode("provider", mode)
+        return run
 
     # --- the package's token facts -------------------------------------------------------------
     @property
@@ -195,6 +212,16 @@ class Run:
             self._modes[kind] = mode
         self.stats["mode"] = "; ".join(self._modes.values())
 
+    @contextlib.contextmanager
+    def prefix_saving(self, tokens: int):
+        """While the block runs, the prefill engine gives every shared prefix that saves ``tokens`` a pass of
+        its own (default: 64): P(True) requests share short runs (an answer's steps, an (A)/(B) pair)."""
+        before, self.min_saving = self.min_saving, tokens
+        try:
+            yield
+        finally:
+            self.min_saving = before
+
     def score(self, token_reqs: list[TokenRequest], on_done, disable_tqdm: bool) -> list[Score]:
         """Scores in order; ``on_done(index, Score)`` as each finishes (on the engine, or on the workers
         with ``pool``, whose answers come back and are stored here)."""
@@ -206,10 +233,13 @@ class Run:
             bar.update(1)
 
         start = time.perf_counter()
+        self.begin()
         try:
             if self.pool is not None:  # issue 15: workers on Ray; answers come back (and are stored) here
                 return self.pool.score(token_reqs, self.max_length, done, self.commit)
-            return self.engine.score(token_reqs, done)
+            if self.min_saving is None:
+                return self.engine.score(token_reqs, done)
+            return self.engine.score(token_reqs, done, min_saving=self.min_saving)
         finally:
             bar.close()
             self.stats["requests"] += len(token_reqs)
@@ -219,7 +249,13 @@ class Run:
 
     def generate(self, requests, keys: list[list], on_text, disable_tqdm: bool) -> list[str]:
         """Generated texts in order (:meth:`ortevals.run.generate.Generation.generate`)."""
+        self.begin()
         return self.generation.generate(requests, keys, on_text, disable_tqdm)
+
+    def begin(self) -> None:
+        """The run computes from now (start-up ends here unless a metered pass came first): og's path, the media
+        paths and Ray workers run no pass the run's meter sees (runtime/meter.py ``PassMeter.begin``)."""
+        self.backends.meter.begin(boot_clock())
 
 
 def engine_settings(package: ModelPackage, provider: ProviderConfig, args: ModelArgs) -> EngineSettings:
@@ -232,7 +268,8 @@ def engine_settings(package: ModelPackage, provider: ProviderConfig, args: Model
         pad_token_id=package.pad_token_id or 0,
         memory_budget_mb=args.memory_budget_mb,
         token_budget=0 if provider.on_device else CPU_TOKEN_BUDGET,
-        prefix_cache=args.prefix_cache and not package.windowed,
+        prefix_cache=args.prefix_cache,
+        reuse=reuse_policy(package),  # what cached KV may be reused for (package/reuse.py)
         prefix_budget_mb=args.prefix_budget_mb,
         # issue 10 §4: CPU GQA refuses batched continuations (CUDA's shared input check likely too: the
         # engine then goes one row per pass; issue 20 §1, docs/architecture.md)

@@ -1,33 +1,37 @@
 """A run's ``generate_until`` by step-level search (issue 25, ``--search beam|dvts|particles``).
 
 Owns turning each request (prompt ids, decoding settings) into one search on the raw engine
-(engine/generate/rowmodel.py's :class:`RawRowModel`: the prompt run once, rows forked by reference)
-guided by the run's step scorer (a PRM from ``--verifier``: engine/generate/prm.py, set by the
+(engine/generate/search/rawrows.py's :class:`RawRowModel`: the prompt run once, rows forked by reference)
+guided by the run's step scorer (a PRM from ``--verifier``: engine/generate/search/prm.py, set by the
 front door that opened the verifier, with ``search_reward``: how its scores become particle
 weights), and the answer's text cut at the request's stops. The answers are stored and resumed
 under the run's scope narrowed by :func:`search_scope` (the settings and what the verifier reads). Steps end
 at ``step_separator``; a step and a solution are capped at ``max_gen_toks``. Token choice is the
-sampler's (engine/generate/steps.py's :class:`ProcessorChooser` over engine/generate/sampling.py:
+sampler's (engine/generate/search/steps.py's :class:`ProcessorChooser` over engine/generate/choice/logits.py:
 the request's penalties over each row's prompt + tokens, temperature, top-k, top-p, min-p, typical,
 Mirostat) from one generator per request (seed, request key); a greedy request samples at
 temperature 0.8 (search-and-learn's default; greedy rows would all be equal) with its other
-settings kept, logged once.
+settings kept, logged once. What a search run did and cost (:func:`search_record`: method, settings, verifier,
+tokens generated, steps, passes, the verifier's tokens and seconds) goes to ``results["search"]``, the summary
+and the mode line.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 
-from ortevals.engine.generate.rowmodel import RawRowModel
-from ortevals.engine.generate.seeds import sample_rng
-from ortevals.engine.generate.steps import ProcessorChooser, StepRules, text_separator
-from ortevals.engine.generate.stepsearch import SearchSettings, dvts, particle_filter, prm_beam_search
-from ortevals.engine.generate.stops import TextStream
+from ortevals.engine.generate.choice.seeds import sample_rng
+from ortevals.engine.generate.choice.stops import TextStream
+from ortevals.engine.generate.search.guided import SearchSettings, dvts, particle_filter, prm_beam_search
+from ortevals.engine.generate.search.rawrows import RawRowModel
+from ortevals.engine.generate.search.steps import ProcessorChooser, StepRules, text_separator
 from ortevals.errors import OrtEvalsError
 
 log = logging.getLogger(__name__)
 GREEDY_SEARCH_TEMPERATURE = 0.8
+METHODS = {"beam": "PRM beam search", "dvts": "DVTS", "particles": "particle filtering"}
 
 
 def search_settings(args, reward: str = "logit") -> SearchSettings:
@@ -51,6 +55,48 @@ def search_scope(args, reward: str, verifier) -> tuple[list, dict]:
     return verifier.reads(), {"search": settings}
 
 
+def search_mode(args) -> str:
+    """The mode line's words for a search run: which search, with what budget."""
+    width = f", width {args.search_width}" if args.search in ("beam", "dvts") else ""
+    return (f"generate_until by step-level search: {METHODS[args.search]} (--search {args.search}, n {args.search_n}"
+            f"{width}, at most {args.search_max_steps} steps, step scores folded by {args.prm_aggregation}) guided by "
+            f"--verifier {args.verifier}")
+
+
+def timed_scores(run, verifier):
+    """``verifier.score_texts`` with its seconds and tokens added to ``run.stats`` (``search_verifier_seconds``,
+    ``search_verifier_tokens``): what guiding the search cost."""
+    def score(context, answers):
+        before, start = verifier.tokens_run, time.perf_counter()
+        try:
+            return verifier.score_texts(context, answers)
+        finally:
+            stats = run.stats
+            stats["search_verifier_seconds"] = stats.get("search_verifier_seconds", 0.0) + time.perf_counter() - start
+            stats["search_verifier_tokens"] = stats.get("search_verifier_tokens", 0) + verifier.tokens_run - before
+
+    return score
+
+
+SEARCH_STATS = ("search_tokens", "search_steps", "search_passes", "search_verifier_tokens", "search_verifier_seconds")
+
+
+def search_record(args, reward: str, verifier, stats: dict, before: dict) -> dict:
+    """``results["search"]``: the search, its settings and verifier, and between the ``before`` and ``stats``
+    readings the requests searched (and reused), tokens generated (pruned rows included), steps, passes, and the
+    verifier's tokens and seconds within the generation's seconds."""
+    def ran(key: str):
+        return stats.get(key, 0) - before.get(key, 0)
+
+    return {"method": args.search, "name": METHODS[args.search],
+            "settings": {**dataclasses.asdict(search_settings(args, reward)), "step_separator": args.step_separator},
+            "verifier": {"name": getattr(verifier, "name", args.verifier), "kind": getattr(verifier, "kind", None)},
+            "requests": ran("requests"), "reused": ran("reused"), "generated_tokens": ran("search_tokens"),
+            "steps": ran("search_steps"), "passes": ran("search_passes"),
+            "verifier_tokens": ran("search_verifier_tokens"), "verifier_seconds": ran("search_verifier_seconds"),
+            "seconds": ran("seconds")}
+
+
 def search_sampling(settings):
     """The request's GenSettings as a search samples them: a greedy request at temperature 0.8."""
     if settings.do_sample:
@@ -72,7 +118,7 @@ def run_search(run, runner, items, keys: list[list], finish) -> None:
         rules = StepRules(eos, ends, max_step_tokens=settings.max_gen_toks, max_tokens=settings.max_gen_toks)
         rng = sample_rng(settings.seed, keys[i], None)
         chooser = ProcessorChooser(search_sampling(settings), rng)
-        model = RawRowModel(runner)
+        model = RawRowModel(runner, run.backends.settings.reuse)
         if args.search == "particles":
             out = particle_filter(model, ids, run.step_scorer, rules, chooser, s, rng)
         else:

@@ -27,6 +27,7 @@ from ortevals.errors import PackageError, ProviderError, first_line
 from ortevals.install import import_og
 from ortevals.package.graph import external_data_files
 from ortevals.package.loader import CONFIG_NAME, ModelPackage, resolve_inside
+from ortevals.package.reuse import MIN_PASS_TOKENS, ReusePolicy, reuse_policy
 from ortevals.package.scope import Reads
 from ortevals.runtime.providers import ProviderConfig
 from ortevals.tokens import common_prefix
@@ -167,7 +168,9 @@ def og_config(og, package: ModelPackage, provider: ProviderConfig, sections: tup
             for key, value in settings["provider_options"].items():
                 config.set_provider_option(settings["provider"], key, value)
         except Exception as e:
-            raise ProviderError(f"onnxruntime-genai cannot use provider {provider.name!r}: {e}") from None
+            raise ProviderError(f"onnxruntime-genai cannot use provider {provider.name!r}: {first_line(e)}; pass --ep "
+                                "cpu (model_args ep=cpu) to run on the CPU, or install the onnxruntime-genai "
+                                "package built for it") from None
     config.overlay(json.dumps(settings["overlay"]))
     return config
 
@@ -175,11 +178,12 @@ def og_config(og, package: ModelPackage, provider: ProviderConfig, sections: tup
 class GenaiRunner:
     """An ``og.Model`` opened on one provider. Build with :meth:`open`."""
 
-    def __init__(self, package: ModelPackage, model, og, rewind_ok: bool) -> None:
+    def __init__(self, package: ModelPackage, model, og, rewind_ok: bool, reuse: ReusePolicy | None = None) -> None:
         self.package = package
         self.model = model
         self.og = og
         self.rewind_ok = rewind_ok
+        self.reuse = reuse or ReusePolicy()  # what held KV a cursor may keep (package/reuse.py)
         self.generators_created = 0
 
     @classmethod
@@ -201,7 +205,7 @@ class GenaiRunner:
         ok, why = rewind_is_exact(package)
         if not ok:
             log.info("incremental path: fresh Generator per input (%s)", why)
-        return cls(package, model, og, ok)
+        return cls(package, model, og, ok, reuse_policy(package))
 
     def cursor(self, max_length: int) -> Cursor:
         """A cursor whose Generators reserve KV for ``max_length`` tokens (never the whole context)."""
@@ -242,7 +246,12 @@ class GenaiRunner:
 
 
 class Cursor:
-    """A Generator and the tokens it holds; moves to new sequences as cheaply as is exact."""
+    """A Generator and the tokens it holds; moves to new sequences as cheaply as is exact.
+
+    What is exact is the package's :class:`~ortevals.package.reuse.ReusePolicy`, the rule the prefill path
+    follows too: a move runs at least ``MIN_PASS_TOKENS`` new tokens on a kept past, and keeps only KV made by
+    passes of the target's length class (LongRoPE); ``made`` records each pass's end and class.
+    """
 
     def __init__(self, runner: GenaiRunner, max_length: int) -> None:
         self.runner = runner
@@ -250,27 +259,52 @@ class Cursor:
         self.gen = None
         self.tokens: list[int] = []
         self.tokens_run = 0
+        self.reuse = getattr(runner, "reuse", None) or ReusePolicy()
+        self.made: list[tuple[int, int]] = []  # (end position, length class) of each pass over the held tokens
 
-    def move_to(self, tokens: list[int] | tuple[int, ...]) -> np.ndarray:
-        """Hold exactly ``tokens``; return the logits ``[V]`` that predict the next token."""
+    def move_to(self, tokens: list[int] | tuple[int, ...], own: int = MIN_PASS_TOKENS) -> np.ndarray:
+        """Hold exactly ``tokens``, running at least ``own`` of them (all of them in a fresh Generator);
+        return the logits ``[V]`` that predict the next token."""
         tokens = list(tokens)
         if len(tokens) > self.max_length:
             raise ValueError(f"{len(tokens)} tokens exceed the cursor's max_length {self.max_length}")
         keep = common_prefix(self.tokens, tokens) if self.gen is not None and self.runner.rewind_ok else 0
-        keep = min(keep, len(tokens) - 1)  # the last token must be run to get its logits
+        keep = min(keep, len(tokens) - max(own, 1), self._valid(len(tokens)))
         if self.gen is None or keep <= 0:
-            self.gen, self.tokens, keep = self.runner._generator(self.max_length), [], 0
+            self.gen, self.tokens, self.made, keep = self.runner._generator(self.max_length), [], [], 0
         elif keep < len(self.tokens):
             self.gen.rewind_to(keep)
             self.tokens = self.tokens[:keep]
-        return self.append(tokens[keep:])
+            self.made = [(min(end, keep), c) for i, (end, c) in enumerate(self.made)
+                         if i == 0 or self.made[i - 1][0] < keep]
+        return self._run(tokens[keep:])
 
     def append(self, new: list[int]) -> np.ndarray:
-        """Append ``new`` tokens; logits ``[V]`` after the last one."""
+        """Append ``new`` tokens (a decode step); logits ``[V]`` after the last one. Where the held KV was made
+        for the other length class than the longer sequence's (a LongRoPE switch crossed), the whole sequence
+        runs again in a fresh Generator, as transformers' Phi-3 generation drops its cache there."""
+        if self.tokens and self._valid(len(self.tokens) + len(new)) < len(self.tokens):
+            held = self.tokens
+            self.gen, self.tokens, self.made = self.runner._generator(self.max_length), [], []
+            return self._run(held + list(new))
+        return self._run(new)
+
+    def _run(self, new: list[int]) -> np.ndarray:
         self.gen.append_tokens(np.asarray([new], dtype=np.int32))
         self.tokens.extend(new)
         self.tokens_run += len(new)
+        self.made.append((len(self.tokens), self.reuse.length_class(len(self.tokens))))
         return np.asarray(self.gen.get_logits())[0, -1]
+
+    def _valid(self, total: int) -> int:
+        """Held tokens whose KV a ``total``-token sequence may keep: those before the first pass of another
+        length class."""
+        start, want = 0, self.reuse.length_class(total)
+        for end, kind in self.made:
+            if kind != want:
+                return start
+            start = end
+        return len(self.tokens)
 
     def tail_logits(self, n: int) -> np.ndarray | None:
         """Logits ``[n, V]`` of the last append's last n positions, if og returns all positions."""

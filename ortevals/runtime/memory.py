@@ -1,10 +1,12 @@
-"""How much memory is free where a session keeps its tensors (the sampler's KV budget, engine/generate/sampler.py).
+"""How much memory there is where a session keeps its tensors (the raw path's decode budget and cascade choice,
+run/run.py; ``ortevals profile``'s batch estimate).
 
-Owns one reading, :func:`free_bytes`: on the host, the kernel's ``MemAvailable`` (``/proc/meminfo``;
-psutil where there is no ``/proc``); on a CUDA (or ROCm) device, ``cudaMemGetInfo`` (``hipMemGetInfo``)
-through ctypes on the runtime library onnxruntime's provider already loaded (``/proc/self/maps``),
-else the one the loader finds by name. None where nothing can be read (DirectML, no runtime
-library): the caller then says so and uses a fixed budget.
+Owns two readings: :func:`free_bytes` (what is free now) and :func:`total_bytes` (what the device holds: the
+same on every run on one machine, so a plan sized by it is a function of the run's scope). On the host, the
+kernel's ``MemAvailable`` / ``MemTotal`` (``/proc/meminfo``; psutil where there is no ``/proc``); on a CUDA (or
+ROCm) device, ``cudaMemGetInfo`` (``hipMemGetInfo``) through ctypes on the runtime library onnxruntime's
+provider already loaded (``/proc/self/maps``), else the one the loader finds by name. None where nothing can
+be read (DirectML, no runtime library): the caller then says so and uses a fixed budget.
 
 The device figure is what the driver reports free. Memory onnxruntime's own arena holds but is not
 using counts as used there (the arena never hands it back), so the reading errs low, never high.
@@ -32,11 +34,23 @@ def free_bytes(device: str, device_id: int = 0) -> int | None:
     return None
 
 
-def host_available(meminfo: Path = Path("/proc/meminfo")) -> int | None:
-    """The host's available memory (MemAvailable: free + reclaimable page cache), in bytes."""
+def total_bytes(device: str, device_id: int = 0) -> int | None:
+    """Bytes ``device`` ("cpu", "cuda", …) number ``device_id`` holds in all; None when unknown."""
+    if device == "cpu":
+        return host_available("MemTotal:")
+    if device == "cuda":
+        found = _gpu_info(device_id)
+        _gpu_runtime.cache_clear()  # read when a run opens, maybe before onnxruntime loads its own runtime
+        return None if found is None else found[1]
+    return None
+
+
+def host_available(field: str = "MemAvailable:", meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """The host's available memory (MemAvailable: free + reclaimable page cache; ``field`` MemTotal: all of it),
+    in bytes."""
     try:
         for line in meminfo.read_text().splitlines():
-            if line.startswith("MemAvailable:"):
+            if line.startswith(field):
                 return int(line.split()[1]) * 1024  # the kernel reports kB
     except OSError:
         pass
@@ -44,11 +58,18 @@ def host_available(meminfo: Path = Path("/proc/meminfo")) -> int | None:
         import psutil
     except ImportError:
         return None
-    return int(psutil.virtual_memory().available)
+    found = psutil.virtual_memory()
+    return int(found.available if field == "MemAvailable:" else found.total)
 
 
 def gpu_free(device_id: int = 0) -> int | None:
     """Free bytes of GPU ``device_id`` by the CUDA (or HIP) runtime; the current device is restored."""
+    found = _gpu_info(device_id)
+    return None if found is None else found[0]
+
+
+def _gpu_info(device_id: int = 0) -> tuple[int, int] | None:
+    """(free, total) bytes of GPU ``device_id``; the current device is restored."""
     lib = _gpu_runtime()
     if lib is None:
         return None
@@ -66,7 +87,7 @@ def gpu_free(device_id: int = 0) -> int | None:
     except (AttributeError, OSError) as e:
         log.info("GPU free memory: %s runtime unusable (%s)", prefix, e)
         return None
-    return int(free.value) if rc == 0 else None
+    return (int(free.value), int(total.value)) if rc == 0 else None
 
 
 @functools.lru_cache(maxsize=1)

@@ -5,11 +5,11 @@ the session's own provider and device: a ``[1,H,T,D]`` OrtValue becomes
 ``[B,H,T,D]`` without a round trip through the host. GroupQueryAttention needs
 the past of a batch as one contiguous tensor, so binding one OrtValue per row is
 not an option. Host (numpy) past is repeated with ``np.repeat`` by the caller.
-The sampler (engine/generate/sampler.py) also keeps only some rows of a past (``Gather``
+The sampler (engine/generate/rows/sampler.py) also keeps only some rows of a past (``Gather``
 on axis 0: finished samples leave the batch) and cuts a past to its first
 tokens (``Slice`` on axis 2: a shared prompt prefix), the same way.
 
-Where the sampler keeps device KV in place (engine/generate/kvrows.py ``DeviceKV``), the
+Where the sampler keeps device KV in place (engine/generate/rows/kv.py ``DeviceKV``), the
 same graphs write into buffers it already holds (``into``: a
 :class:`~ortevals.runtime.buffers.KVView` bound by pointer), so nothing is
 allocated: ``expand`` a prompt's row into an arena, ``copy`` a row forward
@@ -24,7 +24,7 @@ import numpy as np
 
 from ortevals.install import import_ort
 from ortevals.runtime.buffers import KVView
-from ortevals.runtime.opening import check_provider
+from ortevals.runtime.opening import create_session
 from ortevals.runtime.providers import ProviderConfig
 
 
@@ -94,16 +94,18 @@ class Replicator:
             [helper.make_tensor_value_info("y", elem_type, ["b", "h", "t", "d"])])
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
         model.ir_version = 8  # readable by every onnxruntime ortevals supports
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # Identity must stay a copy
-        so.log_severity_level = 2
-        so.intra_op_num_threads = 1
-        providers = [(self.provider.ort_name, self.provider.raw_options)]
-        if self.provider.name != "cpu":
-            providers.append(("CPUExecutionProvider", {}))
-        session = ort.InferenceSession(model.SerializeToString(), so, providers=providers)
-        check_provider(session, self.provider, "replicate_past (built-in graph)")
-        return session
+
+        def options(config: dict[str, str]):
+            so = ort.SessionOptions()
+            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # Identity must stay a copy
+            so.log_severity_level = 2
+            so.intra_op_num_threads = 1
+            for key, value in config.items():  # the CPU fallback refused on a device (runtime/placement.py)
+                so.add_session_config_entry(key, value)
+            return so
+
+        return create_session(model.SerializeToString(), self.provider, options, {},
+                              f"replicate_past {op} (built-in graph)")
 
 
 def _nodes(op: str) -> list:

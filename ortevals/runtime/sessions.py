@@ -20,6 +20,7 @@ import numpy as np
 from ortevals.errors import PackageError, first_line
 from ortevals.install import import_ort
 from ortevals.package.loader import ModelPackage
+from ortevals.package.reuse import reuse_policy
 from ortevals.runtime.buffers import (
     NUMPY_NATIVE,
     KVCache,
@@ -34,6 +35,7 @@ from ortevals.runtime.cascade import PromptBinding, cascade_decoder
 from ortevals.runtime.derive import GREEDY, LOGPROBS, POSITIONS, TARGETS, derived_decoder
 from ortevals.runtime.meter import PassMeter, boot_clock
 from ortevals.runtime.opening import open_session
+from ortevals.runtime.pass_errors import kernel_limit, symbolic_mismatch
 from ortevals.runtime.providers import ProviderConfig
 from ortevals.runtime.replicate import Replicator
 
@@ -61,7 +63,7 @@ class DecoderRunner:
     """Forward passes through embedding → decoder. Build with :meth:`open`."""
 
     def __init__(self, package: ModelPackage, decoder, embedding=None, bind_device: str | None = None,
-                 device_id: int = 0, replicator=None) -> None:
+                 device_id: int = 0, replicator=None, meter: PassMeter | None = None) -> None:
         self.package = package
         self.decoder = decoder
         self.embedding = embedding
@@ -76,7 +78,8 @@ class DecoderRunner:
         self.gathers_positions = POSITIONS in self._dec_inputs
         self.scores_in_graph = TARGETS in self._dec_inputs
         self._emb_passthrough = self._embedding_outputs() if embedding is not None else ()
-        self.meter = PassMeter()  # every pass's tokens and seconds (runtime/meter.py), the probe's excluded
+        # every pass's tokens and seconds (runtime/meter.py), the probe's excluded; shared with the cascade runner
+        self.meter = meter if meter is not None else PassMeter()
         self._prompts: PromptBinding | None = None  # the cascade graph's kept binding, on its first pass
 
     @classmethod
@@ -114,7 +117,8 @@ class DecoderRunner:
         try:
             logits, present = self.forward(np.zeros((1, 2), np.int64), np.ones((1, 2), np.int64), want_present=True)
         except PackageError as e:
-            raise symbolic_mismatch(self.package, getattr(e, "ort_message", None)) or e from None
+            said = getattr(e, "ort_message", None)  # runtime/pass_errors.py: a kernel's limit, or the config
+            raise kernel_limit(self.package, self.decoder, said) or symbolic_mismatch(self.package, said) or e from None
         if logits.shape[-1] != self.package.vocab_size:
             raise PackageError(f"{cfg}: model.vocab_size={self.package.vocab_size} but the decoder returned "
                                f"logits of width {logits.shape[-1]}; config and graph must agree")
@@ -193,8 +197,9 @@ class DecoderRunner:
             self.meter.record(*input_ids.shape, _past_len(past) > 0, started, time.perf_counter() - clock)
             return outs
         except Exception as e:  # onnxruntime's own error types; name the model and the likely cause
-            err = PackageError(f"{self.package.decoder.path}: onnxruntime failed to run the decoder: "
-                               f"{first_line(e)} (does genai_config.json match the graph?)")
+            limit = kernel_limit(self.package, self.decoder, first_line(e))
+            err = limit or PackageError(f"{self.package.decoder.path}: onnxruntime failed to run the decoder: "
+                                        f"{first_line(e)} (does genai_config.json match the graph?)")
             err.ort_message = first_line(e)  # the probe turns it into a config-vs-graph message
             raise err from None
 
@@ -248,14 +253,8 @@ class DecoderRunner:
         S`` (right-padded).
         """
         ort = import_ort()
-        if prompts is None:
-            mask = np.ones((input_ids.shape[0], past.length + input_ids.shape[1]), dtype=np.int64)
-        else:
-            lengths = np.repeat([p.length + held for p, _, held in prompts], [n for _, n, _ in prompts])
-            lengths += input_ids.shape[1]
-            mask = (np.arange(lengths.max()) < lengths[:, None]).astype(np.int64)
         feeds = self._token_feeds(input_ids) | self._gather_feeds(input_ids, positions)
-        feeds.update(self._mask_feeds(input_ids.shape, mask, past))
+        feeds.update(self._mask_feeds(input_ids.shape, _inplace_mask(input_ids, past, prompts), past))
         if prompts is None:
             binding = self.decoder.io_binding()
         else:  # the shared prompts stay bound from pass to pass (runtime/cascade.py)
@@ -274,9 +273,10 @@ class DecoderRunner:
                                             (spec.value_name, spec.present_value_name))):
                 bind_shared(binding, inp, out, past.layers[spec.layer][i])  # host array or device view
         started, clock = boot_clock(), time.perf_counter()
-        try:
+        try:  # a pass over shared prompts reads their KV: a decode step even where the rows hold no token yet
             self.decoder.run_with_iobinding(binding)
-            self.meter.record(*input_ids.shape, _past_len(past) > 0, started, time.perf_counter() - clock)
+            self.meter.record(*input_ids.shape, _past_len(past) > 0 or bool(prompts), started,
+                              time.perf_counter() - clock)
         except Exception as e:
             raise PackageError(f"{self.package.decoder.path}: onnxruntime failed to run the decoder with a "
                                f"shared KV buffer: {first_line(e)}") from None
@@ -289,8 +289,7 @@ class DecoderRunner:
         session = open_session(self.package.decoder, provider, cascade_decoder(self.package, cache),
                                stop_spinning=True)
         log.info("opened the cascade decode graph of %s", self.package.decoder.path.name)
-        return DecoderRunner(self.package, session, self.embedding, self.bind_device, self.device_id,
-                             self.replicator)
+        return CascadeRunner(self, session)
 
     def repeat_past(self, past: KVCache, batch: int) -> KVCache:
         """``past`` of one row (``[1,H,T,D]`` per layer) replicated to ``[batch,H,T,D]``.
@@ -310,12 +309,19 @@ class DecoderRunner:
                              for pair in past.layers), past.length)
 
     def narrow_past(self, past: KVCache, length: int) -> KVCache:
-        """The first ``length`` tokens of a past (a shared prompt prefix); not for windowed layers."""
+        """The first ``length`` tokens of a past (a shared prompt prefix). A windowed sliding layer's buffer keeps
+        its rows and holds the last positions a ``length``-token past holds (onnxruntime's layout,
+        package/reuse.py), where they were not evicted (``cut_exact``); otherwise the cut is refused."""
         if length == past.length:
             return past
-        return KVCache(tuple(tuple(np.ascontiguousarray(t[:, :, :length]) if isinstance(t, np.ndarray)
-                                   else self._replicator().narrow(t, length) for t in pair)
-                             for pair in past.layers), length)
+        reuse = reuse_policy(self.package)
+        if reuse.window is not None and not reuse.cut_exact(past.length, length):
+            raise PackageError(f"{self.package.decoder.path.name}: a windowed sliding-layer buffer holding "
+                               f"{past.length} tokens cannot be cut to {length}: positions it needs were evicted")
+        first = (length - reuse.resident(length)) - (past.length - reuse.resident(past.length))
+        rows = (first, reuse.resident(length))  # the windowed layers' rows kept, and where they go
+        return KVCache(tuple(tuple(_cut(t, length, rows if spec.window else None, self._replicator) for t in pair)
+                             for spec, pair in zip(self.package.kv, past.layers, strict=True)), length)
 
     def _replicator(self) -> Replicator:
         if self.replicator is None:
@@ -375,32 +381,48 @@ class DecoderRunner:
         return feeds
 
 
-def symbolic_mismatch(package: ModelPackage, ort_message: str | None) -> PackageError | None:
-    """The probe failed: name the config fields that filled the graph's symbolic KV dims, if any did.
-
-    Returns None when every KV dim is concrete in the graph (the load already
-    compared those with the config), so the generic failure stands.
-    """
-    if ort_message is None:
-        return None
-    for spec in package.kv:
-        graph = package.decoder.input(spec.key_name)
-        symbolic = [d for d in (graph.shape[1], graph.shape[3]) if not isinstance(d, int)] if graph else []
-        if symbolic:
-            break
-    else:
-        return None
-    reason = ort_message.split("Status Message:", 1)[-1].strip()
-    dims = ", ".join(repr(d) if isinstance(d, str) else str(d) for d in graph.shape)
-    return PackageError(
-        f"{package.root / 'genai_config.json'}: layer {spec.layer} KV is [heads={spec.kv_heads}, "
-        f"head_size={spec.head_size}] by model.decoder.num_key_value_heads/head_size, but "
-        f"{package.decoder.path.name} declares {spec.key_name} as [{dims}] and refused past KV of that shape in "
-        f"a probe pass ({reason}); config and graph must agree")
-
-
+def _cut(t, length: int, rows: tuple[int, int] | None, replicator):
+    """The first ``length`` positions of one past tensor: sliced, or for a windowed buffer (``rows``: the first row
+    kept and how many) those rows moved to its start, zeros after them, in a buffer of the same rows."""
+    if rows is None:
+        return np.ascontiguousarray(t[:, :, :length]) if isinstance(t, np.ndarray) else replicator().narrow(t, length)
+    if not isinstance(t, np.ndarray):
+        raise PackageError("cutting a windowed sliding-layer buffer where the session runs is not supported; "
+                           "prefix_cache=false scores without it")
+    first, count = rows
+    out = np.zeros_like(t)
+    out[:, :, :count] = t[:, :, first:first + count]
+    return out
 BIND_DEVICES = {"cpu": "cpu", "cuda": "cuda", "tensorrt": "cuda", "nvtensorrtrtx": "cuda", "rocm": "cuda",
                 "dml": "dml"}
+
+
+class CascadeRunner(DecoderRunner):
+    """A runner over the cascade decode graph whose passes are metered with its parent's (the run's meter, even
+    when the run hands the parent another meter after the cascade opened): the same package and sessions."""
+
+    def __init__(self, parent: DecoderRunner, session) -> None:
+        self._parent = parent  # first: the constructor below sets ``meter`` (the parent's own, unchanged)
+        super().__init__(parent.package, session, parent.embedding, parent.bind_device, parent.device_id,
+                         parent.replicator, parent.meter)
+
+    @property
+    def meter(self) -> PassMeter:
+        return self._parent.meter
+
+    @meter.setter
+    def meter(self, value: PassMeter) -> None:
+        self._parent.meter = value
+
+
+def _inplace_mask(input_ids: np.ndarray, past, prompts) -> np.ndarray:
+    """:meth:`DecoderRunner.forward_inplace`'s mask: all ones over past + new tokens, or with shared prompts each
+    row's prompt + its own held tokens + the new ones, right-padded."""
+    if prompts is None:
+        return np.ones((input_ids.shape[0], past.length + input_ids.shape[1]), dtype=np.int64)
+    lengths = np.repeat([p.length + held for p, _, held in prompts], [n for _, n, _ in prompts])
+    lengths += input_ids.shape[1]
+    return (np.arange(lengths.max()) < lengths[:, None]).astype(np.int64)
 
 
 def _past_len(past) -> int:

@@ -13,7 +13,7 @@ onnxruntime-genai's own processor and pipeline (:mod:`ortevals.runtime.media`):
   so there every further continuation gets a fresh Generator;
 * ``generate``: stops, EOS, sampling (penalties over prompt + output, Mirostat) and
   seeds (``sample_rng``) as on the text path, through the same loop
-  (:func:`ortevals.engine.generate.generation.generate`), one request at a time (batch 1: og's
+  (:func:`ortevals.engine.generate.og.loops.generate`), one request at a time (batch 1: og's
   Gemma-4 processor ignores a list of prompts); repeats of a group reuse its
   prefill by rewinding, or a fresh Generator where rewinding is not exact.
 
@@ -33,9 +33,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ortevals.engine.generate.generation import generate
-from ortevals.engine.generate.seeds import sample_rng
-from ortevals.engine.generate.settings import GenSettings
+from ortevals.engine.generate.choice.seeds import sample_rng
+from ortevals.engine.generate.choice.settings import GenSettings
+from ortevals.engine.generate.og.loops import generate
 from ortevals.engine.score.scoring import NonFiniteScore, check_finite, continuation_logprob, describe_request
 from ortevals.errors import OrtEvalsError
 from ortevals.package.loader import ModelPackage
@@ -237,7 +237,7 @@ def _default_keys(reqs: Sequence[MediaRequest]) -> list[list]:
 
 
 class _PrefilledCursor:
-    """engine/generate/generation.py's cursor on a Generator already holding the prompt and media: ``move_to``
+    """engine/generate/og/loops.py's cursor on a Generator already holding the prompt and media: ``move_to``
     returns the prefill logits ``[V]`` (the prompt ids are only the penalties' history), ``append``
     the logits ``[V]`` after new tokens."""
 

@@ -20,6 +20,8 @@ import numpy as np
 
 from ortevals.engine.score.prefill import EngineSettings, Score, TokenRequest, plan_groups
 from ortevals.engine.score.scoring import ScoreSink
+from ortevals.errors import OrtEvalsError
+from ortevals.package.reuse import MIN_PASS_TOKENS
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +40,10 @@ class IncrementalEngine:
         self.forward_passes = 0
         self.tokens_run = 0
 
-    def score(self, requests: Sequence[TokenRequest],
-              on_done: Callable[[int, Score], None] | None = None) -> list[Score]:
+    def score(self, requests: Sequence[TokenRequest], on_done: Callable[[int, Score], None] | None = None,
+              min_saving: int | None = None) -> list[Score]:
+        """Score every request on one cursor; ``min_saving`` is the prefill engine's (this path plans no
+        prefixes: each input rewinds to the longest prefix it shares with the one before)."""
         groups = plan_groups(requests, self.settings.max_length, self.settings.group_by_context)
         results: list[Score | None] = [None] * len(requests)
         sink = ScoreSink(requests, results, on_done)
@@ -62,22 +66,35 @@ class IncrementalEngine:
         return results  # type: ignore[return-value]
 
     def _rows(self, cursor, tokens: tuple[int, ...], k: int) -> np.ndarray:
-        """Logits ``[k, V]`` predicting the last k tokens of ``tokens`` + the next one."""
-        end = len(tokens)
-        first = cursor.move_to(tokens[:end - k + 1])  # predicts token end-k+1
-        self.forward_passes += 1
+        """Logits ``[k, V]`` at the last k positions of ``tokens`` (predicting its last k - 1 tokens and the next).
+
+        The prefill path's rules (package/reuse.py), passed on to the cursor: every pass on a kept past runs
+        ``MIN_PASS_TOKENS`` new tokens at least, and every pass of an input is of the input's length class. With
+        full logits: one pass to the first scored position, then one of the scored tail (both of the input's
+        class and 2 tokens or more), else the input's tail in one pass. A pruned head (last position only): one
+        pass per scored position, each ending there (a rewind of one token and two run).
+        """
+        end, reuse = len(tokens), self.settings.reuse
         if k == 1:
-            return first[None]
-        rest = list(tokens[end - k + 1:])
-        if self.full_logits:
-            cursor.append(rest)
             self.forward_passes += 1
-            tail = cursor.tail_logits(k - 1)
-            if tail is not None:
-                return np.concatenate([first[None], tail])
+            return cursor.move_to(tokens)[None]
+        if not self.full_logits:
+            if not reuse.same_class(end - k + 1, end):
+                raise OrtEvalsError(
+                    f"an input of {end} tokens scored over its last {k} positions crosses the package's rotary "
+                    f"switch at {reuse.rope_switch} tokens (LongRoPE); a package whose LM head returns only the last "
+                    "position cannot score it exactly: export it with full logits (no prune_lm_head) and use "
+                    "path=prefill")
+            self.forward_passes += k
+            return np.stack([cursor.move_to(tokens[:p]) for p in range(end - k + 1, end + 1)])
+        if end - k >= MIN_PASS_TOKENS and reuse.same_class(end - k, end):
+            cursor.move_to(tokens[:end - k])
+            cursor.append(list(tokens[end - k:]))
+            self.forward_passes += 2
+        else:  # the tail crosses the switch, or the head is too short for a pass of its own
+            cursor.move_to(tokens, own=k)
+            self.forward_passes += 1
+        tail = cursor.tail_logits(k)
+        if tail is None:
             raise RuntimeError("onnxruntime-genai returned only the last position's logits")
-        rows = [first]
-        for t in rest:  # one token per pass: the package returns the last position only
-            rows.append(cursor.append([t]))
-            self.forward_passes += 1
-        return np.stack(rows)
+        return tail

@@ -294,6 +294,28 @@ def slices(pairs: Sequence[tuple[tuple[int, ...], tuple[int, ...]]], budget: int
     return out
 
 
+STRADDLE_OVER = 8  # tokens past a length switch the straddling canary inputs run
+
+
+def straddle(pairs: Sequence[tuple[tuple[int, ...], tuple[int, ...]]],
+             switch: int | None) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Canary inputs across a length switch (LongRoPE: package/reuse.py), made from the longest of ``pairs``
+    when it is longer than ``switch``: A, its last ``switch + 8`` tokens; B, A with one token dropped at
+    ``switch - 16`` (A and B share a prefix no longer than the switch, both longer: the prefix's KV must be the
+    long class's); C, A's last 4 tokens fewer (no shared prefix, longer than the switch: batched with the short
+    slices it pads them past the switch). Empty without a switch or a long enough input. Each costs about
+    ``switch`` tokens twice, paid only by runs whose inputs cross the switch."""
+    if switch is None or not pairs:
+        return []
+    ctx, cont = max(pairs, key=lambda p: len(p[0]) + len(p[1]))
+    n = min(len(ctx), switch + STRADDLE_OVER - len(cont))
+    if n + len(cont) <= switch or n < 8:
+        return []
+    a = ctx[-n:]
+    cut = min(max(16, switch - 16), n - 2)
+    return [(a, cont), (a[:cut] + a[cut + 1:], cont), (a[4:], cont)]
+
+
 @dataclass(frozen=True)
 class CanaryResult:
     """Worst request of a canary comparison: ``index`` into the compared arrays."""

@@ -1,6 +1,8 @@
 """The prefill scoring engine: token requests in, scores out.
 
-Owns grouping, ordering and batching of log-likelihood requests:
+Owns running log-likelihood requests as passes (the plain plan, grouping and batching, is
+:mod:`ortevals.engine.score.passes`; what cached KV may serve which input is the package's
+:class:`~ortevals.package.reuse.ReusePolicy`):
 
 * requests whose model input is identical (the same context, one-token
   continuations: MMLU-Pro's ten choices) share one forward pass;
@@ -23,8 +25,8 @@ logits and never imports a runtime.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Protocol
 
 import numpy as np
@@ -36,54 +38,28 @@ from ortevals.engine.score.invariance import (
     compare,
     pick_canary,
     slices,
+    straddle,
     tolerance,
 )
+from ortevals.engine.score.passes import (
+    EngineSettings,
+    Group,
+    TokenRequest,
+    batches,
+    pad_right,
+    plan_groups,
+    rows_for,
+    scored_positions,
+)
 from ortevals.engine.score.prefix import PrefixPlan, plan_prefixes
-from ortevals.engine.score.scoring import NonFiniteScore, Score, ScoreSink, input_window
+from ortevals.engine.score.scoring import NonFiniteScore, Score, ScoreSink
 from ortevals.errors import OrtEvalsError
+from ortevals.package.reuse import MIN_PASS_TOKENS
 
+__all__ = ["EngineSettings", "Group", "PrefillEngine", "Score", "TokenRequest", "pad_right", "plan_groups",
+           "rows_for"]
 log = logging.getLogger(__name__)
-MIN_OWN_TOKENS = 2  # tokens of an input run in its own pass on top of a cached prefix (see score_batched)
-
-
-@dataclass(frozen=True)
-class TokenRequest:
-    """One log-likelihood request at token level."""
-
-    context: tuple[int, ...]
-    continuation: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class EngineSettings:
-    """How requests become forward passes."""
-
-    max_length: int
-    vocab_size: int
-    batch_size: int | None = None  # None: largest batch within memory_budget_mb
-    pad_token_id: int = 0
-    memory_budget_mb: int = 2048
-    token_budget: int = 0  # max tokens per batch under auto; 0: no cap (accelerators)
-    group_by_context: bool = True
-    prefix_cache: bool = True  # compute shared prefixes once and reuse their KV as past
-    prefix_budget_mb: int = 1024  # KV held for prefixes at any time
-    prefix_min_saving: int = 64  # tokens a prefix must save to be worth a pass of its own
-    kv_bytes_per_token: int = 0  # all layers' K and V for one token (0: unknown, learnt on the first prefix)
-    # rows per prefix-continuation pass: inputs under the same cached prefix run as one batch with
-    # the prefix KV replicated across it. 1: one row per pass (CPU: onnxruntime's GroupQueryAttention
-    # refuses batch > 1 with a multi-token input and past). 0: as many as rows_for allows (devices).
-    prefix_batch: int = 1
-    exact: bool = False  # one row per pass, no prefix reuse, full logits: each input as if run alone
-    check: bool = True  # run the invariance canary before the first batched run
-    dtype: str = "float32"  # the logits' float type: sets the canary's tolerance
-
-
-@dataclass(frozen=True)
-class Group:
-    """Requests that share one model input: ``tokens`` plus (request index, continuation length)."""
-
-    tokens: tuple[int, ...]
-    members: tuple[tuple[int, int], ...]
+MIN_OWN_TOKENS = MIN_PASS_TOKENS  # tokens of an input run in its own pass on top of a cached prefix
 
 
 class Forward(Protocol):
@@ -91,71 +67,6 @@ class Forward(Protocol):
     (runtime/sessions.DecoderRunner)."""
 
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray, past=None, want_present: bool = False): ...
-
-
-def plan_groups(requests: Sequence[TokenRequest], max_length: int, group: bool = True) -> list[Group]:
-    """Group requests by identical model input and sort the groups longest-first."""
-    by_input: dict[tuple[int, ...], list[tuple[int, int]]] = {}
-    singles: list[Group] = []
-    for i, req in enumerate(requests):
-        tokens = input_window(req.context, req.continuation, max_length)
-        member = (i, len(req.continuation))
-        if group:
-            by_input.setdefault(tokens, []).append(member)
-        else:
-            singles.append(Group(tokens, (member,)))
-    groups = singles or [Group(t, tuple(m)) for t, m in by_input.items()]
-    # longest first: the first batch is the largest, so memory problems surface at once
-    groups.sort(key=lambda g: -len(g.tokens))
-    return groups
-
-
-def rows_for(settings: EngineSettings, seq_len: int, positions: int | None = None, kv_tokens: int = 0) -> int:
-    """Rows per batch: the fixed batch size, or what fits the budgets.
-
-    Per row, a pass holds its logits (``seq_len`` rows of V, 4 bytes + the float32 copy
-    scoring makes; with the derived graph only ``positions`` = K rows, 24 bytes: the head's
-    output and the scoring's float32/float64 temporaries) and the present KV of its ``kv_tokens``
-    (default ``seq_len``; past + new tokens when continuing a prefix). On CPU a long row
-    already saturates the cores and extra rows only add memory traffic, so auto caps rows
-    by ``token_budget`` as well.
-    """
-    if settings.batch_size:
-        return settings.batch_size
-    logits = seq_len * settings.vocab_size * 8 if positions is None else positions * settings.vocab_size * 24
-    per_row = logits + (kv_tokens or seq_len) * settings.kv_bytes_per_token
-    by_memory = settings.memory_budget_mb * 2**20 // max(per_row, 1)
-    by_tokens = settings.token_budget // max(seq_len, 1) if settings.token_budget else by_memory
-    return max(1, min(256, by_memory, by_tokens))
-
-
-def batches(groups: list[Group], settings: EngineSettings, gathers: bool = False) -> Iterator[list[Group]]:
-    """Consecutive groups, as many per batch as :func:`rows_for` allows. ``gathers``: the runner returns
-    only the last K positions of each row (K: the batch's longest continuation)."""
-    i = 0
-    while i < len(groups):
-        seq = len(groups[i].tokens)
-        n = rows_for(settings, seq, _positions(groups[i:i + 1]) if gathers else None)
-        while gathers and n > 1 and rows_for(settings, seq, _positions(groups[i:i + n])) < n:
-            n = rows_for(settings, seq, _positions(groups[i:i + n]))  # a longer continuation joined: fewer rows
-        yield groups[i:i + n]
-        i += n
-
-
-def _positions(batch: Sequence[Group]) -> int:
-    """K: the scored positions per row, the longest continuation of any member."""
-    return max(n for g in batch for _, n in g.members)
-
-
-def pad_right(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """``[B,S]`` int64 ids and mask; row b holds its tokens then padding."""
-    width = max(len(r) for r in rows)
-    ids = np.full((len(rows), width), pad_id, dtype=np.int64)
-    mask = np.zeros((len(rows), width), dtype=np.int64)
-    for b, r in enumerate(rows):
-        ids[b, :len(r)] = r
-        mask[b, :len(r)] = 1
-    return ids, mask
 
 
 class PrefillEngine:
@@ -177,17 +88,19 @@ class PrefillEngine:
         self,
         requests: Sequence[TokenRequest],
         on_done: Callable[[int, Score], None] | None = None,
+        min_saving: int | None = None,
     ) -> list[Score]:
-        """Score every request; ``on_done(index, score)`` fires as each one finishes."""
+        """Score every request; ``on_done(index, score)`` fires as each one finishes. ``min_saving``: the
+        tokens a shared prefix must save to get a pass of its own in this call (default: the settings')."""
         if not requests:
             return []
         if self.settings.exact:
             return self.score_exact(requests, on_done)
         if self.settings.check and self.canary is None and self._can_differ():
             if not self._stored_verdict():
-                return self._score_checked(requests, on_done)
-            return self.score(requests, on_done)
-        return self.score_batched(requests, on_done)
+                return self._score_checked(requests, on_done, min_saving)
+            return self.score(requests, on_done, min_saving)
+        return self.score_batched(requests, on_done, min_saving)
 
     def _stored_verdict(self) -> bool:
         """Take the verdict a run with the same scope and settings kept, if any (issue 22 §9)."""
@@ -215,14 +128,15 @@ class PrefillEngine:
             self._score_pass(ids, mask, [group], [len(group.tokens)], done)
         return results  # type: ignore[return-value]
 
-    def _score_checked(self, requests: Sequence[TokenRequest], on_done=None) -> list[Score]:
+    def _score_checked(self, requests: Sequence[TokenRequest], on_done=None, min_saving=None) -> list[Score]:
         """The canary on a few inputs cut short (``invariance.slices``), then the run in the mode it chose.
 
         A non-finite canary score trips it too: the exact run then names the request that has it.
         """
         groups = plan_groups(requests, self.settings.max_length, self.settings.group_by_context)
         picked = [requests[groups[gi].members[0][0]] for gi in pick_canary([g.tokens for g in groups])]
-        sub = [TokenRequest(c, x) for c, x in slices([(r.context, r.continuation) for r in picked])]
+        pairs = [(r.context, r.continuation) for r in picked]
+        sub = [TokenRequest(c, x) for c, x in slices(pairs) + straddle(pairs, self.settings.reuse.rope_switch)]
         key, before, passes = canary_key("prefill", self.settings), self.tokens_run, self.forward_passes
         try:
             exact = self.score_exact(sub)
@@ -237,16 +151,11 @@ class PrefillEngine:
         self._canary_verdict(sub, configured, exact)
         if exact is not None:  # a non-finite score is the request's, not the graph's: not kept
             self.verdicts.keep_canary(key, self.canary, self.mode)
-        return self.score(requests, on_done)
+        return self.score(requests, on_done, min_saving)
 
     def _canary_configured(self, sub: list[TokenRequest]) -> list[Score]:
         """The configured way, with any shared prefix reused (a handful of requests saves few tokens)."""
-        saved = self.settings
-        self.settings = replace(saved, prefix_min_saving=1)
-        try:
-            return self.score_batched(sub)
-        finally:
-            self.settings = saved
+        return self.score_batched(sub, min_saving=1)
 
     def _canary_verdict(self, sub, configured, exact) -> None:
         c = self.canary
@@ -273,28 +182,51 @@ class PrefillEngine:
         self,
         requests: Sequence[TokenRequest],
         on_done: Callable[[int, Score], None] | None = None,
+        min_saving: int | None = None,
     ) -> list[Score]:
-        """The configured way: grouped, batched, shared prefixes reused."""
+        """The configured way: grouped, batched, shared prefixes reused (those saving ``min_saving`` tokens,
+        default the settings' ``prefix_min_saving``). Prefixes are planned within each length class of the
+        package's reuse policy (package/reuse.py): KV made for one class never serves the other."""
         groups = plan_groups(requests, self.settings.max_length, self.settings.group_by_context)
         results: list[Score | None] = [None] * len(requests)
         done = ScoreSink(requests, results, on_done)
-        plain = groups
-        if self.settings.prefix_cache and len(groups) > 1:
-            # each input keeps at least 2 tokens for its own pass: on MatMulNBits accuracy_level=4 graphs (the
-            # builder's int4/int8) a 1-token pass takes another kernel path than the full pass (up to 0.59 nats on
-            # SmolLM2 int8), while 2 or more are bit-identical to it (docs/calibration.md, issue 24)
-            plan = plan_prefixes([g.tokens for g in groups],
-                                 [max(MIN_OWN_TOKENS, *(n for _, n in g.members)) for g in groups],
-                                 self.settings.prefix_min_saving)
-            plain = [g for g, a in zip(groups, plan.ancestor) if a is None]
-            log.info("prefill: %d requests, %d inputs, %d share %d cached prefixes", len(requests), len(groups),
-                     len(groups) - len(plain), len(plan.nodes))
-            if plan.nodes:
-                self._score_shared(groups, plan, done)
+        plain, reuse = groups, self.settings.reuse
+        if self.settings.prefix_cache and not reuse.refused and len(groups) > 1:
+            classes = sorted({reuse.length_class(len(g.tokens)) for g in groups})
+            plain = [g for c in classes
+                     for g in self._shared([g for g in groups if reuse.length_class(len(g.tokens)) == c], done,
+                                          min_saving)]
+            plain.sort(key=lambda g: -len(g.tokens))  # longest first, as plan_groups made them
         for batch in batches(plain, self.settings, getattr(self.runner, "gathers_positions", False)):
             ids, mask = pad_right([g.tokens for g in batch], self.settings.pad_token_id)
             self._score_pass(ids, mask, batch, [len(g.tokens) for g in batch], done)
         return results  # type: ignore[return-value]
+
+    def _shared(self, groups: list[Group], done: ScoreSink, min_saving: int | None = None) -> list[Group]:
+        """Score the inputs of ``groups`` (one length class) that share a planned prefix; return the others.
+
+        Each input keeps at least 2 tokens for its own pass (``MIN_OWN_TOKENS``, package/reuse.py): on MatMulNBits
+        accuracy_level=4 graphs (the builder's int4/int8) a 1-token pass takes another kernel path than the full
+        pass (up to 0.59 nats on SmolLM2 int8), while 2 or more are bit-identical to it. Past a length switch,
+        a prefix's KV comes from a pass longer than the switch, cut back (``ReusePolicy.kv_width``); where a
+        windowed sliding-layer buffer would have evicted what the cut keeps (``cut_exact``), that class is scored
+        without shared prefixes.
+        """
+        if len(groups) < 2:
+            return groups
+        plan = plan_prefixes([g.tokens for g in groups], [max(MIN_OWN_TOKENS, *(n for _, n in g.members))
+                                                          for g in groups],
+                             self.settings.prefix_min_saving if min_saving is None else min_saving)
+        reuse, total = self.settings.reuse, len(groups[0].tokens)
+        if any(not reuse.cut_exact(reuse.kv_width(n.depth, total), n.depth) for n in plan.nodes):
+            log.info("prefill: no shared prefixes for inputs past %s tokens: %s", reuse.rope_switch, reuse.describe())
+            return groups
+        plain = [g for g, a in zip(groups, plan.ancestor) if a is None]
+        log.info("prefill: %d inputs, %d share %d cached prefixes", len(groups), len(groups) - len(plain),
+                 len(plan.nodes))
+        if plan.nodes:
+            self._score_shared(groups, plan, done)
+        return plain
 
     def _forward(self, ids: np.ndarray, mask: np.ndarray, past=None, want_present: bool = False, positions=None,
                  targets=None):
@@ -327,7 +259,7 @@ class PrefillEngine:
             for b, group in enumerate(batch):
                 done.group(logits[b], group, lengths[b])
             return
-        k = _positions(batch)
+        k = scored_positions(batch)
         positions = np.stack([np.clip(np.arange(n - k, n), 0, None) for n in lengths]).astype(np.int64)
         if getattr(self.runner, "scores_in_graph", False):
             lp, greedy = self._forward(ids, mask, past, positions=positions, targets=done.targets(batch, k))
@@ -388,8 +320,8 @@ class PrefillEngine:
         while pending:
             tail = len(pending[0].tokens) - base
             gathers = getattr(self.runner, "gathers_positions", False)
-            n = self.settings.prefix_batch or rows_for(self.settings, tail, _positions(pending) if gathers else None,
-                                                       base + tail)
+            k = scored_positions(pending) if gathers else None
+            n = self.settings.prefix_batch or rows_for(self.settings, tail, k, base + tail)
             if past is not None:  # the replicated past stays within the prefix budget
                 n = min(n, max(1, self.settings.prefix_budget_mb * 2**20 // max(past.nbytes, 1)))
             if getattr(self, "prefix_batch_refused", False):
@@ -417,14 +349,16 @@ class PrefillEngine:
         self._score_pass(ids, mask, chunk, [len(g.tokens) - base for g in chunk], done, past)
 
     def _extend(self, tokens, stack, plan: PrefixPlan, depth: int):
-        """KV of ``tokens[:depth]``, computed on top of the deepest cached prefix."""
+        """KV of ``tokens[:depth]``, computed on top of the deepest cached prefix: in a pass of
+        ``ReusePolicy.kv_width`` tokens of ``tokens`` (longer than ``depth`` past a length switch), cut back."""
         base = _depth(stack, plan)
         past = stack[-1][1] if stack else None
-        ids = np.asarray([tokens[base:depth]], dtype=np.int64)
+        width = self.settings.reuse.kv_width(depth, len(tokens))
+        ids = np.asarray([tokens[base:width]], dtype=np.int64)
         # only the KV is wanted: a derived graph computes the head at one position, not [1,S,V] logits
         last = np.array([[ids.shape[1] - 1]], np.int64) if getattr(self.runner, "gathers_positions", False) else None
-        _, kv = self._forward(ids, np.ones((1, depth), dtype=np.int64), past, want_present=True, positions=last)
-        return kv
+        _, kv = self._forward(ids, np.ones((1, width), dtype=np.int64), past, want_present=True, positions=last)
+        return kv if width == depth else self.runner.narrow_past(kv, depth)
 
 
 def _repeat_host(past, batch: int):

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ortevals.package.reuse import MIN_PASS_TOKENS
 from ortevals.tokens import common_prefix
 
 
@@ -54,7 +55,7 @@ def _intervals(seqs: list[Sequence[int]], order: list[int]) -> list[tuple[int, i
 
 
 def plan_prefixes(inputs: Sequence[Sequence[int]], reserved: Sequence[int], min_saving: int = 64,
-                  min_depth: int = 16, min_step: int = 2) -> PrefixPlan:
+                  min_depth: int = 16, min_step: int = MIN_PASS_TOKENS) -> PrefixPlan:
     """Plan prefix reuse for ``inputs``.
 
     reserved[i]: how many trailing tokens of input i must be computed in its own
