@@ -320,7 +320,8 @@ def test_stage_on_a_fresh_clone_prints_its_transfer_calls_and_each_fits_a_call(t
     from pack import MIB, load_manifest
 
     clone = fresh_clone(tmp_path)
-    files = {f"w{i}-1.0-py3-none-any.whl": np.random.default_rng(i).bytes(n) for i, n in enumerate([45 << 20, 25 << 20])}
+    sizes = [45 << 20, 25 << 20]
+    files = {f"w{i}-1.0-py3-none-any.whl": np.random.default_rng(i).bytes(n) for i, n in enumerate(sizes)}
     kit_dir(tmp_path / "kit", files, part_mib=8)
     proc = kit("stage", str(tmp_path / "kit"), "--repo", str(clone))
     assert proc.returncode == 0, proc.stderr

@@ -4,7 +4,8 @@ Owns the decoder (and embedding, when the package has one) opened as
 ``onnxruntime.InferenceSession`` objects on the chosen execution provider
 (opening and the provider check: :mod:`ortevals.runtime.opening`), and one
 forward pass: ``input_ids [B,S]`` + right-padded ``attention_mask`` (+
-optional past KV) → ``logits [B,S,V]`` (+ present KV). Vision, speech and any
+optional past KV and, on hybrid decoders, recurrent state) → ``logits [B,S,V]`` (+ present KV and state).
+Vision, speech and any
 other model of the package are never opened. Buffers (past KV, element types)
 live in :mod:`ortevals.runtime.buffers`.
 """
@@ -28,10 +29,12 @@ from ortevals.runtime.buffers import (
     bind_shared,
     empty_like_input,
     empty_past,
+    empty_state,
     feeds_len,
     host_float32,
 )
 from ortevals.runtime.cascade import PromptBinding, cascade_decoder
+from ortevals.runtime.checks import check_dtypes, package_dtypes
 from ortevals.runtime.derive import GREEDY, LOGPROBS, POSITIONS, TARGETS, derived_decoder
 from ortevals.runtime.meter import PassMeter, boot_clock
 from ortevals.runtime.opening import open_session
@@ -42,23 +45,6 @@ from ortevals.runtime.replicate import Replicator
 log = logging.getLogger(__name__)
 
 
-def check_dtypes(package: ModelPackage, provider: ProviderConfig) -> None:
-    """Refuse bfloat16 KV or logits on CPU: onnxruntime has no bfloat16 CPU kernels for them.
-
-    Measured with onnxruntime 1.32: the builder's ``-p bf16 -e cpu`` package fails to
-    load (no bfloat16 Where kernel) and GroupQueryAttention has no bfloat16 CPU kernel.
-    """
-    if provider.name == "cpu" and "bfloat16" in _dtypes(package):
-        raise PackageError(f"{package.decoder.path}: bfloat16 KV/logits need an accelerator provider; "
-                           "onnxruntime's CPU kernels do not run this graph (use --ep cuda, or a fp32/fp16/int4 "
-                           "package on CPU)")
-
-
-def _dtypes(package: ModelPackage) -> set[str]:
-    logits = package.decoder.output(package.logits_name)
-    return {s.dtype for s in package.kv} | ({logits.dtype} if logits is not None else set())
-
-
 class DecoderRunner:
     """Forward passes through embedding → decoder. Build with :meth:`open`."""
 
@@ -67,7 +53,7 @@ class DecoderRunner:
         self.package = package
         self.decoder = decoder
         self.embedding = embedding
-        if bind_device is None and not _dtypes(package) <= NUMPY_NATIVE:
+        if bind_device is None and not package_dtypes(package) <= NUMPY_NATIVE:
             bind_device = "cpu"  # numpy cannot hold bfloat16: keep KV in OrtValues
         # with a device, IOBinding keeps present KV there (no host round trip) and copies only logits back
         self.bind_device = bind_device
@@ -154,16 +140,19 @@ class DecoderRunner:
         ``[B,K]`` int64 indices into S whose logits are wanted (every position
         when None); only a derived graph can honour it.
         Returns logits ``[B,S,V]`` or ``[B,K,V]`` (the graph's dtype) and, if
-        asked, present KV.
+        asked, present KV (with a hybrid's state after each row's last token: padding
+        included, so only an unpadded row's state is its tokens').
         """
         names = [self.package.logits_name]
         if want_present:
             names += [n for s in self.package.kv for n in (s.present_key_name, s.present_value_name)]
+            names += [s.present_name for s in self.package.states]
         outs = self._run(names, 1, input_ids, attention_mask, past, positions)
         present = None
         if want_present:
-            it = iter(outs[1:])
-            present = KVCache(tuple(zip(it, it)), feeds_len(attention_mask))
+            kv, states = outs[1:1 + 2 * len(self.package.kv)], outs[1 + 2 * len(self.package.kv):]
+            it = iter(kv)
+            present = KVCache(tuple(zip(it, it)), feeds_len(attention_mask), tuple(states))
         return outs[0], present
 
     def outputs(self, input_ids: np.ndarray, attention_mask: np.ndarray, names: list[str]) -> list[np.ndarray]:
@@ -253,6 +242,8 @@ class DecoderRunner:
         S`` (right-padded).
         """
         ort = import_ort()
+        if self.package.recurrent:  # state read and written in one buffer: never checked (rows/kv.py: CopyKV)
+            raise PackageError(f"{self.package.decoder.path}: no shared past/present buffer with recurrent state")
         feeds = self._token_feeds(input_ids) | self._gather_feeds(input_ids, positions)
         feeds.update(self._mask_feeds(input_ids.shape, _inplace_mask(input_ids, past, prompts), past))
         if prompts is None:
@@ -268,10 +259,7 @@ class DecoderRunner:
                 value.bind_input(binding, name)
             else:
                 binding.bind_cpu_input(name, np.ascontiguousarray(value))
-        for spec in self.package.kv:
-            for i, (inp, out) in enumerate(((spec.key_name, spec.present_key_name),
-                                            (spec.value_name, spec.present_value_name))):
-                bind_shared(binding, inp, out, past.layers[spec.layer][i])  # host array or device view
+        _bind_past(binding, self.package, past)
         started, clock = boot_clock(), time.perf_counter()
         try:  # a pass over shared prompts reads their KV: a decode step even where the rows hold no token yet
             self.decoder.run_with_iobinding(binding)
@@ -298,26 +286,27 @@ class DecoderRunner:
         """
         if batch == 1:
             return past
-        layers = tuple(tuple(np.repeat(t, batch, axis=0) if isinstance(t, np.ndarray)
-                             else self._replicator().expand(t, batch) for t in pair) for pair in past.layers)
-        return KVCache(layers, past.length)
+        return past.rows(lambda t: np.repeat(t, batch, axis=0) if isinstance(t, np.ndarray)
+                         else self._replicator().expand(t, batch))
 
     def keep_rows(self, past: KVCache, rows) -> KVCache:
         """Rows ``rows`` of a ``[B,H,T,D]`` past (finished samples leave a decode batch), where it lives."""
-        return KVCache(tuple(tuple(np.ascontiguousarray(t[rows]) if isinstance(t, np.ndarray)
-                                   else self._replicator().gather(t, rows) for t in pair)
-                             for pair in past.layers), past.length)
+        return past.rows(lambda t: np.ascontiguousarray(t[rows]) if isinstance(t, np.ndarray)
+                         else self._replicator().gather(t, rows))
 
     def narrow_past(self, past: KVCache, length: int) -> KVCache:
         """The first ``length`` tokens of a past (a shared prompt prefix). A windowed sliding layer's buffer keeps
         its rows and holds the last positions a ``length``-token past holds (onnxruntime's layout,
-        package/reuse.py), where they were not evicted (``cut_exact``); otherwise the cut is refused."""
+        package/reuse.py), where they were not evicted (``cut_exact``); a recurrent state is the state after all
+        its tokens and is never cut; otherwise the cut is refused."""
         if length == past.length:
             return past
         reuse = reuse_policy(self.package)
-        if reuse.window is not None and not reuse.cut_exact(past.length, length):
-            raise PackageError(f"{self.package.decoder.path.name}: a windowed sliding-layer buffer holding "
-                               f"{past.length} tokens cannot be cut to {length}: positions it needs were evicted")
+        if not reuse.cut_exact(past.length, length):
+            why = ("a recurrent state is the state after exactly its tokens" if reuse.recurrent else
+                   "positions it needs were evicted")
+            raise PackageError(f"{self.package.decoder.path.name}: a past holding {past.length} tokens cannot be "
+                               f"cut to {length}: {why}")
         first = (length - reuse.resident(length)) - (past.length - reuse.resident(past.length))
         rows = (first, reuse.resident(length))  # the windowed layers' rows kept, and where they go
         return KVCache(tuple(tuple(_cut(t, length, rows if spec.window else None, self._replicator) for t in pair)
@@ -365,19 +354,25 @@ class DecoderRunner:
         feeds = {self.package.decoder.inputs.get("attention_mask", "attention_mask"): attention_mask}
         if self.package.has_position_ids:
             # right padding: real tokens sit at past_len + 0..n-1; pad positions are never read
-            pos = np.arange(past_len, past_len + seq, dtype=np.int64)
-            feeds[self.package.decoder.inputs.get("position_ids", "position_ids")] = np.broadcast_to(pos, (batch, seq))
+            name = self.package.decoder.inputs.get("position_ids", "position_ids")
+            pos = np.broadcast_to(np.arange(past_len, past_len + seq, dtype=np.int64), (batch, seq))
+            if len(self.package.decoder.input(name).shape) == 3:  # M-RoPE [3,B,S] (Qwen3.5): text has t = h = w
+                pos = np.broadcast_to(pos, (3, batch, seq))
+            feeds[name] = pos
         return feeds
 
     def _past_feeds(self, batch: int, past: KVCache | None) -> dict[str, np.ndarray]:
         feeds = {}
-        for spec in self.package.kv:
+        for i, spec in enumerate(self.package.kv):
             if past is not None:
-                k, v = past.layers[spec.layer]
+                k, v = past.layers[i]
             else:
                 k = v = empty_past(spec, batch, self.bind_device, self.device_id)
             feeds[spec.key_name] = k
             feeds[spec.value_name] = v
+        for i, spec in enumerate(self.package.states):  # the state after the past's tokens; zeros on a first pass
+            feeds[spec.name] = past.states[i] if past is not None else empty_state(spec, batch, self.bind_device,
+                                                                                    self.device_id)
         return feeds
 
 
@@ -393,6 +388,15 @@ def _cut(t, length: int, rows: tuple[int, int] | None, replicator):
     out = np.zeros_like(t)
     out[:, :, :count] = t[:, :, first:first + count]
     return out
+
+
+def _bind_past(binding, package: ModelPackage, past: KVCache) -> None:
+    """Each KV layer's buffer (a host array or a device view) bound as both its past input and present output."""
+    for spec, (k, v) in zip(package.kv, past.layers, strict=True):
+        bind_shared(binding, spec.key_name, spec.present_key_name, k)
+        bind_shared(binding, spec.value_name, spec.present_value_name, v)
+
+
 BIND_DEVICES = {"cpu": "cpu", "cuda": "cuda", "tensorrt": "cuda", "nvtensorrtrtx": "cuda", "rocm": "cuda",
                 "dml": "dml"}
 
