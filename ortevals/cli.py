@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 
-from ortevals.cli_help import EPILOG_CACHE, EPILOG_COMPARE, EPILOG_FIDELITY, EPILOG_MMLU, EPILOG_PROFILE, EPILOG_RUN
+from ortevals import cli_help
 from ortevals.errors import OrtEvalsError, first_line
 
 RESUMABLE = ("mmlu-pro", "run")  # the commands whose answers go to the result store (Ctrl-C: resume advice)
@@ -198,7 +198,7 @@ def _evaluate(kw: dict, tasks, data: Path | None, **spec_kw) -> None:
     return outcome
 
 
-@cli.command("mmlu-pro", epilog=EPILOG_MMLU)
+@cli.command("mmlu-pro", epilog=cli_help.EPILOG_MMLU)
 @model_options
 @run_options
 @click.option("--cot", is_flag=True, help="Chain-of-thought generation (lm-eval's mmlu_pro group, 14 subjects).")
@@ -222,7 +222,7 @@ def mmlu_pro(cot: bool, max_gen_toks: int | None, compare_to: Path | None, **kw)
         _compare_outcome(compare_to, outcome, kw)
 
 
-@cli.command("run", epilog=EPILOG_RUN)
+@cli.command("run", epilog=cli_help.EPILOG_RUN)
 @model_options
 @run_options
 @click.option("--tasks", required=True, help="Comma-separated lm-eval tasks or groups (arc_easy,hellaswag,…).")
@@ -266,7 +266,7 @@ def example(precision: str) -> None:
     click.echo(smollm2_package(precision))
 
 
-@cli.group("cache", epilog=EPILOG_CACHE)
+@cli.group("cache", epilog=cli_help.EPILOG_CACHE)
 def cache() -> None:
     """Show or clear what ortevals keeps in $ORTEVALS_CACHE (else ~/.cache/ortevals).
 
@@ -275,7 +275,7 @@ def cache() -> None:
     """
 
 
-@cache.command("info", epilog=EPILOG_CACHE)
+@cache.command("info", epilog=cli_help.EPILOG_CACHE)
 def cache_info() -> None:
     """The cache root; entries and bytes per kind; the scopes each result store holds."""
     from ortevals.files import cache_root
@@ -284,7 +284,7 @@ def cache_info() -> None:
     click.echo(info_text(cache_root()))
 
 
-@cache.command("clear", epilog=EPILOG_CACHE)
+@cache.command("clear", epilog=cli_help.EPILOG_CACHE)
 @click.option("--runs", is_flag=True, help="Result stores (resume).")
 @click.option("--derived", is_flag=True, help="Derived scoring graphs.")
 @click.option("--examples", is_flag=True, help="Example packages (rebuilt on next use, about a minute).")
@@ -301,7 +301,7 @@ def cache_clear(runs: bool, derived: bool, examples: bool, everything: bool) -> 
 
 
 # --- ortevals compare (issue 12): glue only; the logic is in ortevals/report/ ---
-@cli.command("compare", epilog=EPILOG_COMPARE)
+@cli.command("compare", epilog=cli_help.EPILOG_COMPARE)
 @click.option("--ref", required=True, type=click.Path(path_type=Path), help="The reference run.")
 @click.argument("runs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="One object per run and task.")
@@ -339,7 +339,7 @@ def _compare_outcome(ref: Path, outcome, kw: dict) -> None:
 
 
 # --- fidelity (issue 12 §2): all logic lives in ortevals/fidelity/ ---
-@cli.command("fidelity", epilog=EPILOG_FIDELITY)
+@cli.command("fidelity", epilog=cli_help.EPILOG_FIDELITY)
 @click.option("--pkg", type=click.Path(path_type=Path), default=None, help="Candidate GenAI package folder.")
 @click.option("--ref", default=None, help="Reference: a GenAI package, a transformers checkpoint folder "
               "(config.json; needs the torch extra) or a file from --save-ref.")
@@ -364,7 +364,40 @@ def fidelity(verbose: int, json_path: Path | None, **kw) -> None:
         click.echo(f"wrote {path}")
 
 
-@cli.command("profile", epilog=EPILOG_PROFILE)
+# --- diagnose (issue 41): all logic lives in ortevals/diagnose/ ---
+@cli.command("diagnose", epilog=cli_help.EPILOG_DIAGNOSE)
+@click.option("--pkg", type=click.Path(path_type=Path), default=None, help="Candidate (quantized) GenAI package.")
+@click.option("--ref", default=None, help="The same model in higher precision: a GenAI package or a transformers "
+              "checkpoint folder (built once into an fp32 package).")
+@click.option("--checkpoint", type=click.Path(path_type=Path), default=None, help="The candidate's transformers "
+              "checkpoint, for the builder command and --verify (default: --ref when it is one).")
+@click.option("--text", type=click.Path(path_type=Path), default=None, help="UTF-8 text file to compare on.")
+@click.option("--data", default=None, help="'bundled' (default) or an MMLU-Pro folder: the text and the questions.")
+@click.option("--tokens", type=int, default=None, help="Tokens scored for the token KL (default 2048).")
+@click.option("--ctx", type=int, default=None, help="Window length (default 512).")
+@click.option("--budget", type=float, default=10.0, show_default=True, help="Largest size increase, in percent.")
+@click.option("--candidates", type=int, default=12, show_default=True, help="Weight groups measured alone.")
+@click.option("--questions", type=int, default=50, show_default=True,
+              help="MMLU-Pro questions for choice-KL and flips (0: token KL only).")
+@click.option("--verify", is_flag=True, help="Build the recommendation with the builder and measure it.")
+@click.option("--output", type=click.Path(path_type=Path), default=Path("ortevals-diagnose"), show_default=True,
+              help="Folder for diagnose.json, diagnose.png, reference.npz, recommended/.")
+@click.option("--ep", default=None, help="Execution provider for the packages (default: each package's).")
+@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+def diagnose(verbose: int, **kw) -> None:
+    """Where a quantized package loses accuracy, layer by layer, and which weights to keep in higher precision."""
+    from ortevals.diagnose.inputs import DiagnoseOptions
+    from ortevals.diagnose.report import format_text, summary
+    from ortevals.diagnose.run import run_diagnose
+
+    _setup_logging(verbose)
+    report = run_diagnose(DiagnoseOptions(**kw), lambda line: click.echo(line, err=True))
+    click.echo(format_text(summary(report)))
+    for path in report.files:
+        click.echo(f"wrote {path}")
+
+
+@cli.command("profile", epilog=cli_help.EPILOG_PROFILE)
 @click.option("--pkg", type=click.Path(path_type=Path), default=None, help="GenAI package folder.")
 @click.option("--example", is_flag=True, help="Profile the embedded SmolLM2-135M example package.")
 @click.option("--batch", default="1", show_default=True, help="Batch sizes, comma-separated.")

@@ -50,3 +50,12 @@ Examples:
   ortevals profile --example --batch 1,4 --prompt-len 128,512 --gen-len 64
   ortevals profile --pkg ./phi4-int4 --ep cuda --batch 1,4,16 --prompt-len 128,1024 --output prof/
 """
+
+
+EPILOG_DIAGNOSE = """\b
+Examples:
+  ortevals diagnose --pkg ./smollm2-int4 --ref ./smollm2-fp32               # per layer, sensitivity, advice
+  ortevals diagnose --pkg ./smollm2-int4 --ref ./smollm2-fp32 --checkpoint ./smollm2-hf --verify
+  ortevals diagnose --pkg ./smollm2-int4 --ref ./smollm2-hf --budget 5 --questions 0   # checkpoint as reference
+  ortevals diagnose --pkg ./model-int4 --ref ./model-fp16 --text my_domain.txt --tokens 4096 --output diag/
+"""

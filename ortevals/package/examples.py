@@ -73,10 +73,11 @@ def smollm2_package(precision: str = "fp32", root: Path | None = None) -> Path:
     return out
 
 
-def build_genai_package(hf_dir: Path, out: Path, precision: str, cache: Path, extra: list[str] | None = None) -> Path:
+def build_genai_package(hf_dir: Path, out: Path, precision: str, cache: Path, extra: list[str] | None = None,
+                        ep: str = "cpu") -> Path:
     """Run the onnxruntime-genai model builder on ``hf_dir`` into ``out`` (atomically)."""
     cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir),
-           "-p", precision, "-e", "cpu", "-c", str(cache)]
+           "-p", precision, "-e", ep, "-c", str(cache)]
     if extra:
         cmd += ["--extra_options", *extra]
     _atomic_build(out, cmd, out_flag="-o")

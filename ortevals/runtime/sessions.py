@@ -70,14 +70,16 @@ class DecoderRunner:
 
     @classmethod
     def open(cls, package: ModelPackage, provider: ProviderConfig, cache: Path | None = None,
-             io_binding: bool | None = None) -> DecoderRunner:
+             io_binding: bool | None = None, graph: Path | None = None) -> DecoderRunner:
         """Open the sessions; with ``cache``, use (and build once) the derived scoring graph there.
 
-        io_binding: None binds on accelerators only (on CPU a plain run is as fast).
+        io_binding: None binds on accelerators only (on CPU a plain run is as fast). graph: another
+        rewritten copy of the decoder to open instead, its weights read from the package folder
+        (runtime/taps.py's extra outputs).
         """
         check_dtypes(package, provider)
         emb = open_session(package.embedding, provider) if package.embedding is not None else None
-        derived = derived_decoder(package, cache) if cache is not None else None
+        derived = graph or (derived_decoder(package, cache) if cache is not None else None)
         dec = open_session(package.decoder, provider, derived)
         log.info("opened %s on %s%s", package.decoder.path.name, provider.ort_name,
                  f" with {package.embedding.path.name}" if emb is not None else "")
@@ -152,6 +154,11 @@ class DecoderRunner:
             it = iter(kv)
             present = KVCache(tuple(zip(it, it)), feeds_len(attention_mask), tuple(states))
         return outs[0], present
+
+    def outputs(self, input_ids: np.ndarray, attention_mask: np.ndarray, names: list[str]) -> list[np.ndarray]:
+        """One pass with no past returning the named graph outputs on the host (a rewritten graph's extra
+        outputs: runtime/taps.py)."""
+        return self._run(list(names), len(names), input_ids, attention_mask, None, None)
 
     def score(self, input_ids: np.ndarray, attention_mask: np.ndarray, past: KVCache | None,
               positions: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,108 @@
+"""``ortevals diagnose``'s bad inputs: each one line, exit 2, before any model runs or file is written."""
+
+from __future__ import annotations
+
+import json
+
+import onnx
+import pytest
+from click.testing import CliRunner
+
+from ortevals.cli import cli
+from tests.test_cli import assert_one_line_error
+
+
+@pytest.fixture(scope="session")
+def tiny3(fixture_cache):
+    from tests.fixtures.tiny import build_tiny_layers
+
+    return build_tiny_layers(fixture_cache, 3)
+
+
+@pytest.fixture()
+def no_names(tiny_int4, copy_pkg):
+    """The int4 package with every node renamed (no builder layer names)."""
+    pkg = copy_pkg(tiny_int4)
+    model = onnx.load(str(pkg / "model.onnx"), load_external_data=False)
+    for i, node in enumerate(model.graph.node):
+        node.name = f"n{i}"
+    onnx.save(model, str(pkg / "model.onnx"))
+    return pkg
+
+
+@pytest.fixture(autouse=True)
+def no_model_work(monkeypatch):
+    """Any session opened or fidelity pass run fails the test: the checks come before any work."""
+    def refuse(*a, **k):
+        raise AssertionError("model work started before the inputs were checked")
+
+    monkeypatch.setattr("ortevals.runtime.taps.TapRunner.open", refuse)
+    monkeypatch.setattr("ortevals.fidelity.run.run_fidelity", refuse)
+
+
+def run(tmp_path, *args):
+    return CliRunner().invoke(cli, ["diagnose", *map(str, args), "--output", str(tmp_path / "out")],
+                              catch_exceptions=False)
+
+
+def check(tmp_path, result, *needles):
+    assert_one_line_error(result, *needles)
+    out = tmp_path / "out"
+    assert not out.exists() or not any(out.iterdir()), list(out.iterdir())
+
+
+def test_different_architectures(tmp_path, tiny_int4, gemma4):
+    check(tmp_path, run(tmp_path, "--pkg", tiny_int4, "--ref", gemma4[1]), "different architectures",
+          "'llama'", "'gemma4'")
+
+
+def test_different_vocabularies(tmp_path, tiny_int4, smollm2):
+    check(tmp_path, run(tmp_path, "--pkg", tiny_int4, "--ref", smollm2[1]), "different vocabularies", "512", "49152")
+
+
+def test_different_layer_counts(tmp_path, tiny_int4, tiny3):
+    check(tmp_path, run(tmp_path, "--pkg", tiny_int4, "--ref", tiny3), "different layer counts", "has 2 layers",
+          "has 3")
+
+
+def test_checkpoint_with_other_layer_count(tmp_path, tiny_int4, tiny3):
+    check(tmp_path, run(tmp_path, "--pkg", tiny_int4, "--ref", tiny3.parent / "tiny3-hf"), "different layer counts",
+          "config.json")
+
+
+def test_candidate_without_layer_names(tmp_path, no_names, tiny_pkg):
+    check(tmp_path, run(tmp_path, "--pkg", no_names, "--ref", tiny_pkg), "--pkg", "layer names", "/model/layers.N/")
+
+
+def test_reference_itself_quantized(tmp_path, tiny_int4):
+    check(tmp_path, run(tmp_path, "--pkg", tiny_int4, "--ref", tiny_int4), "--ref", "itself quantized",
+          "MatMulNBits")
+
+
+def test_different_tokenizers(tmp_path, tiny_int4, tiny_pkg, copy_pkg):
+    ref = copy_pkg(tiny_pkg)
+    data = json.loads((ref / "tokenizer.json").read_text())
+    data["added_tokens"][0]["content"] = "<unknown>"
+    (ref / "tokenizer.json").write_text(json.dumps(data))
+    check(tmp_path, run(tmp_path, "--pkg", tiny_int4, "--ref", ref), "different tokenizers")
+
+
+@pytest.mark.parametrize("args,needle", [
+    ((), "pass --pkg"),
+    (("--budget", "0"), "--budget must be"),
+    (("--tokens", "0"), "--tokens must be >= 1"),
+    (("--questions", "-1"), "--questions must be >= 0"),
+    (("--ctx", "7"), "--ctx must be an even number"),
+    (("--verify",), "--verify builds the recommended package"),
+    (("--checkpoint", "/nonexistent"), "--checkpoint /nonexistent: expected a transformers checkpoint"),
+    (("--text", "/nonexistent.txt"), "/nonexistent.txt: cannot read the text"),
+])
+def test_bad_options(tmp_path, tiny_int4, tiny_pkg, args, needle):
+    given = () if args == () else ("--pkg", tiny_int4, "--ref", tiny_pkg)
+    check(tmp_path, run(tmp_path, *given, *args), needle)
+
+
+def test_saved_reference_file_is_not_a_reference_model(tmp_path, tiny_int4):
+    ref = tmp_path / "ref.npz"
+    ref.write_bytes(b"x")
+    check(tmp_path, run(tmp_path, "--pkg", tiny_int4, "--ref", ref), "diagnose needs the reference model itself")
