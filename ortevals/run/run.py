@@ -19,8 +19,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tqdm import tqdm
-
 from ortevals.engine.backends import Backends
 from ortevals.engine.generate.choice.settings import SEARCH_POLICY
 from ortevals.engine.score.prefill import EngineSettings, Score, TokenRequest
@@ -38,6 +36,7 @@ from ortevals.report.model_info import model_info
 from ortevals.report.scope import results_scope
 from ortevals.report.store import ResultStore
 from ortevals.run.generate import Generation, decode_plan
+from ortevals.run.progress import Progress
 from ortevals.runtime.buffers import kv_bytes_per_token
 from ortevals.runtime.providers import ProviderConfig, from_package, parse_options
 
@@ -147,6 +146,23 @@ class Run:
                 del self._encoded[next(iter(self._encoded))]  # the oldest
         return list(ids)
 
+    def encode_ahead(self, keys: list[tuple[str, bool | None]]) -> None:
+        """Encode now, in one batch (:meth:`Tokenizer.encode_many`), the texts :meth:`tok_encode` will be
+        asked for next, ``(text, add_special_tokens)`` each: they join its kept texts (at most
+        :data:`ENCODED_KEPT`; those already kept move to the newest end). Only the time changes: a text asked
+        for that is not kept is encoded then, alone."""
+        keys = list(dict.fromkeys(keys))[-ENCODED_KEPT:]
+        for key in keys:
+            if key in self._encoded:
+                self._encoded[key] = self._encoded.pop(key)
+        todo = [k for k in keys if k not in self._encoded]
+        for flag in {f for _, f in todo}:
+            texts = [t for t, f in todo if f == flag]
+            for text, ids in zip(texts, self.tokenizer.encode_many(texts, flag), strict=True):
+                self._encoded[(text, flag)] = tuple(ids)
+        while len(self._encoded) > ENCODED_KEPT:
+            del self._encoded[next(iter(self._encoded))]
+
     def tok_decode(self, tokens, skip_special_tokens: bool = False) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens)
 
@@ -217,15 +233,17 @@ class Run:
         finally:
             self.min_saving = before
 
-    def score(self, token_reqs: list[TokenRequest], on_done, disable_tqdm: bool) -> list[Score]:
+    def score(self, token_reqs: list[TokenRequest], on_done, disable_tqdm: bool, units=None) -> list[Score]:
         """Scores in order; ``on_done(index, Score)`` as each finishes (on the engine, or on the workers
-        with ``pool``, whose answers come back and are stored here)."""
-        bar = tqdm(total=len(token_reqs), desc="ortevals", unit="req", disable=disable_tqdm,
-                   dynamic_ncols=True, smoothing=0.1)
+        with ``pool``, whose answers come back and are stored here). ``units``: each request's question, which
+        the progress bar counts (run/progress.py)."""
+        inputs = [r.context if len(r.continuation) == 1 else r.context + r.continuation[:-1] for r in token_reqs]
+        bar = Progress(inputs, units, disable=disable_tqdm)
+        del inputs
 
         def done(index: int, score: Score) -> None:
             on_done(index, score)
-            bar.update(1)
+            bar.done(index)
 
         start = time.perf_counter()
         try:
