@@ -133,7 +133,7 @@ def run_one(backend: str, name: str, precision: str, args) -> dict:
     if backend == "ortevals":
         cache = run_dir / "cache"  # empty: no store, no canary verdict, no derived graph
         cache.mkdir()
-        env["ORTEVALS_CACHE"] = str(cache)
+        env.update(ORTEVALS_CACHE=str(cache), PYTHONPATH=str(args.ortevals_src.resolve()))
         cmd = [sys.executable, "-m", "ortevals.cli", "mmlu-pro", "--pkg", str(pkg), "--data", "bundled",
                "--limit", str(args.limit), "--output", str(run_dir / "output"), *args.ortevals_args.split()]
     else:
@@ -156,23 +156,7 @@ def run_one(backend: str, name: str, precision: str, args) -> dict:
     out["requests_per_s"] = out["requests"] / w.wall
     print(f"  {out['requests']} requests in {w.wall:.1f} s ({out['requests_per_s']:.2f} req/s), peak RSS "
           f"{w.peak_mib:.0f} MiB, acc {got['accuracy']:.3f}", flush=True)
-    (run_dir / "run.json").write_text(json.dumps(out) + "\n")
     return out
-
-
-def against(run: dict, ref: dict | None) -> dict:
-    """Same answers and max |Δ log-likelihood| of ``run`` against ``ref`` on the questions both have."""
-    if not ref or "logprobs" not in ref or "logprobs" not in run:
-        return {}
-    common = sorted(set(run["logprobs"]) & set(ref["logprobs"]), key=int)
-    same = sum(_answer(run["logprobs"][q]) == _answer(ref["logprobs"][q]) for q in common)
-    worst = max((abs(a - b) for q in common for a, b in zip(run["logprobs"][q], ref["logprobs"][q], strict=True)),
-                default=None)
-    return {"same": same, "of": len(common), "max_abs_d": worst, "x": ref["wall_s"] / run["wall_s"]}
-
-
-def _answer(lps: list[float]) -> int:
-    return max(range(len(lps)), key=lps.__getitem__)
 
 
 def main() -> None:
@@ -184,6 +168,8 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=20)
     p.add_argument("--every", type=float, default=0.5, help="seconds between RSS samples")
     p.add_argument("--ortevals-args", default="", help="more `ortevals mmlu-pro` flags, space-separated")
+    p.add_argument("--ortevals-src", type=Path, default=REPO,
+                   help="the ortevals checkout the ortevals backend runs from (default: this one)")
     p.add_argument("--out", type=Path, default=REPO / "bench-data" / "real")
     p.add_argument("--build", action="store_true", help="build the models (make_model.py), then stop")
     p.add_argument("--report", type=Path, default=None, help="a finished --out folder: write the table and plot")
@@ -210,29 +196,24 @@ def main() -> None:
 
 
 def run_all(args, names: list[str]) -> None:
+    """Every asked backend on every asked model and precision; each run's ``run.json`` (with its per-question
+    log-likelihoods) under ``--out``, the invocation's settings in each. Comparisons are the report's."""
     from bench_flops import matmul_peak
 
     args.out.mkdir(parents=True, exist_ok=True)
+    src = args.ortevals_src.resolve()
+    commit = subprocess.run(["git", "-C", str(src), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     meta = {"limit": args.limit, "cores": os.cpu_count(), "peak_fp32_gflops": matmul_peak(),
-            "ortevals_args": args.ortevals_args}
-    (args.out / "meta.json").write_text(json.dumps(meta) + "\n")
+            "ortevals_args": args.ortevals_args, "ortevals_src": str(src), "ortevals_commit": commit.stdout.strip()}
     print(f"onnxruntime fp32 MatMul peak: {meta['peak_fp32_gflops']:.1f} GFLOP/s", flush=True)
     for name in names:
         precisions = [q for q in MODELS[name][2] if q in args.precisions.split(",")]
-        runs = []
         for precision in precisions:
             for backend in args.backends.split(","):
                 if backend == "hf" and precision != precisions[0]:
                     continue  # hf runs the float32 weights once per model
-                runs.append(run_one(backend, name, precision, args))
-        hf = next((r for r in runs if r["backend"] == "hf" and "logprobs" in r), None)
-        for r in runs:
-            og = next((o for o in runs if o["backend"] == "onnxruntime-genai" and o["precision"] == r["precision"]
-                       and "logprobs" in o), None)
-            r["vs_hf"], r["vs_og"] = against(r, hf), against(r, og)
-        for r in runs:
-            (args.out / f"{name}-{r['precision']}-{r['backend']}" / "run.json").write_text(json.dumps(r) + "\n")
-        print(json.dumps([{k: v for k, v in r.items() if k != "logprobs"} for r in runs], indent=1), flush=True)
+                r = {**run_one(backend, name, precision, args), "invocation": meta}
+                (args.out / f"{name}-{precision}-{backend}" / "run.json").write_text(json.dumps(r) + "\n")
 
 
 if __name__ == "__main__":

@@ -168,6 +168,24 @@ def cpu_peak(make, m: int, k: int, n: int, threads: int, seconds: float = 3.0) -
     return 2.0 * m * k * n * runs / (clock() - start) / 1e9
 
 
+def stub_engine() -> None:
+    """PrefillEngine.score plans as score_batched does (groups, shared prefixes), then reports made-up scores."""
+    from ortevals.engine.score import prefill
+    from ortevals.engine.score.scoring import Score
+
+    def score(self, requests, on_done=None):
+        groups = prefill.plan_groups(requests, self.settings.max_length, self.settings.group_by_context)
+        prefill.plan_prefixes([g.tokens for g in groups], [2] * len(groups), self.settings.prefix_min_saving)
+        out = []
+        for i, r in enumerate(requests):
+            out.append(Score(-1.0 - (hash(r.continuation) % 97) / 10, False))
+            if on_done is not None:
+                on_done(i, out[-1])
+        return out
+
+    prefill.PrefillEngine.score = score
+
+
 def count_runs() -> dict:
     """Wrap ``InferenceSession.run`` / ``run_with_iobinding`` (after ortprofile.enable): calls, wall seconds, and
     CPU seconds of the calling thread (all of onnxruntime's work with one intra-op thread) and of the process."""
@@ -209,11 +227,15 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pkg")
     p.add_argument("--example", action="store_true")
-    p.add_argument("--limit", type=int, default=30)
+    p.add_argument("--limit", type=int, default=30, help="the first N test questions (0: all)")
     p.add_argument("--data", default="bundled")
     p.add_argument("--threads", type=int, default=1,
                    help="intra-op threads (1: each node's share times the calling thread's CPU seconds is its CPU "
                         "time, which other processes on a shared machine do not inflate)")
+    p.add_argument("--stub-scores", action="store_true",
+                   help="no model passes: the engine plans its groups and shared prefixes as it would, then reports "
+                        "made-up scores; what is left is everything else a run does at this scale (lm-eval, "
+                        "tokenizing, the plan, the store, metrics, samples, the report)")
     p.add_argument("--cache", default=None, help="ORTEVALS_CACHE to use (default: a fresh one under --out)")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("extra", nargs="*", help="more ortevals mmlu-pro arguments (after --)")
@@ -238,10 +260,13 @@ def main() -> None:
 
     sessions = enable(traces)
     runs = count_runs()
+    if args.stub_scores:
+        stub_engine()
     from ortevals.cli import cli
 
     target = ["--example"] if args.example else ["--pkg", args.pkg]
-    argv = ["mmlu-pro", *target, "--limit", str(args.limit), "--data", args.data, "--output", str(out / "run"),
+    argv = ["mmlu-pro", *target, *(["--limit", str(args.limit)] if args.limit > 0 else []), "--data", args.data,
+            "--output", str(out / "run"),
             "--threads", str(args.threads), *args.extra]
     prof = cProfile.Profile()
     start = time.perf_counter()

@@ -221,10 +221,10 @@ class OrtLM(TemplateLM):
         """What ``TemplateLM.loglikelihood`` hands ``_loglikelihood_tokens``: ``((context, continuation), context
         ids, continuation ids)``, each pair split by lm-eval's own ``_encode_pair`` (an empty context: the prefix
         token, as lm-eval does). The texts it will encode are encoded ahead in batches (:meth:`Run.encode_ahead`),
-        and requests with the same context ids hold one tuple of them (ten per MMLU-Pro question otherwise)."""
+        and requests with the same context hold one tuple of its ids (ten per MMLU-Pro question otherwise)."""
         from tqdm import tqdm
 
-        held: dict[tuple[int, ...], tuple[int, ...]] = {}
+        held: dict[str, tuple[int, ...]] = {}  # context text → its ids (lm-eval's context ids depend on it alone)
         out = []
         for start in tqdm(range(0, len(args), ENCODE_AHEAD), desc="Tokenizing inputs", unit="chunk",
                           disable=disable_tqdm or len(args) <= ENCODE_AHEAD):
@@ -235,10 +235,11 @@ class OrtLM(TemplateLM):
                     cont = self.tok_encode(continuation, add_special_tokens=False)
                     ctx, cont = ([self.prefix_token_id], cont) if self.prefix_token_id != cont[0] \
                         else (cont[:1], cont[1:])
+                    ids = tuple(ctx)
                 else:
                     ctx, cont = self._encode_pair(context, continuation)
-                ids = tuple(ctx)
-                out.append(((context, continuation), held.setdefault(ids, ids), cont))
+                    ids = held.setdefault(context, tuple(ctx))
+                out.append(((context, continuation), ids, cont))
         return out
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, units: list | None = None,
