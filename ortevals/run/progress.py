@@ -73,7 +73,7 @@ class Progress:
         if self.left[unit] == 0:
             self.done_units += 1
             self.bar.units = self._units()
-        self.bar.update(self.work[index])
+        self.bar.update(min(self.work[index], self.bar.total - self.bar.n))  # rounding never passes the total
 
     def _units(self) -> str:
         return f"{self.done_units}/{len(self.left)} {self.noun}"

@@ -15,11 +15,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ortevals.engine.backends import Backends
+from ortevals.engine.backends import Backends, capability, loglikelihood_path
 from ortevals.engine.generate.choice.settings import SEARCH_POLICY
 from ortevals.engine.score.prefill import EngineSettings, Score, TokenRequest
 from ortevals.engine.score.scoring import context_limit, effective_max_length
@@ -88,6 +89,10 @@ class Run:
                                 parse_options(args.provider_options), args.threads)
         if worker_threads is not None and args.threads is None and not provider.on_device:
             args = dataclasses.replace(args, threads=worker_threads())
+            provider = from_package(package.decoder.session_options, args.ep,
+                                    parse_options(args.provider_options), args.threads)
+        args = resolve_passes(args, package, provider)
+        if args.threads != provider.intra_op_threads and args.threads is not None:  # passes: one thread each
             provider = from_package(package.decoder.session_options, args.ep,
                                     parse_options(args.provider_options), args.threads)
         args = decode_plan(args, package, provider)
@@ -264,6 +269,20 @@ class Run:
         return self.generation.generate(requests, keys, on_text, disable_tqdm)
 
 
+def resolve_passes(args: ModelArgs, package: ModelPackage, provider: ProviderConfig) -> ModelArgs:
+    """``passes`` as this run uses it (engine/score/parallel.py): 1 on a device, with workers, or where
+    log-likelihoods go to onnxruntime-genai; ``auto``: one per usable core unless ``threads`` is set. More than
+    one pass at a time gives each one onnxruntime thread unless ``threads`` says otherwise."""
+    passes = args.passes
+    workers = bool(args.workers or args.ray_address)
+    if provider.on_device or workers or loglikelihood_path(args.path, capability(package, provider)) != "prefill":
+        passes = 1
+    elif passes == 0:
+        passes = len(os.sched_getaffinity(0)) if args.threads is None and hasattr(os, "sched_getaffinity") else 1
+    threads = 1 if passes > 1 and args.threads is None else args.threads
+    return dataclasses.replace(args, passes=max(1, passes), threads=threads)
+
+
 def engine_settings(package: ModelPackage, provider: ProviderConfig, args: ModelArgs) -> EngineSettings:
     """The engines' settings from the model arguments, the package and where the provider runs."""
     return EngineSettings(
@@ -282,6 +301,7 @@ def engine_settings(package: ModelPackage, provider: ProviderConfig, args: Model
         prefix_batch=0 if provider.on_device else 1,
         kv_bytes_per_token=kv_bytes_per_token(package),
         exact=args.exact, check=args.check,  # invariance switches (engine/score/invariance.py)
+        passes=1 if provider.on_device else args.passes,
     )
 
 
