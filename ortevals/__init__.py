@@ -9,6 +9,7 @@ Importing this package imports neither onnxruntime, lm-eval, Olive nor torch;
 lm-eval registration lives in :mod:`ortevals.integrations.lm_eval_plugin`.
 """
 
+from ortevals.runtime import meter as _clock  # noqa: F401, I001  first: a run's start-up counts from here
 from ortevals.errors import OrtEvalsError, PackageError
 from ortevals.package.loader import KVSpec, ModelPackage
 from ortevals.version import __version__ as __version__

@@ -19,6 +19,7 @@ import click
 from ortevals.cli_help import EPILOG_CACHE, EPILOG_COMPARE, EPILOG_FIDELITY, EPILOG_MMLU, EPILOG_PROFILE, EPILOG_RUN
 from ortevals.errors import OrtEvalsError, first_line
 
+RESUMABLE = ("mmlu-pro", "run")  # the commands whose answers go to the result store (Ctrl-C: resume advice)
 OWNS_PROCESS = False  # set by main(): the garbage-collector policy of a run (evaluate.collector_paused) applies
 
 
@@ -32,8 +33,11 @@ class Cli(click.Group):
             click.echo(f"Error: {e}", err=True)
             sys.exit(2)
         except KeyboardInterrupt:
-            click.echo("Interrupted. Finished requests are kept in the result store: run the same command "
-                       "again to resume (--no-resume starts over).", err=True)
+            if ctx.invoked_subcommand in RESUMABLE:
+                click.echo("Interrupted. Finished requests are kept in the result store: run the same command "
+                           "again to resume (--no-resume starts over).", err=True)
+            else:
+                click.echo("Interrupted.", err=True)
             sys.exit(130)
         except (click.exceptions.Exit, click.ClickException, SystemExit):
             raise
@@ -97,13 +101,13 @@ def run_options(fn):
     return functools.reduce(lambda f, opt: opt(f), reversed(opts), fn)
 
 
-# info-level notices a user should see at the default verbosity, printed as plain lines (not "WARNING …")
+# notices a user should see at the default verbosity, printed as plain lines (not "WARNING …")
 NOTICES = ("ortevals.report.resume",)
 
 
 class _Format(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        if record.levelno == logging.INFO and record.name in NOTICES:
+        if record.levelno in (logging.INFO, logging.WARNING) and record.name in NOTICES:
             return record.getMessage()
         return super().format(record)
 
@@ -193,6 +197,8 @@ def _evaluate(kw: dict, tasks, data: Path | None, model_defaults: dict | None = 
     click.echo(format_table(outcome.summary))
     for path in outcome.files:
         click.echo(f"wrote {path}")
+    for path in outcome.removed:
+        click.echo(f"removed {path}: an earlier run's file in this --output folder that this run does not write")
     return outcome
 
 
@@ -317,14 +323,15 @@ def compare(ref, runs, json_path, report_dir, changed_path, max_flip_rate, max_k
     from ortevals.report.compare import Gates
     from ortevals.report.output import compare_paths
 
-    _fail_gates(compare_paths(ref, list(runs), click.echo, json_path, report_dir, changed_path,
-                              Gates(max_flip_rate, max_kl, margin)))
+    gates = Gates(max_flip_rate, max_kl, margin)  # a threshold that can never fire or always fires: one line
+    _fail_gates(compare_paths(ref, list(runs), click.echo, json_path, report_dir, changed_path, gates))
 
 
-def _fail_gates(failed: list[str]) -> None:
-    for line in failed:
-        click.echo(line, err=True)
-    if failed:
+def _fail_gates(verdicts) -> None:
+    """Each gate's verdict (a failed one on stderr); exit 1 when one failed."""
+    for v in verdicts:
+        click.echo(v.line, err=not v.passed)
+    if any(not v.passed for v in verdicts):
         sys.exit(1)
 
 
@@ -385,6 +392,11 @@ def profile(pkg, example, verbose, **kw) -> None:
     model = {k: kw.pop(k) for k in MODEL_ARGS} | {"pkg": _package_path(pkg, example)}
     prof, files = run_profile(model, ProfileRequest(**kw), lambda t: click.echo(f"{t.label}: done", err=True))
     click.echo("\n".join([format_table(prof), *(f"wrote {path}" for path in files)]))
+    if prof.interrupted:  # profile keeps no store: what was measured is in the files above
+        click.echo(f"Interrupted after {len(prof.trials)} of {prof.planned} runs (setting and backend); "
+                   + ("the table and files above hold the runs measured." if files else "nothing was measured."),
+                   err=True)
+        sys.exit(130)
 
 
 def main() -> None:

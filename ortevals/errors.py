@@ -28,6 +28,10 @@ class ProviderError(OrtEvalsError):
     """An execution provider is unknown or not available in this install."""
 
 
+class StoreError(OrtEvalsError):
+    """The result store file cannot be opened, read or written (corrupt, a folder, not SQLite)."""
+
+
 class DataError(OrtEvalsError):
     """A benchmark data set is missing, unreachable or malformed."""
 

@@ -21,12 +21,13 @@ from typing import Any
 from unittest import mock
 
 from ortevals.errors import DataError, OrtEvalsError, first_line
-from ortevals.files import cache_root, check_writable_file, check_writable_folder
-from ortevals.report.results import RunSummary, summarize, write_outputs, write_unreported
+from ortevals.files import cache_root, check_writable_file, check_writable_folder, publish, staged
+from ortevals.report.results import RunSummary, stale_outputs, summarize, write_outputs, write_unreported
 from ortevals.runtime.meter import boot_clock
 from ortevals.tasks import task_manager, with_fit_split, with_samples
 
 log = logging.getLogger(__name__)
+OUTPUT_FILES = ("results.json", "samples_*.jsonl", "calibration_fit_*.jsonl", "*.png")  # what a run writes
 OFFLINE_HINTS = ("offline", "connection", "couldn't reach", "could not reach", "resolve", "localentrynotfound",
                  "max retries", "name or service not known", "network")
 
@@ -53,6 +54,7 @@ class RunOutcome:
     summary: RunSummary
     results: dict[str, Any]
     files: tuple[Path, ...]
+    removed: tuple[Path, ...] = ()  # an earlier run's files in --output that this run's set replaced
 
 
 def check_spec(spec: RunSpec) -> None:
@@ -63,9 +65,13 @@ def check_spec(spec: RunSpec) -> None:
     if spec.limit is not None and spec.limit <= 0:
         raise OrtEvalsError(f"--limit must be > 0, got {spec.limit}")
     if spec.output is not None:
-        check_writable_folder(spec.output, "--output")
+        check_writable_folder(spec.output, "--output", OUTPUT_FILES)
     if spec.use_cache is not None:
         check_writable_file(spec.use_cache, "--use-cache")
+    if spec.gen_kwargs:  # each value checked as generation will read it (temperature=inf: random tokens)
+        from ortevals.engine.generate.choice.settings import parse_gen_kwargs
+
+        parse_gen_kwargs(spec.gen_kwargs, default_max=256)
     cache_root()  # $ORTEVALS_CACHE naming a file is refused here, not halfway through the run
 
 
@@ -92,7 +98,7 @@ def evaluate(lm, spec: RunSpec) -> RunOutcome:
         with quiet_git_hash(), deferred_torch_seed(), env_info_without_torch():
             results = lm_eval.simple_evaluate(
                 model=model, tasks=tasks, limit=None if spec.samples else spec.limit, samples=spec.samples,
-                num_fewshot=spec.num_fewshot,
+                num_fewshot=spec.num_fewshot, batch_size=_batch_size(lm),
                 log_samples=True, task_manager=_run_task_manager(spec),
                 apply_chat_template=spec.apply_chat_template, gen_kwargs=gen_kwargs, **spec.extra,
             )
@@ -104,33 +110,61 @@ def evaluate(lm, spec: RunSpec) -> RunOutcome:
     seconds, evaluated = time.perf_counter() - start, boot_clock()
     if not results or not results.get("samples"):
         raise DataError("the data set is empty after filters (check --limit and the task names)")
-    plots = _report(results, tasks, lm, spec.output, verifier, lm.stats["seconds"] - before["seconds"], k)
-    requests = lm.stats["requests"] - before["requests"]
-    reused = lm.stats["reused"] - before["reused"]
-    eff = _efficiency(results, lm, passes, requests, reused, lm.stats["generated_tokens"] - before["generated_tokens"],
-                      evaluated)
-    summary = summarize(results, requests, seconds, lm.stats["seconds"] - before["seconds"], reused,
-                        mode_text(lm.stats, requests, reused), workers_text(lm), spec.notes, eff)
-    files = tuple(write_outputs(spec.output, results, summary)) + tuple(plots) if spec.output else ()
-    return RunOutcome(summary, results, files)
+    return _report(lm, spec, tasks, results, verifier, before, passes, (seconds, evaluated))
 
 
-def _report(results: dict, tasks, lm, output: Path | None, verifier, generation_seconds: float, k) -> list[Path]:
-    """What is computed after lm-eval's evaluation: the verifier's scores and the --samples estimators, then
-    calibration; the calibration plots written. An error or Ctrl-C there loses no model work: lm-eval's results
-    and every sample are written to ``output`` first (report/results.py ``write_unreported``), then it is raised."""
+def _report(lm, spec: RunSpec, tasks, results: dict, verifier, before: dict, passes, clock) -> RunOutcome:
+    """After lm-eval: the verifier, scaling, calibration and efficiency into ``results``, the summary, and every
+    file of the run written into a stage, then published as one set (``clock``: lm-eval's seconds and the
+    boot_clock() reading when it ended). An error or Ctrl-C while reporting loses no model work: lm-eval's
+    results and every sample are published instead, ``results.json`` saying why (``write_unreported``)."""
+    k = getattr(getattr(lm, "args", None), "samples", None)
+    _search(results, lm, before)
+    with staged(spec.output) as stage:
+        try:
+            if k:
+                from ortevals.report.samples import add_scaling
+
+                add_scaling(results, tasks, lm.sample_facts(), stage,
+                            _verify(results, tasks, lm, verifier, lm.stats["seconds"] - before["seconds"]))
+            _calibration(results, lm, stage)
+        except BaseException as e:
+            if stage is not None:
+                _publish_unreported(spec.output, stage, results, e)
+            raise
+        requests = lm.stats["requests"] - before["requests"]
+        reused = lm.stats["reused"] - before["reused"]
+        eff = _efficiency(results, lm, passes, requests, reused,
+                          lm.stats["generated_tokens"] - before["generated_tokens"], clock[1])
+        summary = summarize(results, requests, clock[0], lm.stats["seconds"] - before["seconds"], reused,
+                            mode_text(lm.stats, requests, reused), workers_text(lm), spec.notes, eff)
+        if stage is None:
+            return RunOutcome(summary, results, ())
+        return _publish(spec.output, stage, results, summary)
+
+
+def _publish(output: Path, stage: Path, results: dict, summary: RunSummary) -> RunOutcome:
+    """results.json and the samples beside the plots in ``stage``, then the whole set into ``output``; the earlier
+    run's files it leaves out go with it (files.py ``publish``: the earlier set or this one, never a mix)."""
+    others = sorted(p.name for p in stage.iterdir() if p.is_file())  # plots, calibration fit samples
+    names = [p.name for p in write_outputs(stage, results, summary, others)] + others
+    removed = stale_outputs(output, set(names))
+    publish(stage, output, "--output", removed)
+    return RunOutcome(summary, results, tuple(output / n for n in names), tuple(output / n for n in removed))
+
+
+def _publish_unreported(output: Path, stage: Path, results: dict, error: BaseException) -> None:
+    """Reporting failed after the model work: lm-eval's results and every sample published as the run's set
+    (plots already drawn kept), ``results.json``'s ``ortevals.unreported`` saying why; a failure here is logged,
+    never raised over the first."""
     try:
-        if k:
-            from ortevals.report.samples import add_scaling
-
-            add_scaling(results, tasks, lm.sample_facts(), output,
-                        _verify(results, tasks, lm, verifier, generation_seconds))
-        return _calibration(results, lm, output)
-    except BaseException as e:
-        if output is not None:
-            write_unreported(output, results, e)
-            log.error("reporting stopped (%s); lm-eval's results and every sample are in %s", first_line(e), output)
-        raise
+        others = sorted(p.name for p in stage.iterdir() if p.is_file())
+        names = [p.name for p in write_unreported(stage, results, error, others)] + others
+        publish(stage, output, "--output", stale_outputs(output, set(names)))
+        log.error("reporting stopped (%s); lm-eval's results and every sample are in %s", first_line(error), output)
+    except Exception as e:  # noqa: BLE001  (the first error is the one the user must see)
+        log.error("reporting stopped (%s), and its samples could not be written either: %s", first_line(error),
+                  first_line(e))
 
 
 @contextlib.contextmanager
@@ -263,6 +297,24 @@ class _SeedOnImport:
         return spec
 
 
+def _search(results: dict, lm, before: dict) -> None:
+    """--search: ``results["search"]`` (run/search.py ``search_record``): which search ran, its settings and
+    verifier, and what it cost in this run."""
+    args = getattr(lm, "args", None)
+    if getattr(args, "search", "none") == "none":
+        return
+    from ortevals.run.search import search_record
+
+    results["search"] = search_record(args, lm.run.search_reward, lm.run.search_verifier, lm.stats, before)
+
+
+def _batch_size(lm):
+    """What results["config"]["batch_size"] records: the run's rows per pass (lm-eval only records it for a
+    model object), as model_args says it."""
+    args = getattr(lm, "args", None)
+    return None if args is None else args.batch_size or "auto"
+
+
 def _meter_counts(lm):
     """The run's pass meter reading (runtime/meter.py), None without one (a fake lm, Ray workers' passes)."""
     meter = getattr(getattr(lm, "backends", None), "meter", None)
@@ -275,13 +327,13 @@ def _efficiency(results: dict, lm, before, requests: int, reused: int, output_to
     evaluation ended at ``evaluated``, a boot_clock() reading) and peak memory."""
     from ortevals.report.efficiency import by_task, efficiency, since, timeline
     from ortevals.report.results import peak_rss_mb
-    from ortevals.runtime.meter import process_started
+    from ortevals.runtime.meter import CODE_STARTED
 
     after = _meter_counts(lm)
     if after is None:
         return None
     counts = since(after, before)
-    clock = timeline(process_started(), after.first_pass_at, evaluated, boot_clock())
+    clock = timeline(CODE_STARTED, after.first_pass_at, evaluated, boot_clock())
     overall = efficiency(counts, requests, reused, output_tokens, clock, peak_rss_mb())
     tasks = {t: len(s) for t, s in results.get("samples", {}).items()}
     results["efficiency"] = {"by_task": by_task(overall, tasks), "overall": overall}

@@ -6,14 +6,16 @@ and whether it can change a number (``scoped``: then it is part of the result
 store's scope). The lm-eval model args (``pkg=…,ep=cpu``), the CLI
 (``--ep``, ``--model-args K=V,…``) and the Olive evaluator's arguments are all
 parsed here by :meth:`ModelArgs.parse`, so they accept the same names and give
-the same one-line errors.
+the same one-line errors, including the settings that would do nothing or harm
+in the company of others (:data:`NEEDS`, :func:`check_settings`).
 
-Pure: no I/O, no runtime imports.
+Pure: no I/O, no runtime imports (the CPU count is read from the interpreter).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -147,6 +149,10 @@ OPTIONS: tuple[Option, ...] = (
     # is dropped for raw sessions neither splits nor mixes stored scores
     Option("provider_options", parse_provider_options, (), "Provider options, key=value (override the package's).",
            scoped=False, flag="--provider-option"),
+    # runtime/placement.py: on a device provider a node onnxruntime would run on the CPU is an error unless
+    # allowed; scoped (the sessions' config differs, and the CPU kernels compute other numbers)
+    Option("allow_cpu_fallback", boolean("allow_cpu_fallback"), False, "On a GPU/NPU provider, let onnxruntime "
+           "run the nodes that provider has no kernel for on the CPU (default: refused, naming their op types)."),
     Option("threads", positive_int("threads", allow_zero=True), None, "Intra-op threads (0: default).",
            flag="--threads", metavar="N"),
     Option("batch_size", parse_batch_size, None, "Rows per forward pass, or auto (default).", flag="--batch-size",
@@ -210,8 +216,9 @@ OPTIONS: tuple[Option, ...] = (
            "machine decodes the same batches and draws the same samples)."),
     # not scoped: the store keys each sample by request + sample index, so raising K reuses the first K
     Option("samples", positive_int("samples"), None, "Samples per question: overrides the tasks' repeats and "
-           "reports maj@k, pass@k and best-of-k for k = 1, 2, 4, … K (always sampling: at the --gen-kwargs "
-           "temperature, else the task's if it samples, else 0.7).", scoped=False, flag="--samples", metavar="K"),
+           "reports maj@k, pass@k and best-of-k for k = 1, 2, 4, … K (always sampling: at the gen_kwargs "
+           "temperature where the run gives one, else the task's if it samples, else 0.7).", scoped=False,
+           flag="--samples", metavar="K"),
     # issue 24 (report/calibration*.py): extra requests keyed by their own text; other answers unchanged
     Option("self_eval", boolean("self_eval"), False, "P(True): after each chosen choice (or generated answer) ask "
            "the package whether the proposed answer is true, and report its AUROC and calibration (multiple "
@@ -248,6 +255,47 @@ OPTIONS: tuple[Option, ...] = (
 )
 BY_NAME = {o.name: o for o in OPTIONS}
 
+
+def _searching(a) -> bool:
+    return a.search != "none"
+
+
+# option -> (when a value other than its default acts, what to give then): outside that it would do nothing
+NEEDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "search_n": (_searching, "--search beam|dvts|particles"),
+    "search_width": (lambda a: a.search in ("beam", "dvts"), "--search beam or dvts"),
+    "search_max_steps": (_searching, "--search beam|dvts|particles"),
+    "prm_aggregation": (_searching, "--search beam|dvts|particles (step-level search folds step scores)"),
+    "prm": (lambda a: a.verifier is not None, "--verifier"),
+    "step_separator": (lambda a: a.prm or _searching(a), "prm=true or --search"),
+    "cascade": (lambda a: a.gen_path != "og", "gen_path=auto or raw (cascade is a raw-path decoding; gen_path=og "
+                "generates on onnxruntime-genai)"),
+    "gen_batch_size": (lambda a: a.gen_path != "raw", "gen_path=auto or og (it batches onnxruntime-genai's "
+                       "Generators; the raw path decodes a prompt's rows together by itself)"),
+}
+
+
+def check_settings(args) -> None:
+    """Settings that would do nothing or harm beside the others: a one-line error naming them. A non-default
+    value of an option in :data:`NEEDS` without what it acts under; ``threads`` above the cores of this machine
+    where this process runs the sessions (more intra-op threads than cores only contend: 100000 grew memory
+    for minutes with no progress)."""
+    for name, (acts, what) in NEEDS.items():
+        value = getattr(args, name)
+        if value != BY_NAME[name].default and not acts(args):
+            shown = ",".join(value) if isinstance(value, tuple) else value
+            raise OrtEvalsError(f"{name}={shown!r} does nothing without {what}; drop it, or give "
+                                f"{what.split(' (')[0]}")
+    if args.search != "none" and args.samples:
+        raise OrtEvalsError(f"--search {args.search} with --samples {args.samples}: a search already returns one "
+                            f"answer a question, the best of search_n={args.search_n} candidates by the verifier's "
+                            "step scores; give --search (its budget: search_n) or --samples K with --verifier "
+                            "(best-of-K selections), not both")
+    cores = os.cpu_count() or 1
+    if args.threads and args.threads > cores and not (args.workers or args.ray_address):
+        raise OrtEvalsError(f"threads={args.threads} is more than the {cores} CPU cores of this machine; expected "
+                            f"0 (onnxruntime's default) to {cores}: more intra-op threads than cores only contend")
+
 ModelArgs = dataclasses.make_dataclass(
     "ModelArgs", [(o.name, Any, dataclasses.field(default=o.default)) for o in OPTIONS], frozen=True,
     namespace={"__doc__": "ortevals model arguments (lm-eval ``model_args``, CLI, Olive); see :data:`OPTIONS`.",
@@ -269,7 +317,9 @@ def parse_model_args(args: Mapping[str, Any]) -> ModelArgs:
     if unknown:
         raise OrtEvalsError(f"unknown ortevals model_args {unknown}{did_you_mean(unknown[0], BY_NAME)}; expected "
                             f"some of {sorted(BY_NAME)}")
-    return ModelArgs(**{k: BY_NAME[k].parse(v) for k, v in args.items()})
+    parsed = ModelArgs(**{k: BY_NAME[k].parse(v) for k, v in args.items()})
+    check_settings(parsed)
+    return parsed
 
 
 def parse_arg_string(text: str | None) -> dict[str, str]:

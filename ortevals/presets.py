@@ -85,7 +85,15 @@ def resolve_local(data: str | None) -> Path | None:
     path = BUNDLED / "mmlu_pro" if data == "bundled" else Path(data).expanduser()
     if not path.exists():
         raise DataError(f"{path}: data folder not found")
+    if not path.is_dir():
+        raise DataError(_a_file(path, "the data set"))
     return path.resolve()
+
+
+def _a_file(path: Path, what: str) -> str:
+    """``--data`` given one file of a data set: name the folder to give instead (the hub layout's root)."""
+    root = path.parent.parent if path.parent.name == "data" else path.parent
+    return f"--data {path}: is a file; expected the folder of {what} (give --data {root})"
 
 
 def task_specs(names: Preset | tuple[str, ...] | list[str], data: Path | None,
@@ -172,6 +180,8 @@ def split_file(folder: Path, split: str) -> Path:
 
 def validate_local(preset: Preset, folder: Path) -> None:
     """Check every split's columns and types, and that options are non-empty."""
+    if folder.is_file():
+        raise DataError(_a_file(folder, f"a local copy of {preset.hub_dataset}, holding data/test-….parquet"))
     if not folder.is_dir():
         raise DataError(f"{folder}: data folder not found; expected a local copy of {preset.hub_dataset}")
     for split in preset.splits:

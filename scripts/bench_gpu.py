@@ -30,6 +30,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -84,11 +85,25 @@ def parse_models(text: str) -> list[dict]:
     return models
 
 
+def package_ep(precision: str, ep: str) -> str:
+    """The builder's ``-e`` for a package run on ``ep``: fp32 is always built for the CPU (the builder's fp32
+    CUDA package is invalid, scripts/gpu/make_model.py FP32_CUDA); ortevals runs it on CUDA only if every
+    node has a CUDA kernel there (runtime/placement.py), else its row says which do not."""
+    return "cpu" if precision == "fp32" else ep
+
+
+def hf_dtype(precision: str, ep: str) -> str:
+    """hf in the package's precision (the CUDA int4 package computes in float16); float32 on CPU."""
+    if ep == "cpu":
+        return "float32"
+    return {"fp32": "float32", "bf16": "bfloat16"}.get(precision, "float16")
+
+
 def make_model(m: dict, args) -> dict:
     """Build (or reuse) the model with scripts/gpu/make_model.py; its report plus the paths."""
     out = args.models_dir / f"{m['arch']}-{m['params']:g}"
     cmd = [*PYTHON, str(REPO / "scripts/gpu/make_model.py"), str(out), "--arch", m["arch"], "--params",
-           str(m["params"]), "--precision", m["precision"], "--ep", args.ep]
+           str(m["params"]), "--precision", m["precision"], "--ep", package_ep(m["precision"], args.ep)]
     cmd += ["--hf-only"] if args.build_only == "hf" else []
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -100,14 +115,16 @@ def make_model(m: dict, args) -> dict:
 
 
 def compare(r: dict, ref: dict | None) -> dict:
-    """Same answers and max |Δ log-likelihood| against hf on the questions both scored."""
+    """Same answers and max |Δ log-likelihood| against hf on the questions both scored; the goal is the
+    same answer on at least 99% of them (every flip listed, up to 200)."""
     if ref is None or "answers" not in ref or "answers" not in r:
         return {}
     common = sorted(set(r["answers"]) & set(ref["answers"]))
     delta = max((abs(a - b) for q in common for a, b in zip(r["logprobs"][q], ref["logprobs"][q])), default=None)
     flips = [q for q in common if r["answers"][q] != ref["answers"][q]]
     return {"compared_with_hf": len(common), "same_answers_as_hf": len(common) - len(flips),
-            "flipped_doc_ids": [int(q) for q in flips][:50], "max_abs_dlogprob_vs_hf": delta}
+            "same_answers_goal_met": bool(common) and len(common) - len(flips) >= 0.99 * len(common),
+            "flipped_doc_ids": [int(q) for q in flips][:200], "max_abs_dlogprob_vs_hf": delta}
 
 
 def rates(r: dict) -> dict:
@@ -117,18 +134,21 @@ def rates(r: dict) -> dict:
 
 
 def run_ll(m: dict, built: dict, args, hf_cache: dict) -> dict:
-    hf_dtype = "float32" if m["precision"] == "fp32" or args.ep == "cpu" else "float16"
-    base = {"model": m["name"], "pkg": built["pkg"], "hf": built["hf"], "ep": args.ep, "hf_dtype": hf_dtype,
+    dtype = hf_dtype(m["precision"], args.ep)
+    base = {"model": m["name"], "pkg": built["pkg"], "hf": built["hf"], "ep": args.ep, "hf_dtype": dtype,
             "hf_batch": args.hf_batch, "threads": args.threads, "ortevals_args": args.ortevals_args}
+    capture = Path(tempfile.gettempdir()) / f"ortevals-oracle-{os.getpid()}-{m['name']}.json"  # not in --out
     out = {}
     for backend in args.backends:
         limit = args.og_limit if backend == "og" else args.limit
-        key = (built["hf"], hf_dtype, limit)
+        key = (built["hf"], dtype, limit)
         if backend == "hf" and key in hf_cache:  # fp16 and int4 of one model share the fp16 hf run
             out[backend] = {**hf_cache[key], "reused_from": hf_cache[key]["model"]}
             continue
-        r = run_child("ll", {**base, "backend": backend, "limit": limit}, args.child_timeout)
-        r.update(model=m["name"], hf_dtype=hf_dtype if backend == "hf" else None)
+        extra = {"capture": str(capture), "capture_limit": args.oracle_requests} \
+            if backend == "ortevals" and args.oracle_requests else {}
+        r = run_child("ll", {**base, "backend": backend, "limit": limit, **extra}, args.child_timeout)
+        r.update(model=m["name"], hf_dtype=dtype if backend == "hf" else None)
         if "failed" not in r:
             r.update(rates(r))
         out[backend] = r
@@ -140,7 +160,26 @@ def run_ll(m: dict, built: dict, args, hf_cache: dict) -> dict:
     ours = out.get("ortevals", {}).get("requests_per_s")
     ratios = {f"ortevals/{n}": ours / r["requests_per_s"] for n, r in out.items()
               if n != "ortevals" and ours and r.get("requests_per_s")}
-    return {"backends": out, "ratios": ratios}
+    result = {"backends": out, "ratios": ratios}
+    if capture.is_file() and "failed" not in out.get("ortevals", {"failed": 1}):
+        result["oracle"] = run_oracle_child(m, built, args, capture)
+        capture.unlink()
+    return result
+
+
+def run_oracle_child(m: dict, built: dict, args, capture: Path) -> dict:
+    """ortevals against onnxruntime-genai's Generator, request by request (scripts/gpu/oracle.py)."""
+    from oracle import compare as against_oracle
+
+    r = run_child("oracle", {"backend": "og-generator", "model": m["name"], "pkg": built["pkg"], "ep": args.ep,
+                             "capture": str(capture)}, args.child_timeout)
+    if "failed" in r:
+        return r
+    from ortevals.package.loader import ModelPackage
+
+    activations = ModelPackage.load(built["pkg"]).kv[0].dtype  # fp16 for the CUDA int4 package, fp32 on CPU
+    return {**against_oracle(r.pop("requests"), activations), "seconds": r["seconds"],
+            "peak_device_mib": r.get("peak_device_mib")}
 
 
 def table(results: dict) -> str:
@@ -150,7 +189,7 @@ def table(results: dict) -> str:
     for name, m in results["models"].items():
         for b, r in m.get("backends", {}).items():
             if "failed" in r:
-                lines.append(f"| {name} | {b} | failed: {r['failed'][:80]} |" + " |" * 8)
+                lines.append(f"| {name} | {b} | failed: {r['failed'][-240:]} |" + " |" * 8)
                 continue
             ratio = m["ratios"].get(f"ortevals/{b}")
             same = f"{r['same_answers_as_hf']}/{r['compared_with_hf']}" if "compared_with_hf" in r else "—"
@@ -161,6 +200,18 @@ def table(results: dict) -> str:
             lines.append(f"| {name} | {b} | {r['questions']} | {f(r['requests_per_s'], '.2f')} | "
                          f"{f(r['model_calls_per_s'], '.2f')} | {f(ratio, '.2f')} | {f(r['peak_device_mib'], '.0f')} | "
                          f"{r['peak_host_rss_mib']:.0f} | {r['accuracy']:.4f} | {same} | {f(delta, '.1e')} |")
+    oracle = {n: m["oracle"] for n, m in results["models"].items() if "oracle" in m}
+    if oracle:
+        lines += ["", "ortevals against onnxruntime-genai's Generator on the same package and device, per request "
+                  f"({results['config']['oracle_tolerance']}):", "",
+                  "| model | requests | within tolerance | max abs Δ | max Δ / tolerance |",
+                  "|---|---:|---:|---:|---:|"]
+        for n, o in oracle.items():
+            if "failed" in o:
+                lines.append(f"| {n} | failed: {o['failed'][-240:]} | | | |")
+            elif o["requests"]:
+                lines.append(f"| {n} | {o['requests']} | {o['within_tolerance']} | {o['max_abs_delta']:.2e} | "
+                             f"{o['max_ratio']:.3f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -208,6 +259,7 @@ def header(args) -> dict:
     from importlib import metadata
 
     from devmem import device_info
+    from oracle import TOLERANCE
 
     def version(name):
         try:
@@ -224,13 +276,15 @@ def header(args) -> dict:
             "config": {"ep": args.ep, "task": "leaderboard_mmlu_pro (bundled data)", "limit": args.limit,
                        "og_limit": args.og_limit, "hf_batch": args.hf_batch, "threads": args.threads,
                        "backends": args.backends, "ortevals_args": args.ortevals_args,
+                       "oracle_requests": args.oracle_requests, "oracle_tolerance": TOLERANCE,
+                       "hf_goal": "same answer as hf in the package's precision on >= 99% of the questions",
                        "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
             "models": {}}
 
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--worker", choices=["ll", "cot", "profile"], help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=["ll", "cot", "profile", "oracle"], help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
     ap.add_argument("--ep", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--models", default=None, help="ARCH:PARAMS:PRECISION,… (cuda: qwen3:1.5e9:fp16; cpu: a tiny "
@@ -243,6 +297,8 @@ def parse_args(argv=None):
     ap.add_argument("--threads", type=int, default=None,
                     help="CPU threads (default: 2 on cpu, the libraries' own on cuda)")
     ap.add_argument("--ortevals-args", default="", help="extra ortevals model args, k=v,…")
+    ap.add_argument("--oracle-requests", type=int, default=200,
+                    help="requests checked against onnxruntime-genai's Generator, same package and device (0: off)")
     ap.add_argument("--cot-samples", type=int, default=0, help="chain-of-thought samples a question (0: off)")
     ap.add_argument("--cot-questions", type=int, default=4)
     ap.add_argument("--cot-peer-questions", type=int, default=1, help="questions for hf and og in the CoT run")

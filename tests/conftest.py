@@ -93,6 +93,38 @@ def gemma4_mm_windowed(fixture_cache) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="session")
+def lfm2(fixture_cache) -> tuple[Path, Path]:
+    """(hf_dir, package_dir) of the tiny LFM2 (short convolutions beside attention), fp32."""
+    from tests.fixtures.hybrid import build_lfm2
+
+    return build_lfm2(fixture_cache / "hybrid")
+
+
+@pytest.fixture(scope="session")
+def lfm2_int4(fixture_cache) -> tuple[Path, Path]:
+    """(hf_dir, package_dir) of the tiny LFM2, int4 (MatMulNBits)."""
+    from tests.fixtures.hybrid import build_lfm2
+
+    return build_lfm2(fixture_cache / "hybrid", "int4")
+
+
+@pytest.fixture(scope="session")
+def qwen35(fixture_cache) -> tuple[Path, Path]:
+    """(hf_dir, package_dir) of the tiny Qwen3.5 (gated delta-net linear attention beside attention), fp32."""
+    from tests.fixtures.hybrid import build_qwen35
+
+    return build_qwen35(fixture_cache / "hybrid")
+
+
+@pytest.fixture(scope="session")
+def phi16(fixture_cache) -> tuple[Path, Path]:
+    """(hf_dir, package_dir) of the tiny Phi with a head size of 16 (a package onnxruntime cannot run)."""
+    from tests.fixtures.phi16 import build_phi16
+
+    return build_phi16(fixture_cache / "phi16")
+
+
+@pytest.fixture(scope="session")
 def smollm2() -> tuple[Path, Path]:
     """(hf_dir, package_dir) of the real SmolLM2-135M-Instruct, fp32."""
     from ortevals.package.examples import smollm2_hf_dir, smollm2_package

@@ -183,3 +183,29 @@ def test_left_truncation_when_asked_is_hf_truncation_and_counted(tiny_pkg):
     (total,) = rolling.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (ctx * 3,), 0)],
                                              disable_tqdm=True)
     assert np.isfinite(total) and rolling.stats["truncated"] == 0
+
+
+def test_a_declared_window_the_graph_lacks_is_refused_by_og_and_scored_as_the_graph_runs(tiny_pkg, copy_pkg):
+    """The builder drops Mistral's window from the graph but keeps it in genai_config.json; onnxruntime-genai then
+    sizes its KV cache to the window (plus 16) and fails past it. Before: onnxruntime's RuntimeError from inside
+    the og paths (scoring a 30-token input, generating). path=incremental and gen_path=og refuse it in one line;
+    the prefill path scores the graph as it is (the unmodified package's numbers)."""
+    from lm_eval.api.instance import Instance
+
+    pkg = copy_pkg(tiny_pkg)
+    edit_config(pkg, lambda c: c["model"]["decoder"].update(
+        sliding_window={"window_size": 4, "slide_key_value_cache": False, "slide_inputs": False, "layers": [],
+                        "cache_slack": 0}))
+    assert "declares a 4-token window that model.onnx's attention does not have" in ModelPackage.load(pkg).unwindowed
+    context = "one two three four five six seven eight nine ten " * 3
+    reqs = [Instance("loglikelihood", {}, (context, x), i) for i, x in enumerate([" one two", " three"])]
+    gen = [Instance("generate_until", {}, (context, {"until": ["zzz"], "max_gen_toks": 8, "do_sample": False}), 0)]
+    for args, run_it in (({"path": "incremental"}, lambda lm: lm.loglikelihood(reqs, disable_tqdm=True)),
+                         ({"gen_path": "og"}, lambda lm: lm.generate_until(gen, disable_tqdm=True))):
+        lm = OrtLM.from_package(ModelArgs(pkg=str(pkg), batch_size=1, **args))
+        with pytest.raises(PackageError, match="onnxruntime-genai sizes its KV cache to that window") as err:
+            run_it(lm)
+        assert "\n" not in str(err.value)
+    ours, plain = (OrtLM.from_package(ModelArgs(pkg=str(p), batch_size=1)).loglikelihood(reqs, disable_tqdm=True)
+                   for p in (pkg, tiny_pkg))
+    assert [lp for lp, _ in ours] == pytest.approx([lp for lp, _ in plain], abs=1e-6)

@@ -310,4 +310,4 @@ def test_compare_reports_calibration_deltas(tmp_path):
     assert f"over-confident by {gap[3.0]:.4f}" in result.output and "temperature needed" in result.output
     md = (tmp_path / "report" / "report.md").read_text()
     assert "## Calibration (paired 95% intervals)" in md and f"{rec['delta_ece']:+.4f}" in md
-    assert "![Reliability diagram (issue 24)](reliability.png)" in md
+    assert "![Reliability diagram](reliability.png)" in md

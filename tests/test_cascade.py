@@ -510,3 +510,21 @@ def test_auto_declines_a_second_session_that_would_take_half_the_free_memory(tin
     assert caplog.text.count("each decode row keeps its own copy") == 1
     assert f"cascade: a second session of the decoder ({mib:.1f} MiB of weights) would take more than half of " \
         f"the {(2 * cost - 1) / 2**20:.1f} MiB free; each decode row" in caplog.text
+
+
+def test_cascade_passes_are_metered_with_the_run(tiny_pkg):
+    """Issue 38 item 8: the cascade runner kept a meter of its own, so a run's decode tokens/s and TPOT
+    described only the passes outside it (the canary's 24 tokens beside 246 generated). Every generated token
+    after a row's first comes from a decode pass, so the run's meter counts at least that many decode rows, on
+    either path (more: rows that finished ride along, and the one-time checks of the KV kind and the graph)."""
+    reqs = repeats([PROMPT, "The capital of France is"], SAMPLED, 4)
+    for mode in ("on", "off"):
+        lm = OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg), max_length=256, gen_path="raw", cascade=mode,
+                                          check=False))
+        before = lm.backends.meter.counts()
+        lm.generate_until(reqs, disable_tqdm=True)
+        after = lm.backends.meter.counts()
+        assert ("cascade off" not in lm.run.generation.sampler().kv_rows.name) == (mode == "on")
+        decode = after.decode_tokens - before.decode_tokens
+        assert decode >= lm.stats["generated_tokens"] - len(reqs) > 100, (mode, decode, lm.stats)
+        assert after.decode_row_seconds > before.decode_row_seconds

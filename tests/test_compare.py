@@ -228,6 +228,8 @@ def test_gates(tmp_path, gate, passing, failing):
     ref, run = hand_runs(tmp_path)
     ok = invoke("--ref", str(ref), str(run), gate, passing)
     assert ok.exit_code == 0, ok.output
+    passed = [ln for ln in ok.output.splitlines() if ln.startswith("gate ")]  # issue 38: a passing gate says so
+    assert len(passed) == 1 and passed[0].startswith(f"gate {gate} passed: run {TASK}"), ok.output
     bad = invoke("--ref", str(ref), str(run), gate, failing)
     assert bad.exit_code == 1
     failed = [ln for ln in bad.output.splitlines() if ln.startswith("gate ")]
@@ -406,7 +408,7 @@ def test_clustered_interval_is_cr1_with_t_on_g_minus_1_df():
 
 def test_clustered_interval_equals_statsmodels_cluster_robust_ols():
     """statsmodels' OLS on a constant with cov_type="cluster" (CR1, use_t: t with G-1 df), 14 clusters as in
-    MMLU-Pro. statsmodels is not an ortevals dependency: skipped where it is not installed."""
+    MMLU-Pro. statsmodels is a dev dependency only (CI installs it: tests/test_pins.py); skipped where it is missing."""
     sm = pytest.importorskip("statsmodels.api")
     from ortevals.report.stats import clustered_interval
 

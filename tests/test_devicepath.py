@@ -87,8 +87,9 @@ def test_builder_options_are_kept_for_og_and_dropped_for_raw_sessions(ep, caplog
     with caplog.at_level(logging.INFO, logger="ortevals.runtime.providers"):
         cfg = from_package({"provider_options": BUILDER_OPTIONS[ep]}, ep)
     package_opts = next(iter(BUILDER_OPTIONS[ep][0].values()))
-    assert cfg.options == package_opts  # onnxruntime-genai's config is unchanged
-    assert cfg.raw_options == {}
+    tf32 = {"use_tf32": "0"} if ep == "cuda" else {}  # TF32 off on CUDA unless the user sets it
+    assert cfg.options == package_opts | tf32  # onnxruntime-genai's config is otherwise unchanged
+    assert cfg.raw_options == tf32
     lines = [r.getMessage() for r in caplog.records if "not passed to raw" in r.getMessage()]
     assert len(lines) == 1 and all(k in lines[0] for k in package_opts)
 
@@ -106,7 +107,8 @@ def test_safe_package_options_and_user_options_survive():
 def test_unsafe_user_option_is_warned_and_kept_for_og_only(caplog):
     with caplog.at_level(logging.INFO, logger="ortevals.runtime.providers"):
         cfg = from_package({}, "cuda", {"enable_cuda_graph": "1", "device_id": "0"})
-    assert cfg.options == {"enable_cuda_graph": "1", "device_id": "0"} and cfg.raw_options == {"device_id": "0"}
+    assert cfg.options == {"enable_cuda_graph": "1", "device_id": "0", "use_tf32": "0"}
+    assert cfg.raw_options == {"device_id": "0", "use_tf32": "0"}
     warned = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warned) == 1 and "enable_cuda_graph" in warned[0].getMessage()
 
@@ -157,8 +159,8 @@ def test_store_scope_records_the_options_each_path_is_handed(tiny_pkg):
     og_config(SimpleNamespace(Config=Config), pkg, provider, TEXT_SECTIONS)
     handed = {c[2]: c[3] for c in calls if c[0] == "set_provider_option"}
     assert ("append_provider", "cuda") in calls
-    assert handed == genai_reads(pkg, provider).settings["provider_options"] == {"enable_cuda_graph": "1",
-                                                                                "device_id": "0"}
+    assert handed == genai_reads(pkg, provider).settings["provider_options"] == {
+        "enable_cuda_graph": "1", "device_id": "0", "use_tf32": "0"}
 
     def scope(options: dict):
         prov = from_package(pkg.decoder.session_options, "cuda", options)
@@ -167,8 +169,9 @@ def test_store_scope_records_the_options_each_path_is_handed(tiny_pkg):
 
     assert scope({"enable_cuda_graph": "1"}).digest != scope({}).digest
     recorded = json.loads(scope({"enable_cuda_graph": "1"}).settings)
-    assert recorded["path:onnxruntime-genai"]["provider_options"] == {"enable_cuda_graph": "1"}
-    assert recorded["path:raw sessions"]["provider_options"] == {}
+    assert recorded["path:onnxruntime-genai"]["provider_options"] == {"enable_cuda_graph": "1", "use_tf32": "0"}
+    assert recorded["path:raw sessions"]["provider_options"] == {"use_tf32": "0"}
+    assert recorded["path:raw sessions"]["session_config"] == {"session.disable_cpu_ep_fallback": "1"}
 
 
 # --- 3. bfloat16 ----------------------------------------------------------------------------------

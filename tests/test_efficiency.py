@@ -270,3 +270,42 @@ def test_no_resume_reuses_the_canary_verdict_but_no_answer(tiny_pkg, tmp_path, m
     third, body3 = run()  # resume: --no-resume wrote no answer, so nothing to reuse
     assert body3["ortevals"]["reused"] == 0 and body3["ortevals"]["requests"] == body1["ortevals"]["requests"]
     assert [s["resps"] for s in body3.get("samples", [])] == [s["resps"] for s in body1.get("samples", [])]
+
+
+def test_start_up_counts_from_ortevals_own_start(tiny_pkg, tmp_path):
+    """Issue 38 item 11: a shell that waits, then execs ortevals in the same process (`sleep 3 && exec
+    ortevals …`, or pip before it): the process started before the wait, ortevals' code after it. The
+    run's total (start-up from ortevals' start) is at most the command's wall time less the wait; it was
+    the process's age (the wait counted as start-up: 22.3 s after `sleep 20`)."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    command = (f"sleep 3 && exec {sys.executable} -m ortevals.cli mmlu-pro --pkg {tiny_pkg} --data bundled "
+               f"--limit 1 --truncate left --no-resume --output {out}")
+    began = time.perf_counter()
+    proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "ORTEVALS_CACHE": str(tmp_path / "cache")})
+    wall = time.perf_counter() - began
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    overall = json.loads((out / "results.json").read_text())["efficiency"]["overall"]
+    assert overall["total_s"] <= wall - 3.0, (overall, wall)
+    assert 0 < overall["startup_s"] < overall["total_s"]
+
+
+@pytest.mark.parametrize("args", [["--cot", "--max-gen-toks", "8", "--model-args", "gen_path=og"],
+                                  ["--model-args", "path=incremental"]], ids=["og-generation", "og-loglikelihood"])
+def test_onnxruntime_genai_paths_book_their_work_as_scoring(tiny_pkg, tmp_path, monkeypatch, args):
+    """Issue 38 item 11: onnxruntime-genai's passes are not metered, so start-up lasted to the end of the
+    evaluation (`start-up 28.3 s + scoring 0.0 s`); now the scoring span holds the engine's time."""
+    monkeypatch.setenv("ORTEVALS_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "run"
+    result = CliRunner().invoke(cli, ["mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--limit", "2",
+                                      "--truncate", "left", "--no-resume", "--output", str(out), *args],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    body = json.loads((out / "results.json").read_text())
+    overall, engine = body["efficiency"]["overall"], body["ortevals"]["model_seconds"]
+    assert engine > 0 and overall["scoring_s"] >= engine, (overall, engine)
+    assert overall["startup_s"] + overall["scoring_s"] + overall["after_s"] == pytest.approx(overall["total_s"])

@@ -76,7 +76,7 @@ def kit_dir(root: Path, files: dict[str, bytes], part_mib: int) -> Path:
         (root / "wheels" / name).write_bytes(data)
         wheels.append({"file": name, "sha256": sha256(root / "wheels" / name), "bytes": len(data)})
     write_manifest(root, {"kind": "test", "wheels": wheels, "parts": []})
-    proc = kit("split", str(root), "--part-mib", str(part_mib), "--repo", str(REPO))
+    proc = kit("split", str(root), "--part-mib", str(part_mib), "--pack", "none", "--repo", str(REPO))
     assert proc.returncode == 0, proc.stderr
     return root
 
@@ -99,6 +99,31 @@ def test_parts_fill_each_call_and_join_back_to_every_wheel(tmp_path):
     assert {p.name: p.read_bytes() for p in got} == files
 
 
+def test_xz_packed_parts_join_back_to_every_wheel(tmp_path):
+    """--pack xz: the compressed bytes travel (fewer of them for compressible wheels), the join unpacks and
+    checks each wheel's own sha256; a wrong byte in a packed wheel is caught before pip sees it."""
+    import numpy as np
+    from pack import join, load_manifest
+
+    rng = np.random.default_rng(3)
+    files = {"text-1.0-py3-none-any.whl": b"import os\n" * 300_000, "rand-1.0-py3-none-any.whl": rng.bytes(900_000)}
+    src = kit_dir(tmp_path / "src", files, part_mib=1)
+    assert kit("split", str(src), "--part-mib", "1", "--pack", "xz", "--repo", str(REPO)).returncode == 0
+    manifest = load_manifest(src)
+    assert manifest["pack"] == "xz" and sum(p["bytes"] for p in manifest["parts"]) < sum(map(len, files.values())) / 2
+    box = tmp_path / "box"
+    assert kit("receive", str(src), str(box)).returncode == 0
+    assert {p.name: p.read_bytes() for p in join(box, load_manifest(box), box / "wheels")} == files
+    data = bytearray((src / "part-01.bin").read_bytes())
+    data[-10] ^= 0xFF  # inside the second (random) wheel's compressed bytes; the part's own check is bypassed
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "part-01.bin").write_bytes(bytes(data))
+    bad = load_manifest(src)
+    bad["parts"][0]["sha256"] = __import__("pack").sha256(tmp_path / "bad" / "part-01.bin")
+    with pytest.raises(Exception, match="bad sha256 after joining"):
+        join(tmp_path / "bad", bad, tmp_path / "bad" / "wheels")
+
+
 def test_missing_part_bad_hash_and_no_manifest_are_one_line_errors(tmp_path):
     import numpy as np
 
@@ -118,21 +143,21 @@ def test_missing_part_bad_hash_and_no_manifest_are_one_line_errors(tmp_path):
 
 
 # ---- a real onnxruntime installed into a fresh target, shadowing the "box's" CPU onnxruntime ------------
-def repack_onnxruntime_as_gpu(out: Path) -> Path:
-    """This machine's onnxruntime (a real, working module) as a wheel named onnxruntime-gpu, the GPU
-    wheel's name: installed into a target it must shadow the onnxruntime left in the (fake) box."""
+def repack(out: Path, dist_name: str = "onnxruntime", as_name: str = "onnxruntime-gpu") -> Path:
+    """This machine's ``dist_name`` (a real, working module) as a wheel named ``as_name``: onnxruntime as
+    onnxruntime-gpu, the GPU wheel's name, must shadow the onnxruntime left in the (fake) box."""
     import zipfile
     from importlib import metadata
 
-    dist = metadata.distribution("onnxruntime")
-    site, version = Path(dist.locate_file("")), dist.version
-    info = f"onnxruntime_gpu-{version}.dist-info"
-    wheel = out / f"onnxruntime_gpu-{version}-py3-none-any.whl"
+    dist = metadata.distribution(dist_name)
+    site, version, top = Path(dist.locate_file("")), dist.version, dist_name.replace("-", "_")
+    info = f"{as_name.replace('-', '_')}-{version}.dist-info"
+    wheel = out / f"{as_name.replace('-', '_')}-{version}-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w", zipfile.ZIP_STORED) as z:
-        names = [f for f in dist.files if f.parts[0] == "onnxruntime" and "__pycache__" not in f.parts]
+        names = [f for f in dist.files if f.parts[0] == top and "__pycache__" not in f.parts]
         for f in names:
             z.write(site / f, str(f))
-        z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: onnxruntime-gpu\nVersion: {version}\n")
+        z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {as_name}\nVersion: {version}\n")
         z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\nTag: py3-none-any\n")
         z.writestr(f"{info}/RECORD", "".join(f"{f},,\n" for f in [*map(str, names), f"{info}/METADATA",
                                                                        f"{info}/WHEEL", f"{info}/RECORD"]))
@@ -156,24 +181,35 @@ def test_install_shadows_the_box_onnxruntime_and_proves_the_provider(tmp_path):
     (box / "nvidia" / "cu13" / "lib").mkdir(parents=True)  # where torch's CUDA 13 wheels put their libraries
     (box / "nvidia" / "cu13" / "lib" / "libcudart.so.13").write_bytes(b"")
     (tmp_path / "kit" / "wheels").mkdir(parents=True)
-    wheel = repack_onnxruntime_as_gpu(tmp_path / "kit" / "wheels")
+    wheels = [repack(tmp_path / "kit" / "wheels"),
+              repack(tmp_path / "kit" / "wheels", "onnxruntime-genai", "onnxruntime-genai-cuda")]
     write_manifest(tmp_path / "kit", {"kind": "test", "parts": [], "wheels": [
-        {"file": wheel.name, "sha256": sha256(wheel), "bytes": wheel.stat().st_size}]})
+        {"file": w.name, "sha256": sha256(w), "bytes": w.stat().st_size} for w in wheels]})
     assert kit("split", str(tmp_path / "kit"), "--part-mib", "16", "--repo", str(REPO)).returncode == 0
-    wheel.unlink()  # the box gets parts only
+    for wheel in wheels:
+        wheel.unlink()  # the box gets parts only
     env = {"PYTHONPATH": os.pathsep.join([str(box), str(REPO)])}
     target = tmp_path / "site"
     ok = kit("install", str(tmp_path / "kit"), "--target", str(target), "--expect-provider", "CPUExecutionProvider",
-             "--no-site", "--modules", "ortevals.runtime", env=env)
+             "--no-site", "--modules", "ortevals.runtime", "--no-og-check", env=env)
     assert ok.returncode == 0, ok.stderr
     report = json.loads((target / "kit-install.json").read_text())
-    assert report["session_providers"] == ["CPUExecutionProvider"]
+    assert report["session_providers"] == ["CPUExecutionProvider"] and "og_generator" not in report
+    # one token of onnxruntime-genai's Generator on the tiny package the install builds with the kit's builder
+    # (site-packages seen: this machine's transformers needs more than the box's list holds, e.g. httpx2)
+    og = kit("install", str(tmp_path / "kit"), "--target", str(target), "--expect-provider", "CPUExecutionProvider",
+             "--modules", "", env=env)
+    assert og.returncode == 0, og.stderr
+    generator = json.loads((target / "kit-install.json").read_text())["og_generator"]
+    assert generator["provider"] == "cpu" and generator["logits_shape"][-1] == 512
+    # checked with the LD_LIBRARY_PATH that 'kit.py env' exports (the box's CUDA 13 libraries first)
+    assert report["env"]["LD_LIBRARY_PATH"].split(os.pathsep)[0] == str(box / "nvidia" / "cu13" / "lib")
     assert (target / "onnxruntime" / "__init__.py").is_file() and (box / "onnxruntime").is_symlink()
     assert (target / "nvidia").resolve() == (box / "nvidia").resolve()  # preload_dlls looks beside onnxruntime
     shell = kit("env", "--target", str(target), env=env).stdout
     assert f"export LD_LIBRARY_PATH={box / 'nvidia' / 'cu13' / 'lib'}" in shell and f"PYTHONPATH={target}" in shell
     bad = kit("install", str(tmp_path / "kit"), "--target", str(target), "--expect-provider",
-              "CUDAExecutionProvider", "--no-site", "--modules", "", env=env)
+              "CUDAExecutionProvider", "--no-site", "--modules", "", "--no-og-check", env=env)
     one_line_error(bad, "CUDAExecutionProvider")
 
 
@@ -259,3 +295,76 @@ def test_bench_gpu_runs_on_cpu_and_ortevals_answers_equal_hf(fixture_cache, tmp_
     delta = max(abs(a - b) for q in hf["logprobs"] for a, b in zip(ours["logprobs"][q], hf["logprobs"][q]))
     assert delta <= 1e-4 and model["backends"]["ortevals"]["max_abs_dlogprob_vs_hf"] == pytest.approx(delta)
     assert "| llama-1e6-fp32 | ortevals | 5 |" in (tmp_path / "results.md").read_text()
+    # the oracle: the same requests (ortevals' own token ids) through onnxruntime-genai's Generator
+    oracle = model["oracle"]
+    assert oracle["requests"] == model["backends"]["ortevals"]["requests"] and oracle["outside"] == []
+    assert oracle["within_tolerance"] == oracle["requests"] and 0 < oracle["max_abs_delta"] <= 1e-5
+    assert "2 * n * 16 * u" in res["config"]["oracle_tolerance"] and oracle["unit_roundoff"] == 2.0 ** -24
+    assert model["backends"]["ortevals"]["same_answers_goal_met"] is True
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["answers.json.gz", "results.json", "results.md"]
+
+
+# ---- transfer calls: stage on a fresh clone, and the measured kit against the tree as tracked ---------------
+def fresh_clone(tmp_path: Path) -> Path:
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
+    return clone
+
+
+def test_stage_on_a_fresh_clone_prints_its_transfer_calls_and_each_fits_a_call(tmp_path):
+    """A kit cut for another tree is cut again for this one (the largest part the call allows), every call
+    carries the tree plus one part within the 64 MiB, and the count printed is the folders staged."""
+    import re
+
+    import numpy as np
+    from kit import CALL_MIB, part_mib_for, tree_bytes
+    from pack import MIB, load_manifest
+
+    clone = fresh_clone(tmp_path)
+    sizes = [45 << 20, 25 << 20]
+    files = {f"w{i}-1.0-py3-none-any.whl": np.random.default_rng(i).bytes(n) for i, n in enumerate(sizes)}
+    kit_dir(tmp_path / "kit", files, part_mib=8)
+    proc = kit("stage", str(tmp_path / "kit"), "--repo", str(clone))
+    assert proc.returncode == 0, proc.stderr
+    calls = int(re.search(r": (\d+) transfer calls", proc.stdout).group(1))
+    staged = sorted(p.name for p in (clone / ".gpukit").iterdir())
+    part = part_mib_for(tree_bytes(clone))
+    assert staged == [f"c{i:02d}" for i in range(1, calls + 1)] and calls == -(-(70 << 20) // (part * MIB)) > 1
+    assert load_manifest(tmp_path / "kit")["part_mib"] == part
+    tree = tree_bytes(clone)
+    assert all(tree + sum(f.stat().st_size for f in (clone / ".gpukit" / c).glob("part-*")) <= CALL_MIB * MIB
+               for c in staged)
+    assert "/.gpukit/" in (clone / ".git" / "info" / "exclude").read_text()  # only carry sends the parts
+
+
+def test_the_measured_gpu_kit_takes_five_calls_once_raw_bench_outputs_leave_the_tree(tmp_path):
+    """The GPU kit as measured (kit.py MEASURED_KIT), beside a fresh clone's tree as tracked and beside the
+    same tree without the raw benchmark outputs under docs/bench*/ (*.json, *.jsonl): at most 5 transfer
+    calls for the latter, with xz where plain parts would need more."""
+    from kit import MEASURED_KIT, TARGET_CALLS, calls_for, part_mib_for, tree_bytes
+
+    clone = fresh_clone(tmp_path)
+    raw = [p for p in clone.glob("docs/bench*/**/*") if p.suffix in (".json", ".jsonl") and p.is_file()]
+    tracked = tree_bytes(clone)
+    without_raw = tracked - sum(p.stat().st_size for p in raw)
+
+    def calls(tree: int) -> tuple[int, int]:
+        return tuple(calls_for(MEASURED_KIT[k], part_mib_for(tree)) for k in ("plain", "xz"))
+
+    plain, packed = calls(without_raw)
+    assert min(plain, packed) <= TARGET_CALLS, (tracked / 2**20, without_raw / 2**20, calls(tracked), plain, packed)
+    proc = kit("calls", "--repo", str(clone))
+    assert proc.returncode == 0 and f"= {calls(tracked)[0]} transfer calls" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_oracle_tolerance_is_the_stated_bound_and_requests_past_it_are_listed():
+    """2 * n * 16 * u * max(1, max|z|), by hand: fp16, 2 tokens, largest logit 10 -> 0.3125; bf16 8x that."""
+    from oracle import compare, tolerance
+
+    assert tolerance(2, 10.0, "float16") == 0.3125 and tolerance(2, 10.0, "bfloat16") == 2.5
+    assert tolerance(1, 0.25, "float16") == 2 * 16 * 2.0 ** -11  # logits below 1: the scale is 1
+    rows = [{"ours": -1.0, "oracle": -1.3, "n": 2, "zmax": 10.0}, {"ours": -2.0, "oracle": -2.4, "n": 2, "zmax": 10.0},
+            {"ours": float("nan"), "oracle": -1.0, "n": 1, "zmax": 1.0}]
+    got = compare(rows, "float16")
+    assert got["within_tolerance"] == 1 and [o["request"] for o in got["outside"]] == [1, 2]
+    assert got["max_ratio"] == pytest.approx(0.4 / 0.3125)

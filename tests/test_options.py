@@ -25,23 +25,27 @@ def test_every_option_reaches_model_args():
                "prefix_budget_mb": "5", "scoring_graph": "0", "path": "incremental", "store": "s.sqlite",
                "max_gen_toks": "7", "gen_batch_size": "2", "seed": "0", "exact": "yes", "check": "no",
                "truncate": "left", "media_path": "og", "workers": "2", "ray_address": "10.0.0.1:6379",
-               "gen_path": "og", "samples": "8", "self_eval": "true", "temperature_fit": "split",
+               "gen_path": "AUTO", "samples": "8", "self_eval": "true", "temperature_fit": "split",
                "verifier": "Self", "prm": "on", "step_separator": "\\n---\\n", "prm_aggregation": "min",
                "search": "DVTS", "search_n": "8", "search_width": "4", "search_max_steps": "3", "cascade": "off",
-               "resume": "false", "decode_budget_mb": "512", "passes": "auto"}
+               "resume": "false", "decode_budget_mb": "512", "passes": "auto",
+               "allow_cpu_fallback": "yes"}
     missing = fields - set(strings)
     assert not missing, f"add a string form for {missing}"
+    # --search with --samples is refused (options.check_settings): samples parsed on its own
+    assert parse_model_args({"pkg": "p", "samples": strings.pop("samples")}).samples == 8
     args = parse_model_args(strings)
     assert (args.threads, args.batch_size, args.add_bos_token, args.prefix_cache, args.path) == \
         (3, None, False, False, "incremental")
     assert args.provider_options == ("a=1", "b=2")
     assert (args.workers, args.ray_address) == (2, "10.0.0.1:6379")
-    assert (args.gen_path, args.samples) == ("og", 8)
+    assert args.gen_path == "auto"  # og with cascade=off: refused (does nothing)
     assert (args.self_eval, args.temperature_fit) == (True, "split")
     assert (args.verifier, args.prm, args.step_separator, args.prm_aggregation) == ("self", True, "\n---\n", "min")
     assert (args.search, args.search_n, args.search_width, args.search_max_steps) == ("dvts", 8, 4, 3)
     assert args.decode_budget_mb == 512
     assert args.passes == 0 and parse_model_args({"pkg": "p", "passes": "2"}).passes == 2  # auto: resolved at open
+    assert args.allow_cpu_fallback is True
 
 
 @pytest.mark.parametrize("text,needle", [

@@ -126,3 +126,51 @@ def test_output_that_is_a_file(tiny_pkg, tmp_path):
     (tmp_path / "f").write_text("x")
     proc = ortevals("profile", "--pkg", tiny_pkg, "--output", tmp_path / "f")
     assert proc.returncode == 2 and "--output" in proc.stderr and "is a file" in proc.stderr
+
+
+def test_a_batch_that_cannot_fit_is_one_line_with_its_estimate_before_any_work(tiny_pkg, tmp_path, monkeypatch):
+    """Issue 38 item 17: was `internal error MemoryError` from the measuring process. The tiny package: vocab 512,
+    2 layers x K and V x 2 KV heads x 16 x 4 bytes = 512 bytes of KV a token; 1 GiB free (pretended)."""
+    from click.testing import CliRunner
+
+    import ortevals.run.profile as run_profile
+    import ortevals.runtime.memory as memory
+    from ortevals.cli import cli
+
+    monkeypatch.setattr(memory, "free_bytes", lambda device, device_id=0: 2**30)
+    monkeypatch.setattr(run_profile, "profile_package", lambda *a, **k: pytest.fail("model work started"))
+    result = CliRunner().invoke(cli, ["profile", "--pkg", str(tiny_pkg), "--batch", "1,4096", "--prompt-len", "512",
+                                      "--gen-len", "8", "--output", str(tmp_path / "o")], catch_exceptions=False)
+    logits, kv = 4096 * 512 * 512 * 4 / 2**30, 4096 * 520 * 512 / 2**30  # 4.0 and 1.0 GiB
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert (f"Error: --batch 4096 with --prompt-len 512 and --gen-len 8 needs at least {logits + kv:.1f} GiB "
+            f"({logits:.1f} GiB of prompt logits [4096, 512, 512] + {kv:.1f} GiB of KV) but 1.0 GiB is free on the "
+            "host; expected a smaller --batch or --prompt-len") in result.output
+
+
+def test_ctrl_c_keeps_what_was_measured_and_gives_no_resume_advice(tiny_pkg, tmp_path, monkeypatch):
+    """Issue 38 item 17: Ctrl-C while the second run measures. Was: the scoring runs' advice (result store,
+    --no-resume: profile has neither) and nothing written."""
+    from click.testing import CliRunner
+
+    import ortevals.engine.profile as engine_profile
+    from ortevals.cli import cli
+
+    real, calls = engine_profile._in_fresh_process, []
+
+    def interrupt_the_second(*args):
+        calls.append(args)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(engine_profile, "_in_fresh_process", interrupt_the_second)
+    out = tmp_path / "o"
+    result = CliRunner().invoke(cli, ["profile", "--pkg", str(tiny_pkg), "--prompt-len", "8", "--gen-len", "4",
+                                      "--repeats", "1", "--warmup", "0", "--threads", "1", "--output", str(out)],
+                                catch_exceptions=False)
+    assert result.exit_code == 130, result.output
+    assert "Interrupted after 1 of 2 runs" in result.output and "result store" not in result.output
+    data = json.loads((out / "profile.json").read_text())
+    assert data["interrupted"] is True and [t["backend"] for t in data["trials"]] == ["raw"]
+    assert data["trials"][0]["generated_per_row"] == [[4]] and (out / "profile.png").is_file()

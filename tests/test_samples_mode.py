@@ -271,6 +271,7 @@ def test_a_reporting_error_after_the_work_keeps_every_sample(tiny_pkg, tmp_path,
                                       "--tasks", "sc_task", "--samples", "2", "--no-resume", "--output", str(out)])
     assert result.exit_code != 0
     body = json.loads((out / "results.json").read_text())
-    assert body["ortevals"] == {"unreported": "RuntimeError: reporting broke"}
+    assert body["ortevals"] == {"unreported": "RuntimeError: reporting broke",
+                                "files": ["results.json", "samples_sc_task.jsonl"]}
     lines = [json.loads(x) for x in (out / "samples_sc_task.jsonl").read_text().splitlines()]
     assert {x["doc_id"] for x in lines} == {0, 1} and all(len(x["resps"][0]) == 2 for x in lines)

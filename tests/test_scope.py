@@ -131,7 +131,8 @@ CHANGED = {"ep": "cpu", "batch_size": 1, "max_length": 64, "threads": 1, "provid
            "add_bos_token": False, "memory_budget_mb": 512, "prefix_cache": False, "prefix_budget_mb": 256,
            "scoring_graph": False, "path": "incremental", "max_gen_toks": 32, "gen_batch_size": 2, "seed": 7,
            "exact": True, "check": False, "truncate": "left", "media_path": "og", "gen_path": "og",
-           "cascade": "off", "decode_budget_mb": 64}
+           "cascade": "off", "decode_budget_mb": 64,
+           "allow_cpu_fallback": True}
 
 
 NOT_SCOPED = {"pkg", "store", "workers", "ray_address",  # where requests run never changes a number (issue 15)

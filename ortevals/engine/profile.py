@@ -31,10 +31,12 @@ import contextlib
 import logging
 import multiprocessing
 import resource
+import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -269,13 +271,47 @@ def measure(backend, setting: Setting, ids: np.ndarray, repeats: int, warmup: in
 
 @dataclass(frozen=True)
 class Profile:
-    """Every trial of one invocation, in setting order (raw then og per setting), and what was skipped."""
+    """Every trial of one invocation, in setting order (raw then og per setting), and what was skipped;
+    ``interrupted``: Ctrl-C stopped it after ``trials`` of ``planned`` (setting, backend) runs."""
 
     package: str
     provider: str
     threads: int
     trials: tuple[Trial, ...]
     skipped: dict[str, str]  # backend → why it did not run
+    interrupted: bool = False
+    planned: int = 0
+
+
+def memory_needed(package, setting: Setting) -> tuple[int, int]:
+    """(logits, KV) bytes a setting holds at least: its prompt pass returns logits for every prompt position
+    (``[batch, prompt, vocab]`` in the graph's logits type) and its KV grows to prompt + generated tokens."""
+    from ortevals.runtime.buffers import ITEMSIZE, kv_bytes_per_token
+
+    out = package.decoder.output(package.logits_name)
+    logits = setting.batch * setting.prompt_len * package.vocab_size * ITEMSIZE.get(out.dtype if out else "", 4)
+    return logits, setting.batch * (setting.prompt_len + setting.gen_len) * kv_bytes_per_token(package)
+
+
+def check_fits(package, provider, settings: Sequence[Setting]) -> None:
+    """Before any session opens: each setting's :func:`memory_needed` against the memory free where the
+    tensors live (runtime/memory.py; nothing checked where that is unknown), else one line with the estimate."""
+    from ortevals.runtime.memory import free_bytes
+
+    where = "cpu" if not provider.on_device else provider.name
+    free = free_bytes(where, int(provider.raw_options.get("device_id", 0) or 0))
+    for s in settings if free is not None else ():
+        logits, kv = memory_needed(package, s)
+        if logits + kv > free:
+            raise OrtEvalsError(
+                f"--batch {s.batch} with --prompt-len {s.prompt_len} and --gen-len {s.gen_len} needs at least "
+                f"{_gib(logits + kv)} ({_gib(logits)} of prompt logits [{s.batch}, {s.prompt_len}, "
+                f"{package.vocab_size}] + {_gib(kv)} of KV) but {_gib(free)} is free "
+                f"{'on the host' if where == 'cpu' else 'on ' + where}; expected a smaller --batch or --prompt-len")
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
 
 
 def open_backends(package, provider, wanted: Sequence[str] = BACKENDS) -> tuple[list, dict[str, str]]:
@@ -302,20 +338,45 @@ def profile_package(package, provider, settings: Sequence[Setting], repeats: int
     """Each setting on each backend, the backends taking turns per setting (a busy machine slows both
     alike), each (setting, backend) in a fresh process (:func:`_alone`) so that its peak memory is its
     own; the same random prompt ids (:func:`prompt_ids`) for both."""
-    trials, skipped = [], {}
-    for s in settings:
-        for name in BACKENDS:
-            if name in skipped:
-                continue
-            with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-                trial, why = pool.submit(_alone, str(package.root), provider, name, s, repeats, warmup).result()
-            if trial is None:
-                skipped[name] = why
-                continue
-            trials.append(trial)
-            if progress is not None:
-                progress(trial)
-    return Profile(str(package.root), provider.name, provider.intra_op_threads, tuple(trials), skipped)
+    trials, skipped, interrupted = [], {}, False
+    try:
+        for s in settings:
+            for name in BACKENDS:
+                if name in skipped:
+                    continue
+                trial, why = _in_fresh_process(str(package.root), provider, name, s, repeats, warmup)
+                if trial is None:
+                    skipped[name] = why
+                    continue
+                trials.append(trial)
+                if progress is not None:
+                    progress(trial)
+    except KeyboardInterrupt:  # Ctrl-C: what was measured is kept (the caller writes it)
+        interrupted = True
+    return Profile(str(package.root), provider.name, provider.intra_op_threads, tuple(trials), skipped,
+                   interrupted, len(settings) * len(BACKENDS))
+
+
+def _in_fresh_process(root: str, provider, name: str, setting: Setting, repeats: int, warmup: int):
+    """:func:`_alone` in a fresh process that ignores Ctrl-C (the parent stops it); its running out of memory is
+    one line naming the setting."""
+    label = f"{name} batch {setting.batch} prompt {setting.prompt_len} gen {setting.gen_len}"
+    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=signal.signal,
+                               initargs=(signal.SIGINT, signal.SIG_IGN))
+    try:
+        return pool.submit(_alone, root, provider, name, setting, repeats, warmup).result()
+    except MemoryError:
+        raise OrtEvalsError(f"{label}: out of memory (MemoryError); expected a smaller --batch or --prompt-len") \
+            from None
+    except BrokenProcessPool:
+        raise OrtEvalsError(f"{label}: the measuring process died (killed for memory?); expected a smaller --batch "
+                            "or --prompt-len") from None
+    except KeyboardInterrupt:
+        for process in list((getattr(pool, "_processes", None) or {}).values()):  # it ignores Ctrl-C: stop it
+            process.terminate()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _alone(root: str, provider, name: str, setting: Setting, repeats: int, warmup: int) -> tuple[Trial | None, str]:

@@ -19,6 +19,7 @@ from ortevals.errors import OrtEvalsError
 from ortevals.fidelity.reference import SavedReference, load_reference, save_reference, tokenizer_hash
 from ortevals.fidelity.stats import RefTokens, TokenStats, concat_stats, summarize
 from ortevals.fidelity.windows import OrtSource, WindowPlan, compare_windows, plan_windows, reference_windows
+from ortevals.files import check_writable_file
 
 log = logging.getLogger(__name__)
 DEFAULT_TOKENS = 32768
@@ -63,6 +64,9 @@ def _check_options(o: FidelityOptions) -> None:
         raise OrtEvalsError(f"--tokens must be >= 1, got {o.tokens}")
     if o.top_k is not None and not 64 <= o.top_k <= 256:
         raise OrtEvalsError(f"--top-k must be between 64 and 256, got {o.top_k}")
+    for path, flag in ((o.json, "--json"), (o.save_ref, "--save-ref")):  # before the work, not after it
+        if path is not None:
+            check_writable_file(Path(path), flag)
 
 
 def reference_kind(ref: str) -> str:

@@ -43,6 +43,19 @@ __all__ = ["ModelArgs", "OrtLM"]
 ENCODE_AHEAD = 96  # requests whose texts (two at most each) are encoded in one batch: within Run's ENCODED_KEPT
 
 
+def lm_eval_settings(arg_dict: dict, additional_config: dict | None) -> dict:
+    """lm-eval's own settings for the model (``additional_config``: ``batch_size``, ``max_batch_size``,
+    ``device``), where ``model_args`` do not set them. lm-eval's ``--batch_size`` default, 1, runs as the
+    ortevals CLI's default (auto): the same scope, so the two routes share stored answers (one row per pass
+    stays one ``model_args`` entry away: ``batch_size=1``)."""
+    extra = {k: v for k, v in (additional_config or {}).items() if v is not None and k not in arg_dict}
+    if str(extra.get("batch_size")) == "1":
+        log.info("lm-eval's batch_size 1 (its --batch_size default) runs as batch_size=auto, the ortevals CLI's "
+                 "default; give model_args batch_size=1 for one row per pass")
+        extra.pop("batch_size")
+    return extra
+
+
 class OrtLM(TemplateLM):
     """lm-eval model backed by ONNX Runtime; see the module docstring."""
 
@@ -84,7 +97,7 @@ class OrtLM(TemplateLM):
         scope narrowed by the search's settings and what the verifier reads (run/search.py ``search_scope``)."""
         from ortevals.engine.generate.search.prm import TextPrm
         from ortevals.integrations.verify import open_verifier
-        from ortevals.run.search import search_scope, search_settings
+        from ortevals.run.search import search_scope, search_settings, timed_scores
 
         args = self.args
         if args.verifier is None:
@@ -94,7 +107,8 @@ class OrtLM(TemplateLM):
             raise OrtEvalsError(f"--search {args.search} runs on the raw path in this process; this run generates "
                                 "on onnxruntime-genai or on workers (gen_path=raw, no --workers)")
         verifier = open_verifier(args.verifier, self)
-        self.run.step_scorer = TextPrm(verifier.score_texts, args.step_separator, self.tokenizer.decode)
+        self.run.search_verifier = verifier  # its name, kind and cost go to results["search"] (evaluate.py)
+        self.run.step_scorer = TextPrm(timed_scores(self.run, verifier), args.step_separator, self.tokenizer.decode)
         self.run.search_reward = "logit"  # every verifier scores a probability (P(True), runtime/reward.py)
         self.run.narrow_scope(*search_scope(args, self.run.search_reward, verifier))
 
@@ -107,9 +121,9 @@ class OrtLM(TemplateLM):
     @classmethod
     def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> OrtLM:
         """lm-eval's (and lmms-eval's) route. It resumes like the CLI: the package's result store in the
-        ortevals cache (the same file, the same scope for the same settings) unless ``store=PATH`` names
-        another or ``store=none`` turns it off."""
-        merged = {**arg_dict, **{k: v for k, v in (additional_config or {}).items() if v is not None}}
+        ortevals cache (the same file, the same scope for the same settings: :func:`lm_eval_settings`) unless
+        ``store=PATH`` names another or ``store=none`` turns it off."""
+        merged = {**lm_eval_settings(arg_dict, additional_config), **arg_dict}  # model_args win
         off = "store" in merged and (merged["store"] in (None, False) or str(merged["store"]).lower() in NO_STORE)
         args = parse_model_args({k: v for k, v in merged.items() if not (off and k == "store")})
         if args.store is None and not off:

@@ -131,6 +131,7 @@ class MediaRouter:
         return out
 
     def _timed(self, reqs: Sequence[MediaRequest], kind: str, finish, disable_tqdm: bool, keys=None) -> list:
+        self.run.begin()  # the media paths' passes are not metered: the run computes from here
         bar = tqdm(total=len(reqs), desc=f"ortevals media {kind}", unit="req", disable=disable_tqdm,
                    dynamic_ncols=True)
         start = time.perf_counter()

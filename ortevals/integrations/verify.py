@@ -35,6 +35,7 @@ from typing import Any, Protocol
 
 import numpy as np
 from lm_eval.api.instance import Instance
+from tqdm import tqdm
 
 from ortevals.engine.generate.search.prm import TextPrm
 from ortevals.errors import PackageError
@@ -204,18 +205,25 @@ def questions_of(results: dict[str, Any], tasks: Sequence[str]) -> list[Question
 
 
 def verify_run(verifier: Verifier, questions: Sequence[Question], prm: bool = False,
-               separator: str = "\n\n") -> Verified:
+               separator: str = "\n\n", progress: bool = True) -> Verified:
     """Every question's answers scored, one scorer call per question: the outcome scores, or with ``prm`` the
-    step scores (the outcome score is the last step's: that prefix is the whole answer)."""
+    step scores (the outcome score is the last step's: that prefix is the whole answer); a progress bar of
+    answers scored (``progress``) as the generation before it has."""
     out = Verified(verifier.name, verifier.kind, verifier.params, verifier.meaning)
     before, start = verifier.tokens_run, time.perf_counter()
     steps = TextPrm(verifier.score_texts, separator)
-    for q in questions:
-        if prm:
-            out.steps[q.key] = steps.step_scores(q.context, q.answers)
-            out.scores[q.key] = [s[-1] for s in out.steps[q.key]]
-        else:
-            out.scores[q.key] = [float(x) for x in verifier.score_texts(q.context, q.answers)]
+    bar = tqdm(total=sum(len(q.answers) for q in questions), desc=f"verifier {verifier.name}", unit="answer",
+               disable=not progress, dynamic_ncols=True, smoothing=0.1)  # minutes on a long run: a bar as the rest
+    try:
+        for q in questions:
+            if prm:
+                out.steps[q.key] = steps.step_scores(q.context, q.answers)
+                out.scores[q.key] = [s[-1] for s in out.steps[q.key]]
+            else:
+                out.scores[q.key] = [float(x) for x in verifier.score_texts(q.context, q.answers)]
+            bar.update(len(q.answers))
+    finally:
+        bar.close()
     out.tokens, out.seconds = verifier.tokens_run - before, time.perf_counter() - start
     log.info("verifier %s: %d questions, %d tokens run, %.1f s", verifier.name, len(questions), out.tokens,
              out.seconds)

@@ -39,16 +39,32 @@ def resolve_inside(root: Path, name: object, field_name: str) -> Path:
     return resolved
 
 
+WEIGHTS = ("*.safetensors", "pytorch_model*.bin", "*.gguf")  # what a transformers checkpoint folder holds
+
+
+def _not_a_package_hint(root: Path) -> str:
+    """What the folder is instead, where that is plain: a transformers checkpoint (to export with the builder),
+    or a folder with a package one level down (Olive's output)."""
+    if (root / "config.json").is_file() and any(next(root.glob(p), None) for p in WEIGHTS):
+        return (f"; {root} is a transformers checkpoint (config.json + weights): export it first with "
+                f"`python -m onnxruntime_genai.models.builder -i {root} -o OUT -p int4 -e cpu` (or Olive), then "
+                "pass --pkg OUT")
+    inner = sorted(p.parent for p in root.glob(f"*/{CONFIG_NAME}"))
+    return f"; {inner[0]} holds one: pass --pkg {inner[0]}" if inner else ""
+
+
 def load_json_config(root: Path) -> dict[str, Any]:
     """Read genai_config.json with a one-line error for every way it can be wrong."""
     cfg_path = root / CONFIG_NAME
     if not root.exists():
         raise PackageError(f"{root}: package folder not found; expected a folder holding {CONFIG_NAME}")
+    if not root.is_dir():
+        raise PackageError(f"{root}: is a file; expected the package folder holding {CONFIG_NAME}"
+                           + (f" (give its folder: {root.parent})" if root.suffix in (".json", ".onnx") else ""))
     if not cfg_path.is_file():
-        raise PackageError(
-            f"{cfg_path}: not found; expected an ONNX Runtime GenAI package folder "
-            f"({CONFIG_NAME} + decoder .onnx), as written by Olive or the onnxruntime-genai model builder"
-        )
+        raise PackageError(f"{cfg_path}: not found; expected an ONNX Runtime GenAI package folder ({CONFIG_NAME} + "
+                           "decoder .onnx), as written by Olive or the onnxruntime-genai model builder"
+                           + _not_a_package_hint(root))
     text = cfg_path.read_text(encoding="utf-8", errors="replace")
     if not text.strip():
         raise PackageError(f"{cfg_path}: file is empty; expected a JSON object with a 'model' section")

@@ -27,6 +27,10 @@ class GraphFacts:
     attention_heads: frozenset[int]  # num_heads of the attention nodes (GroupQueryAttention, ...)
     kv_heads: frozenset[int]  # kv_num_heads of the GroupQueryAttention nodes
     parameters: int = 0  # weights the graph holds (:func:`parameter_count`)
+    windows: frozenset[int] = frozenset()  # local_window_size of the attention nodes that have one (> 0)
+    # GroupQueryAttention nodes that rotate inside the kernel (do_rotary=1): (node, its head size from the
+    # query's declared width, the width of its cos_cache initializer: half the rotary dim)
+    fused_rotary: tuple[tuple[str, int, int], ...] = ()
 
 
 def read_signature(path: Path) -> tuple[tuple, tuple, frozenset[Path]]:
@@ -48,7 +52,8 @@ def _read(path: Path) -> tuple[tuple, tuple, frozenset[Path], GraphFacts]:
     import onnx
 
     if not path.is_file():
-        raise PackageError(f"{path}: model file not found")
+        what = "is a folder; expected an ONNX model file" if path.is_dir() else "model file not found"
+        raise PackageError(f"{path}: {what}")
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as e:  # protobuf raises several unrelated types
@@ -67,13 +72,19 @@ FLOAT_NAMES = {1: "float32", 10: "float16", 16: "bfloat16", 11: "float64"}
 
 
 def _facts(graph) -> GraphFacts:
-    """Weight precision from the quantized ops (their ``bits``) or the float initializers' dominant type."""
+    """Weight precision from the quantized ops (their ``bits``) or the float initializers' dominant type; the
+    attention nodes' head counts and sliding windows."""
     import onnx
 
     bits: set[int] = set()
     ops: set[str] = set()
     heads: set[int] = set()
     kv_heads: set[int] = set()
+    windows: set[int] = set()
+    dims = {t.name: list(t.dims) for t in graph.initializer}
+    dims.update({v.name: [d.dim_value if d.HasField("dim_value") else 0 for d in v.type.tensor_type.shape.dim]
+                 for v in graph.value_info})
+    rotary = []
     for node in graph.node:
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         if node.op_type in ("MatMulNBits", "GatherBlockQuantized"):
@@ -85,7 +96,21 @@ def _facts(graph) -> GraphFacts:
             heads.add(int(attrs["num_heads"]))
             if "kv_num_heads" in attrs:
                 kv_heads.add(int(attrs["kv_num_heads"]))
-    return GraphFacts(_precision(graph, bits, ops), frozenset(heads), frozenset(kv_heads), parameter_count(graph))
+            if int(attrs.get("local_window_size", -1)) > 0:
+                windows.add(int(attrs["local_window_size"]))
+        if node.op_type == "GroupQueryAttention" and attrs.get("do_rotary") and len(node.input) > 7 \
+                and len(dims.get(node.input[7], ())) == 2:
+            rotary.append((node.name, _head_size(node, attrs, dims), int(dims[node.input[7]][1])))
+    return GraphFacts(_precision(graph, bits, ops), frozenset(heads), frozenset(kv_heads), parameter_count(graph),
+                      frozenset(windows), tuple(rotary))
+
+
+def _head_size(node, attrs: dict, dims: dict) -> int:
+    """A GroupQueryAttention node's head size from its query's declared last dim (packed Q/K/V when the key
+    input is empty), 0 where the graph does not declare it."""
+    width = (dims.get(node.input[0]) or [0])[-1]
+    heads = int(attrs.get("num_heads", 0)) + (2 * int(attrs.get("kv_num_heads", 0)) if not node.input[1] else 0)
+    return width // heads if width and heads and width % heads == 0 else 0
 
 
 ROTARY_CACHES = {"GroupQueryAttention": (7, 8), "RotaryEmbedding": (2, 3)}  # cos_cache, sin_cache inputs

@@ -8,7 +8,9 @@ folder before any runtime is touched:
   other model) and their external data, refusing paths that escape the folder;
 * read per-layer KV specs (name, dtype, KV heads, head size, window) from the
   decoder graph's own inputs, because layers may differ (Gemma 4: head size
-  32/256 on sliding layers, 64/512 on full ones);
+  32/256 on sliding layers, 64/512 on full ones), and the recurrent and
+  convolution state of hybrid decoders (LFM2, Qwen3.5: :mod:`ortevals.package.state`),
+  whose attention layers alone have KV;
 * cross-check the config against the graph and name both on a mismatch.
 
 It imports ``onnx`` (protobuf only, no weights) and no runtime.
@@ -36,6 +38,7 @@ from ortevals.package.config import (
 )
 from ortevals.package.graph import external_data_files, graph_facts, read_signature
 from ortevals.package.session_options import check_session_options
+from ortevals.package.state import STATE_KINDS, StateSpec, layer_of, state_specs
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +59,9 @@ class KVSpec:
     """The past KV inputs of one decoder layer, as the graph declares them.
 
     Buffers are ``[batch, kv_heads, past_len, head_size]``. ``window`` is set
-    when the graph fixes ``past_len`` (a windowed sliding-layer cache).
+    when the graph fixes ``past_len`` (a windowed sliding-layer cache). ``layer`` is the
+    decoder layer (a hybrid's KV layers skip its recurrent ones); a pass's KV is held in
+    the order of ``ModelPackage.kv``.
     """
 
     layer: int
@@ -104,6 +109,7 @@ class ModelPackage:
     eos_token_ids: tuple[int, ...]
     pad_token_id: int | None
     skipped_models: tuple[str, ...] = ()
+    states: tuple[StateSpec, ...] = ()  # recurrent/convolution state of a hybrid's recurrent layers
     config: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -119,6 +125,22 @@ class ModelPackage:
     def windowed(self) -> bool:
         """Some layers keep a fixed-size sliding KV buffer: past KV cannot be reused or rewound."""
         return any(s.window for s in self.kv)
+
+    @property
+    def unwindowed(self) -> str:
+        """Where ``genai_config.json`` declares a sliding window the decoder graph does not have (the builder
+        drops Mistral's: every attention node attends to the whole past), one line saying so; else ""."""
+        sw = self.config.get("model", {}).get("decoder", {}).get("sliding_window")
+        size = sw.get("window_size") if isinstance(sw, dict) else None
+        if not isinstance(size, int) or size <= 0 or graph_facts(self.decoder.path).windows:
+            return ""
+        return (f"{self.root / 'genai_config.json'}: model.decoder.sliding_window declares a {size}-token window "
+                f"that {self.decoder.path.name}'s attention does not have (it attends to the whole past)")
+
+    @property
+    def recurrent(self) -> bool:
+        """The decoder carries recurrent or convolution state: valid only at the position it was made."""
+        return bool(self.states)
 
     @property
     def has_position_ids(self) -> bool:
@@ -184,22 +206,27 @@ def _read_package(path: Path) -> ModelPackage:
     skipped = tuple(k for k, v in model.items() if isinstance(v, dict) and k not in ("decoder", "embedding")
                     and isinstance(v.get("filename"), str) and v.get("filename"))
     vocab = typed_field(model, "vocab_size", int, where, "model.vocab_size")
+    states = state_specs(decoder, where)
     pkg = ModelPackage(
         root=root,
         model_type=model_type,
         decoder=decoder,
         embedding=embedding,
-        kv=_kv_specs(decoder, model["decoder"], where),
+        kv=_kv_specs(decoder, model["decoder"], where, {s.layer for s in states}),
         vocab_size=vocab,
         context_length=read_context_length(model, where),
         bos_token_id=optional_int(model, "bos_token_id", where),
         eos_token_ids=read_token_ids(model.get("eos_token_id"), where),
         pad_token_id=optional_int(model, "pad_token_id", where),
         skipped_models=skipped,
+        states=states,
         config=cfg,
     )
     _check_logits(pkg, where)
+    _check_fused_rotary(pkg)
     check_og_accepts(root)  # last: ortevals' own checks above name the field and what was expected
+    if pkg.unwindowed:
+        log.warning("%s; scores follow the graph (onnxruntime-genai's paths refuse it)", pkg.unwindowed)
     log.info("loaded %s: type %s, %d layers, skipped %s", root, model_type, len(pkg.kv), list(skipped) or "none")
     return pkg
 
@@ -212,6 +239,9 @@ def _model_file(root: Path, model: dict, role: str, *, required: bool) -> ModelF
     if not isinstance(section, dict):
         raise PackageError(f"{where}: field model.{role} must be an object with a 'filename', got {section!r}")
     path = resolve_inside(root, section.get("filename"), f"model.{role}.filename")
+    if path.is_dir():
+        raise PackageError(f"{where}: model.{role}.filename={section['filename']!r} is a folder in {root}; "
+                           "expected an ONNX model file")
     if not path.is_file():
         raise PackageError(f"{where}: model.{role}.filename={section['filename']!r} not found in {root}")
     for key in ("inputs", "outputs", "session_options"):
@@ -234,15 +264,20 @@ def _model_file(root: Path, model: dict, role: str, *, required: bool) -> ModelF
     )
 
 
-def _kv_specs(decoder: ModelFile, section: dict, where: Path) -> tuple[KVSpec, ...]:
-    """Per-layer KV specs from the graph; config values only fill symbolic dims."""
+def _kv_specs(decoder: ModelFile, section: dict, where: Path, state_layers: set[int]) -> tuple[KVSpec, ...]:
+    """Per-layer KV specs from the graph, in layer order; config values only fill symbolic dims.
+
+    Every graph input the key pattern names is a KV layer; a hybrid's recurrent layers (``state_layers``)
+    have none, so together they make the decoder's layers."""
     key_fmt = decoder.inputs.get("past_key_names", "past_key_values.%d.key")
     value_fmt = decoder.inputs.get("past_value_names", "past_key_values.%d.value")
     pkey_fmt = decoder.outputs.get("present_key_names", "present.%d.key")
     pvalue_fmt = decoder.outputs.get("present_value_names", "present.%d.value")
+    _fmt(key_fmt, 0, where)
+    layers = sorted(i for i in (layer_of(t.name, key_fmt) for t in decoder.graph_inputs) if i is not None)
     specs = []
-    while (k := decoder.input(_fmt(key_fmt, len(specs), where))) is not None:
-        i = len(specs)
+    for i in layers:
+        k = decoder.input(_fmt(key_fmt, i, where))
         v = decoder.input(_fmt(value_fmt, i, where))
         if v is None:
             raise PackageError(f"{decoder.path}: graph has input {k.name!r} but no {_fmt(value_fmt, i, where)!r}")
@@ -254,7 +289,7 @@ def _kv_specs(decoder: ModelFile, section: dict, where: Path) -> tuple[KVSpec, .
         window = k.shape[2] if isinstance(k.shape[2], int) and k.shape[2] > 0 else _window(section, i, where)
         specs.append(KVSpec(i, k.name, v.name, _fmt(pkey_fmt, i, where), _fmt(pvalue_fmt, i, where),
                             k.dtype, heads, size, window))
-    _check_layers(specs, section, decoder, where)
+    _check_layers(specs, section, decoder, where, state_layers)
     return tuple(specs)
 
 
@@ -288,11 +323,14 @@ def _concrete(dim: Dim, section: dict, key: str, name: str, model: Path, where: 
     return value
 
 
-def _check_layers(specs: list[KVSpec], section: dict, decoder: ModelFile, where: Path) -> None:
+def _check_layers(specs: list[KVSpec], section: dict, decoder: ModelFile, where: Path,
+                  state_layers: set[int] = frozenset()) -> None:
     layers = section.get("num_hidden_layers")
-    if isinstance(layers, int) and layers != len(specs):
+    found = {s.layer for s in specs} | set(state_layers)
+    if isinstance(layers, int) and (layers != len(found) or found != set(range(layers))):
+        what = "past KV or recurrent state" if state_layers else "past KV"
         raise PackageError(f"{where}: model.decoder.num_hidden_layers={layers} but {decoder.path.name} "
-                           f"has {len(specs)} layers of past KV inputs; config and graph must agree")
+                           f"has {len(found)} layers of {what} inputs; config and graph must agree")
     heads = section.get("num_key_value_heads")
     if isinstance(heads, int) and specs and all(s.kv_heads != heads for s in specs):
         raise PackageError(f"{where}: model.decoder.num_key_value_heads={heads} but {decoder.path.name} "
@@ -309,18 +347,26 @@ def _check_layers(specs: list[KVSpec], section: dict, decoder: ModelFile, where:
 
 
 FED_INPUTS = ("input_ids", "inputs_embeds", "attention_mask", "position_ids")  # what the decoder is fed by name
+LAYER_INPUTS = (("past_key_names", "past_key_values.%d.key"), ("past_value_names", "past_key_values.%d.value"),
+                *((key, None) for _, key, _ in STATE_KINDS))  # per-layer inputs ortevals feeds (state: if named)
 
 
 def _check_decoder_inputs(decoder: ModelFile, where: Path) -> None:
-    """Every decoder input is one genai_config.json names (``model.decoder.inputs``, or its default name):
-    onnxruntime-genai and ortevals feed inputs by those names, so an input named otherwise (``ids`` for
-    ``input_ids``) would never be fed."""
+    """Every decoder input is one genai_config.json names (``model.decoder.inputs``, or its default name) and
+    ortevals feeds: onnxruntime-genai and ortevals feed inputs by those names, so an input named otherwise
+    (``ids`` for ``input_ids``) would never be fed; one the config names under a key ortevals does not feed is
+    refused naming that key."""
     names = {decoder.inputs.get(k, k): k for k in FED_INPUTS}
-    patterns = [decoder.inputs.get(k, d) for k, d in (("past_key_names", "past_key_values.%d.key"),
-                                                      ("past_value_names", "past_key_values.%d.value"))]
+    patterns = [p for p in (decoder.inputs.get(k, d) for k, d in LAYER_INPUTS) if p is not None]
     for inp in decoder.graph_inputs:
-        if inp.name in names or any(_is_layer_name(inp.name, p) for p in patterns):
+        if inp.name in names or any(layer_of(inp.name, p) is not None for p in patterns):
             continue
+        named = next((k for k, v in sorted(decoder.inputs.items())
+                      if v == inp.name or layer_of(inp.name, v) is not None), None)
+        if named is not None:
+            fed = ", ".join((*FED_INPUTS, *(k for k, _ in LAYER_INPUTS)))
+            raise PackageError(f"{decoder.path}: input {inp.name!r} is model.decoder.inputs.{named} in {where.name}, "
+                               f"an input ortevals does not feed (it feeds {fed})")
         mapped = ", ".join(f"{k}={v!r}" for k, v in sorted(decoder.inputs.items()))
         raise PackageError(f"{decoder.path}: input {inp.name!r} is not an input {where.name} names "
                            f"(model.decoder.inputs: {mapped or 'none, so the default names'}); expected the "
@@ -331,10 +377,19 @@ def _check_decoder_inputs(decoder: ModelFile, where: Path) -> None:
                            f"input of {decoder.path.name}; config and graph must agree")
 
 
-def _is_layer_name(name: str, pattern: str) -> bool:
-    head, _, tail = pattern.partition("%d")
-    middle = name[len(head):len(name) - len(tail)] if name.startswith(head) and name.endswith(tail) else ""
-    return middle.isdigit()
+def _check_fused_rotary(pkg: ModelPackage) -> None:
+    """Refuse a decoder whose GroupQueryAttention rotates inside the kernel with a rotary cache the kernel
+    refuses: onnxruntime (1.32, CPU and CUDA, ``group_query_attention_helper.h``) takes a ``cos_cache`` width
+    (half the rotary dim) only as a multiple of 8 and at most ``head_size / 16 * 8``. The builder fuses
+    rotary into the kernel on CPU and CUDA, so a small head with partial rotary (Phi, head size 16, rotary
+    factor 0.5: width 4) gives a package that neither onnxruntime nor onnxruntime-genai can run."""
+    for node, size, width in graph_facts(pkg.decoder.path).fused_rotary:
+        if size and (width % 8 or width > size // 16 * 8):  # size 0: undeclared (the probe pass finds out)
+            raise PackageError(
+                f"{pkg.decoder.path}: GroupQueryAttention node {node!r} rotates inside the kernel with a cos_cache of "
+                f"width {width} (rotary dim {2 * width}) on head size {size}; onnxruntime's kernel takes only widths "
+                f"that are multiples of 8 up to {size // 16 * 8}, so neither onnxruntime nor onnxruntime-genai can "
+                "run this package (re-export a model whose rotary dim is a multiple of 16)")
 
 
 def _check_logits(pkg: ModelPackage, where: Path) -> None:

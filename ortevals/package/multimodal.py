@@ -116,6 +116,8 @@ def _existing(root: Path, section: dict, role: str, key: str, default: str | Non
         raise PackageError(f"{root / CONFIG_NAME}: field {field} is missing; expected a file name"
                            + (f" ({why})" if why else ""))
     path = resolve_inside(root, name, field)
+    if path.is_dir():
+        raise PackageError(f"{root / CONFIG_NAME}: field {field}={name!r} is a folder in {root}; expected a file")
     if not path.is_file():
         raise PackageError(f"{root / CONFIG_NAME}: field {field}={name!r} not found in {root}"
                            + (f"; {why}" if why else ""))

@@ -23,11 +23,22 @@ weights), says where that holds; the engines ask it and decide nothing of their 
   in any longer sequence, as on a full-attention layer, so the prefill plan (each prefix computed to its own
   depth) reuses it as it is; a buffer can be cut back to ``d < T`` tokens only while the positions ``d``
   needs are still resident (:meth:`ReusePolicy.cut_exact`). Packages built with ``windowed_kv_cache=false``
-  keep a full past on every layer and cut anywhere.
+  keep a full past on every layer and cut anywhere. One exception (:attr:`ReusePolicy.unshared`): on a graph
+  whose MatMulNBits quantize their activations to int8 (``accuracy_level=4``, the builder's int4/int8 on
+  CPU), no prefix is shared at all. onnxruntime's windowed attention reading a past from its buffer is not
+  bit-identical to the same positions inside one pass (about 1e-7 in a layer's output; 2e-6 in fp32 logits
+  on a tiny Gemma 3), and the next layer's int8 rounding turns that into a different quantization step now
+  and then: 0.017 nats off one pass on the tiny Gemma 3 int4 of the parity matrix, with the canary clean;
+* **recurrent and convolution state** (hybrid decoders: LFM2's short convolutions, Qwen3.5's gated
+  delta-net layers; package/state.py): the state after a token summarises every token before it, so it is
+  the state of exactly the position where it was made and is never cut (:meth:`ReusePolicy.cut_exact`: only
+  to its own length). The prefill plan computes each prefix to its own depth and reuses it as it is; raw
+  generation keeps the state at the prompts' branch points; onnxruntime-genai rewinds it only to a
+  ``snapshot_state``. Splitting a sequence into passes that hand the state on is exact (2 new tokens a pass
+  at least, as for KV).
 
 Policy objects are frozen and compare by value; they are part of the engines' settings, so canary verdicts
-kept in the result store are keyed by them too. Other kinds of state (recurrent and convolution state, which
-is valid only at the exact position it was made) belong here as further fields.
+kept in the result store are keyed by them too.
 """
 
 from __future__ import annotations
@@ -50,6 +61,8 @@ class ReusePolicy:
     window: int | None = None  # W: the windowed-cache layers' local_window_size (None: full pasts only)
     capacity: int | None = None  # C: rows of a windowed layer's buffer as the raw path sizes it
     refused: str = ""  # why nothing may be reused (the graph switches on the length at a threshold not read)
+    unshared: str = ""  # why no prefix's KV may serve later passes (windowed layers under int8 activations)
+    recurrent: bool = False  # a hybrid's recurrent/convolution state: valid only where it was made, never cut
 
     def length_class(self, total: int) -> int:
         """0 for sequences of up to ``rope_switch`` tokens (or any without a switch), 1 past it."""
@@ -74,7 +87,10 @@ class ReusePolicy:
 
     def cut_exact(self, held: int, length: int) -> bool:
         """Whether a past of ``held`` tokens cut to its first ``length`` has every position a ``length``-token
-        past holds: always on full pasts; on windowed layers while those positions are still resident."""
+        past holds: always on full pasts; on windowed layers while those positions are still resident; never
+        to fewer tokens with recurrent state (the state after ``held`` tokens is not the one after ``length``)."""
+        if self.recurrent and length != held:
+            return False
         if self.window is None or length >= held:
             return length <= held
         return length - self.resident(length) >= held - self.resident(held)
@@ -83,22 +99,29 @@ class ReusePolicy:
         parts = [f"rotary factors switch past {self.rope_switch} tokens"] if self.rope_switch is not None else []
         if self.window is not None:
             parts.append(f"windowed sliding-layer cache (window {self.window}, {self.capacity} rows)")
-        return "; ".join(parts + ([self.refused] if self.refused else [])) or "plain KV cache"
+        if self.recurrent:
+            parts.append("recurrent state (reused only where it was made)")
+        return "; ".join(parts + [r for r in (self.refused, self.unshared) if r]) or "plain KV cache"
 
 
 def reuse_policy(package) -> ReusePolicy:
-    """The policy of a :class:`~ortevals.package.loader.ModelPackage`: the decoder graph's length switch and
-    its windowed layers (their buffers sized as the raw path sizes them: ``KVSpec.window`` rows)."""
-    switch, refused, windows = graph_switches(package.decoder.path)
+    """The policy of a :class:`~ortevals.package.loader.ModelPackage`: the decoder graph's length switch, its
+    windowed layers (their buffers sized as the raw path sizes them: ``KVSpec.window`` rows) and whether it
+    carries recurrent state."""
+    switch, refused, windows, int8 = graph_switches(package.decoder.path)
     capacity = min((s.window for s in package.kv if s.window), default=None)
     window = min(windows, default=capacity) if capacity is not None else None
-    return ReusePolicy(switch, window, capacity, refused)
+    unshared = ("windowed sliding-layer caches under int8 activations (MatMulNBits accuracy_level=4): a "
+                "shared prefix's past is not bit-identical to one pass there" if window is not None and int8 else "")
+    return ReusePolicy(switch, window, capacity, refused, unshared,
+                       recurrent=bool(getattr(package, "recurrent", False)))
 
 
 @functools.lru_cache(maxsize=16)
-def graph_switches(path: Path) -> tuple[int | None, str, tuple[int, ...]]:
+def graph_switches(path: Path) -> tuple[int | None, str, tuple[int, ...], bool]:
     """(length threshold of the graph's ``If`` on the sequence length or None, why it cannot be read or "",
-    the ``local_window_size`` of its windowed-cache attention nodes) from the ONNX protos (no weights)."""
+    the ``local_window_size`` of its windowed-cache attention nodes, whether a MatMulNBits quantizes its
+    activations to int8) from the ONNX protos (no weights)."""
     import onnx
     from onnx import helper, numpy_helper
 
@@ -108,6 +131,7 @@ def graph_switches(path: Path) -> tuple[int | None, str, tuple[int, ...]]:
     windows = tuple(sorted({helper.get_attribute_value(a) for n in graph.node if n.op_type == "GroupQueryAttention"
                             and _attr(n, "sliding_window_cache") for a in n.attribute
                             if a.name == "local_window_size"}))
+    int8 = any(n.op_type == "MatMulNBits" and _attr(n, "accuracy_level") == 4 for n in graph.node)
     found: set[int] = set()
     for node in graph.node:
         if node.op_type != "If" or not _from_length(node.input[0], made, graph):
@@ -116,11 +140,11 @@ def graph_switches(path: Path) -> tuple[int | None, str, tuple[int, ...]]:
         value = _threshold(cond, made, consts, graph, numpy_helper) if cond is not None else None
         if value is None:
             return None, (f"{path.name}: node {node.name!r} chooses on the sequence length at a threshold "
-                          "ortevals cannot read"), windows
+                          "ortevals cannot read"), windows, int8
         found.add(value)
     if len(found) > 1:
-        return None, f"{path.name}: several length thresholds {sorted(found)}", windows
-    return (found.pop() if found else None), "", windows
+        return None, f"{path.name}: several length thresholds {sorted(found)}", windows, int8
+    return (found.pop() if found else None), "", windows, int8
 
 
 def _attr(node, name: str) -> int:

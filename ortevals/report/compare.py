@@ -13,6 +13,7 @@ matrix, and the CI gates. The statistics themselves live in
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,6 +22,7 @@ from ortevals.engine.score.scoring import log_softmax
 from ortevals.errors import OrtEvalsError
 from ortevals.report import stats
 from ortevals.report.calibration_delta import CalibrationDelta, calibration_delta
+from ortevals.report.ptrue_delta import PTrueDelta, ptrue_delta
 from ortevals.report.runs import Run, TaskRun
 
 
@@ -71,6 +73,7 @@ class TaskComparison:
     choice: ChoiceStats | None
     generation: GenerationStats | None
     calibration: CalibrationDelta | None = None  # issue 24: choice tasks with a known gold
+    p_true: PTrueDelta | None = None  # both runs with --self-eval: P(True) drift
 
     @property
     def flip_rate(self) -> float:
@@ -108,11 +111,34 @@ class Comparison:
     models: tuple[tuple[str, str], ...] = ()  # (label, what was scored) for the ref and each run that says
 
 
+GATE_RANGES = {  # flag -> (lowest, highest, what the threshold is): a value outside can never fire or always does
+    "--max-flip-rate": (0.0, 1.0, "a share of the questions in [0, 1]"),
+    "--max-kl": (0.0, math.inf, "a finite KL divergence >= 0 in nats"),
+    "--margin": (0.0, math.inf, "a finite non-inferiority margin >= 0 in accuracy (0.02: two points)"),
+}
+
+
 @dataclass(frozen=True)
 class Gates:
+    """The CI gates; a threshold that is not finite or outside its range is a one-line error here."""
+
     max_flip_rate: float | None = None
     max_kl: float | None = None
     margin: float | None = None  # non-inferiority δ: pass when the Δ interval's lower bound > −δ
+
+    def __post_init__(self) -> None:
+        given = zip(GATE_RANGES.items(), (self.max_flip_rate, self.max_kl, self.margin))
+        for (flag, (low, high, what)), value in given:
+            if value is not None and not (math.isfinite(value) and low <= value <= high):
+                raise OrtEvalsError(f"{flag} {value:g}: expected {what}")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One gate on one run and task: passed or not, and the line saying so."""
+
+    passed: bool
+    line: str
 
 
 def compare(ref: Run, runs: list[Run]) -> Comparison:
@@ -192,6 +218,8 @@ def compare_task(a: TaskRun, b: TaskRun, ref_name: str, run_name: str) -> TaskCo
         choice=_choice_stats(a, b) if a.kind == "choice" else None,
         generation=_generation_stats(a, b) if a.kind == "generation" else None,
         calibration=calibration_delta(a.loglik, b.loglik, a.gold) if a.kind == "choice" and (a.gold >= 0).any()
+        else None,
+        p_true=ptrue_delta(a.p_true, a.correct, b.p_true, b.correct) if a.p_true is not None and b.p_true is not None
         else None)
 
 
@@ -255,21 +283,30 @@ def agreement_matrix(runs: list[Run], tasks: list[str]) -> tuple[tuple[str, ...]
     return tuple(r.name for r in runs), m
 
 
-def check_gates(cmp: Comparison, gates: Gates) -> list[str]:
-    """One line per failed gate, naming it; a gate that applies to no task is a user error."""
-    failed = []
+def check_gates(cmp: Comparison, gates: Gates) -> list[Verdict]:
+    """Each gate's verdict on each run and task it applies to, passing or not; a gate that applies to no task
+    is a user error."""
+    out = []
     for c in cmp.tasks:
-        if gates.max_flip_rate is not None and c.flip_rate > gates.max_flip_rate:
-            failed.append(f"gate --max-flip-rate failed: {c.run} {c.task} flip_rate {c.flip_rate:.4f} > "
-                          f"{gates.max_flip_rate:g}")
-        if gates.max_kl is not None and c.choice is not None and c.choice.kl.mean > gates.max_kl:
-            failed.append(f"gate --max-kl failed: {c.run} {c.task} kl_mean {c.choice.kl.mean:.3g} > {gates.max_kl:g}")
-        if gates.margin is not None and not c.delta.low > -gates.margin:
-            failed.append(f"gate --margin failed: {c.run} {c.task} delta {c.delta.estimate:+.4f}, 95% lower bound "
-                          f"{c.delta.low:+.4f} is not above -{gates.margin:g}")
+        if gates.max_flip_rate is not None:
+            ok = c.flip_rate <= gates.max_flip_rate
+            out.append(_verdict("--max-flip-rate", ok, f"{c.run} {c.task} flip_rate {c.flip_rate:.4f} "
+                                f"{'<=' if ok else '>'} {gates.max_flip_rate:g}"))
+        if gates.max_kl is not None and c.choice is not None:
+            ok = c.choice.kl.mean <= gates.max_kl
+            out.append(_verdict("--max-kl", ok, f"{c.run} {c.task} kl_mean {c.choice.kl.mean:.3g} "
+                                f"{'<=' if ok else '>'} {gates.max_kl:g}"))
+        if gates.margin is not None:
+            ok = bool(c.delta.low > -gates.margin)
+            out.append(_verdict("--margin", ok, f"{c.run} {c.task} delta {c.delta.estimate:+.4f}, 95% lower bound "
+                                f"{c.delta.low:+.4f} is {'' if ok else 'not '}above -{gates.margin:g}"))
     if gates.max_kl is not None and not any(c.choice for c in cmp.tasks):
         raise OrtEvalsError("--max-kl: no log-likelihood (multiple-choice) task to gate on")
-    return failed
+    return out
+
+
+def _verdict(flag: str, passed: bool, text: str) -> Verdict:
+    return Verdict(passed, f"gate {flag} {'passed' if passed else 'failed'}: {text}")
 
 
 def _replace(c: TaskComparison, **kw) -> TaskComparison:

@@ -175,8 +175,9 @@ def compute_plot(points: Sequence[ComputePoint], path: str | Path, title: str = 
             if fit is not None and method == "pass":
                 ax.plot(xs, fit.coverage([p.k for p in pts]), "k--", linewidth=0.8,
                         label=f"exp({fit.a:.2f}·k^{fit.b:.2f})" if ax is axes[0] else None)
-    for ax, label in ((axes[0], "generated tokens per question"), (axes[1], "estimated FLOPs per question")):
-        ax.set_xscale("log")
+    for ax, label, values in ((axes[0], "generated tokens per question", [p.tokens for p in points]),
+                              (axes[1], "estimated FLOPs per question", [p.flops for p in points])):
+        plots.log_ticks(ax, values)
         ax.set_xlabel(label)
     axes[0].set_ylim(-0.02, 1.02)
     axes[0].set_ylabel("accuracy")

@@ -22,7 +22,8 @@ def _layer_runs(kv: tuple[KVSpec, ...]) -> list[str]:
     runs: list[list[KVSpec]] = []
     for spec in kv:
         key = (spec.dtype, spec.kv_heads, spec.head_size, spec.window)
-        if runs and (runs[-1][0].dtype, runs[-1][0].kv_heads, runs[-1][0].head_size, runs[-1][0].window) == key:
+        if runs and (runs[-1][0].dtype, runs[-1][0].kv_heads, runs[-1][0].head_size, runs[-1][0].window) == key \
+                and runs[-1][-1].layer + 1 == spec.layer:  # a hybrid's KV layers skip its recurrent ones
             runs[-1].append(spec)
         else:
             runs.append([spec])
@@ -103,7 +104,8 @@ def describe_package(pkg: ModelPackage) -> str:
         lines.append(f"  embedding {pkg.embedding.path.name} ({_size(pkg.embedding.path)}) -> "
                      + ", ".join(o.name for o in pkg.embedding.graph_outputs))
     lines.append(f"  decoder   {pkg.decoder.path.name} ({_size(pkg.decoder.path)}) inputs: "
-                 + ", ".join(i.name for i in pkg.decoder.graph_inputs if not i.name.startswith("past_")))
+                 + ", ".join(i.name for i in pkg.decoder.graph_inputs
+                             if not i.name.startswith("past_") and i.name not in {s.name for s in pkg.states}))
     if pkg.skipped_models:
         lines.append(f"  not opened for text benchmarks: {', '.join(pkg.skipped_models)}")
         lines.extend(_media_lines(pkg))  # issue 13: vision/speech + processor configs, read as files only
@@ -112,6 +114,9 @@ def describe_package(pkg: ModelPackage) -> str:
     lines.append(f"tokens    bos {pkg.bos_token_id}  eos {list(pkg.eos_token_ids)}  pad {pkg.pad_token_id}")
     lines.append(f"KV cache: {len(pkg.kv)} layers")
     lines.extend(_layer_runs(pkg.kv))
+    if pkg.states:  # a hybrid: state valid at exactly the position it was made (package/state.py)
+        lines.append(f"recurrent state: {len({s.layer for s in pkg.states})} layers")
+        lines.extend(f"  layer {s.layer:<8} {s.kind} {s.dtype} [B, {', '.join(map(str, s.shape))}]" for s in pkg.states)
     try:
         wanted = from_package(pkg.decoder.session_options)
     except ProviderError as e:  # a provider ortevals refuses to run (tensorrt): say so, describe the rest

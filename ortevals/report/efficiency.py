@@ -34,19 +34,20 @@ from ortevals.runtime.meter import PassCounts
 
 
 def since(after: PassCounts, before: PassCounts | None) -> PassCounts:
-    """The passes run between two readings of one meter; ``first_pass_at`` stays the meter's first pass."""
+    """The passes run between two readings of one meter; ``first_pass_at`` stays the meter's first pass (or
+    first work on an unmetered path: PassMeter.begin) where anything ran in the span, else None."""
     if before is None:
         return after
     diff = {f.name: getattr(after, f.name) - getattr(before, f.name) for f in fields(PassCounts)
             if f.name != "first_pass_at"}
-    ran = diff["prefill_passes"] or diff["decode_passes"]
+    ran = diff["prefill_passes"] or diff["decode_passes"] or after.first_pass_at != before.first_pass_at
     return PassCounts(**diff, first_pass_at=after.first_pass_at if ran else None)
 
 
 def timeline(started: float | None, first_pass: float | None, evaluated: float, now: float) -> dict[str, Any]:
     """The run's wall clock split into parts that add up, from readings of one clock (boot_clock()):
-    the process start (None where unknown), the first pass (None when none ran: start-up then lasts to the
-    end of the evaluation), the end of lm-eval's evaluation, and now.
+    when ortevals' code started (None where unknown), the first pass or first work (None when nothing ran:
+    start-up then lasts to the end of the evaluation), the end of lm-eval's evaluation, and now.
 
     ``startup_s + scoring_s + after_s == total_s``; without a process start, start-up and total are None."""
     first = min(first_pass if first_pass is not None else evaluated, evaluated)

@@ -22,7 +22,7 @@ PLOTS = ("delta_by_category", "flips_by_margin", "kl_distribution", "agreement",
 TITLES = {"delta_by_category": "Δ accuracy per category (95% interval)",
           "flips_by_margin": "Answer changes by the reference's top-1 margin",
           "kl_distribution": "KL(ref‖run) per question", "agreement": "Answer agreement, run by run",
-          "reliability": "Reliability diagram (issue 24)", "risk_coverage": "Risk against coverage (issue 24)"}
+          "reliability": "Reliability diagram", "risk_coverage": "Risk against coverage"}
 MAX_CHANGED = 25  # questions listed in the report (all of them go to --changed)
 
 
@@ -67,7 +67,13 @@ def report_tables(cmp: Comparison) -> dict[str, tuple[list[str], list[list[str]]
                      f"{d.temperature.estimate:.3g} [{d.temperature.low:.3g}, {d.temperature.high:.3g}]"
                      if d.temperature.low == d.temperature.low else f"{d.temperature.estimate:.3g} (bound)",
                      f"{d.ref_temperature.estimate:.3g}"] for c in cmp.tasks if (d := c.calibration) is not None])
+    ptrue = (["run", "task", "n", "P(True) mean", "ref", "Δ [95%]", "AUROC", "ref", "Δ AUROC [95%]", "ECE", "ref",
+              "Δ ECE [95%]", "mean |change|"],
+             [[c.run, c.task, str(d.n), f"{d.mean:.4f}", f"{d.ref_mean:.4f}", _delta(d.delta_mean), f"{d.auroc:.4f}",
+               f"{d.ref_auroc:.4f}", _delta(d.delta_auroc), f"{d.ece:.4f}", f"{d.ref_ece:.4f}", _delta(d.delta_ece),
+               f"{d.change.estimate:.4f}"] for c in cmp.tasks if (d := c.p_true) is not None])
     return {"Summary": summary, "Per category": cats, "Calibration (paired 95% intervals)": calibration,
+            "P(True) drift (--self-eval, paired 95% intervals)": ptrue,
             "Questions that changed (most different first)": changed}
 
 

@@ -33,6 +33,8 @@ def model_args_string(args, provider) -> str:
             value = ";".join(value)
         elif isinstance(value, bool):
             value = str(value).lower()
+        elif isinstance(value, str) and not value.isprintable():  # step_separator "\n\n": escaped, as given
+            value = value.encode("unicode_escape").decode("ascii")
         parts.append(f"{key}={value}")
     return ",".join(parts)
 
@@ -47,7 +49,8 @@ def model_info(package, provider, args) -> dict[str, Any]:
         "model_fingerprint": package.fingerprint(),
         "model_dtype": graph_facts(package.decoder.path).precision,
         "execution_provider": provider.ort_name,
-        "provider_options": dict(provider.options),
+        "provider_options": dict(provider.options),  # on CUDA use_tf32 (0 unless the user set it)
+        "allow_cpu_fallback": provider.allow_cpu_fallback,  # a device provider's nodes may run on the CPU
         "threads": provider.intra_op_threads,
     }
 

@@ -12,8 +12,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ortevals.files import atomic_write
+from ortevals.files import atomic_write, check_writable_file, check_writable_folder, publish, staged
 from ortevals.report.compare import Comparison, TaskComparison
+
+REPORT_FILES = ("report.md", "report.html", "*.png")  # what --report writes (report/html.py)
 
 
 def task_record(c: TaskComparison) -> dict[str, Any]:
@@ -38,6 +40,8 @@ def task_record(c: TaskComparison) -> dict[str, Any]:
                                      "flips": b.flips} for b in ch.margin_bins]})
     if c.calibration is not None:
         rec.update(calibration_record(c.calibration))
+    if c.p_true is not None:
+        rec.update(ptrue_record(c.p_true))
     if c.generation is not None:
         g = c.generation
         rec.update({"text_agreement": g.text_agreement,
@@ -58,6 +62,17 @@ def calibration_record(d) -> dict[str, Any]:
             "delta_overconfidence_ci": ci(d.delta_overconfidence), "temperature": d.temperature.estimate,
             "temperature_ci": ci(d.temperature), "ref_temperature": d.ref_temperature.estimate,
             "ref_temperature_ci": ci(d.ref_temperature)}
+
+
+def ptrue_record(d) -> dict[str, Any]:
+    """The ``--json`` fields of a :class:`~ortevals.report.ptrue_delta.PTrueDelta` (both runs with --self-eval)."""
+    out: dict[str, Any] = {"ptrue_n": d.n}
+    for name, ref, run, delta in (("ptrue_mean", d.ref_mean, d.mean, d.delta_mean),
+                                  ("ptrue_auroc", d.ref_auroc, d.auroc, d.delta_auroc),
+                                  ("ptrue_ece", d.ref_ece, d.ece, d.delta_ece)):
+        out.update({name: run, f"ref_{name}": ref, f"delta_{name}": delta.estimate,
+                    f"delta_{name}_ci": [delta.low, delta.high]})
+    return out | {"ptrue_change": d.change.estimate, "ptrue_change_ci": [d.change.low, d.change.high]}
 
 
 def write_json(cmp: Comparison, path: Path) -> None:
@@ -121,6 +136,8 @@ def task_lines(c: TaskComparison) -> list[str]:
             f"[{b.low:g},{b.high:g}) {b.answer_changes}/{b.n}" for b in bins))
     if c.calibration is not None:
         lines += calibration_lines(c.calibration)
+    if c.p_true is not None:
+        lines.append(ptrue_line(c.p_true))
     if c.generation is not None:
         g = c.generation
         lines.append(f"  identical text {g.text_agreement:.4f}; extracted-answer agreement {f.agreement:.4f}"
@@ -149,19 +166,36 @@ def calibration_lines(d) -> list[str]:
             f"temperature needed {temp(d.temperature)} (ref {temp(d.ref_temperature)})"]
 
 
+def ptrue_line(d) -> str:
+    """P(True) drift: each statistic of the run, the reference's, and Δ with its paired 95% interval."""
+    def part(name: str, run: float, ref: float, delta) -> str:
+        return f"{name} {run:.4f} (ref {ref:.4f}, delta {delta.estimate:+.4f} [{delta.low:+.4f}, {delta.high:+.4f}])"
+
+    return (f"  P(True) on {d.n} questions: " + "; ".join([part("mean", d.mean, d.ref_mean, d.delta_mean),
+                                                           part("AUROC", d.auroc, d.ref_auroc, d.delta_auroc),
+                                                           part("ECE", d.ece, d.ref_ece, d.delta_ece)])
+            + f"; a question's P(True) moved by {d.change.estimate:.4f} on average "
+              f"[{d.change.low:.4f}, {d.change.high:.4f}]")
+
+
 def compare_paths(ref: str | Path, runs: list[str | Path], echo, json_path: Path | None = None,
                   report_dir: Path | None = None, changed_path: Path | None = None, gates=None,
                   loaded: list | None = None) -> list[str]:
     """What ``ortevals compare`` does: load, compare, print with ``echo``, write the files asked for.
 
-    ``loaded``: runs already in memory (``--compare-to``), compared after ``runs``. Returns the lines
-    of the failed gates (empty when every gate passes).
+    ``loaded``: runs already in memory (``--compare-to``), compared after ``runs``. Returns each gate's
+    verdict (report/compare.py ``Verdict``: passing ones too; empty without gates).
     """
     from ortevals.report.compare import Gates, check_gates, compare
     from ortevals.report.runs import load_run
 
+    for path, flag in ((json_path, "--json"), (changed_path, "--changed")):  # before any run is read
+        if path is not None:
+            check_writable_file(Path(path), flag)
+    if report_dir is not None:
+        check_writable_folder(Path(report_dir), "--report", REPORT_FILES)
     cmp = compare(load_run(ref), [load_run(r) for r in runs] + list(loaded or []))
-    failed = check_gates(cmp, gates or Gates())
+    verdicts = check_gates(cmp, gates or Gates())
     echo(format_text(cmp))
     if json_path is not None:
         write_json(cmp, json_path)
@@ -172,6 +206,9 @@ def compare_paths(ref: str | Path, runs: list[str | Path], echo, json_path: Path
     if report_dir is not None:
         from ortevals.report.html import write_report
 
-        for path in write_report(cmp, report_dir)[:2]:
-            echo(f"wrote {path}")
-    return failed
+        with staged(Path(report_dir)) as stage:  # report.md, report.html and the PNGs as one set
+            names = [p.name for p in write_report(cmp, stage)]
+            publish(stage, Path(report_dir), "--report", last="report.html")
+        for name in names[:2]:
+            echo(f"wrote {Path(report_dir) / name}")
+    return verdicts

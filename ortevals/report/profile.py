@@ -74,7 +74,8 @@ def to_json(profile: Profile) -> dict:
                       "greedy, EOS masked until gen_len; prompts: random ids below 100, each row its own (the "
                       "script's --use_random_tokens), seeded; each (setting, backend) in a fresh process; "
                       "peak (host) = that process's peak resident set above its size before the model opened",
-            "trials": trials, "ratios": ratios(profile), "skipped": profile.skipped}
+            "trials": trials, "ratios": ratios(profile), "skipped": profile.skipped,
+            "interrupted": profile.interrupted, "planned_runs": profile.planned}
 
 
 def plot(profile: Profile) -> bytes:

@@ -13,8 +13,9 @@ Owns turning lm-eval's results dict into a :class:`RunSummary` and the text the 
   the efficiency line (report/efficiency.py), the scoring mode, what was scored, the workers.
 
 A statistic with no value (one question has no standard error) prints as ``n/a`` and is ``null``
-in the files. Writes lm-eval's results JSON (strict: no bare NaN) plus per-sample JSONL atomically,
-and removes the samples files an earlier run of other tasks left in the same ``--output`` folder.
+in the files. Writes lm-eval's results JSON (strict: no bare NaN, listing the run's files) plus per-sample
+JSONL, and names the files an earlier run left in the same ``--output`` folder that this run's set replaces
+(:func:`stale_outputs`; the caller publishes the set: files.py ``publish``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import json
 import logging
 import math
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -92,6 +94,7 @@ class RunSummary:
     scaling: dict | None = None  # --samples: results["scaling"] (pooled curve points)
     notes: tuple[str, ...] = ()  # what an option meant in this run (--limit)
     efficiency: dict | None = None  # results["efficiency"]["overall"] (report/efficiency.py)
+    search: dict | None = None  # --search: results["search"] (run/search.py search_record)
 
     @property
     def requests_per_s(self) -> float:
@@ -128,7 +131,7 @@ def summarize(results: dict[str, Any], requests: int, seconds: float, model_seco
         Overall(f, sum(v.values()) / len(v), len(v)) for f, v in by_filter.items() if v)
     return RunSummary(_rows(results), tuple(categories), len(docs), requests, overall, seconds, model_seconds,
                       peak_rss_mb(), reused, mode, describe(results.get("config") or {}), workers, scaling, notes,
-                      efficiency)
+                      efficiency, results.get("search"))
 
 
 def _number(value: Any) -> float | None:
@@ -239,10 +242,25 @@ def format_table(summary: RunSummary) -> str:
     )
     if summary.efficiency is not None:
         lines.append(summary_line(summary.efficiency))
-    for label, value in (("scoring mode", summary.mode), ("model", summary.model), ("workers", summary.workers)):
+    for label, value in (("scoring mode", summary.mode), ("model", summary.model), ("workers", summary.workers),
+                         ("search", search_text(summary.search))):
         if value:
             lines.append(f"{label}: {value}")
     return "\n".join(lines + list(summary.notes))
+
+
+def search_text(record: dict | None) -> str:
+    """--search's line: which search ran with what budget and verifier, and what it cost (results["search"])."""
+    if not record:
+        return ""
+    s = record["settings"]
+    width = f", width {s['width']}" if record["method"] in ("beam", "dvts") else ""
+    reused = f" (+{record['reused']} reused)" if record.get("reused") else ""
+    return (f"{record['name']} (n {s['n']}{width}, at most {s['max_steps']} steps, step scores folded by "
+            f"{s['aggregation']}) guided by verifier {record['verifier']['name']}: {record['requests']} requests"
+            f"{reused}, {record['generated_tokens']} tokens generated (pruned rows included) in {record['steps']} "
+            f"steps, {record['passes']} passes; the verifier ran {record['verifier_tokens']} tokens in "
+            f"{record['verifier_seconds']:.1f} s of the generation's {record['seconds']:.1f} s")
 
 
 def _clock(summary: RunSummary) -> str:
@@ -309,35 +327,37 @@ def _verifier_line(summary: RunSummary) -> list[str]:
             f"{v['seconds']:.1f} s{ratio}{', step scores (prm)' if v.get('prm') else ''}"]
 
 
-def write_outputs(out_dir: Path, results: dict[str, Any], summary: RunSummary) -> list[Path]:
-    """``results.json`` (lm-eval's dict without samples, plus ortevals' summary) and samples JSONL.
-
-    Samples files of tasks an earlier run wrote into the same folder (named by its results.json) and
-    that this run does not write are removed, so a reused folder holds one run."""
+def write_outputs(out_dir: Path, results: dict[str, Any], summary: RunSummary, others: Sequence[str] = ()
+                  ) -> list[Path]:
+    """``results.json`` (lm-eval's dict without samples, plus ortevals' summary) and samples JSONL into
+    ``out_dir``; ``results.json``'s ``ortevals.files`` names every file of the run's set (these and ``others``,
+    the plots written beside them), so a later run into the same folder knows which files were this run's."""
     tasks = list(results.get("samples", {}))
-    _remove_stale(out_dir, tasks, scaling=bool(summary.scaling))
+    samples = [f"samples_{task}.jsonl" for task in tasks]
     body = {k: v for k, v in results.items() if k != "samples"}
     body["ortevals"] = {"questions": summary.questions, "requests": summary.requests,
                         "overall": [asdict(o) for o in summary.overall], "seconds": summary.seconds,
                         "model_seconds": summary.model_seconds, "peak_rss_mb": summary.peak_rss_mb,
                         "requests_per_s": summary.requests_per_s, "reused": summary.reused, "mode": summary.mode,
                         "workers": summary.workers, "notes": list(summary.notes),
-                        "categories": [asdict(c) for c in summary.categories]}
+                        "categories": [asdict(c) for c in summary.categories],
+                        "files": sorted({"results.json", *samples, *others})}
     return _write_files(out_dir, body, results)
 
 
-def write_unreported(out_dir: Path, results: dict[str, Any], error: BaseException) -> list[Path]:
+def write_unreported(out_dir: Path, results: dict[str, Any], error: BaseException, others: Sequence[str] = ()
+                     ) -> list[Path]:
     """After the model work, when reporting failed (or was interrupted): lm-eval's results and every sample as
     they are, ``results.json``'s ``ortevals.unreported`` saying why, so no generated answer is lost."""
-    tasks = list(results.get("samples", {}))
-    _remove_stale(out_dir, tasks, scaling=False)
+    samples = [f"samples_{task}.jsonl" for task in results.get("samples", {})]
     body = {k: v for k, v in results.items() if k != "samples"}
-    body["ortevals"] = {"unreported": f"{type(error).__name__}: {first_line(error)}"}
+    body["ortevals"] = {"unreported": f"{type(error).__name__}: {first_line(error)}",
+                        "files": sorted({"results.json", *samples, *others})}
     return _write_files(out_dir, body, results)
 
 
 def _write_files(out_dir: Path, body: dict[str, Any], results: dict[str, Any]) -> list[Path]:
-    """The samples files first (the work), then ``results.json``."""
+    """The samples files first (the work), then ``results.json``; ``[results.json, samples…]``."""
     written = []
     out_dir.mkdir(parents=True, exist_ok=True)
     for task in results.get("samples", {}):
@@ -349,19 +369,24 @@ def _write_files(out_dir: Path, body: dict[str, Any], results: dict[str, Any]) -
     return [path, *written]
 
 
-def _remove_stale(out_dir: Path, tasks: list[str], scaling: bool) -> None:
+def stale_outputs(out_dir: Path, keep: set[str]) -> list[str]:
+    """Files an earlier ortevals run wrote into ``out_dir`` (named by its results.json) that this run's set
+    (``keep``) does not hold: they go when the new set is published, so a reused folder holds one run. A
+    results.json not written by ortevals touches nothing; names are plain file names of ortevals' kinds."""
     previous = out_dir / "results.json"
     try:
         earlier = json.loads(previous.read_text(encoding="utf-8")) if previous.is_file() else {}
     except (OSError, ValueError):
-        return  # not an ortevals results file: touch nothing
-    if not isinstance(earlier, dict) or "ortevals" not in earlier:
-        return
-    for task in set(earlier.get("n-samples", {})) | set(earlier.get("configs", {})):
-        stale = out_dir / f"samples_{task}.jsonl"
-        if task not in tasks and stale.is_file():
-            stale.unlink()
-            log.info("removed %s: an earlier run's task, not part of this run", stale)
-    for plot in ("scaling.png", "compute.png"):
-        if not scaling and (out_dir / plot).is_file() and "scaling" in earlier:
-            (out_dir / plot).unlink()
+        return []  # not an ortevals results file: touch nothing
+    if not isinstance(earlier, dict) or not isinstance(earlier.get("ortevals"), dict):
+        return []
+    listed = earlier["ortevals"].get("files")
+    if not isinstance(listed, list):  # an ortevals before the list: its tasks' samples and scaling plots
+        listed = [f"samples_{t}.jsonl" for t in set(earlier.get("n-samples", {})) | set(earlier.get("configs", {}))]
+        listed += ["scaling.png", "compute.png"] if "scaling" in earlier else []
+    return sorted(n for n in {str(n) for n in listed} if n not in keep and _own_kind(n) and (out_dir / n).is_file())
+
+
+def _own_kind(name: str) -> bool:
+    """A plain file name of a kind ortevals writes into --output (never a path, never a hidden file)."""
+    return Path(name).name == name and not name.startswith(".") and name.endswith((".jsonl", ".png", ".json"))

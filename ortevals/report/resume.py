@@ -50,8 +50,8 @@ def answer(store, kind: str, requests: Sequence, compute: Callable[[list, list[l
     reused = len(requests) - len(todo)
     if stats is not None:
         stats["reused"] = stats.get("reused", 0) + reused
-    if reused:
-        log.info("resuming: %d of %d %s requests reused from %s", reused, len(requests), kind, store.path)
+    if reused:  # a warning, so every front door shows it (lm-eval configures only its own logger)
+        log.warning("resuming: %d of %d %s requests reused from %s", reused, len(requests), kind, store.path)
     try:
         fresh = iter(compute(todo, todo_keys) if todo else [])
     finally:  # Ctrl-C or a crash: keep every answer finished so far

@@ -49,6 +49,7 @@ class TaskRun:
     labels: tuple[tuple[str, ...], ...]  # [N][C_i] the choices' continuations, stripped
     category: tuple[str | None, ...]  # [N]
     text: tuple[str, ...]  # [N] a generation's raw output, "" otherwise
+    p_true: np.ndarray | None = None  # [N] --self-eval's P(True) of the proposed answer, NaN where none; None: none
 
     @property
     def n(self) -> int:
@@ -169,7 +170,20 @@ def _task_run(task: str, records: list[dict[str, Any]], source: str) -> TaskRun:
         correct=np.array([_score(r) for r in records], dtype=np.float64),
         answer=tuple(p[0] for p in parsed), gold=np.array([p[1] for p in parsed], dtype=np.int64),
         loglik=loglik, labels=tuple(p[3] for p in parsed), category=tuple(_category(r) for r in records),
-        text=tuple(p[4] for p in parsed))
+        text=tuple(p[4] for p in parsed), p_true=_p_true(records, loglik, kind))
+
+
+def _p_true(records: list[dict[str, Any]], loglik: np.ndarray, kind: str) -> np.ndarray | None:
+    """Each record's ``p_true`` (ortevals --self-eval) of its proposed answer: a choice task's value for the
+    chosen choice (argmax of the log-likelihoods), a generation's single value; None when no record has one."""
+    out = np.full(len(records), np.nan)
+    for i, r in enumerate(records):
+        value = r.get("p_true")
+        if kind == "choice" and isinstance(value, list) and len(value) == loglik.shape[1]:
+            value = value[int(np.argmax(loglik[i]))]
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1:
+            out[i] = float(value)
+    return out if np.isfinite(out).any() else None
 
 
 def arguments(raw: Any) -> list[tuple[str, ...]]:

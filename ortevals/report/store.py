@@ -22,10 +22,16 @@ read runs outside a transaction, so it sees what the other runs have committed
 (same scope: their answers are reused). Holding a transaction open from one put to
 the next made a second run die with "database is locked": its read snapshot went
 stale as soon as the first run committed.
+
+A store that cannot be used (a corrupt or non-SQLite file, a folder, a folder that
+cannot be created) is a :class:`~ortevals.errors.StoreError`: one line naming the file
+and the way out (``ortevals cache clear``, or removing the file), wherever SQLite
+raises it (opening, reading or committing).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -34,11 +40,27 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ortevals.errors import StoreError, first_line
 from ortevals.report.scope import Scope
 
 __all__ = ["ResultStore", "Scope", "store_scopes"]
 log = logging.getLogger(__name__)
 BUSY_SECONDS = 60  # how long a commit waits for another run's commit (each holds the lock for milliseconds)
+
+
+@contextlib.contextmanager
+def guarded(path: Path):
+    """SQLite's and the file system's errors on the store file ``path`` as one :class:`StoreError` line."""
+    try:
+        yield
+    except (sqlite3.Error, OSError) as e:
+        raise store_error(path, first_line(e)) from None
+
+
+def store_error(path: Path, reason: str) -> StoreError:
+    return StoreError(f"{path}: result store unusable ({reason}); expected an ortevals result store (SQLite) "
+                      "file: `ortevals cache clear` removes the stores in the ortevals cache, or remove it "
+                      "(--model-args store=none runs without one)")
 
 
 class ResultStore:
@@ -58,7 +80,14 @@ class ResultStore:
 
     @classmethod
     def open(cls, path: Path, scope: Scope) -> ResultStore:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_dir():
+            raise store_error(path, "a folder")
+        with guarded(path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            return cls._open(path, scope)
+
+    @classmethod
+    def _open(cls, path: Path, scope: Scope) -> ResultStore:
         # autocommit (isolation_level None): no statement opens a transaction that outlives it
         conn = sqlite3.connect(str(path), timeout=BUSY_SECONDS, isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")
@@ -76,8 +105,9 @@ class ResultStore:
     def rescope(self, scope: Scope) -> None:
         """Key answers under ``scope`` from now on (what is pending is committed under the old one first)."""
         self.commit()
-        self.conn.execute("INSERT OR REPLACE INTO scopes (digest, description) VALUES (?, ?)",
-                          (scope.digest, json.dumps(scope.describe(), sort_keys=True)))
+        with guarded(self.path):
+            self.conn.execute("INSERT OR REPLACE INTO scopes (digest, description) VALUES (?, ?)",
+                              (scope.digest, json.dumps(scope.describe(), sort_keys=True)))
         self.scope = scope
 
     def key(self, kind: str, request: Any) -> str:
@@ -89,7 +119,8 @@ class ResultStore:
         key = self.key(kind, request)
         text = self._pending.get(key)
         if text is None:
-            row = self.conn.execute("SELECT value FROM answers WHERE key = ?", (key,)).fetchone()
+            with guarded(self.path):
+                row = self.conn.execute("SELECT value FROM answers WHERE key = ?", (key,)).fetchone()
             text = row[0] if row is not None else None
         if text is None:
             return None
@@ -108,13 +139,15 @@ class ResultStore:
         if not self._pending:
             return
         rows = [(key, value, self.scope.digest) for key, value in self._pending.items()]
-        self.conn.execute("BEGIN IMMEDIATE")  # waits (busy timeout) while another run commits
-        try:
-            self.conn.executemany("INSERT OR REPLACE INTO answers (key, value, scope) VALUES (?, ?, ?)", rows)
-            self.conn.execute("COMMIT")
-        except BaseException:
-            self.conn.execute("ROLLBACK")
-            raise
+        with guarded(self.path):
+            self.conn.execute("BEGIN IMMEDIATE")  # waits (busy timeout) while another run commits
+            try:
+                self.conn.executemany("INSERT OR REPLACE INTO answers (key, value, scope) VALUES (?, ?, ?)", rows)
+                self.conn.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    self.conn.execute("ROLLBACK")
+                raise
         self._pending.clear()
 
     def close(self) -> None:

@@ -156,12 +156,13 @@ class Generation:
             run.set_mode("cascade", CASCADE_MODE)
 
     def _search(self, items, keys: list[list], finish, path: str) -> None:
-        from ortevals.run.search import run_search
+        from ortevals.run.search import run_search, search_mode
 
         run = self.run
         if path != "raw" or run.pool is not None:  # OrtLM checks it at open; a Run driven otherwise too
             raise OrtEvalsError(f"--search {run.args.search} runs on the raw path in this process; this run "
                                 "generates on onnxruntime-genai or on workers (gen_path=raw, no --workers)")
+        run.set_mode("generate_until", search_mode(run.args))  # the mode line says a search ran, and which
         run_search(self.run, self.sampler().runner, items, keys, lambda i, text, n: finish(i, text, n))
 
     def _og(self, runner, items, keys: list[list], finish, name) -> None:

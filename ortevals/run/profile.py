@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ortevals.engine.profile import Profile, Trial, parse_list, profile_package, settings_for
+from ortevals.engine.profile import Profile, Trial, check_fits, parse_list, profile_package, settings_for
 from ortevals.errors import OrtEvalsError
 from ortevals.files import check_writable_folder
 from ortevals.options import parse_model_args
@@ -39,7 +39,8 @@ class ProfileRequest:
 
 def run_profile(model: dict, req: ProfileRequest,
                 progress: Callable[[Trial], None] | None = None) -> tuple[Profile, list[Path]]:
-    """Check everything, measure, write ``profile.json`` and ``profile.png`` under ``req.output``.
+    """Check everything (a setting that cannot fit in memory included), measure, write ``profile.json`` and
+    ``profile.png`` under ``req.output`` (after Ctrl-C: the runs measured so far; ``Profile.interrupted``).
 
     ``model``: ``pkg`` and the :data:`MODEL_ARGS` as given (None: not given), parsed by the options table.
     """
@@ -55,5 +56,6 @@ def run_profile(model: dict, req: ProfileRequest,
     settings = settings_for(batches, prompts, gens, package.context_length)
     provider = from_package(package.decoder.session_options, args.ep, parse_options(args.provider_options),
                             args.threads)
+    check_fits(package, provider, settings)  # a batch that cannot fit: its estimate, before any session opens
     profile = profile_package(package, provider, settings, req.repeats, req.warmup, progress)
-    return profile, write(profile, Path(req.output))
+    return profile, write(profile, Path(req.output)) if profile.trials else []  # after Ctrl-C: what was measured

@@ -39,7 +39,8 @@ from ortevals.report.store import ResultStore
 from ortevals.run.generate import Generation, decode_plan
 from ortevals.run.progress import Progress
 from ortevals.runtime.buffers import kv_bytes_per_token
-from ortevals.runtime.providers import ProviderConfig, from_package, parse_options
+from ortevals.runtime.meter import boot_clock
+from ortevals.runtime.providers import ProviderConfig, from_package, parse_options, provider_mode
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_LENGTH = 2048
@@ -68,6 +69,7 @@ class Run:
         self.sample_certainty: dict[str, float] = {}  # key (JSON) → self-certainty (raw and og paths)
         self.step_scorer = None  # issue 25 --search: the PRM (engine/generate/search/prm.py), set by the front door
         self.search_reward = "logit"  # the verifier's scores are probabilities (P(True), runtime/reward.py)
+        self.search_verifier = None  # --search: the verifier behind step_scorer (integrations/verify.py)
         self._encoded: dict[tuple[str, bool | None], tuple[int, ...]] = {}  # tok_encode's last texts, oldest first
         self._modes: dict[str, str] = {}  # which mode ran and why, per request kind (stats["mode"] joins them)
         self.on_first_request = None  # called once when the first requests arrive (the CLI's collector, cli.py)
@@ -85,16 +87,16 @@ class Run:
         package = ModelPackage.load(args.pkg)
         tokenizer = Tokenizer.load(package, add_bos_token=args.add_bos_token)
         check_media_tokens(package, tokenizer.backend)  # issue 22: a media token id that text produces
-        provider = from_package(package.decoder.session_options, args.ep,
-                                parse_options(args.provider_options), args.threads)
+        provider = from_package(package.decoder.session_options, args.ep, parse_options(args.provider_options),
+                                args.threads, allow_cpu_fallback=args.allow_cpu_fallback)
         if worker_threads is not None and args.threads is None and not provider.on_device:
             args = dataclasses.replace(args, threads=worker_threads())
-            provider = from_package(package.decoder.session_options, args.ep,
-                                    parse_options(args.provider_options), args.threads)
+            provider = from_package(package.decoder.session_options, args.ep, parse_options(args.provider_options),
+                                    args.threads, allow_cpu_fallback=args.allow_cpu_fallback)
         args = resolve_passes(args, package, provider)
         if args.threads != provider.intra_op_threads and args.threads is not None:  # passes: one thread each
-            provider = from_package(package.decoder.session_options, args.ep,
-                                    parse_options(args.provider_options), args.threads)
+            provider = from_package(package.decoder.session_options, args.ep, parse_options(args.provider_options),
+                                    args.threads, allow_cpu_fallback=args.allow_cpu_fallback)
         args = decode_plan(args, package, provider)
         settings = engine_settings(package, provider, args)
         backends = Backends(package, provider, settings, args.path, cache_root() if args.scoring_graph else None,
@@ -111,7 +113,10 @@ class Run:
         if args.store and args.store.lower() not in NO_STORE:
             store = open_store(Path(args.store), package, tokenizer, backends, args)
         # resume=false: answers neither read nor written; the store still keeps the canary's verdicts (issue 26)
-        return cls(package, tokenizer, backends, args, store if args.resume else None)
+        run = cls(package, tokenizer, backends, args, store if args.resume else None)
+        if mode := provider_mode(provider):  # TF32 and the CPU fallback on a device provider
+            run.set_mode("provider", mode)
+        return run
 
     # --- the package's token facts -------------------------------------------------------------
     @property
@@ -251,6 +256,7 @@ class Run:
             bar.done(index)
 
         start = time.perf_counter()
+        self.begin()
         try:
             if self.pool is not None:  # issue 15: workers on Ray; answers come back (and are stored) here
                 return self.pool.score(token_reqs, self.max_length, done, self.commit)
@@ -266,7 +272,13 @@ class Run:
 
     def generate(self, requests, keys: list[list], on_text, disable_tqdm: bool) -> list[str]:
         """Generated texts in order (:meth:`ortevals.run.generate.Generation.generate`)."""
+        self.begin()
         return self.generation.generate(requests, keys, on_text, disable_tqdm)
+
+    def begin(self) -> None:
+        """The run computes from now (start-up ends here unless a metered pass came first): og's path, the media
+        paths and Ray workers run no pass the run's meter sees (runtime/meter.py ``PassMeter.begin``)."""
+        self.backends.meter.begin(boot_clock())
 
 
 def resolve_passes(args: ModelArgs, package: ModelPackage, provider: ProviderConfig) -> ModelArgs:

@@ -11,13 +11,16 @@ sampler's (engine/generate/search/steps.py's :class:`ProcessorChooser` over engi
 the request's penalties over each row's prompt + tokens, temperature, top-k, top-p, min-p, typical,
 Mirostat) from one generator per request (seed, request key); a greedy request samples at
 temperature 0.8 (search-and-learn's default; greedy rows would all be equal) with its other
-settings kept, logged once.
+settings kept, logged once. What a search run did and cost (:func:`search_record`: method, settings, verifier,
+tokens generated, steps, passes, the verifier's tokens and seconds) goes to ``results["search"]``, the summary
+and the mode line.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 
 from ortevals.engine.generate.choice.seeds import sample_rng
 from ortevals.engine.generate.choice.stops import TextStream
@@ -28,6 +31,7 @@ from ortevals.errors import OrtEvalsError
 
 log = logging.getLogger(__name__)
 GREEDY_SEARCH_TEMPERATURE = 0.8
+METHODS = {"beam": "PRM beam search", "dvts": "DVTS", "particles": "particle filtering"}
 
 
 def search_settings(args, reward: str = "logit") -> SearchSettings:
@@ -49,6 +53,48 @@ def search_scope(args, reward: str, verifier) -> tuple[list, dict]:
     settings = {"method": args.search, **dataclasses.asdict(search_settings(args, reward)),
                 "step_separator": args.step_separator, "verifier": verifier.kind}
     return verifier.reads(), {"search": settings}
+
+
+def search_mode(args) -> str:
+    """The mode line's words for a search run: which search, with what budget."""
+    width = f", width {args.search_width}" if args.search in ("beam", "dvts") else ""
+    return (f"generate_until by step-level search: {METHODS[args.search]} (--search {args.search}, n {args.search_n}"
+            f"{width}, at most {args.search_max_steps} steps, step scores folded by {args.prm_aggregation}) guided by "
+            f"--verifier {args.verifier}")
+
+
+def timed_scores(run, verifier):
+    """``verifier.score_texts`` with its seconds and tokens added to ``run.stats`` (``search_verifier_seconds``,
+    ``search_verifier_tokens``): what guiding the search cost."""
+    def score(context, answers):
+        before, start = verifier.tokens_run, time.perf_counter()
+        try:
+            return verifier.score_texts(context, answers)
+        finally:
+            stats = run.stats
+            stats["search_verifier_seconds"] = stats.get("search_verifier_seconds", 0.0) + time.perf_counter() - start
+            stats["search_verifier_tokens"] = stats.get("search_verifier_tokens", 0) + verifier.tokens_run - before
+
+    return score
+
+
+SEARCH_STATS = ("search_tokens", "search_steps", "search_passes", "search_verifier_tokens", "search_verifier_seconds")
+
+
+def search_record(args, reward: str, verifier, stats: dict, before: dict) -> dict:
+    """``results["search"]``: the search, its settings and verifier, and between the ``before`` and ``stats``
+    readings the requests searched (and reused), tokens generated (pruned rows included), steps, passes, and the
+    verifier's tokens and seconds within the generation's seconds."""
+    def ran(key: str):
+        return stats.get(key, 0) - before.get(key, 0)
+
+    return {"method": args.search, "name": METHODS[args.search],
+            "settings": {**dataclasses.asdict(search_settings(args, reward)), "step_separator": args.step_separator},
+            "verifier": {"name": getattr(verifier, "name", args.verifier), "kind": getattr(verifier, "kind", None)},
+            "requests": ran("requests"), "reused": ran("reused"), "generated_tokens": ran("search_tokens"),
+            "steps": ran("search_steps"), "passes": ran("search_passes"),
+            "verifier_tokens": ran("search_verifier_tokens"), "verifier_seconds": ran("search_verifier_seconds"),
+            "seconds": ran("seconds")}
 
 
 def search_sampling(settings):

@@ -1,6 +1,6 @@
 """Host and device buffers for raw sessions: past KV, element types, sizes.
 
-Owns :class:`KVCache` (one pass's present KV), the empty past of a first pass
+Owns :class:`KVCache` (one pass's present KV, and a hybrid decoder's recurrent state), the empty past of a first pass
 (numpy on the host for numpy's dtypes, else an ``OrtValue`` of the graph's
 element type where the session runs: numpy has no bfloat16), :class:`KVView`
 (a contiguous block of a buffer where the session runs, bound by pointer, so
@@ -18,21 +18,32 @@ import numpy as np
 from ortevals.errors import PackageError
 from ortevals.install import import_ort
 from ortevals.package.loader import KVSpec, ModelFile, ModelPackage
+from ortevals.package.state import StateSpec
 
 
 @dataclass(frozen=True)
 class KVCache:
-    """Present KV of a forward pass: one (key, value) pair per layer, ``[B, heads, T, head]``.
+    """Present KV of a forward pass: one (key, value) pair per KV layer (``ModelPackage.kv`` order),
+    ``[B, heads, T, head]``, and a hybrid decoder's recurrent/convolution state (``ModelPackage.states``
+    order, ``[B, ...]``).
 
-    ``length`` is the number of tokens it holds; windowed layers hold fewer.
+    ``length`` is the number of tokens it holds; windowed layers hold fewer. The states are those after
+    exactly ``length`` tokens: unlike KV they can never be cut to a shorter prefix.
     """
 
     layers: tuple[tuple, ...]  # numpy arrays, or OrtValues left on the device by IOBinding
     length: int
+    states: tuple = ()
 
     @property
     def nbytes(self) -> int:
-        return sum(_nbytes(t) for pair in self.layers for t in pair)
+        return sum(_nbytes(t) for pair in self.layers for t in pair) + sum(_nbytes(t) for t in self.states)
+
+    def rows(self, fn) -> KVCache:
+        """Every tensor (KV and state) through ``fn``, an operation on the batch dim only (rows repeated,
+        gathered, stacked): the result holds the same tokens."""
+        return KVCache(tuple(tuple(fn(t) for t in pair) for pair in self.layers), self.length,
+                       tuple(fn(t) for t in self.states))
 
 
 def _nbytes(t) -> int:
@@ -159,6 +170,20 @@ def empty_past(spec: KVSpec, batch: int, device: str | None = None, device_id: i
 
 
 _BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def empty_state(spec: StateSpec, batch: int, device: str | None = None, device_id: int = 0):
+    """The zero recurrent/convolution state ``[batch, *spec.shape]`` of a first pass (what transformers and
+    onnxruntime-genai start from): numpy on the host, else an ``OrtValue`` where the session runs."""
+    shape = (batch, *spec.shape)
+    if device is None and spec.dtype in NUMPY_NATIVE:
+        return np.zeros(shape, dtype=spec.dtype)
+    if spec.dtype not in ONNX_TYPES:
+        raise PackageError(f"{spec.name}: state element type {spec.dtype} is not supported")
+    value = import_ort().OrtValue.ortvalue_from_shape_and_type(list(shape), ONNX_TYPES[spec.dtype],
+                                                                device or "cpu", device_id)
+    value.update_inplace(np.zeros(shape, dtype=_BITS[ITEMSIZE[spec.dtype]]))  # all-zero bits: 0.0 in every float
+    return value
 
 
 def host_float32(value) -> np.ndarray:

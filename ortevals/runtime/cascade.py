@@ -90,6 +90,8 @@ def cascade_decoder(package: ModelPackage, cache: Path) -> Path:
         raise Refused("the decoder takes position_ids (its rotary positions come from outside the attention)")
     if package.windowed:
         raise Refused("its sliding layers keep a windowed KV cache")
+    if package.recurrent:
+        raise Refused(f"the decoder carries recurrent state ({package.states[0].name}, ...): each row needs its own")
     scope = Scope.build("cascade", package.root, [cascade_reads(package)])
     target = derived_path(package, cache, scope)
     if target.is_file():
@@ -122,8 +124,8 @@ class PromptBinding:
         for g, names in enumerate(PROMPT_NAMES):
             prompt = groups[g][0] if g < len(groups) else groups[0][0]  # a slot with no rows: any live prompt
             if prompt is not self.slots[g]:
-                for spec in self.package.kv:
-                    for name, t in zip(names, prompt.layers[spec.layer], strict=True):
+                for spec, pair in zip(self.package.kv, prompt.layers, strict=True):
+                    for name, t in zip(names, pair, strict=True):
                         _bind(self.binding, name % spec.layer, _heads(t))
                 self.slots[g] = prompt
         counts = [g[1] for g in groups] + [0] * (GROUPS - len(groups))

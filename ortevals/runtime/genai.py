@@ -5,7 +5,12 @@ counts set explicitly (og's defaults were 1.7x slower here), and a
 :class:`Cursor`: a Generator plus the token ids it holds, which moves to a new
 token sequence by ``rewind_to`` the common prefix and ``append_tokens`` of the
 rest, or by a fresh Generator where rewinding is not exact (windowed sliding
-KV caches, multimodal packages).
+KV caches, multimodal packages). A hybrid decoder's recurrent state (LFM2,
+Qwen3.5) is the state of exactly the position it was made: og can rewind it only
+to a position saved with ``snapshot_state`` first (0.15+), so the cursor saves
+one where it is told the next sequence branches off (``keep_at``) and rewinds
+there or nowhere; where og cannot (no ``snapshot_state``, or a model type whose
+rewind og refuses, found by a probe at open), a fresh Generator per sequence.
 
 Also owns two guarantees on what og is handed: a multimodal package is opened
 text-only (its vision and speech models are never loaded, see
@@ -141,11 +146,34 @@ def _stub_vision(package: ModelPackage, vision: dict) -> bytes:
 
 
 def rewind_is_exact(package: ModelPackage) -> tuple[bool, str]:
-    """Whether ``rewind_to`` gives exact logits on this package, and why not."""
+    """Whether ``rewind_to`` gives exact logits on this package, and why not (recurrent state: only to a
+    snapshot, :func:`snapshot_rewinds`)."""
     if package.windowed:
         return False, "a windowed sliding KV cache is silently wrong after rewinding past the window"
     if package.embedding is not None or package.skipped_models:
         return False, "multimodal rewind is a no-op on some onnxruntime-genai versions"
+    return True, ""
+
+
+def snapshot_rewinds(og, model, package: ModelPackage) -> tuple[bool, str]:
+    """Whether og rewinds this hybrid model's recurrent state to a snapshot, and why not: og 0.15+ has
+    ``Generator.snapshot_state``; model types whose rewind it refuses even then (og 0.18: lfm2, "RewindTo is
+    currently not supported") are found by a probe (2 tokens, a snapshot, 2 more, a rewind) on a token that
+    is none of the config's special ids (og's Qwen position ids take an unset image/vision-start id as 0)."""
+    if not hasattr(og.Generator, "snapshot_state"):
+        return False, "this onnxruntime-genai has no snapshot_state to rewind recurrent state"
+    special = {0, *(v for k, v in package.config["model"].items() if k.endswith("_token_id") and isinstance(v, int))}
+    ids = np.full((1, 2), min(set(range(len(special) + 1)) - special), dtype=np.int32)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=8, batch_size=1, **NEUTRAL_SEARCH)
+    gen = og.Generator(model, params)
+    try:
+        gen.append_tokens(ids)
+        gen.snapshot_state()
+        gen.append_tokens(ids)
+        gen.rewind_to(2)
+    except Exception as e:  # og's RuntimeError: its words say why
+        return False, f"onnxruntime-genai does not rewind its recurrent state ({first_line(e)})"
     return True, ""
 
 
@@ -168,7 +196,9 @@ def og_config(og, package: ModelPackage, provider: ProviderConfig, sections: tup
             for key, value in settings["provider_options"].items():
                 config.set_provider_option(settings["provider"], key, value)
         except Exception as e:
-            raise ProviderError(f"onnxruntime-genai cannot use provider {provider.name!r}: {e}") from None
+            raise ProviderError(f"onnxruntime-genai cannot use provider {provider.name!r}: {first_line(e)}; pass --ep "
+                                "cpu (model_args ep=cpu) to run on the CPU, or install the onnxruntime-genai "
+                                "package built for it") from None
     config.overlay(json.dumps(settings["overlay"]))
     return config
 
@@ -182,10 +212,17 @@ class GenaiRunner:
         self.og = og
         self.rewind_ok = rewind_ok
         self.reuse = reuse or ReusePolicy()  # what held KV a cursor may keep (package/reuse.py)
+        self.snapshots = package.recurrent  # rewinding only to a snapshot position (recurrent state)
+        # a batched Generator right-pads its prompts, and a recurrent layer runs the padding into its state
+        # (Qwen3.5 on og 0.18: another token from the second step on): batches only without recurrent state
+        self.batches_exact = not package.recurrent
         self.generators_created = 0
 
     @classmethod
     def open(cls, package: ModelPackage, provider: ProviderConfig) -> GenaiRunner:
+        if package.unwindowed:  # og sizes its KV cache to the declared window; the graph then fails past it
+            raise PackageError(f"{package.unwindowed}; onnxruntime-genai sizes its KV cache to that window and "
+                               "fails past it: path=prefill and gen_path=raw run the graph as it is")
         og = import_og()
         config = og_config(og, package, provider, TEXT_SECTIONS)
         mm_overlay, stubs = text_only(package)
@@ -201,6 +238,8 @@ class GenaiRunner:
             raise PackageError(f"{package.root}: onnxruntime-genai could not load the package: "
                                f"{first_line(e)}") from None
         ok, why = rewind_is_exact(package)
+        if ok and package.recurrent:
+            ok, why = snapshot_rewinds(og, model, package)
         if not ok:
             log.info("incremental path: fresh Generator per input (%s)", why)
         return cls(package, model, og, ok, reuse_policy(package))
@@ -259,23 +298,45 @@ class Cursor:
         self.tokens_run = 0
         self.reuse = getattr(runner, "reuse", None) or ReusePolicy()
         self.made: list[tuple[int, int]] = []  # (end position, length class) of each pass over the held tokens
+        self.snapshot: int | None = None  # where the Generator's recurrent state was saved (runner.snapshots)
 
-    def move_to(self, tokens: list[int] | tuple[int, ...], own: int = MIN_PASS_TOKENS) -> np.ndarray:
+    def move_to(self, tokens: list[int] | tuple[int, ...], own: int = MIN_PASS_TOKENS,
+                keep_at: int | None = None) -> np.ndarray:
         """Hold exactly ``tokens``, running at least ``own`` of them (all of them in a fresh Generator);
-        return the logits ``[V]`` that predict the next token."""
+        return the logits ``[V]`` that predict the next token.
+
+        ``keep_at``: where the next sequence branches off these tokens. On a package with recurrent state the
+        cursor saves the state there (``snapshot_state``) and later rewinds only there (or not at all: its
+        state elsewhere is not the one a sequence of those tokens has)."""
         tokens = list(tokens)
         if len(tokens) > self.max_length:
             raise ValueError(f"{len(tokens)} tokens exceed the cursor's max_length {self.max_length}")
         keep = common_prefix(self.tokens, tokens) if self.gen is not None and self.runner.rewind_ok else 0
         keep = min(keep, len(tokens) - max(own, 1), self._valid(len(tokens)))
+        if self.runner.snapshots:  # the live state (all tokens held) or the saved one, nothing between
+            keep = len(self.tokens) if keep == len(self.tokens) else (
+                self.snapshot if self.snapshot is not None and self.snapshot <= keep else 0)
         if self.gen is None or keep <= 0:
             self.gen, self.tokens, self.made, keep = self.runner._generator(self.max_length), [], [], 0
+            self.snapshot = None
         elif keep < len(self.tokens):
-            self.gen.rewind_to(keep)
+            self._call(self.gen.rewind_to, keep)
             self.tokens = self.tokens[:keep]
             self.made = [(min(end, keep), c) for i, (end, c) in enumerate(self.made)
                          if i == 0 or self.made[i - 1][0] < keep]
+        if keep_at is not None and self.runner.snapshots and self.runner.rewind_ok:
+            keep = self._snapshot(tokens, keep, keep_at, max(own, MIN_PASS_TOKENS))
         return self._run(tokens[keep:])
+
+    def _snapshot(self, tokens: list[int], keep: int, at: int, own: int) -> int:
+        """Run ``tokens[keep:at]`` and save the recurrent state there, where both passes keep their own tokens
+        (``at - keep`` on a kept past, ``own`` after it); returns where the rest starts."""
+        if at + own > len(tokens) or not (at - keep >= MIN_PASS_TOKENS or keep == 0 < at):
+            return keep
+        self._run(tokens[keep:at], logits=False)
+        self._call(self.gen.snapshot_state)
+        self.snapshot = at
+        return at
 
     def append(self, new: list[int]) -> np.ndarray:
         """Append ``new`` tokens (a decode step); logits ``[V]`` after the last one. Where the held KV was made
@@ -283,16 +344,24 @@ class Cursor:
         runs again in a fresh Generator, as transformers' Phi-3 generation drops its cache there."""
         if self.tokens and self._valid(len(self.tokens) + len(new)) < len(self.tokens):
             held = self.tokens
-            self.gen, self.tokens, self.made = self.runner._generator(self.max_length), [], []
+            self.gen, self.tokens, self.made, self.snapshot = self.runner._generator(self.max_length), [], [], None
             return self._run(held + list(new))
         return self._run(new)
 
-    def _run(self, new: list[int]) -> np.ndarray:
-        self.gen.append_tokens(np.asarray([new], dtype=np.int32))
+    def _run(self, new: list[int], logits: bool = True) -> np.ndarray | None:
+        self._call(self.gen.append_tokens, np.asarray([new], dtype=np.int32))
         self.tokens.extend(new)
         self.tokens_run += len(new)
         self.made.append((len(self.tokens), self.reuse.length_class(len(self.tokens))))
-        return np.asarray(self.gen.get_logits())[0, -1]
+        return np.asarray(self.gen.get_logits())[0, -1] if logits else None
+
+    def _call(self, call, *args) -> None:
+        """One Generator call; og's failure (its RuntimeError) becomes one line naming the package."""
+        try:
+            call(*args)
+        except RuntimeError as e:
+            raise PackageError(f"{self.runner.package.root}: onnxruntime-genai failed in "
+                               f"{getattr(call, '__name__', 'a Generator call')}: {first_line(e)}") from None
 
     def _valid(self, total: int) -> int:
         """Held tokens whose KV a ``total``-token sequence may keep: those before the first pass of another

@@ -7,7 +7,11 @@ steps). Each pass counts ``rows × new tokens`` (the tokens the hardware compute
 right-padded batch included) and its wall seconds around ``session.run``; a kind's seconds are the time at
 least one of its passes was running (passes that run at once, engine/score/parallel.py, count their
 overlap once), its row-seconds each pass's own. ``first_pass_at`` is the
-``CLOCK_BOOTTIME`` instant the first metered pass started (start-up ends there, report/efficiency.py).
+``CLOCK_BOOTTIME`` instant the run began computing: its first metered pass, or the first request it handed
+to a path whose passes are not metered here (onnxruntime-genai, the media paths, Ray workers: :meth:`begin`),
+whichever came first; start-up ends there (report/efficiency.py). Start-up begins at :data:`CODE_STARTED`,
+when ortevals' own code started (this module is the package's first import), not at the process's start: a
+shell's ``sleep 20 && ortevals …`` or ``pip install … && ortevals …`` in one process is not ortevals' start-up.
 The arithmetic on these counts lives in report/efficiency.py.
 """
 
@@ -24,8 +28,12 @@ def boot_clock() -> float:
     return time.clock_gettime(time.CLOCK_BOOTTIME) if hasattr(time, "CLOCK_BOOTTIME") else time.monotonic()
 
 
+CODE_STARTED = boot_clock()  # when ortevals' code started: ortevals/__init__.py imports this module first
+
+
 def process_started() -> float | None:
-    """When this process started, on :func:`boot_clock` (Linux: /proc/self/stat's start time), else None."""
+    """When this process started, on :func:`boot_clock` (Linux: /proc/self/stat's start time), else None: the
+    interpreter's and the shell's time before ortevals' code (:data:`CODE_STARTED`) started."""
     try:
         with open("/proc/self/stat", encoding="ascii") as f:
             fields = f.read().rsplit(")", 1)[1].split()  # the command name may hold spaces
@@ -88,6 +96,13 @@ class PassMeter:
                 merged.append((a, b))
         self._spans[kind] = merged
         return added
+
+    def begin(self, at: float) -> None:
+        """The run began computing at ``at`` (boot_clock()) on a path whose passes this meter does not see;
+        ``first_pass_at`` keeps the earlier of this and the first pass."""
+        with self._lock:
+            if self._first is None or at < self._first:
+                self._first = at
 
     def counts(self) -> PassCounts:
         with self._lock:

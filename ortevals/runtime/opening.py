@@ -4,10 +4,11 @@ Owns the ``SessionOptions`` built from a session's record
 (:func:`ortevals.runtime.reads.session_reads`: what the result store's scope holds
 is what the session is handed), opening one model file as an ``InferenceSession``
 (availability checked first; a derived graph reads its weights from the package
-folder), and the check after opening: if
+folder), and the checks after opening: if
 onnxruntime put the session on another provider than the one asked for (it
 falls back to CPU with only a warning), that is an error naming the provider,
-the file and the likely fix.
+the file and the likely fix; on a device provider no node runs on the CPU
+unless the user allowed it (:mod:`ortevals.runtime.placement`).
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from ortevals.errors import PackageError, ProviderError, first_line
 from ortevals.install import import_ort
 from ortevals.package.graph import relocated
 from ortevals.package.loader import ModelFile
+from ortevals.runtime.placement import FALLBACK_KEY, RECORD_KEY, check_cpu_nodes, cpu_nodes, refused
 from ortevals.runtime.providers import ProviderConfig
-from ortevals.runtime.reads import session_reads
+from ortevals.runtime.reads import session_reads, session_settings
 
 log = logging.getLogger(__name__)
 
@@ -47,13 +49,19 @@ def session_options(settings: dict, model: ModelFile):
     return so
 
 
+INSTALL_HINTS = {"cuda": ", or install the CUDA runtime: pip install 'ortevals[cuda]' (onnxruntime-gpu and "
+                         "onnxruntime-genai-cuda, in place of the CPU wheels)",
+                 "dml": ", or install onnxruntime-directml (Windows)"}
+
+
 def check_available(provider: ProviderConfig) -> None:
     """The provider is in this onnxruntime install, else one line naming the ones that are."""
     available = import_ort().get_available_providers()
     if provider.ort_name not in available:
         raise ProviderError(
             f"execution provider {provider.name!r} ({provider.ort_name}) is not available in this onnxruntime "
-            f"install; available: {', '.join(available)}"
+            f"install; available: {', '.join(available)}. Pass --ep cpu (model_args ep=cpu) to run on the CPU"
+            + INSTALL_HINTS.get(provider.name, ", or install the onnxruntime package built with it")
         )
 
 
@@ -69,24 +77,66 @@ def open_session(model: ModelFile, provider: ProviderConfig, derived: Path | Non
     2.3 s without; spinning off altogether slowed the passes 46 -> 53 s; the scoring passes, back to back, are
     left spinning. Changes no number, so it is not in the session's record.
     """
-    ort = import_ort()
     check_available(provider)
     settings = session_reads(model, provider).settings
-    providers = [(settings["provider"], settings["provider_options"])]  # og-only options (cuda graphs) filtered out
-    if provider.name != "cpu":
-        providers.append(("CPUExecutionProvider", {}))
-    so = session_options(settings, model)
     folder, relinked = relocated(model.path, derived)  # issue 22: data linked from a Hugging Face cache
+    entries = {}
     if derived is not None or relinked is not None:
-        so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(folder))
+        entries["session.model_external_initializers_file_folder_path"] = str(folder)
     if stop_spinning:
-        so.add_session_config_entry("session.force_spinning_stop", "1")
+        entries["session.force_spinning_stop"] = "1"
+
+    def options(config: dict[str, str]):
+        return session_options({**settings, "session_config": config}, model)
+
+    return create_session(relinked or str(derived or model.path), provider, options, entries, model.path)
+
+
+def create_session(source: str | bytes, provider: ProviderConfig, options, entries: dict[str, str], where):
+    """An InferenceSession of ``source`` (a path or model bytes) on ``provider``, checked.
+
+    ``options(config)`` makes fresh SessionOptions with the session config entries ``config`` (the
+    record's, :func:`~ortevals.runtime.reads.session_settings`), ``entries`` (which change no number) are
+    added. On a device provider with the CPU fallback refused (``session.disable_cpu_ep_fallback``,
+    runtime/placement.py) the CPU provider is not listed, and onnxruntime's refusal is turned into a second
+    opening that names the nodes it put on the CPU: integer shape nodes are accepted, any other is one line
+    naming its op type (with ``allow_cpu_fallback``: a warning)."""
+    ort = import_ort()
+    settings = session_settings(provider)
+    config = dict(settings["session_config"])
+    strict = config.get(FALLBACK_KEY) == "1"
+    providers = [(settings["provider"], settings["provider_options"])]  # og-only options (cuda graphs) filtered out
+    if provider.on_device and not strict:  # allow_cpu_fallback: listed, and what runs there is named
+        providers.append(("CPUExecutionProvider", {}))
+        entries = {**entries, RECORD_KEY: "1"}
+    so = options(config)
+    for key, value in entries.items():
+        so.add_session_config_entry(key, value)
+    if strict and not log.isEnabledFor(logging.DEBUG):
+        so.log_severity_level = 4  # the expected refusal is logged by onnxruntime as an error: the reopening says
     try:
-        session = ort.InferenceSession(relinked or str(derived or model.path), so, providers=providers)
+        session = ort.InferenceSession(source, so, providers=providers)
     except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph/... types
-        raise PackageError(f"{model.path}: onnxruntime could not load the model: {first_line(e)}") from None
-    check_provider(session, provider, model.path)
+        if not (strict and refused(e)):
+            raise PackageError(f"{where}: onnxruntime could not load the model: {first_line(e)}") from None
+        so = options({k: v for k, v in config.items() if k != FALLBACK_KEY})
+        for key, value in {**entries, RECORD_KEY: "1"}.items():
+            so.add_session_config_entry(key, value)
+        session = _open(ort, source, so, [providers[0]], where)
+        check_provider(session, provider, where)  # the provider itself did not load: the install hint
+        check_cpu_nodes(cpu_nodes(session, source), where, provider.ort_name, allowed=False)
+        return session
+    check_provider(session, provider, where)
+    if provider.on_device and not strict:
+        check_cpu_nodes(cpu_nodes(session, source), where, provider.ort_name, allowed=True)
     return session
+
+
+def _open(ort, source, so, providers, where):
+    try:
+        return ort.InferenceSession(source, so, providers=providers)
+    except Exception as e:  # noqa: BLE001 - onnxruntime's own types
+        raise PackageError(f"{where}: onnxruntime could not load the model: {first_line(e)}") from None
 
 
 def check_provider(session, provider: ProviderConfig, path: Path) -> None:

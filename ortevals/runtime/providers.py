@@ -29,6 +29,14 @@ REFUSED = {"tensorrt": "not supported by ortevals yet (its raw sessions would ru
                        "beside KV on CUDA, with no TensorRT shape profiles); use --ep cuda"}
 
 
+# onnxruntime's CUDA provider runs float32 MatMuls (and convolutions) in TF32 unless told otherwise
+# (OrtCUDAProviderOptionsV2.use_tf32, default 1): a 10-bit mantissa for the products, where PyTorch's
+# float32 matmuls keep full float32 (torch.backends.cuda.matmul.allow_tf32 is False by default). So
+# ortevals turns it off on CUDA; float16/bfloat16 graphs are unchanged by it. The user may opt back in
+# with provider_options=use_tf32=1 (part of the store's scope like every provider option).
+TF32_OFF = {"use_tf32": "0"}
+
+
 # Provider options known to be safe for raw sessions whose input shapes change every
 # pass (ortevals' prefill path). A package's options were written for onnxruntime-genai,
 # which captures CUDA/HIP graphs and pins streams itself; anything not listed here is
@@ -101,6 +109,7 @@ class ProviderConfig:
     intra_op_threads: int = 0  # 0: onnxruntime's default for the provider
     session_config: dict[str, str] = field(default_factory=dict)
     user_keys: tuple[str, ...] = ()  # which options the user set (the rest came from the package)
+    allow_cpu_fallback: bool = False  # a device provider's nodes may run on the CPU (runtime/placement.py)
 
     @property
     def ort_name(self) -> str:
@@ -133,12 +142,14 @@ def from_package(
     overrides: dict[str, str] | None = None,
     threads: int | None = None,
     where: str = "session_options",
+    allow_cpu_fallback: bool = False,
 ) -> ProviderConfig:
     """Resolve the provider from the package's session options and the user's choice.
 
     ``ep`` wins over the package's first provider; the package's options for
     that provider are kept and ``overrides`` are applied on top. ``where``
     names the section in errors (``…/genai_config.json: field model.decoder.session_options``).
+    On CUDA, ``use_tf32`` is 0 unless the user sets it (:data:`TF32_OFF`).
     """
     listed = provider_entries(session_options, where)
     name = normalize(ep) if ep else (listed[0][0] if listed else "cpu")
@@ -148,12 +159,17 @@ def from_package(
     options = dict(next((o for n, o in listed if n == name), {}))
     check_user_options(name, overrides or {})  # runtime/provider_names.py: warnings naming ignored options
     options.update(overrides or {})
+    if name == "cuda" and "use_tf32" not in (overrides or {}):
+        if options.get("use_tf32", "0") != "0":
+            log.info("use_tf32=%s from the package replaced by 0 (give provider_options=use_tf32=1 to keep "
+                     "TF32)", options["use_tf32"])
+        options.update(TF32_OFF)
     if threads is None:
         threads = thread_count(session_options, where)
     if threads < 0:
         raise ProviderError(f"threads must be >= 0, got {threads}")
     config = ProviderConfig(name=name, options=options, intra_op_threads=threads or default_threads(name),
-                            user_keys=tuple(overrides or {}))
+                            user_keys=tuple(overrides or {}), allow_cpu_fallback=allow_cpu_fallback)
     _log_dropped(config)
     return config
 
@@ -166,6 +182,20 @@ def _log_dropped(config: ProviderConfig) -> None:
     if raw.dropped_user:
         log.warning("%s options unsafe for raw onnxruntime sessions (shapes change every pass), used for "
                     "onnxruntime-genai only: %s", config.name, ", ".join(raw.dropped_user))
+
+
+def provider_mode(config: ProviderConfig) -> str:
+    """The run's mode line for a device provider (empty on CPU): TF32 and the CPU fallback policy."""
+    if not config.on_device:
+        return ""
+    parts = [config.ort_name]
+    if config.name == "cuda":
+        tf32 = config.raw_options.get("use_tf32", "1")
+        parts.append(f"use_tf32={tf32}" + (" (float32 MatMuls in full float32, as PyTorch)" if tf32 == "0" else
+                                           " (float32 MatMuls in TF32)"))
+    parts.append("nodes without a kernel there run on the CPU (allow_cpu_fallback=true)" if config.allow_cpu_fallback
+                 else "every node on it or refused (no CPU fallback)")
+    return ", ".join(parts)
 
 
 def default_threads(name: str) -> int:

@@ -18,16 +18,21 @@ from ortevals.package.graph import external_data_files
 from ortevals.package.loader import ModelFile, ModelPackage
 from ortevals.package.scope import Reads
 from ortevals.runtime.derive import derive_reads
+from ortevals.runtime.placement import FALLBACK_KEY
 from ortevals.runtime.providers import ProviderConfig
 
 
 def session_settings(provider: ProviderConfig) -> dict:
     """Everything a raw session is handed that can change a number (:func:`open_session` passes exactly
     this): the provider, its options filtered for raw sessions (``raw_options``), threads, graph
-    optimization level and session config entries."""
+    optimization level and session config entries (``session.disable_cpu_ep_fallback=1`` on a device
+    provider unless ``allow_cpu_fallback``)."""
+    config = dict(provider.session_config)
+    if provider.on_device and not provider.allow_cpu_fallback:  # no node on the CPU (runtime/placement.py)
+        config[FALLBACK_KEY] = "1"
     return {"provider": provider.ort_name, "provider_options": dict(provider.raw_options),
             "intra_op_num_threads": provider.intra_op_threads, "inter_op_num_threads": 1,
-            "graph_optimization_level": "ORT_ENABLE_ALL", "session_config": dict(provider.session_config)}
+            "graph_optimization_level": "ORT_ENABLE_ALL", "session_config": config}
 
 
 def session_reads(model: ModelFile, provider: ProviderConfig) -> Reads:

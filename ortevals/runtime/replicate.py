@@ -15,7 +15,8 @@ same graphs write into buffers it already holds (``into``: a
 allocated: ``expand`` a prompt's row into an arena, ``copy`` a row forward
 (``Identity``: a finished row leaves), ``fit`` a prefix into a buffer of
 another capacity (``Slice`` then ``Pad`` on axis 2).
-One session per (op, element type), made on first use.
+One session per (op, element type, rank), made on first use (a hybrid decoder's recurrent state is
+``[B, ...]`` of another rank than KV: it is replicated and gathered the same way, never cut).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import numpy as np
 
 from ortevals.install import import_ort
 from ortevals.runtime.buffers import KVView
-from ortevals.runtime.opening import check_provider
+from ortevals.runtime.opening import create_session
 from ortevals.runtime.providers import ProviderConfig
 
 
@@ -35,7 +36,7 @@ class Replicator:
         self.provider = provider
         self.device = device
         self.device_id = device_id
-        self._sessions: dict[tuple[str, int], object] = {}
+        self._sessions: dict[tuple[str, int, int], object] = {}
 
     def expand(self, value, batch: int, into: KVView | None = None):
         """value: OrtValue (or view) ``[1, ...]``; returns ``[batch, ...]`` on the same device (written
@@ -64,7 +65,8 @@ class Replicator:
         return self._run("Slice", value, np.asarray([0, length, 2], dtype=np.int64))
 
     def _run(self, op: str, value, arg: np.ndarray, into: KVView | None = None):
-        session = self._session(op, value.elem_type if isinstance(value, KVView) else value.element_type())
+        elem_type = value.elem_type if isinstance(value, KVView) else value.element_type()
+        session = self._session(op, elem_type, len(_shape(value)))
         binding = session.io_binding()
         if isinstance(value, KVView):
             value.bind_input(binding, "x")
@@ -78,32 +80,34 @@ class Replicator:
         session.run_with_iobinding(binding)
         return into if into is not None else binding.get_outputs()[0]
 
-    def _session(self, op: str, elem_type: int):
-        if (op, elem_type) not in self._sessions:
-            self._sessions[op, elem_type] = self._open(op, elem_type)
-        return self._sessions[op, elem_type]
+    def _session(self, op: str, elem_type: int, rank: int = 4):
+        if (op, elem_type, rank) not in self._sessions:
+            self._sessions[op, elem_type, rank] = self._open(op, elem_type, rank)
+        return self._sessions[op, elem_type, rank]
 
-    def _open(self, op: str, elem_type: int):
+    def _open(self, op: str, elem_type: int, rank: int = 4):
         from onnx import TensorProto, helper  # only when a batch of prefix continuations is run
 
         ort = import_ort()
         graph = helper.make_graph(
             _nodes(op), f"past_{op.lower()}",
-            [helper.make_tensor_value_info("x", elem_type, ["one", "h", "t", "d"]),
+            [helper.make_tensor_value_info("x", elem_type, ["one", *(f"x{i}" for i in range(1, rank))]),
              helper.make_tensor_value_info("arg", TensorProto.INT64, [None])],
-            [helper.make_tensor_value_info("y", elem_type, ["b", "h", "t", "d"])])
+            [helper.make_tensor_value_info("y", elem_type, ["b", *(f"y{i}" for i in range(1, rank))])])
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
         model.ir_version = 8  # readable by every onnxruntime ortevals supports
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # Identity must stay a copy
-        so.log_severity_level = 2
-        so.intra_op_num_threads = 1
-        providers = [(self.provider.ort_name, self.provider.raw_options)]
-        if self.provider.name != "cpu":
-            providers.append(("CPUExecutionProvider", {}))
-        session = ort.InferenceSession(model.SerializeToString(), so, providers=providers)
-        check_provider(session, self.provider, "replicate_past (built-in graph)")
-        return session
+
+        def options(config: dict[str, str]):
+            so = ort.SessionOptions()
+            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # Identity must stay a copy
+            so.log_severity_level = 2
+            so.intra_op_num_threads = 1
+            for key, value in config.items():  # the CPU fallback refused on a device (runtime/placement.py)
+                so.add_session_config_entry(key, value)
+            return so
+
+        return create_session(model.SerializeToString(), self.provider, options, {},
+                              f"replicate_past {op} (built-in graph)")
 
 
 def _nodes(op: str) -> list:

@@ -4,7 +4,8 @@ Owns the decoder (and embedding, when the package has one) opened as
 ``onnxruntime.InferenceSession`` objects on the chosen execution provider
 (opening and the provider check: :mod:`ortevals.runtime.opening`), and one
 forward pass: ``input_ids [B,S]`` + right-padded ``attention_mask`` (+
-optional past KV) → ``logits [B,S,V]`` (+ present KV). Vision, speech and any
+optional past KV and, on hybrid decoders, recurrent state) → ``logits [B,S,V]`` (+ present KV and state).
+Vision, speech and any
 other model of the package are never opened. Buffers (past KV, element types)
 live in :mod:`ortevals.runtime.buffers`.
 """
@@ -28,45 +29,31 @@ from ortevals.runtime.buffers import (
     bind_shared,
     empty_like_input,
     empty_past,
+    empty_state,
     feeds_len,
     host_float32,
 )
 from ortevals.runtime.cascade import PromptBinding, cascade_decoder
+from ortevals.runtime.checks import check_dtypes, package_dtypes
 from ortevals.runtime.derive import GREEDY, LOGPROBS, POSITIONS, TARGETS, derived_decoder
 from ortevals.runtime.meter import PassMeter, boot_clock
 from ortevals.runtime.opening import open_session
+from ortevals.runtime.pass_errors import kernel_limit, symbolic_mismatch
 from ortevals.runtime.providers import ProviderConfig
 from ortevals.runtime.replicate import Replicator
 
 log = logging.getLogger(__name__)
 
 
-def check_dtypes(package: ModelPackage, provider: ProviderConfig) -> None:
-    """Refuse bfloat16 KV or logits on CPU: onnxruntime has no bfloat16 CPU kernels for them.
-
-    Measured with onnxruntime 1.32: the builder's ``-p bf16 -e cpu`` package fails to
-    load (no bfloat16 Where kernel) and GroupQueryAttention has no bfloat16 CPU kernel.
-    """
-    if provider.name == "cpu" and "bfloat16" in _dtypes(package):
-        raise PackageError(f"{package.decoder.path}: bfloat16 KV/logits need an accelerator provider; "
-                           "onnxruntime's CPU kernels do not run this graph (use --ep cuda, or a fp32/fp16/int4 "
-                           "package on CPU)")
-
-
-def _dtypes(package: ModelPackage) -> set[str]:
-    logits = package.decoder.output(package.logits_name)
-    return {s.dtype for s in package.kv} | ({logits.dtype} if logits is not None else set())
-
-
 class DecoderRunner:
     """Forward passes through embedding → decoder. Build with :meth:`open`."""
 
     def __init__(self, package: ModelPackage, decoder, embedding=None, bind_device: str | None = None,
-                 device_id: int = 0, replicator=None) -> None:
+                 device_id: int = 0, replicator=None, meter: PassMeter | None = None) -> None:
         self.package = package
         self.decoder = decoder
         self.embedding = embedding
-        if bind_device is None and not _dtypes(package) <= NUMPY_NATIVE:
+        if bind_device is None and not package_dtypes(package) <= NUMPY_NATIVE:
             bind_device = "cpu"  # numpy cannot hold bfloat16: keep KV in OrtValues
         # with a device, IOBinding keeps present KV there (no host round trip) and copies only logits back
         self.bind_device = bind_device
@@ -77,7 +64,8 @@ class DecoderRunner:
         self.gathers_positions = POSITIONS in self._dec_inputs
         self.scores_in_graph = TARGETS in self._dec_inputs
         self._emb_passthrough = self._embedding_outputs() if embedding is not None else ()
-        self.meter = PassMeter()  # every pass's tokens and seconds (runtime/meter.py), the probe's excluded
+        # every pass's tokens and seconds (runtime/meter.py), the probe's excluded; shared with the cascade runner
+        self.meter = meter if meter is not None else PassMeter()
         self._prompts: PromptBinding | None = None  # the cascade graph's kept binding, on its first pass
 
     @classmethod
@@ -113,7 +101,8 @@ class DecoderRunner:
         try:
             logits, present = self.forward(np.zeros((1, 2), np.int64), np.ones((1, 2), np.int64), want_present=True)
         except PackageError as e:
-            raise symbolic_mismatch(self.package, getattr(e, "ort_message", None)) or e from None
+            said = getattr(e, "ort_message", None)  # runtime/pass_errors.py: a kernel's limit, or the config
+            raise kernel_limit(self.package, self.decoder, said) or symbolic_mismatch(self.package, said) or e from None
         if logits.shape[-1] != self.package.vocab_size:
             raise PackageError(f"{cfg}: model.vocab_size={self.package.vocab_size} but the decoder returned "
                                f"logits of width {logits.shape[-1]}; config and graph must agree")
@@ -149,16 +138,19 @@ class DecoderRunner:
         ``[B,K]`` int64 indices into S whose logits are wanted (every position
         when None); only a derived graph can honour it.
         Returns logits ``[B,S,V]`` or ``[B,K,V]`` (the graph's dtype) and, if
-        asked, present KV.
+        asked, present KV (with a hybrid's state after each row's last token: padding
+        included, so only an unpadded row's state is its tokens').
         """
         names = [self.package.logits_name]
         if want_present:
             names += [n for s in self.package.kv for n in (s.present_key_name, s.present_value_name)]
+            names += [s.present_name for s in self.package.states]
         outs = self._run(names, 1, input_ids, attention_mask, past, positions)
         present = None
         if want_present:
-            it = iter(outs[1:])
-            present = KVCache(tuple(zip(it, it)), feeds_len(attention_mask))
+            kv, states = outs[1:1 + 2 * len(self.package.kv)], outs[1 + 2 * len(self.package.kv):]
+            it = iter(kv)
+            present = KVCache(tuple(zip(it, it)), feeds_len(attention_mask), tuple(states))
         return outs[0], present
 
     def score(self, input_ids: np.ndarray, attention_mask: np.ndarray, past: KVCache | None,
@@ -187,8 +179,9 @@ class DecoderRunner:
             self.meter.record(*input_ids.shape, _past_len(past) > 0, started, time.perf_counter() - clock)
             return outs
         except Exception as e:  # onnxruntime's own error types; name the model and the likely cause
-            err = PackageError(f"{self.package.decoder.path}: onnxruntime failed to run the decoder: "
-                               f"{first_line(e)} (does genai_config.json match the graph?)")
+            limit = kernel_limit(self.package, self.decoder, first_line(e))
+            err = limit or PackageError(f"{self.package.decoder.path}: onnxruntime failed to run the decoder: "
+                                        f"{first_line(e)} (does genai_config.json match the graph?)")
             err.ort_message = first_line(e)  # the probe turns it into a config-vs-graph message
             raise err from None
 
@@ -242,14 +235,10 @@ class DecoderRunner:
         S`` (right-padded).
         """
         ort = import_ort()
-        if prompts is None:
-            mask = np.ones((input_ids.shape[0], past.length + input_ids.shape[1]), dtype=np.int64)
-        else:
-            lengths = np.repeat([p.length + held for p, _, held in prompts], [n for _, n, _ in prompts])
-            lengths += input_ids.shape[1]
-            mask = (np.arange(lengths.max()) < lengths[:, None]).astype(np.int64)
+        if self.package.recurrent:  # state read and written in one buffer: never checked (rows/kv.py: CopyKV)
+            raise PackageError(f"{self.package.decoder.path}: no shared past/present buffer with recurrent state")
         feeds = self._token_feeds(input_ids) | self._gather_feeds(input_ids, positions)
-        feeds.update(self._mask_feeds(input_ids.shape, mask, past))
+        feeds.update(self._mask_feeds(input_ids.shape, _inplace_mask(input_ids, past, prompts), past))
         if prompts is None:
             binding = self.decoder.io_binding()
         else:  # the shared prompts stay bound from pass to pass (runtime/cascade.py)
@@ -263,14 +252,12 @@ class DecoderRunner:
                 value.bind_input(binding, name)
             else:
                 binding.bind_cpu_input(name, np.ascontiguousarray(value))
-        for spec in self.package.kv:
-            for i, (inp, out) in enumerate(((spec.key_name, spec.present_key_name),
-                                            (spec.value_name, spec.present_value_name))):
-                bind_shared(binding, inp, out, past.layers[spec.layer][i])  # host array or device view
+        _bind_past(binding, self.package, past)
         started, clock = boot_clock(), time.perf_counter()
-        try:
+        try:  # a pass over shared prompts reads their KV: a decode step even where the rows hold no token yet
             self.decoder.run_with_iobinding(binding)
-            self.meter.record(*input_ids.shape, _past_len(past) > 0, started, time.perf_counter() - clock)
+            self.meter.record(*input_ids.shape, _past_len(past) > 0 or bool(prompts), started,
+                              time.perf_counter() - clock)
         except Exception as e:
             raise PackageError(f"{self.package.decoder.path}: onnxruntime failed to run the decoder with a "
                                f"shared KV buffer: {first_line(e)}") from None
@@ -283,8 +270,7 @@ class DecoderRunner:
         session = open_session(self.package.decoder, provider, cascade_decoder(self.package, cache),
                                stop_spinning=True)
         log.info("opened the cascade decode graph of %s", self.package.decoder.path.name)
-        return DecoderRunner(self.package, session, self.embedding, self.bind_device, self.device_id,
-                             self.replicator)
+        return CascadeRunner(self, session)
 
     def repeat_past(self, past: KVCache, batch: int) -> KVCache:
         """``past`` of one row (``[1,H,T,D]`` per layer) replicated to ``[batch,H,T,D]``.
@@ -293,26 +279,27 @@ class DecoderRunner:
         """
         if batch == 1:
             return past
-        layers = tuple(tuple(np.repeat(t, batch, axis=0) if isinstance(t, np.ndarray)
-                             else self._replicator().expand(t, batch) for t in pair) for pair in past.layers)
-        return KVCache(layers, past.length)
+        return past.rows(lambda t: np.repeat(t, batch, axis=0) if isinstance(t, np.ndarray)
+                         else self._replicator().expand(t, batch))
 
     def keep_rows(self, past: KVCache, rows) -> KVCache:
         """Rows ``rows`` of a ``[B,H,T,D]`` past (finished samples leave a decode batch), where it lives."""
-        return KVCache(tuple(tuple(np.ascontiguousarray(t[rows]) if isinstance(t, np.ndarray)
-                                   else self._replicator().gather(t, rows) for t in pair)
-                             for pair in past.layers), past.length)
+        return past.rows(lambda t: np.ascontiguousarray(t[rows]) if isinstance(t, np.ndarray)
+                         else self._replicator().gather(t, rows))
 
     def narrow_past(self, past: KVCache, length: int) -> KVCache:
         """The first ``length`` tokens of a past (a shared prompt prefix). A windowed sliding layer's buffer keeps
         its rows and holds the last positions a ``length``-token past holds (onnxruntime's layout,
-        package/reuse.py), where they were not evicted (``cut_exact``); otherwise the cut is refused."""
+        package/reuse.py), where they were not evicted (``cut_exact``); a recurrent state is the state after all
+        its tokens and is never cut; otherwise the cut is refused."""
         if length == past.length:
             return past
         reuse = reuse_policy(self.package)
-        if reuse.window is not None and not reuse.cut_exact(past.length, length):
-            raise PackageError(f"{self.package.decoder.path.name}: a windowed sliding-layer buffer holding "
-                               f"{past.length} tokens cannot be cut to {length}: positions it needs were evicted")
+        if not reuse.cut_exact(past.length, length):
+            why = ("a recurrent state is the state after exactly its tokens" if reuse.recurrent else
+                   "positions it needs were evicted")
+            raise PackageError(f"{self.package.decoder.path.name}: a past holding {past.length} tokens cannot be "
+                               f"cut to {length}: {why}")
         first = (length - reuse.resident(length)) - (past.length - reuse.resident(past.length))
         rows = (first, reuse.resident(length))  # the windowed layers' rows kept, and where they go
         return KVCache(tuple(tuple(_cut(t, length, rows if spec.window else None, self._replicator) for t in pair)
@@ -360,19 +347,25 @@ class DecoderRunner:
         feeds = {self.package.decoder.inputs.get("attention_mask", "attention_mask"): attention_mask}
         if self.package.has_position_ids:
             # right padding: real tokens sit at past_len + 0..n-1; pad positions are never read
-            pos = np.arange(past_len, past_len + seq, dtype=np.int64)
-            feeds[self.package.decoder.inputs.get("position_ids", "position_ids")] = np.broadcast_to(pos, (batch, seq))
+            name = self.package.decoder.inputs.get("position_ids", "position_ids")
+            pos = np.broadcast_to(np.arange(past_len, past_len + seq, dtype=np.int64), (batch, seq))
+            if len(self.package.decoder.input(name).shape) == 3:  # M-RoPE [3,B,S] (Qwen3.5): text has t = h = w
+                pos = np.broadcast_to(pos, (3, batch, seq))
+            feeds[name] = pos
         return feeds
 
     def _past_feeds(self, batch: int, past: KVCache | None) -> dict[str, np.ndarray]:
         feeds = {}
-        for spec in self.package.kv:
+        for i, spec in enumerate(self.package.kv):
             if past is not None:
-                k, v = past.layers[spec.layer]
+                k, v = past.layers[i]
             else:
                 k = v = empty_past(spec, batch, self.bind_device, self.device_id)
             feeds[spec.key_name] = k
             feeds[spec.value_name] = v
+        for i, spec in enumerate(self.package.states):  # the state after the past's tokens; zeros on a first pass
+            feeds[spec.name] = past.states[i] if past is not None else empty_state(spec, batch, self.bind_device,
+                                                                                    self.device_id)
         return feeds
 
 
@@ -390,32 +383,43 @@ def _cut(t, length: int, rows: tuple[int, int] | None, replicator):
     return out
 
 
-def symbolic_mismatch(package: ModelPackage, ort_message: str | None) -> PackageError | None:
-    """The probe failed: name the config fields that filled the graph's symbolic KV dims, if any did.
-
-    Returns None when every KV dim is concrete in the graph (the load already
-    compared those with the config), so the generic failure stands.
-    """
-    if ort_message is None:
-        return None
-    for spec in package.kv:
-        graph = package.decoder.input(spec.key_name)
-        symbolic = [d for d in (graph.shape[1], graph.shape[3]) if not isinstance(d, int)] if graph else []
-        if symbolic:
-            break
-    else:
-        return None
-    reason = ort_message.split("Status Message:", 1)[-1].strip()
-    dims = ", ".join(repr(d) if isinstance(d, str) else str(d) for d in graph.shape)
-    return PackageError(
-        f"{package.root / 'genai_config.json'}: layer {spec.layer} KV is [heads={spec.kv_heads}, "
-        f"head_size={spec.head_size}] by model.decoder.num_key_value_heads/head_size, but "
-        f"{package.decoder.path.name} declares {spec.key_name} as [{dims}] and refused past KV of that shape in "
-        f"a probe pass ({reason}); config and graph must agree")
+def _bind_past(binding, package: ModelPackage, past: KVCache) -> None:
+    """Each KV layer's buffer (a host array or a device view) bound as both its past input and present output."""
+    for spec, (k, v) in zip(package.kv, past.layers, strict=True):
+        bind_shared(binding, spec.key_name, spec.present_key_name, k)
+        bind_shared(binding, spec.value_name, spec.present_value_name, v)
 
 
 BIND_DEVICES = {"cpu": "cpu", "cuda": "cuda", "tensorrt": "cuda", "nvtensorrtrtx": "cuda", "rocm": "cuda",
                 "dml": "dml"}
+
+
+class CascadeRunner(DecoderRunner):
+    """A runner over the cascade decode graph whose passes are metered with its parent's (the run's meter, even
+    when the run hands the parent another meter after the cascade opened): the same package and sessions."""
+
+    def __init__(self, parent: DecoderRunner, session) -> None:
+        self._parent = parent  # first: the constructor below sets ``meter`` (the parent's own, unchanged)
+        super().__init__(parent.package, session, parent.embedding, parent.bind_device, parent.device_id,
+                         parent.replicator, parent.meter)
+
+    @property
+    def meter(self) -> PassMeter:
+        return self._parent.meter
+
+    @meter.setter
+    def meter(self, value: PassMeter) -> None:
+        self._parent.meter = value
+
+
+def _inplace_mask(input_ids: np.ndarray, past, prompts) -> np.ndarray:
+    """:meth:`DecoderRunner.forward_inplace`'s mask: all ones over past + new tokens, or with shared prompts each
+    row's prompt + its own held tokens + the new ones, right-padded."""
+    if prompts is None:
+        return np.ones((input_ids.shape[0], past.length + input_ids.shape[1]), dtype=np.int64)
+    lengths = np.repeat([p.length + held for p, _, held in prompts], [n for _, n, _ in prompts])
+    lengths += input_ids.shape[1]
+    return (np.arange(lengths.max()) < lengths[:, None]).astype(np.int64)
 
 
 def _past_len(past) -> int:

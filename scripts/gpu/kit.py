@@ -2,11 +2,16 @@
 """The GPU kit: the wheels an offline GPU machine lacks, carried in parts through the device tool.
 
     python scripts/gpu/kit.py prepare /work/gpu-kit            # here: resolve, download, split (manifest.json)
+    python scripts/gpu/kit.py calls                            # here: transfer calls beside this working tree
     python scripts/gpu/kit.py stage /work/gpu-kit              # here: one ignored folder per device call
     python3 scripts/gpu/kit.py receive .gpukit/c01 /root/kit   # there, once per call: copy + check the part
     python3 scripts/gpu/kit.py install /root/kit --target /root/site --expect-provider CUDAExecutionProvider
     eval "$(python3 scripts/gpu/kit.py env --target /root/site)"   # PYTHONPATH and LD_LIBRARY_PATH for later commands
 
+The wheels are cut into parts as large as a call allows beside the working tree (``stage`` cuts them again
+for the tree it stages from) and travel xz-compressed where that saves a call over five (``--pack``).
+``install`` checks the result with the environment ``env`` exports, including one token of
+onnxruntime-genai's Generator on a tiny package built there (scripts/gpu/tinypkg.py).
 ``prepare --cpu-rehearsal`` makes the same kit with the CPU wheels (onnxruntime, onnxruntime-genai) for
 this machine's python, so the whole flow runs here (scripts/gpu/README.md). Every bad input ends in one
 line and exit status 2. receive, install and env use the standard library only until pip has installed.
@@ -32,6 +37,10 @@ CALL_MIB = 64  # the device tool's limit for one call: working tree + carried pa
 GPU_MODULES = ("onnxruntime_genai,lm_eval,lm_eval.models.huggingface,lm_eval.models.onnxruntime_genai,datasets,"
                "evaluate,ortevals.integrations.lm")
 STAGE = ".gpukit"
+TARGET_CALLS = 5  # the 15-minute plan's transfer (scripts/gpu/README.md)
+# the GPU kit as prepared on 2026-11-27 (23 wheels; onnxruntime-gpu 1.31.1 is 243.7 MiB of it), plain and with
+# each wheel xz-compressed (LZMA preset 6): what 'kit.py calls' plans with when no kit folder is given
+MEASURED_KIT = {"plain": 289_395_253, "xz": 247_375_816}
 
 
 def tree_bytes(repo: Path) -> int:
@@ -47,11 +56,35 @@ def tree_bytes(repo: Path) -> int:
 
 
 def default_part_mib(repo: Path) -> int:
-    tree = tree_bytes(repo) / MIB
-    part = min(60, int(CALL_MIB - tree - 2))  # 2 MiB for the tree growing a little before the transfer
+    return part_mib_for(tree_bytes(repo), repo)
+
+
+def part_mib_for(tree: int, repo: Path | str = "the checkout") -> int:
+    """The largest part (whole MiB, at most 60) a call can carry beside ``tree`` bytes of working tree."""
+    part = min(60, int(CALL_MIB - tree / MIB - 2))  # 2 MiB for the tree growing a little before the transfer
     if part < 8:
-        raise KitError(f"{repo}: the working tree already takes {tree:.1f} of the {CALL_MIB} MiB a call carries")
+        raise KitError(f"{repo}: the working tree already takes {tree / MIB:.1f} of the {CALL_MIB} MiB a call carries")
     return part
+
+
+def calls_for(total_bytes: int, part_mib: int) -> int:
+    """Transfer calls for ``total_bytes`` of wheels cut every ``part_mib`` MiB (pack.split)."""
+    return -(-total_bytes // (part_mib * MIB))
+
+
+def choose_pack(manifest: dict, wheel_dir: Path, part_mib: int, pack: str) -> bool:
+    """``xz``: pack; ``none``: not; ``auto``: pack only where plain parts would take more than
+    :data:`TARGET_CALLS` calls and xz takes fewer (it costs a few seconds of unpacking on the box)."""
+    if pack != "auto":
+        return pack == "xz"
+    plain = calls_for(sum(w["bytes"] for w in manifest["wheels"]), part_mib)
+    if plain <= TARGET_CALLS:
+        return False
+    from pack import xz
+
+    packed = calls_for(sum(xz(wheel_dir, w)["bytes"] for w in manifest["wheels"]), part_mib)
+    print(f"plain: {plain} calls, xz: {packed} calls at {part_mib} MiB a part", flush=True)
+    return packed < plain
 
 
 def cmd_prepare(args) -> None:
@@ -90,20 +123,29 @@ def cmd_split(args) -> None:
     part_mib = args.part_mib or default_part_mib(args.repo)
     if not 1 <= part_mib <= 60:
         raise KitError(f"--part-mib must be between 1 and 60, got {part_mib}")
-    wheels, parts = split(manifest["wheels"], args.dir / "wheels", args.dir, part_mib * MIB)
-    manifest.update(wheels=wheels, parts=parts, part_mib=part_mib,
+    pack = choose_pack(manifest, args.dir / "wheels", part_mib, getattr(args, "pack", "auto"))
+    wheels, parts = split(manifest["wheels"], args.dir / "wheels", args.dir, part_mib * MIB, pack)
+    manifest.update(wheels=wheels, parts=parts, part_mib=part_mib, pack="xz" if pack else "none",
                     calls=[{"call": p["call"], "parts": [p["file"]], "bytes": p["bytes"]} for p in parts])
     manifest.pop("format")
     write_manifest(args.dir, manifest)
     total = sum(w["bytes"] for w in wheels)
-    print(f"{len(wheels)} wheels, {total / MIB:.1f} MiB in {len(parts)} parts of at most {part_mib} MiB "
-          f"= {len(parts)} device calls; manifest {args.dir / 'manifest.json'}")
+    sent = sum(p["bytes"] for p in parts)
+    print(f"{len(wheels)} wheels, {total / MIB:.1f} MiB" + (f" ({sent / MIB:.1f} MiB with xz)" if pack else "") +
+          f" in {len(parts)} parts of at most {part_mib} MiB = {len(parts)} device calls; "
+          f"manifest {args.dir / 'manifest.json'}")
 
 
 def cmd_stage(args) -> None:
-    """Copy each part into ``REPO/.gpukit/cNN/`` (git-ignored through .git/info/exclude) and print the calls."""
+    """Copy each part into ``REPO/.gpukit/cNN/`` (git-ignored through .git/info/exclude) and print the calls.
+    Where the wheels are at hand and this tree leaves room for larger parts, the kit is cut again first."""
     manifest = load_manifest(args.dir)
     tree = tree_bytes(args.repo)
+    best = default_part_mib(args.repo)
+    if (args.dir / "wheels").is_dir() and manifest.get("part_mib") != best and not args.keep_parts:
+        print(f"working tree {tree / MIB:.1f} MiB: parts of {best} MiB (were {manifest.get('part_mib')})", flush=True)
+        cmd_split(argparse.Namespace(dir=args.dir, part_mib=best, repo=args.repo, pack="auto"))
+        manifest = load_manifest(args.dir)
     stage = args.repo / STAGE
     shutil.rmtree(stage, ignore_errors=True)
     exclude = Path(subprocess.run(["git", "rev-parse", "--git-path", "info/exclude"], cwd=args.repo,
@@ -122,10 +164,27 @@ def cmd_stage(args) -> None:
         folder.mkdir(parents=True)
         shutil.copyfile(args.dir / part["file"], folder / part["file"])
         shutil.copyfile(args.dir / "manifest.json", folder / "manifest.json")
-    print(f"working tree {tree / MIB:.1f} MiB; {len(manifest['parts'])} calls, each carrying one folder:")
+    print(f"working tree {tree / MIB:.1f} MiB + parts of at most {manifest.get('part_mib')} MiB"
+          f"{' (xz)' if manifest.get('pack') == 'xz' else ''}: {len(manifest['parts'])} transfer calls, "
+          "each carrying one folder:")
     for part in manifest["parts"]:
         c = f"{STAGE}/c{part['call']:02d}"
         print(f"  call {part['call']}: carry=[\"{c}\"]  command: python3 scripts/gpu/kit.py receive {c} /root/kit")
+
+
+def cmd_calls(args) -> None:
+    """How many transfer calls the kit takes beside this working tree, plain and with xz (no data read: the
+    kit's sizes come from its manifest, or the GPU kit's measured ones)."""
+    tree = tree_bytes(args.repo)
+    part = part_mib_for(tree, args.repo)
+    plain, packed = MEASURED_KIT["plain"], MEASURED_KIT["xz"]
+    if args.dir is not None:
+        manifest = load_manifest(args.dir)
+        plain = sum(w["bytes"] for w in manifest["wheels"])
+        packed = sum(w["packed"]["bytes"] for w in manifest["wheels"]) if manifest.get("pack") == "xz" else None
+    print(f"working tree {tree / MIB:.1f} MiB, parts of {part} MiB: kit {plain / MIB:.1f} MiB = "
+          f"{calls_for(plain, part)} transfer calls" +
+          (f"; {packed / MIB:.1f} MiB with xz = {calls_for(packed, part)} calls" if packed else ""))
 
 
 def cmd_receive(args) -> None:
@@ -168,10 +227,13 @@ def cmd_install(args) -> None:
     if nvidia and not (args.target / "nvidia").exists():  # preload_dlls() looks beside the onnxruntime package
         (args.target / "nvidia").symlink_to(nvidia, target_is_directory=True)
     modules = GPU_MODULES if args.modules is None else args.modules
-    cmd = [sys.executable, *(["-S"] if args.no_site else []), str(HERE / "verify.py"), "--target", str(args.target),
-           "--expect-provider", args.expect_provider, "--modules", modules]
-    path = os.pathsep.join(filter(None, [str(args.target), os.environ.get("PYTHONPATH")]))
-    check = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": path})
+    python = [sys.executable, *(["-S"] if args.no_site else [])]
+    env = {**os.environ, **env_vars(args.target)}  # exactly what 'kit.py env' exports for later commands
+    cmd = [*python, str(HERE / "verify.py"), "--target", str(args.target), "--expect-provider", args.expect_provider,
+           "--modules", modules]
+    if (args.target / "onnxruntime_genai").is_dir() and not args.no_og_check:
+        cmd += ["--og-package", str(tiny_package(python, args.target, args.expect_provider, env))]
+    check = subprocess.run(cmd, capture_output=True, text=True, env=env)
     line = next((ln for ln in check.stdout.splitlines() if ln.startswith("VERIFY ")), None)
     if check.returncode != 0 or line is None:
         err = [ln for ln in check.stderr.splitlines() if ln.strip()][-1:] or ["verify printed nothing"]
@@ -181,8 +243,33 @@ def cmd_install(args) -> None:
     print(line)
 
 
+def tiny_package(python: list[str], target: Path, provider: str, env: dict) -> Path:
+    """The tiny package onnxruntime-genai's install check runs (scripts/gpu/tinypkg.py), built with the
+    kit's builder: fp16 for CUDA, fp32 for the CPU."""
+    precision, ep = ("fp16", "cuda") if provider == "CUDAExecutionProvider" else ("fp32", "cpu")
+    proc = subprocess.run([*python, str(HERE / "tinypkg.py"), str(target / ".kit-tiny"), "--precision", precision,
+                           "--ep", ep], capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        tail = [ln for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()][-1:] or ["no output"]
+        raise KitError(f"installed into {target}, but the tiny package for the Generator check failed: "
+                       f"{tail[0].removeprefix('error: ')}")
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def env_vars(target: Path) -> dict[str, str]:
+    """PYTHONPATH with the target first, and LD_LIBRARY_PATH with the box's nvidia libraries (CUDA 13,
+    cuDNN) first where there are any: what later commands export (``kit.py env``) and what install checks with."""
+    out = {"PYTHONPATH": os.pathsep.join(filter(None, [str(target), os.environ.get("PYTHONPATH")]))}
+    nvidia = nvidia_dir(target)
+    if nvidia:
+        out["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [*map(str, nvidia_libs(nvidia)),
+                                                                os.environ.get("LD_LIBRARY_PATH")]))
+    return out
+
+
 def cmd_env(args) -> None:
-    """Shell lines for later commands: the target first on PYTHONPATH, the nvidia libraries on LD_LIBRARY_PATH."""
+    """Shell lines for later commands: the target first on PYTHONPATH, the nvidia libraries on LD_LIBRARY_PATH
+    (the values :func:`env_vars` gives install's own check)."""
     lines = [f"export PYTHONPATH={args.target}${{PYTHONPATH:+:$PYTHONPATH}}"]
     nvidia = nvidia_dir(args.target)
     if nvidia:
@@ -201,12 +288,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--box", type=Path, default=HERE / "box_packages.txt", help="what the box already has")
     p.add_argument("--part-mib", type=int, default=None, help="part size (default: 64 MiB - working tree - 2)")
     p.add_argument("--repo", type=Path, default=REPO, help="the checkout whose tree travels with each call")
+    p.add_argument("--pack", choices=["auto", "xz", "none"], default="auto",
+                   help=f"xz-compress the wheels (auto: only where it saves a call over {TARGET_CALLS})")
     p = sub.add_parser("split", help="cut the downloaded wheels into parts again (another part size)")
     p.add_argument("dir", type=Path)
     p.add_argument("--part-mib", type=int, default=None)
     p.add_argument("--repo", type=Path, default=REPO)
+    p.add_argument("--pack", choices=["auto", "xz", "none"], default="auto")
     p = sub.add_parser("stage", help="one git-ignored folder per device call in the checkout (REPO/.gpukit/cNN)")
     p.add_argument("dir", type=Path)
+    p.add_argument("--repo", type=Path, default=REPO)
+    p.add_argument("--keep-parts", action="store_true", help="stage the parts as cut (no re-split for this tree)")
+    p = sub.add_parser("calls", help="transfer calls the kit takes beside this working tree (plain and xz)")
+    p.add_argument("dir", type=Path, nargs="?", default=None, help="a kit folder (default: the measured GPU kit)")
     p.add_argument("--repo", type=Path, default=REPO)
     p = sub.add_parser("receive", help="on the box: copy one call's part(s) to DEST and check them")
     p.add_argument("src", type=Path)
@@ -217,6 +311,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--expect-provider", default="CUDAExecutionProvider")
     p.add_argument("--modules", default=None, help=f"modules that must import (default: {GPU_MODULES})")
     p.add_argument("--no-site", action="store_true", help="check with 'python -S' (no site-packages but PYTHONPATH)")
+    p.add_argument("--no-og-check", action="store_true", help="skip onnxruntime-genai's one-token Generator check")
     p = sub.add_parser("env", help="print the PYTHONPATH / LD_LIBRARY_PATH exports for the installed target")
     p.add_argument("--target", type=Path, default=Path("/root/site"))
     return ap
@@ -225,7 +320,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        {"prepare": cmd_prepare, "split": cmd_split, "stage": cmd_stage, "receive": cmd_receive,
+        {"prepare": cmd_prepare, "split": cmd_split, "stage": cmd_stage, "calls": cmd_calls, "receive": cmd_receive,
          "install": cmd_install, "env": cmd_env}[args.cmd](args)
     except KitError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -4,6 +4,8 @@
     python scripts/gpu/make_model.py --arch qwen3 --params 1.5e9 --precision fp16 --ep cuda OUT
     python scripts/gpu/make_model.py --arch llama --params 2e6 --precision fp32 --ep cpu --check OUT
 
+``--precision fp32 --ep cuda`` is refused (:data:`FP32_CUDA`): the builder's fp32 CUDA package is invalid.
+
 Writes under OUT:
 * ``hf/``: a transformers checkpoint (config shaped like the real model, random weights from ``--seed``,
   saved in float32) and its tokenizer: a byte-level BPE trained here in seconds on the MMLU-Pro text
@@ -31,6 +33,12 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent.parent
+# onnxruntime-genai 0.18's builder (-p fp32 -e cuda) uses Attention without present outputs but declares
+# present.* as graph outputs: onnxruntime refuses the file ("Graph output (present.0.key) does not exist
+# in the graph"). An fp32 package is built for the CPU; on CUDA it runs only if every node has a CUDA kernel.
+FP32_CUDA = ("the builder writes an fp32 CUDA package onnxruntime cannot load (its present.* outputs are "
+             "produced by no node); build fp32 with --ep cpu (ortevals runs it on CUDA only where every node has "
+             "a CUDA kernel), or use --precision fp16/bf16 for CUDA")
 BOS = {"qwen3": False, "qwen3-0.6b": False, "gemma3": True, "llama": True, "smollm2": False}
 ARCHS = {  # the real models' configs (Qwen3-1.7B, Qwen3-0.6B, Gemma-3-1B, Llama-3.2-1B, SmolLM2-135M)
     "qwen3": dict(model_type="qwen3", architectures=["Qwen3ForCausalLM"], hidden_size=2048, intermediate_size=6144,
@@ -216,7 +224,7 @@ def same_spec(folder: Path, spec: dict, marker: str) -> bool:
     return (folder / marker).is_file() and path.is_file() and json.loads(path.read_text()) == spec
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", type=Path)
     ap.add_argument("--arch", choices=sorted(ARCHS), required=True)
@@ -230,7 +238,10 @@ def main() -> int:
     ap.add_argument("--hf-only", action="store_true", help="only the transformers checkpoint (no onnxruntime-genai)")
     ap.add_argument("--check", action="store_true", help="compare the package's log-softmax with PyTorch's")
     ap.add_argument("--tolerance", type=float, default=1e-4)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if args.precision == "fp32" and args.ep == "cuda" and not args.hf_only:
+        print(f"error: --precision fp32 --ep cuda: {FP32_CUDA}", file=sys.stderr)
+        return 2
     if args.params <= 0:
         print(f"error: --params must be positive, got {args.params}", file=sys.stderr)
         return 2

@@ -1,9 +1,10 @@
 """The kit's parts: wheels cut into parts that each fit one device call, the manifest, and the join.
 
 Every wheel is laid end to end in one byte stream (in the manifest's order) and the stream is cut every
-``part_bytes``, so the transfer takes ceil(total / part_bytes) calls and no call travels half empty. The
-manifest (``manifest.json`` beside the parts) gives each wheel's sha256 and where its bytes lie (part,
-offset, length, in order), each part's sha256 and the device call that carries it.
+``part_bytes``, so the transfer takes ceil(total / part_bytes) calls and no call travels half empty. Packed
+(``kit.py split --pack xz``), each wheel travels LZMA-compressed and is unpacked after the join (lzma is in
+the standard library). The manifest (``manifest.json`` beside the parts) gives each wheel's sha256 and
+where its bytes lie (part, offset, length, in order), each part's sha256 and the device call that carries it.
 
 Standard library only: this runs on the GPU machine's python before anything is installed.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import lzma
 import shutil
 from pathlib import Path
 
@@ -36,8 +38,21 @@ def part_name(i: int) -> str:
     return f"part-{i:02d}.bin"
 
 
-def split(wheels: list[dict], wheel_dir: Path, out: Path, part_bytes: int) -> tuple[list[dict], list[dict]]:
-    """Cut the wheels (``{"file", "sha256", ...}`` dicts, in order) into ``out/part-NN.bin``.
+def xz(wheel_dir: Path, w: dict) -> dict:
+    """``wheel_dir/<file>.xz`` (made once, LZMA preset 6) as a manifest entry: file, sha256, bytes."""
+    packed = wheel_dir / (w["file"] + ".xz")
+    if not packed.is_file() or packed.stat().st_mtime < (wheel_dir / w["file"]).stat().st_mtime:
+        tmp = packed.with_suffix(".xz.tmp")
+        with open(wheel_dir / w["file"], "rb") as src, lzma.open(tmp, "wb", preset=6) as dst:
+            shutil.copyfileobj(src, dst, 4 * MIB)
+        tmp.replace(packed)
+    return {"file": packed.name, "sha256": sha256(packed), "bytes": packed.stat().st_size}
+
+
+def split(wheels: list[dict], wheel_dir: Path, out: Path, part_bytes: int,
+          pack: bool = False) -> tuple[list[dict], list[dict]]:
+    """Cut the wheels (``{"file", "sha256", ...}`` dicts, in order) into ``out/part-NN.bin``; with ``pack``
+    each wheel travels xz-compressed (``packed``: its .xz file's name, sha256 and size).
 
     Returns ``(wheels, parts)``: the wheel dicts with their ``pieces`` added and the parts' dicts."""
     if part_bytes < MIB:
@@ -47,8 +62,12 @@ def split(wheels: list[dict], wheel_dir: Path, out: Path, part_bytes: int) -> tu
     parts, current, filled = [], None, part_bytes
     placed = []
     for w in wheels:
-        pieces, left = [], (wheel_dir / w["file"]).stat().st_size
-        with open(wheel_dir / w["file"], "rb") as src:
+        w = {k: v for k, v in w.items() if k not in ("pieces", "packed")}
+        if pack:
+            w["packed"] = xz(wheel_dir, w)
+        name = w["packed"]["file"] if pack else w["file"]
+        pieces, left = [], (wheel_dir / name).stat().st_size
+        with open(wheel_dir / name, "rb") as src:
             while left:
                 if filled == part_bytes:
                     if current:
@@ -126,11 +145,21 @@ def join(kit: Path, manifest: dict, wheel_dir: Path) -> list[Path]:
         check_part(kit / p, parts[p])
     for w in need:
         tmp = wheel_dir / (w["file"] + ".part")
-        with open(tmp, "wb") as out:
+        packed = w.get("packed")
+        joined = tmp.with_name(w["file"] + ".xz.part") if packed else tmp
+        with open(joined, "wb") as out:
             for piece in w["pieces"]:
                 with open(kit / piece["part"], "rb") as src:
                     src.seek(piece["offset"])
                     out.write(src.read(piece["bytes"]))
+        if packed:  # the compressed bytes were checked with their parts; their sha256 too, then unpacked
+            if sha256(joined) != packed["sha256"]:
+                joined.unlink()
+                raise KitError(f"{packed['file']}: bad sha256 after joining (the manifest says "
+                               f"{packed['sha256'][:16]}…)")
+            with lzma.open(joined, "rb") as src, open(tmp, "wb") as dst:
+                shutil.copyfileobj(src, dst, 4 * MIB)
+            joined.unlink()
         got = sha256(tmp)
         if got != w["sha256"]:
             tmp.unlink()

@@ -4,6 +4,8 @@
 * ``onnxruntime.preload_dlls()`` where it exists (the CUDA/cuDNN libraries of the nvidia packages);
 * a tiny in-memory ONNX model runs on the expected provider, with no fallback to CPU allowed, and its
   output equals numpy's;
+* onnxruntime-genai (where installed) runs one token of its Generator on ``--og-package`` on the
+  expected provider: its own provider library really loads;
 * each module named in ``--modules`` imports, and ortevals (if there) accepts the install;
 * each installed wheel's requirements are met by what this interpreter sees (a list, not an error: the
   box cannot fetch anything, so the import checks decide).
@@ -17,6 +19,7 @@ import argparse
 import contextlib
 import io
 import json
+import os
 import sys
 from importlib import metadata, util
 from pathlib import Path
@@ -66,6 +69,32 @@ def session_check(ort, provider: str, preload: list[str]) -> dict:
     return {"session_providers": got}
 
 
+def generator_check(og, pkg: Path, provider: str) -> dict:
+    """One token through onnxruntime-genai's Generator on ``pkg`` (scripts/gpu/tinypkg.py) and ``provider``:
+    its own provider library loads, a session opens and a pass runs (not only ``import onnxruntime_genai``)."""
+    import numpy as np
+
+    config = og.Config(str(pkg))
+    config.clear_providers()
+    ep = {"CUDAExecutionProvider": "cuda", "CPUExecutionProvider": None}.get(provider, provider)
+    if ep:
+        config.append_provider(ep)
+    try:
+        model = og.Model(config)
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=4)
+        gen = og.Generator(model, params)
+        gen.append_tokens(np.array([[1]], dtype=np.int32))
+        logits = np.asarray(gen.get_logits())
+    except Exception as e:  # noqa: BLE001 - onnxruntime-genai's own error types; its first line is the finding
+        raise Failed(f"onnxruntime-genai's Generator on {ep or 'cpu'} failed: {str(e).strip().splitlines()[0][:300]}"
+                     ) from None
+    if logits.shape[-1] != 512 or not np.isfinite(logits).all():
+        raise Failed(f"onnxruntime-genai's Generator returned logits of shape {logits.shape} (finite: "
+                     f"{bool(np.isfinite(logits).all())}), expected 512 finite values")
+    return {"og_generator": {"provider": ep or "cpu", "package": str(pkg), "logits_shape": list(logits.shape)}}
+
+
 def unmet_requirements(target: Path) -> list[str]:
     """Requirements (no extras) of the wheels in ``target`` that this interpreter does not meet."""
     try:
@@ -94,8 +123,10 @@ def main() -> int:
     ap.add_argument("--target", type=Path, required=True)
     ap.add_argument("--expect-provider", required=True)
     ap.add_argument("--modules", default="")
+    ap.add_argument("--og-package", type=Path, default=None, help="a tiny package for one Generator token")
     args = ap.parse_args()
-    report = {"python": sys.version.split()[0], "executable": sys.executable}
+    report_env = {k: os.environ.get(k) for k in ("PYTHONPATH", "LD_LIBRARY_PATH")}
+    report = {"python": sys.version.split()[0], "executable": sys.executable, "env": report_env}
     try:
         import onnxruntime as ort
 
@@ -115,6 +146,8 @@ def main() -> int:
             report["onnxruntime_genai"] = og.__version__
             if hasattr(og, "is_cuda_available"):
                 report["og_cuda_available"] = bool(og.is_cuda_available())
+            if args.og_package:
+                report.update(generator_check(og, args.og_package, args.expect_provider))
         for name in filter(None, args.modules.split(",")):
             try:
                 __import__(name)

@@ -3,8 +3,9 @@
 ``worker_main(kind, spec)`` builds the backend's lm-eval model (ortevals, lm-eval ``hf``, lm-eval
 ``onnxruntime-genai``), runs it (``ll``: leaderboard_mmlu_pro through scripts/bench_mmlu_pro.score_mmlu_pro;
 ``cot``: K chain-of-thought samples through scripts/bench_samples.run_backend; ``profile``: ortevals under
-onnxruntime's profiler) and prints ``BENCH {json}`` with its figures, the versions it imported and its peak
-host RSS. The parent measures device memory from outside.
+onnxruntime's profiler; ``oracle``: onnxruntime-genai's Generator on the requests ortevals recorded) and
+prints ``BENCH {json}`` with its figures, the versions it imported and its peak host RSS. The parent
+measures device memory from outside.
 """
 
 from __future__ import annotations
@@ -80,6 +81,10 @@ def worker_ll(spec: dict) -> dict:
     lm = build(spec)
     calls = call_counter(lm, spec["backend"])
     load_s = time.perf_counter() - t0
+    if spec.get("capture"):  # the oracle's requests: ortevals' own token ids (scripts/gpu/oracle.py)
+        from oracle import capture
+
+        capture(lm, spec["capture"], spec["capture_limit"])
     scores, _ = score_mmlu_pro(lm, spec["limit"], "bundled")
     out = {**scores, "load_s": load_s, "model_calls": calls(), "versions": versions()}
     if spec["backend"] == "hf" and spec["ep"] == "cuda":
@@ -132,7 +137,22 @@ def worker_profile(spec: dict) -> dict:
     return {**out, **(kernel_time(prof) if prof else {"gpu_kernel_s": None})}
 
 
+def worker_oracle(spec: dict) -> dict:
+    """onnxruntime-genai's Generator on the requests the ortevals child recorded (scripts/gpu/oracle.py)."""
+    from oracle import run_oracle
+
+    if spec["ep"] == "cuda":
+        import onnxruntime
+
+        onnxruntime.preload_dlls()
+    t0 = time.perf_counter()
+    out = run_oracle(spec["pkg"], spec["ep"], spec["capture"])
+    import onnxruntime_genai  # noqa: F401 - for versions()
+
+    return {**out, "seconds": time.perf_counter() - t0, "versions": versions()}
+
+
 def worker_main(kind: str, spec: dict) -> None:
-    out = {"ll": worker_ll, "cot": worker_cot, "profile": worker_profile}[kind](spec)
+    out = {"ll": worker_ll, "cot": worker_cot, "profile": worker_profile, "oracle": worker_oracle}[kind](spec)
     out["peak_host_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print("BENCH " + json.dumps(out), flush=True)

@@ -195,7 +195,7 @@ def og_plan(runner, tokenizer, items: Sequence, keys: Sequence[list], eos: set[i
     if exact:
         return 1, False, "generate_until: one row per pass, no prefix reuse (exact mode)"
     reuse = runner.rewind_ok
-    width = width if reuse else 1  # og batches only where it is exact
+    width = width if reuse and getattr(runner, "batches_exact", True) else 1  # og batches only where it is exact
     what = f"{width} rows per Generator" + (", prefix reuse" if reuse else "")
     if width == 1 and not reuse:
         return width, reuse, ""

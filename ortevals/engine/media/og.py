@@ -78,7 +78,7 @@ class MediaEngine:
         self.provider = provider
         self.max_length = max_length
         self.eos_ids = eos_ids
-        self.rewind_ok = not package.windowed
+        self.rewind_ok = not package.windowed and not package.recurrent  # recurrent: og rewinds to a snapshot only
         self._runner = None
         self.bos_text = _bos_text(tokenizer)
 
@@ -104,8 +104,8 @@ class MediaEngine:
 
             self._runner = MediaRunner.open(self.package, self.provider)
             if not self.rewind_ok:
-                log.info("media path: fresh Generator per continuation (%s keeps a windowed sliding KV cache)",
-                         self.package.root)
+                log.info("media path: fresh Generator per continuation (%s keeps %s)", self.package.root,
+                         "recurrent state" if self.package.recurrent else "a windowed sliding KV cache")
         return self._runner
 
     def prompt(self, context: str, media: Sequence[Media]) -> str:

@@ -224,9 +224,12 @@ class PrefillEngine:
         pass (up to 0.59 nats on SmolLM2 int8), while 2 or more are bit-identical to it. Past a length switch,
         a prefix's KV comes from a pass longer than the switch, cut back (``ReusePolicy.kv_width``); where a
         windowed sliding-layer buffer would have evicted what the cut keeps (``cut_exact``), that class is scored
-        without shared prefixes.
+        without shared prefixes; so is every class where the policy shares no prefix (``unshared``).
         """
         if len(groups) < 2:
+            return groups
+        if self.settings.reuse.unshared:
+            log.info("prefill: no shared prefixes: %s", self.settings.reuse.unshared)
             return groups
         plan = plan_prefixes([g.tokens for g in groups], [max(MIN_OWN_TOKENS, *(n for _, n in g.members))
                                                           for g in groups],
@@ -388,9 +391,9 @@ class PrefillEngine:
 
 
 def _repeat_host(past, batch: int):
-    """A numpy KVCache's rows repeated ``batch`` times (runners without ``repeat_past``)."""
-    layers = tuple(tuple(np.repeat(t, batch, axis=0) for t in pair) for pair in past.layers)
-    return type(past)(layers, past.length)
+    """A numpy KVCache's rows (KV and any recurrent state) repeated ``batch`` times (runners without
+    ``repeat_past``)."""
+    return past.rows(lambda t: np.repeat(t, batch, axis=0))
 
 
 def _depth(stack, plan: PrefixPlan) -> int:

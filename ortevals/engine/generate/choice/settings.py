@@ -93,11 +93,31 @@ def _field(kw: dict, key: str, default=None):
         if isinstance(value, bool) or (parse is int and float(value) != int(float(value))):
             raise ValueError
         parsed = parse(float(value)) if parse is int else parse(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise OrtEvalsError(f"gen_kwargs {key}={value!r}: expected {expect}") from None
-    if not ok(parsed):
-        raise OrtEvalsError(f"gen_kwargs {key}={value!r}: expected {expect}")
+    if not ok(parsed) or not np.isfinite(parsed):  # inf passed "> 0" checks: random tokens, or none at all
+        raise OrtEvalsError(f"gen_kwargs {key}={value!r}: expected {expect}{'' if 'finite' in expect else ', finite'}")
     return parsed
+
+
+def _temperature(value) -> float:
+    """A finite number >= 0 (0: greedy); inf would draw uniformly random tokens, nan none."""
+    try:
+        t = float(value)
+    except (TypeError, ValueError):
+        t = float("nan")
+    if isinstance(value, bool) or not (np.isfinite(t) and t >= 0):
+        raise OrtEvalsError(f"gen_kwargs temperature={value!r}: expected a finite number >= 0 (0 = greedy)")
+    return t
+
+
+def _seed(value) -> int:
+    try:
+        if not isinstance(value, bool) and float(value) == int(float(value)):
+            return int(float(value))
+    except (TypeError, ValueError, OverflowError):
+        pass
+    raise OrtEvalsError(f"gen_kwargs seed={value!r}: expected an integer")
 
 
 def _mirostat(kw: dict) -> tuple[float, float]:
@@ -124,14 +144,20 @@ def parse_gen_kwargs(kwargs: dict[str, Any], default_max: int, eot_text: str | N
     """lm-eval gen_kwargs → GenSettings; unknown keys and bad values are one-line errors naming the field."""
     from lm_eval.models.utils import normalize_gen_kwargs  # lm-eval's own alias priorities
 
-    kw = {ALIASES.get(k, k): v for k, v in normalize_gen_kwargs(dict(kwargs), default_max).items()}
+    if "temperature" in kwargs:  # lm-eval's normalizing calls float() on it: named here first
+        _temperature(kwargs["temperature"])
+    try:
+        normalized = normalize_gen_kwargs(dict(kwargs), default_max)
+    except (TypeError, ValueError, OverflowError):  # its int() of max_gen_toks and its aliases
+        token_keys = [k for k in kwargs if k in ("max_gen_toks", "max_completion_tokens", *ALIASES)]
+        shown = ", ".join(f"{k}={kwargs[k]!r}" for k in token_keys) or repr(kwargs)
+        raise OrtEvalsError(f"gen_kwargs {shown}: expected an integer > 0") from None
+    kw = {ALIASES.get(k, k): v for k, v in normalized.items()}
     until = kw.pop("until", None)
     until = [until] if isinstance(until, str) else list(until or [])
     if eot_text and eot_text not in until:
         until.append(eot_text)
-    temperature = float(kw.pop("temperature", 1.0 if kw.get("do_sample") else 0.0))
-    if not temperature >= 0:
-        raise OrtEvalsError(f"gen_kwargs temperature={temperature!r}: expected a number >= 0 (0 = greedy)")
+    temperature = _temperature(kw.pop("temperature", 1.0 if kw.get("do_sample") else 0.0))
     do_sample = bool(kw.pop("do_sample", temperature > 0)) and temperature > 0
     tau, eta = _mirostat(kw)
     fields = {key: _field(kw, key) for key in _NUMERIC if key not in ("mirostat_tau", "mirostat_eta", "max_gen_toks")}
@@ -139,7 +165,7 @@ def parse_gen_kwargs(kwargs: dict[str, Any], default_max: int, eot_text: str | N
     metric = str(kw.pop("mbr_metric", "chrf")).lower()
     settings = GenSettings(
         until=tuple(u for u in until if u), do_sample=do_sample, temperature=temperature if do_sample else 1.0,
-        seed=int(kw.pop("seed", seed)), mirostat_tau=tau, mirostat_eta=eta,
+        seed=_seed(kw.pop("seed", seed)), mirostat_tau=tau, mirostat_eta=eta,
         early_stopping=_early_stopping(kw), mbr_metric=metric, **fields)
     kw.pop("min_length", None)
     if kw:

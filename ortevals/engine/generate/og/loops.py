@@ -44,17 +44,18 @@ def request_name(index: int, request=None, context: Sequence[int] = (), tokenize
 
 def generate(cursor, tokenizer, context: Sequence[int], s: GenSettings, eos_ids: set[int],
              rng: np.random.Generator, name: str | None = None,
-             certainty: RunningCertainty | None = None) -> tuple[str, int]:
+             certainty: RunningCertainty | None = None, keep_at: int | None = None) -> tuple[str, int]:
     """Generate after ``context``; return (text cut at the first stop, tokens generated).
 
     ``name`` (see :func:`request_name`) names the request in errors. ``certainty`` (one row): each drawn
-    token's raw logits added, as the raw sampler adds them (self-certainty, engine/generate/choice/certainty.py)."""
+    token's raw logits added, as the raw sampler adds them (self-certainty, engine/generate/choice/certainty.py).
+    ``keep_at``: where the next prompt branches off this one (the cursor keeps recurrent state there)."""
     if s.num_beams > 1 or s.mbr_samples > 1:  # a safety net: the scheduler routes these to the raw path
         raise OrtEvalsError(f"gen_kwargs num_beams={s.num_beams}/mbr_samples={s.mbr_samples} need the "
                             "raw-onnxruntime generation path, not the onnxruntime-genai cursor")
     stream = TextStream(tokenizer, s, eos_ids)
     sampler = Sampler(s, [rng])
-    logits = cursor.move_to(list(context))
+    logits = cursor.move_to(list(context), keep_at=keep_at) if keep_at else cursor.move_to(list(context))
     while True:
         if not np.isfinite(np.max(logits)):
             check_logits(logits, len(stream.out) + 1, name or request_name(0, None, context, tokenizer))

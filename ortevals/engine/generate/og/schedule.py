@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from ortevals.engine.generate.choice.certainty import RunningCertainty
 from ortevals.engine.generate.choice.seeds import sample_rng
 from ortevals.engine.generate.og.loops import can_batch, generate, generate_batch
+from ortevals.engine.score.prefill import MIN_OWN_TOKENS
+from ortevals.tokens import common_prefix
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +54,14 @@ def run_generation(runner, tokenizer, items: Sequence[tuple[list[int], object]],
             done(i, text, n, float(c))
     if singles:
         cursor = runner.cursor(max(len(items[i][0]) + items[i][1].max_gen_toks for i in singles))
-        # prompts sharing a prefix are adjacent: the cursor rewinds instead of re-running it
-        for i in singles:
+        # prompts sharing a prefix are adjacent: the cursor rewinds instead of re-running it (to where it kept
+        # a recurrent state: where the next prompt branches off)
+        for j, i in enumerate(singles):
             ids, settings = items[i]
             rng = sample_rng(settings.seed, keys[i])
             here = cursor if prefix_reuse else runner.cursor(len(ids) + settings.max_gen_toks)
+            after = items[singles[j + 1]][0] if prefix_reuse and j + 1 < len(singles) else None
             kept = RunningCertainty(1)
-            text, n = generate(here, tokenizer, ids, settings, eos, rng, name=name(i), certainty=kept)
+            text, n = generate(here, tokenizer, ids, settings, eos, rng, name=name(i), certainty=kept,
+                               keep_at=min(common_prefix(ids, after), len(after) - MIN_OWN_TOKENS) if after else None)
             done(i, text, n, float(kept.values()[0]))

@@ -101,7 +101,7 @@ class CascadeKV:
     def __init__(self, base, plain, cascade: Cascade) -> None:
         self.base, self.plain, self.cascade = base, plain, cascade
         self.runner = None  # the cascade graph's DecoderRunner, once opened and checked
-        self.refused: str | None = None if isinstance(base, InplaceKV) else "the shared past/present buffer was refused"
+        self.refused: str | None = None if isinstance(base, InplaceKV) else base.why
 
     @property
     def name(self) -> str:
@@ -204,6 +204,8 @@ class CascadeKV:
         """Whether decode rows share the prompt: the cascade graph opened and checked once (see the module
         docstring); ``off``, a refusal or a failed check: False from then on."""
         if self.runner is not None or self.refused is not None:
+            if self.runner is None and self.cascade.mode == "on" and self.refused != "cascade=off":
+                raise OrtEvalsError(f"cascade=on is impossible for this package: {self.refused}")
             return self.runner is not None
         if self.cascade.mode == "off":
             self.refused = "cascade=off"

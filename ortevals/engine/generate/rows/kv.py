@@ -16,7 +16,8 @@ Owns three ways of holding a decode batch's KV behind one interface (``empty``/`
   prefix run as one-node graphs on the device writing into buffers already held
   (runtime/replicate.py). A decode pass allocates no KV and moves none through the host.
 * :class:`CopyKV`: the plain way, present = a new cache every pass (a graph whose attention
-  cannot share the buffer); row ops run where the KV lives.
+  cannot share the buffer, or a decoder with recurrent state: every pass returns a new state, so a
+  state kept for a later prompt is never written over); row ops run where the KV lives.
 
 :func:`choose_kv` picks an in-place kind only after checking it once against the plain way (a
 prompt, a prefix cut, rows replicated, a row dropped, decode steps): no graph is trusted to share
@@ -79,6 +80,7 @@ class CopyKV:
     """A new present cache per pass (``DecoderRunner.forward``); capacity is ignored."""
 
     name = "copy"
+    why = "the shared past/present buffer was refused"  # why not in place (the cascade graph says it)
 
     def __init__(self, runner) -> None:
         self.runner = runner
@@ -286,6 +288,10 @@ def choose_kv(runner):
     checked by :func:`same_as_plain`); else :class:`CopyKV`."""
     plain = CopyKV(runner)
     if not hasattr(runner, "forward_inplace"):
+        return plain
+    if getattr(runner.package, "recurrent", False):
+        plain.why = "the decoder carries recurrent state: each row keeps its own, made new by every pass"
+        log.info("KV: %s; a new cache per pass", plain.why)
         return plain
     from ortevals.runtime.buffers import POINTER_DEVICES
 

@@ -8,7 +8,10 @@ and keeps a plain (not windowed) KV cache:
   :class:`Job` of K rows, sample index = occurrence order (:func:`plan_jobs`);
 * each prompt is prefilled once; a prompt that starts like the one before it (the few-shot
   header) runs only its new tokens on top of the previous prompt's KV cut to the shared
-  prefix (:meth:`SharedPromptSampler.prompt`);
+  prefix (:meth:`SharedPromptSampler.prompt`). A hybrid decoder's recurrent state cannot be cut:
+  there the prompts' shared prefixes are planned as the prefill path plans them
+  (engine/score/prefix.py: :func:`branch_points`), a prompt's pass stops at each of its branch points
+  to keep the state there, and a later prompt starts from the deepest kept state it begins with;
 * consecutive sampled prompts with the same max_gen_toks form a stream on the cascade graph: up to
   GROUPS prompts' rows decode in one pass, and the next prompt joins when one's last row ends
   (:meth:`SharedPromptSampler.streams`; engine/generate/rows/batch.py chooses each prompt's tokens);
@@ -48,12 +51,14 @@ from ortevals.engine.generate.choice.stops import TextStream
 from ortevals.engine.generate.rows.batch import Rows, RowSteps, Sample
 from ortevals.engine.generate.rows.cascade_kv import CascadeKV
 from ortevals.engine.generate.rows.kv import CopyKV, choose_kv
+from ortevals.engine.score.prefix import plan_prefixes
 from ortevals.errors import OrtEvalsError
 from ortevals.package.reuse import MIN_PASS_TOKENS, ReusePolicy
 from ortevals.runtime.cascade import GROUPS
 from ortevals.tokens import common_prefix
 
 log = logging.getLogger(__name__)
+MIN_SPLIT = MIN_PASS_TOKENS  # tokens on each side of a branch point (package/reuse.py: no one-token pass)
 FREE_SHARE = 0.8  # of the free memory, for decode KV: the rest for activations, fragmentation, other users
 UNKNOWN_BUDGET = 4 * 2**30  # where free memory cannot be read (say DirectML)
 
@@ -76,6 +81,15 @@ def plan_jobs(items: Sequence[tuple[Sequence[int], GenSettings]]) -> list[Job]:
     jobs = [Job(prompt, settings, tuple(members)) for (prompt, settings), members in rows.items()]
     jobs.sort(key=lambda j: j.prompt)
     return jobs
+
+
+def branch_points(prompts: Sequence[tuple[int, ...]], min_saving: int) -> dict[tuple[int, ...], tuple[int, ...]]:
+    """Per prompt, the depths of its shared prefixes worth keeping (the prefill path's radix plan: a prefix
+    shared by prompts that saves ``min_saving`` tokens, each at least :data:`MIN_SPLIT` deeper than the one
+    before and leaving every prompt :data:`MIN_SPLIT` tokens of its own). A recurrent state is kept there:
+    it cannot be cut later."""
+    plan = plan_prefixes(prompts, [MIN_SPLIT] * len(prompts), min_saving, min_depth=MIN_SPLIT, min_step=MIN_SPLIT)
+    return {prompt: tuple(plan.nodes[k].depth for k in path) for prompt, path in zip(prompts, plan.paths) if path}
 
 
 def can_serve(package, capability) -> tuple[bool, str]:
@@ -115,13 +129,16 @@ class SharedPromptSampler:
                       "row_steps": 0, "generated_tokens": 0}
         self._held: tuple[tuple[int, ...], object] | None = None  # last prompt and its one-row KV
         self._kv_rows = None
+        self.recurrent = bool(getattr(getattr(runner, "package", None), "recurrent", False))
+        self._branches: dict[tuple[int, ...], tuple[int, ...]] = {}  # recurrent state: where to keep it
+        self._kept: list[tuple[tuple[int, ...], object]] = []  # recurrent state kept at branch points, nested
 
     def fresh(self, exact: bool = False) -> SharedPromptSampler:
         """A copy holding no prompt KV, with its own stats; ``exact``: one row per pass, no prefix reuse
         (the generation canary's two ways, engine/generate/canary.py)."""
         self.kv_rows  # noqa: B018  (chosen once, shared by the copies)
         other = copy.copy(self)
-        other._held, other.stats = None, dict.fromkeys(self.stats, 0)
+        other._held, other._kept, other._branches, other.stats = None, [], {}, dict.fromkeys(self.stats, 0)
         if exact:
             other.exact, other.prefix_cache = True, False
         return other
@@ -147,6 +164,8 @@ class SharedPromptSampler:
         """Every job's rows; ``rng(i)``: request i's generator (``rng(i, j)``: its MBR candidate j);
         ``finish(i, sample)`` as each row ends. Consecutive sampled jobs share decode passes where the cascade
         graph serves them (:meth:`streams`)."""
+        if self.recurrent and self.prefix_cache:
+            self._branches = branch_points([job.prompt for job in jobs], self.prefix_min)
         for stream in self.streams(jobs):
             if len(stream) > 1:
                 starts = [(len(job.members), lambda job=job: Rows.of(job, *self.prompt(job.prompt, shared=True),
@@ -270,21 +289,46 @@ class SharedPromptSampler:
         room for ``max_new`` more tokens where the KV is kept in place; ``shared``: no room, the buffer holds the
         prompt alone, as the cascade graph's rows read it in place).
 
-        The tokens shared with the previous prompt are not run again: its KV, cut to them, is the past.
+        The tokens shared with the previous prompt are not run again: its KV, cut to them, is the past. A
+        recurrent state is never cut: the prompt starts from the deepest state kept at a branch point it
+        begins with (:meth:`_from_branches`).
         """
         kv_rows = self.kv_rows
         capacity = len(tokens) if shared else len(tokens) + max_new + 1
-        base, past = 0, kv_rows.empty(1, capacity)
+        if self.recurrent:
+            reused, base, past = self._from_branches(tokens, capacity)
+        else:
+            reused, base, past = self._from_held(tokens, capacity)
+        logits, kv = kv_rows.run(np.asarray([tokens[base:]], dtype=np.int64), past, last=True)
+        self.stats["prompts"] += 1
+        self.stats["prompt_tokens"] += len(tokens) - reused
+        self.stats["reused_tokens"] += reused
+        self._held = (tokens, kv) if self.prefix_cache and not self.recurrent else None
+        return logits[0], kv
+
+    def _from_held(self, tokens: tuple[int, ...], capacity: int) -> tuple[int, int, object]:
+        """(tokens reused, where this prompt's pass starts, its past): the previous prompt's KV cut to the prefix
+        they share, where it is worth it (within its length class, ``MIN_PASS_TOKENS`` of its own to run)."""
         if self.prefix_cache and self._held is not None and self.reuse.same_class(len(self._held[0]), len(tokens)):
             common = min(common_prefix(self._held[0], tokens), len(tokens) - MIN_PASS_TOKENS)
             if common >= self.prefix_min:
-                base, past = common, kv_rows.prefix(self._held[1], common, capacity)
-        logits, kv = kv_rows.run(np.asarray([tokens[base:]], dtype=np.int64), past, last=True)
-        self.stats["prompts"] += 1
-        self.stats["prompt_tokens"] += len(tokens) - base
-        self.stats["reused_tokens"] += base
-        self._held = (tokens, kv) if self.prefix_cache else None
-        return logits[0], kv
+                return common, common, self.kv_rows.prefix(self._held[1], common, capacity)
+        return 0, 0, self.kv_rows.empty(1, capacity)
+
+    def _from_branches(self, tokens: tuple[int, ...], capacity: int) -> tuple[int, int, object]:
+        """Recurrent state: start from the deepest kept state this prompt begins with, then run up to each of its
+        own branch points (:func:`branch_points`) one pass each and keep the state there. Returns (tokens reused,
+        where the prompt's last pass starts, its past)."""
+        kept = [(t, kv) for t, kv in self._kept if tokens[:len(t)] == t]  # nested: the states on this path
+        base, past = (len(kept[-1][0]), kept[-1][1]) if kept else (0, self.kv_rows.empty(1, capacity))
+        reused = base
+        for depth in self._branches.get(tokens, ()) if self.prefix_cache else ():
+            if depth - base >= MIN_SPLIT and len(tokens) - depth >= MIN_SPLIT:
+                _, past = self.kv_rows.run(np.asarray([tokens[base:depth]], dtype=np.int64), past, last=True)
+                kept.append((tokens[:depth], past))
+                base = depth
+        self._kept = kept if self.prefix_cache else []
+        return reused, base, past
 
     def decode(self, logits: np.ndarray, past, settings: GenSettings, rngs: Sequence[np.random.Generator],
                names: Sequence[str], prompt: Sequence[int] = ()) -> list[Sample]:

@@ -84,9 +84,10 @@ class RawRowModel:
             return caches[0]
         layers = tuple(tuple(np.concatenate([c.layers[i][j] for c in caches], axis=0) for j in range(2))
                        for i in range(len(caches[0].layers)))
-        return KVCache(layers, caches[0].length)
+        states = tuple(np.concatenate([c.states[i] for c in caches], axis=0) for i in range(len(caches[0].states)))
+        return KVCache(layers, caches[0].length, states)
 
 
 def _row(kv: KVCache, j: int) -> KVCache:
-    """Row ``j`` of a host cache (a view: caches are never written after their pass)."""
-    return KVCache(tuple(tuple(t[j:j + 1] for t in pair) for pair in kv.layers), kv.length)
+    """Row ``j`` of a host cache, KV and recurrent state (a view: caches are never written after their pass)."""
+    return kv.rows(lambda t: t[j:j + 1])

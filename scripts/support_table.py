@@ -1,0 +1,158 @@
+# ruff: noqa: E501  (markdown table rows)
+"""Write docs/support.md (and docs/support.json) from the parity matrix's results.
+
+The matrix (tests/test_matrix.py) records every architecture × precision × path it ran in ``results.json``
+beside its fixtures (``.fixture-cache/matrix/``, or ``$ORTEVALS_TEST_CACHE/matrix/``). Run it whole, then
+this script::
+
+    ORTEVALS_MATRIX=full python -m pytest -q tests/test_matrix.py
+    python scripts/support_table.py            # or: --results PATH
+
+docs/support.json keeps the results the page was made from (rounded), so tests/test_support_table.py can
+check that the page is this script's rendering of them and that every architecture of the matrix is in it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PATHS = (("default", "default"), ("exact", "`--exact`"), ("no_prefix_cache", "`prefix_cache=false`"),
+         ("incremental", "`path=incremental`"), ("gen_raw", "greedy, raw"), ("gen_og", "greedy, `gen_path=og`"))
+PRECISIONS = ("fp32", "int4")
+
+INTRO = """# Supported architectures
+
+Every text architecture that onnxruntime-genai's model builder exports, checked by ortevals' parity matrix:
+a tiny random checkpoint of each (hidden size 64, 2 to 4 layers, shaped to exercise the architecture's own
+features), exported fp32 and int4 by the builder, scored on real MMLU-Pro 5-shot prompts (about 700 tokens,
+all sharing the five-shot header) on each scoring path, and decoded greedily.
+
+- **fp32** is compared with transformers on the same weights (lm-eval's `hf` backend).
+- **int4** is compared with the same package run in one plain onnxruntime pass per input (quantization
+  changes the numbers; ortevals must not change them again).
+- Greedy generation (fp32) is compared with transformers' `generate_until` text.
+
+| mark | meaning |
+|---|---|
+| ✓ | equal: max \\|Δ log-likelihood\\| ≤ {tol} nats against the reference (the number shown) |
+| ≈ | within the stated tolerance: the package itself differs from transformers (the builder's deviation, \
+below); ortevals equals the package run in one pass (max \\|Δ\\| shown) |
+| ✗ *n* | refused in one line: reason *n* below |
+| ! *n* | fails with an error instead of a one-line refusal (being fixed): error *n* below |
+| ✗✗ | differs: a wrong number (none should be listed) |
+| · | not run |
+"""
+
+
+def _mark(cell: dict | None, refusals: dict[str, int]) -> str:
+    if not cell:
+        return "·"
+    status = cell["status"]
+    if status in ("refused", "error"):
+        mark = "✗" if status == "refused" else "!"
+        return f"{mark} {refusals.setdefault(cell['reason'], len(refusals) + 1)}"
+    if "max_abs" in cell:
+        shown = _short(cell["max_abs"])
+    else:
+        shown = f"{cell.get('texts_equal', 0)}/{cell.get('texts', 0)} texts"
+    return {"equal": "✓", "tolerance": "≈", "differs": "✗✗"}[status] + f" {shown}"
+
+
+def _short(x: float) -> str:
+    return f"{x:.0e}".replace("e-0", "e-").replace("e+0", "e")
+
+
+def _by_title(archs: dict) -> list[dict]:
+    return sorted(archs.values(), key=lambda e: e["title"].lower())
+
+
+def _rows(archs: dict, refusals: dict[str, int]) -> list[str]:
+    head = "| architecture | precision | " + " | ".join(title for _, title in PATHS) + " |"
+    rows = [head, "|" + "---|" * (len(PATHS) + 2)]
+    for entry in _by_title(archs):
+        for precision in PRECISIONS:
+            cells = entry.get("cells", {}).get(precision)
+            if cells is None:
+                continue
+            marks = [_mark(cells.get(p), refusals) if precision == "fp32" or not p.startswith("gen") else ""
+                     for p, _ in PATHS]
+            rows.append(f"| {entry['title']} | {precision} | " + " | ".join(marks) + " |")
+    return rows
+
+
+def _features(archs: dict) -> list[str]:
+    lines = ["## What each checkpoint exercises", "", "| architecture | features | package vs transformers (fp32) |",
+             "|---|---|---|"]
+    for entry in _by_title(archs):
+        gap = entry.get("package_gap", {}).get("fp32")
+        note = "—" if gap is None else f"{gap:.1e}" + (f": {entry['deviation']}" if entry.get("deviation") else "")
+        lines.append(f"| {entry['title']} | {entry.get('features') or '—'} | {note} |")
+    workarounds = [f"- **{e['title']}**: {e['workaround']}." for e in _by_title(archs) if e.get("workaround")]
+    if workarounds:
+        lines += ["", "Exported after a workaround for builder 0.18 on checkpoints saved by transformers 5:", "",
+                  *workarounds]
+    return lines
+
+
+PRECISIONS_AND_PROVIDERS = """## Precisions
+
+| precision | status |
+|---|---|
+| fp32 | the matrix above: equal to transformers to 1e-4 in log-likelihood |
+| int8, int4 (the builder's `MatMulNBits`) | the matrix above (int4), and SmolLM2 measured: [calibration.md](calibration.md), [compare.md](compare.md) |
+| dynamic quantization (`quantize_dynamic`) | detected and scored in exact mode ([exactness.md](exactness.md)) |
+| fp16, bf16 logits | scored in float32 (tests on hand-made graphs); a bf16 package is refused on CPU |
+
+## Execution providers
+
+| provider | status |
+|---|---|
+| CPU | every test runs on it |
+| CUDA | its kernels' contracts are tested on CPU with graphs that follow them; CUDA packages are built and checked on CPU; no GPU run is published ([cuda.md](cuda.md)) |
+| DirectML, WebGPU, NPUs | accepted by name; untested. An NPU provider uses the incremental path |
+| TensorRT | refused until measured |
+"""
+
+
+def render(data: dict) -> str:
+    refusals: dict[str, int] = {}
+    table = _rows(data["archs"], refusals)
+    lines = [INTRO.format(tol=_short(data["tolerance"])), *table, "", "## Refusals and errors", "",
+             "Each reason as ortevals, the builder or transformers gives it, in one line:", ""]
+    lines += [f"{n}. {reason}" for reason, n in refusals.items()] or ["None."]
+    lines += ["", *_features(data["archs"]), "", *PRECISIONS_AND_PROVIDERS.splitlines(), "", "## Versions", "",
+              ", ".join(f"{lib} {v}" for lib, v in data["versions"].items()) + ".", "",
+              "Generated by `scripts/support_table.py` from the parity matrix (`tests/test_matrix.py`).", ""]
+    return "\n".join(lines)
+
+
+def _rounded(value):
+    if isinstance(value, float):
+        return float(f"{value:.2e}")
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    cache = Path(os.environ.get("ORTEVALS_TEST_CACHE") or REPO / ".fixture-cache")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=Path, default=cache / "matrix" / "results.json")
+    parser.add_argument("--docs", type=Path, default=REPO / "docs")
+    args = parser.parse_args(argv)
+    if not args.results.is_file():
+        print(f"--results: {args.results} not found; run the matrix first (tests/test_matrix.py)", file=sys.stderr)
+        return 2
+    data = _rounded(json.loads(args.results.read_text()))
+    (args.docs / "support.json").write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+    (args.docs / "support.md").write_text(render(data))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
