@@ -82,6 +82,13 @@ def parse_batch_size(value: Any) -> int | None:
     return positive_int("batch_size")(value)
 
 
+def parse_passes(value: Any) -> int:
+    """``auto`` -> 0 (resolved when the run opens: one per core on CPU unless ``threads`` is set), else > 0."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return 0
+    return positive_int("passes")(value)
+
+
 def verifier_spec(value: Any) -> str:
     """``self`` or a folder path (checked when the run opens it: integrations/verify.py's ``open_verifier``)."""
     if not isinstance(value, str) or not value.strip():
@@ -150,6 +157,11 @@ OPTIONS: tuple[Option, ...] = (
            flag="--threads", metavar="N"),
     Option("batch_size", parse_batch_size, None, "Rows per forward pass, or auto (default).", flag="--batch-size",
            metavar="N|auto"),
+    # which thread computes a pass changes none of its numbers (tests/test_parallel.py); the sessions' thread
+    # count it sets is in the scope through their settings
+    Option("passes", parse_passes, 1, "Log-likelihood passes run at once on CPU, each on one onnxruntime thread: N, "
+           "or auto (one per core unless threads is set; mmlu-pro's default); generation on the raw path then "
+           "decodes on one thread.", scoped=False, flag="--passes", metavar="N|auto"),
     Option("max_length", positive_int("max_length"), None, "Context length (default: the package's context_length).",
            flag="--max-length", metavar="N"),
     Option("add_bos_token", boolean("add_bos_token"), None, "Force BOS on or off (default: hf's rules)."),

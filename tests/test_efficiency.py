@@ -220,8 +220,9 @@ def test_requests_are_tokenized_while_the_sessions_open(tiny_pkg, monkeypatch):
 
     monkeypatch.setattr(DecoderRunner, "open", open_after_tokenizing)
     lm = OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg)), open_soon=True)
-    encode = lm.run.tokenizer.encode
+    encode, encode_many = lm.run.tokenizer.encode, lm.run.tokenizer.encode_many
     monkeypatch.setattr(lm.run.tokenizer, "encode", lambda *a: (tokenized.set(), encode(*a))[1])
+    monkeypatch.setattr(lm.run.tokenizer, "encode_many", lambda *a: (tokenized.set(), encode_many(*a))[1])
     lm.loglikelihood([Instance("loglikelihood", {}, ("The city", " of"), 0)], disable_tqdm=True)
     assert seen == [True]
 

@@ -215,10 +215,11 @@ def test_install_shadows_the_box_onnxruntime_and_proves_the_provider(tmp_path):
 
 # ---- make_model.py: real shapes, sized by transformers' own count; the package equals PyTorch ----------
 @pytest.mark.parametrize("arch,params,layers", [("qwen3", 1.72e9, 28), ("gemma3", 1.0e9, 26), ("llama", 1.236e9, 16),
-                                                 ("smollm2", 1.35e8, 30), ("qwen3", 1.5e9, 24)])
+                                                 ("smollm2", 1.35e8, 30), ("qwen3", 1.5e9, 24),
+                                                 ("qwen3-0.6b", 5.96e8, 28)])
 def test_sized_configs_have_the_real_shapes_and_the_asked_size(arch, params, layers):
     """At the real models' sizes the real layer counts come back (Qwen3-1.7B 28, Gemma-3-1B 26,
-    Llama-3.2-1B 16, SmolLM2-135M 30); the parameter count is transformers' own (meta device)."""
+    Llama-3.2-1B 16, SmolLM2-135M 30, Qwen3-0.6B 28); the parameter count is transformers' own (meta device)."""
     import make_model
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM

@@ -221,3 +221,25 @@ def test_derived_graph_cache_key_covers_the_rewrite(tiny_pkg, monkeypatch):
     assert derive.REWRITE["rewrite"] in before.settings
     monkeypatch.setattr(derive, "REWRITE", {**derive.REWRITE, "scores": "something else"})
     assert derive.derive_scope(pkg).digest != before.digest
+
+
+def test_a_tied_embedding_is_gathered_from_the_head_weight_as_it_is(smollm2, tmp_path):
+    """SmolLM2 ties its embedding to the LM head: the builder reads it as Gather(Transpose(head weight)), which
+    onnxruntime folds into a second table (or, above 1 GiB, transposes in every pass). The derived graph takes
+    the rows from the weight untransposed (Gather axis 1, then a transpose of the rows taken): no transpose
+    of the weight is left, and its logits are the package graph's bit for bit."""
+    import onnx
+
+    from ortevals.runtime.derive import derived_path
+
+    pkg = ModelPackage.load(smollm2[1])
+    cpu = from_package({}, "cpu")
+    full, derived = DecoderRunner.open(pkg, cpu), DecoderRunner.open(pkg, cpu, tmp_path)
+    graph = onnx.load(str(derived_path(pkg, tmp_path)), load_external_data=False).graph
+    weights = {i.name for i in graph.initializer}
+    assert not [n.name for n in graph.node if n.op_type == "Transpose" and n.input[0] in weights]
+    assert any(n.op_type == "Gather" and n.input[0] in weights and n.input[1] == "input_ids" for n in graph.node)
+    ids = np.random.default_rng(0).integers(3, pkg.vocab_size, (2, 40)).astype(np.int64)
+    mask = np.ones_like(ids)
+    positions = np.broadcast_to(np.arange(40), (2, 40))
+    assert np.array_equal(full.forward(ids, mask)[0], derived.forward(ids, mask, None, False, positions)[0])

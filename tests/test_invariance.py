@@ -375,14 +375,14 @@ def test_canary_passes_pad_a_batch_reuse_a_past_and_gather_the_head(tiny_pkg, tm
     reqs = [TokenRequest(header + body(n), body(1)) for n in (80, 120, 150, 40, 60, 90)]
     reqs += [TokenRequest(body(n), body(1)) for n in (300, 340, 380, 420)]
     engine = PrefillEngine(runner, EngineSettings(max_length=1024, vocab_size=pkg.vocab_size))
-    passes, forward = [], engine._forward
+    passes, call = [], engine._call
 
     def spy(ids, mask, past=None, want_present=False, positions=None, targets=None):
         passes.append((ids.shape[0], bool((mask[:, mask.shape[1] - ids.shape[1]:] == 0).any()), past is not None,
                        positions is not None))
-        return forward(ids, mask, past, want_present, positions, targets)
+        return call(ids, mask, past, want_present, positions, targets)
 
-    engine._forward = spy
+    engine._call = spy
     engine.score(reqs)
     canary = passes[:engine.canary_passes]
     assert engine.canary.passed and canary

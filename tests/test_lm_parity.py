@@ -134,13 +134,17 @@ def test_each_text_is_tokenized_once_and_the_ids_are_the_tokenizers(tiny):
     from tokenizers import Tokenizer
 
     lm = OrtLM.from_package(ModelArgs(pkg=str(tiny[1]), max_length=128, batch_size=1))
-    calls, encode = [], lm.run.tokenizer.encode
+    calls, encode, encode_many = [], lm.run.tokenizer.encode, lm.run.tokenizer.encode_many
 
     def counted(text, add_special_tokens=None):
         calls.append(text)
         return encode(text, add_special_tokens)
 
-    lm.run.tokenizer.encode = counted
+    def counted_many(texts, add_special_tokens=None):
+        calls.extend(texts)
+        return encode_many(texts, add_special_tokens)
+
+    lm.run.tokenizer.encode, lm.run.tokenizer.encode_many = counted, counted_many
     choices = [("Question: one two three. Answer:", f" {c}") for c in "ABCDEFGHIJ"]
     lm.loglikelihood(instances("loglikelihood", choices), disable_tqdm=True)
     assert sorted(calls) == sorted({*(c + x for c, x in choices), choices[0][0]})  # 11 texts, each once

@@ -28,7 +28,7 @@ def test_every_option_reaches_model_args():
                "gen_path": "AUTO", "samples": "8", "self_eval": "true", "temperature_fit": "split",
                "verifier": "Self", "prm": "on", "step_separator": "\\n---\\n", "prm_aggregation": "min",
                "search": "DVTS", "search_n": "8", "search_width": "4", "search_max_steps": "3", "cascade": "off",
-               "resume": "false", "decode_budget_mb": "512",
+               "resume": "false", "decode_budget_mb": "512", "passes": "auto",
                "allow_cpu_fallback": "yes"}
     missing = fields - set(strings)
     assert not missing, f"add a string form for {missing}"
@@ -44,6 +44,7 @@ def test_every_option_reaches_model_args():
     assert (args.verifier, args.prm, args.step_separator, args.prm_aggregation) == ("self", True, "\n---\n", "min")
     assert (args.search, args.search_n, args.search_width, args.search_max_steps) == ("dvts", 8, 4, 3)
     assert args.decode_budget_mb == 512
+    assert args.passes == 0 and parse_model_args({"pkg": "p", "passes": "2"}).passes == 2  # auto: resolved at open
     assert args.allow_cpu_fallback is True
 
 

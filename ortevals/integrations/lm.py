@@ -40,6 +40,7 @@ from ortevals.run.run import NO_STORE, Run, run_settings
 
 log = logging.getLogger(__name__)
 __all__ = ["ModelArgs", "OrtLM"]
+ENCODE_AHEAD = 96  # requests whose texts (two at most each) are encoded in one batch: within Run's ENCODED_KEPT
 
 
 def lm_eval_settings(arg_dict: dict, additional_config: dict | None) -> dict:
@@ -215,7 +216,7 @@ class OrtLM(TemplateLM):
             self.media.done()
 
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-        text = lambda rs: super(OrtLM, self).loglikelihood(rs, disable_tqdm)  # noqa: E731
+        text = lambda rs: self._text_loglikelihood(rs, disable_tqdm)  # noqa: E731
         # issue 24 --self-eval: P(True) of every choice in this same call, so the prefix plan shares the prompt
         extra = self_eval.choice_requests(requests) if self.args.self_eval else []
         scores = self._stored("loglikelihood", [*requests, *extra],
@@ -224,7 +225,39 @@ class OrtLM(TemplateLM):
         self.self_eval_scores.update(self_eval.collect(extra, scores[len(requests):]))
         return scores[:len(requests)]
 
-    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
+    def _text_loglikelihood(self, requests, disable_tqdm: bool) -> list[tuple[float, bool]]:
+        """lm-eval's ``TemplateLM.loglikelihood`` on text requests: tokenized by :meth:`_pairs`, then scored, each
+        request counted under its question (task, document) on the progress bar."""
+        pairs = self._pairs([r.args for r in requests], disable_tqdm)
+        return self._loglikelihood_tokens(pairs, disable_tqdm, units=[(r.task_name, r.doc_id) for r in requests])
+
+    def _pairs(self, args: list[tuple[str, str]], disable_tqdm: bool = True) -> list:
+        """What ``TemplateLM.loglikelihood`` hands ``_loglikelihood_tokens``: ``((context, continuation), context
+        ids, continuation ids)``, each pair split by lm-eval's own ``_encode_pair`` (an empty context: the prefix
+        token, as lm-eval does). The texts it will encode are encoded ahead in batches (:meth:`Run.encode_ahead`),
+        and requests with the same context hold one tuple of its ids (ten per MMLU-Pro question otherwise)."""
+        from tqdm import tqdm
+
+        held: dict[str, tuple[int, ...]] = {}  # context text → its ids (lm-eval's context ids depend on it alone)
+        out = []
+        for start in tqdm(range(0, len(args), ENCODE_AHEAD), desc="Tokenizing inputs", unit="chunk",
+                          disable=disable_tqdm or len(args) <= ENCODE_AHEAD):
+            chunk = args[start:start + ENCODE_AHEAD]
+            self.run.encode_ahead([key for context, continuation in chunk for key in _texts(context, continuation)])
+            for context, continuation in chunk:
+                if context == "":
+                    cont = self.tok_encode(continuation, add_special_tokens=False)
+                    ctx, cont = ([self.prefix_token_id], cont) if self.prefix_token_id != cont[0] \
+                        else (cont[:1], cont[1:])
+                    ids = tuple(ctx)
+                else:
+                    ctx, cont = self._encode_pair(context, continuation)
+                    ids = held.setdefault(context, tuple(ctx))
+                out.append(((context, continuation), ids, cont))
+        return out
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, units: list | None = None,
+                              **kwargs) -> list[tuple[float, bool]]:
         self.run.ready()  # tokenized while the sessions opened (Run.stored): their error before these checks
         token_reqs = [TokenRequest(tuple(ctx), tuple(cont)) for _, ctx, cont in requests]
         keys = [r[0] for r in requests]
@@ -243,7 +276,7 @@ class OrtLM(TemplateLM):
                 self.run.put("loglikelihood", list(keys[index]), [score.logprob, score.greedy])
 
         try:
-            scores = self.run.score(token_reqs, record, disable_tqdm)
+            scores = self.run.score(token_reqs, record, disable_tqdm, units)
         except NonFiniteScore as e:  # name the request by its text, not by an index into this batch
             if e.index is None or keys[e.index] is None:
                 raise
@@ -266,7 +299,7 @@ class OrtLM(TemplateLM):
                     max_seq_len=self.max_length, context_len=1)):
                 windows.append((None, ctx, cont))
                 owners.append(i)
-        scores = self._loglikelihood_tokens(windows, disable_tqdm=disable_tqdm)
+        scores = self._loglikelihood_tokens(windows, disable_tqdm=disable_tqdm, units=owners)
         totals = [0.0] * len(requests)
         for owner, (lp, _) in zip(owners, scores):
             totals[owner] += lp
@@ -304,3 +337,11 @@ class OrtLM(TemplateLM):
             log.warning("Failed to apply chat template (%s). removing the system role in chat history.", e)
             chat_history = [m for m in chat_history if m.get("role") != "system"]
             return self.tokenizer.render_chat(chat_history, add_generation_prompt, continue_final)
+
+
+def _texts(context: str, continuation: str) -> tuple[tuple[str, bool | None], ...]:
+    """The ``(text, add_special_tokens)`` lm-eval's tokenizing asks ``tok_encode`` for on one request (a guess
+    that only saves time: a text not guessed is encoded when asked for)."""
+    if context == "":
+        return ((continuation, False),)
+    return (context + continuation, None), (context.rstrip(), None)

@@ -89,14 +89,32 @@ class Tokenizer:
 
     def encode(self, text: str, add_special_tokens: bool | None = None) -> list[int]:
         """lm-eval ``hf`` rules: None means the tokenizer's default unless text starts with BOS."""
-        if add_special_tokens is None:
-            add_special_tokens = True if self.add_bos_token is None else self.add_bos_token
-            if self.special.bos_text and text.startswith(self.special.bos_text):
-                add_special_tokens = False
-        ids = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
-        if add_special_tokens and self.add_bos_token and self.special.bos_id is not None \
+        special = self._special(text, add_special_tokens)
+        return self._bos(self.backend.encode(text, add_special_tokens=special).ids, special)
+
+    def encode_many(self, texts: list[str], add_special_tokens: bool | None = None) -> list[list[int]]:
+        """``[encode(t, add_special_tokens) for t in texts]``, the texts encoded by the library in batches
+        (its threads; ids only, no offsets): the same ids, a fraction of the time on long prompts."""
+        flags = [self._special(t, add_special_tokens) for t in texts]
+        out: list[list[int]] = [[] for _ in texts]
+        batch = getattr(self.backend, "encode_batch_fast", None) or self.backend.encode_batch
+        for flag in set(flags):
+            where = [i for i, f in enumerate(flags) if f == flag]
+            for i, enc in zip(where, batch([texts[i] for i in where], add_special_tokens=flag), strict=True):
+                out[i] = self._bos(enc.ids, flag)
+        return out
+
+    def _special(self, text: str, add_special_tokens: bool | None) -> bool:
+        if add_special_tokens is not None:
+            return add_special_tokens
+        if self.special.bos_text and text.startswith(self.special.bos_text):
+            return False
+        return True if self.add_bos_token is None else self.add_bos_token
+
+    def _bos(self, ids: list[int], special: bool) -> list[int]:
+        if special and self.add_bos_token and self.special.bos_id is not None \
                 and (not ids or ids[0] != self.special.bos_id):
-            ids = [self.special.bos_id, *ids]
+            return [self.special.bos_id, *ids]
         return ids
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:

@@ -15,13 +15,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tqdm import tqdm
-
-from ortevals.engine.backends import Backends
+from ortevals.engine.backends import Backends, capability, loglikelihood_path
 from ortevals.engine.generate.choice.settings import SEARCH_POLICY
 from ortevals.engine.score.prefill import EngineSettings, Score, TokenRequest
 from ortevals.engine.score.scoring import context_limit, effective_max_length
@@ -38,6 +37,7 @@ from ortevals.report.model_info import model_info
 from ortevals.report.scope import results_scope
 from ortevals.report.store import ResultStore
 from ortevals.run.generate import Generation, decode_plan
+from ortevals.run.progress import Progress
 from ortevals.runtime.buffers import kv_bytes_per_token
 from ortevals.runtime.meter import boot_clock
 from ortevals.runtime.providers import ProviderConfig, from_package, parse_options, provider_mode
@@ -91,6 +91,10 @@ class Run:
                                 args.threads, allow_cpu_fallback=args.allow_cpu_fallback)
         if worker_threads is not None and args.threads is None and not provider.on_device:
             args = dataclasses.replace(args, threads=worker_threads())
+            provider = from_package(package.decoder.session_options, args.ep, parse_options(args.provider_options),
+                                    args.threads, allow_cpu_fallback=args.allow_cpu_fallback)
+        args = resolve_passes(args, package, provider)
+        if args.threads != provider.intra_op_threads and args.threads is not None:  # passes: one thread each
             provider = from_package(package.decoder.session_options, args.ep, parse_options(args.provider_options),
                                     args.threads, allow_cpu_fallback=args.allow_cpu_fallback)
         args = decode_plan(args, package, provider)
@@ -151,6 +155,23 @@ class Run:
             if len(self._encoded) > ENCODED_KEPT:
                 del self._encoded[next(iter(self._encoded))]  # the oldest
         return list(ids)
+
+    def encode_ahead(self, keys: list[tuple[str, bool | None]]) -> None:
+        """Encode now, in one batch (:meth:`Tokenizer.encode_many`), the texts :meth:`tok_encode` will be
+        asked for next, ``(text, add_special_tokens)`` each: they join its kept texts (at most
+        :data:`ENCODED_KEPT`; those already kept move to the newest end). Only the time changes: a text asked
+        for that is not kept is encoded then, alone."""
+        keys = list(dict.fromkeys(keys))[-ENCODED_KEPT:]
+        for key in keys:
+            if key in self._encoded:
+                self._encoded[key] = self._encoded.pop(key)
+        todo = [k for k in keys if k not in self._encoded]
+        for flag in {f for _, f in todo}:
+            texts = [t for t, f in todo if f == flag]
+            for text, ids in zip(texts, self.tokenizer.encode_many(texts, flag), strict=True):
+                self._encoded[(text, flag)] = tuple(ids)
+        while len(self._encoded) > ENCODED_KEPT:
+            del self._encoded[next(iter(self._encoded))]
 
     def tok_decode(self, tokens, skip_special_tokens: bool = False) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens)
@@ -222,15 +243,17 @@ class Run:
         finally:
             self.min_saving = before
 
-    def score(self, token_reqs: list[TokenRequest], on_done, disable_tqdm: bool) -> list[Score]:
+    def score(self, token_reqs: list[TokenRequest], on_done, disable_tqdm: bool, units=None) -> list[Score]:
         """Scores in order; ``on_done(index, Score)`` as each finishes (on the engine, or on the workers
-        with ``pool``, whose answers come back and are stored here)."""
-        bar = tqdm(total=len(token_reqs), desc="ortevals", unit="req", disable=disable_tqdm,
-                   dynamic_ncols=True, smoothing=0.1)
+        with ``pool``, whose answers come back and are stored here). ``units``: each request's question, which
+        the progress bar counts (run/progress.py)."""
+        inputs = [r.context if len(r.continuation) == 1 else r.context + r.continuation[:-1] for r in token_reqs]
+        bar = Progress(inputs, units, disable=disable_tqdm)
+        del inputs
 
         def done(index: int, score: Score) -> None:
             on_done(index, score)
-            bar.update(1)
+            bar.done(index)
 
         start = time.perf_counter()
         self.begin()
@@ -258,6 +281,20 @@ class Run:
         self.backends.meter.begin(boot_clock())
 
 
+def resolve_passes(args: ModelArgs, package: ModelPackage, provider: ProviderConfig) -> ModelArgs:
+    """``passes`` as this run uses it (engine/score/parallel.py): 1 on a device, with workers, or where
+    log-likelihoods go to onnxruntime-genai; ``auto``: one per usable core unless ``threads`` is set. More than
+    one pass at a time gives each one onnxruntime thread unless ``threads`` says otherwise."""
+    passes = args.passes
+    workers = bool(args.workers or args.ray_address)
+    if provider.on_device or workers or loglikelihood_path(args.path, capability(package, provider)) != "prefill":
+        passes = 1
+    elif passes == 0:
+        passes = len(os.sched_getaffinity(0)) if args.threads is None and hasattr(os, "sched_getaffinity") else 1
+    threads = 1 if passes > 1 and args.threads is None else args.threads
+    return dataclasses.replace(args, passes=max(1, passes), threads=threads)
+
+
 def engine_settings(package: ModelPackage, provider: ProviderConfig, args: ModelArgs) -> EngineSettings:
     """The engines' settings from the model arguments, the package and where the provider runs."""
     return EngineSettings(
@@ -276,6 +313,7 @@ def engine_settings(package: ModelPackage, provider: ProviderConfig, args: Model
         prefix_batch=0 if provider.on_device else 1,
         kv_bytes_per_token=kv_bytes_per_token(package),
         exact=args.exact, check=args.check,  # invariance switches (engine/score/invariance.py)
+        passes=1 if provider.on_device else args.passes,
     )
 
 

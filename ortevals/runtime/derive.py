@@ -19,6 +19,12 @@ the arithmetic is the host path's (engine/score/scoring.py; see ``_add_scores``)
 900-token prompt on a 262k vocabulary without the gather). The logits output
 stays, for the probe and callers that ask for it.
 
+A tied embedding that the builder reads as ``Gather(Transpose(head weight), ids)`` is gathered from the
+head's weight as it is instead (``Gather(weight, ids, axis=1)``, then a transpose of the few rows taken: the
+same numbers, moved, not computed). onnxruntime folds such a transpose into a second copy of the table once,
+or, above its 1 GiB folding limit (Gemma-3-1B's 262k × 1152 float32 table, 1.2 GB), transposes the whole
+table again in every pass: 2.4 GB read and written, a fifth of a 200-token pass's CPU time there.
+
 The derived ``model.onnx`` is cached under ``<cache>/derived/<scope>/``, where
 ``<scope>`` is the digest of a :class:`~ortevals.package.scope.Scope` over exactly
 what the rewrite reads (:func:`derive_reads`): the decoder's graph file (its
@@ -49,7 +55,8 @@ TARGETS = "ortevals_targets"
 LOGPROBS = "ortevals_logprobs"
 GREEDY = "ortevals_greedy"
 # the rewrite's own version and options: part of the cache key (the source digest in Scope covers code too)
-REWRITE = {"rewrite": "gather-head+scores/2", "scores": "float32 x-max, float64 log-sum-exp, ArgMax==target"}
+REWRITE = {"rewrite": "gather-head+scores/2", "scores": "float32 x-max, float64 log-sum-exp, ArgMax==target",
+           "embedding": "Gather(Transpose(W), ids) -> Transpose(Gather(W, ids, axis=1))"}
 HEAD_OPS = {"MatMul", "MatMulNBits", "Gemm", "MatMulInteger", "QLinearMatMul"}
 POINTWISE = {"Mul", "Div", "Tanh", "Cast", "Add", "Sub", "Identity"}
 
@@ -109,6 +116,7 @@ def _derive(package: ModelPackage) -> bytes | None:
         if out.name == logits_name and len(out.type.tensor_type.shape.dim) == 3:
             out.type.tensor_type.shape.dim[1].dim_param = "positions"
     _add_scores(model, logits_name)
+    _gather_untransposed(graph)
     return model.SerializeToString()
 
 
@@ -156,6 +164,36 @@ def _add_scores(model, logits: str) -> None:
     graph.input.append(helper.make_tensor_value_info(TARGETS, TensorProto.INT64, dims))
     graph.output.extend([helper.make_tensor_value_info(LOGPROBS, TensorProto.FLOAT, dims),
                          helper.make_tensor_value_info(GREEDY, TensorProto.BOOL, dims)])
+
+
+def _gather_untransposed(graph) -> None:
+    """Each ``Gather(Transpose(W), ids)`` (W a 2-D initializer, the transpose feeding only such gathers, ids of
+    known rank r) becomes ``Transpose(Gather(W, ids, axis=1), perm=[1..r, 0])``: the rows of Wᵀ are W's
+    columns, taken and laid out as before, bit for bit."""
+    from onnx import helper
+
+    weights = {i.name: len(i.dims) for i in graph.initializer}
+    ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in [*graph.input, *graph.value_info]
+             if v.type.tensor_type.HasField("shape")}
+    users: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            users.setdefault(name, []).append(node)
+    for tr in [n for n in graph.node if n.op_type == "Transpose" and weights.get(n.input[0]) == 2]:
+        perm = next((list(a.ints) for a in tr.attribute if a.name == "perm"), [1, 0])
+        gathers = users.get(tr.output[0], [])
+        if perm != [1, 0] or not gathers or any(
+                g.op_type != "Gather" or g.input[0] != tr.output[0] or g.input[1] not in ranks
+                or any(a.name == "axis" and a.i != 0 for a in g.attribute) for g in gathers):
+            continue
+        for g in gathers:
+            rank, taken = ranks[g.input[1]], f"{g.output[0]}/untransposed"
+            at = list(graph.node).index(g)
+            graph.node.remove(g)
+            graph.node.insert(at, helper.make_node("Transpose", [taken], [g.output[0]], name=f"{g.name}/Transpose",
+                                                   perm=[*range(1, rank + 1), 0]))
+            graph.node.insert(at, helper.make_node("Gather", [tr.input[0], g.input[1]], [taken], name=g.name, axis=1))
+        graph.node.remove(tr)
 
 
 def _find_head(graph, logits_name: str):

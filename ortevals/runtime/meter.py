@@ -4,7 +4,9 @@ Owns :class:`PassMeter`, which :class:`~ortevals.runtime.sessions.DecoderRunner`
 pass it runs (its probe excluded): a **prefill** pass runs ``S > 1`` new tokens per row, or any
 first pass (no past); a **decode** pass runs one new token per row on a past (generation's
 steps). Each pass counts ``rows × new tokens`` (the tokens the hardware computed, padding of a
-right-padded batch included) and its wall seconds around ``session.run``. ``first_pass_at`` is the
+right-padded batch included) and its wall seconds around ``session.run``; a kind's seconds are the time at
+least one of its passes was running (passes that run at once, engine/score/parallel.py, count their
+overlap once), its row-seconds each pass's own. ``first_pass_at`` is the
 ``CLOCK_BOOTTIME`` instant the run began computing: its first metered pass, or the first request it handed
 to a path whose passes are not metered here (onnxruntime-genai, the media paths, Ray workers: :meth:`begin`),
 whichever came first; start-up ends there (report/efficiency.py). Start-up begins at :data:`CODE_STARTED`,
@@ -64,6 +66,8 @@ class PassMeter:
         self._lock = threading.Lock()
         self._totals: dict[str, float] = {}
         self._first: float | None = None
+        self._spans: dict[str, list[tuple[float, float]]] = {}  # per kind: recent busy intervals, disjoint
+        self._longest = 0.0  # the longest pass so far: older intervals cannot overlap a pass still to come
 
     def record(self, rows: int, new_tokens: int, has_past: bool, started: float, seconds: float) -> None:
         """One pass: ``rows`` rows of ``new_tokens`` tokens each, begun at ``started`` (boot_clock())."""
@@ -74,10 +78,24 @@ class PassMeter:
             t = self._totals
             t[f"{kind}_passes"] = t.get(f"{kind}_passes", 0) + 1
             t[f"{kind}_tokens"] = t.get(f"{kind}_tokens", 0) + rows * new_tokens
-            t[f"{kind}_seconds"] = t.get(f"{kind}_seconds", 0.0) + seconds
+            t[f"{kind}_seconds"] = t.get(f"{kind}_seconds", 0.0) + self._busy(kind, started, started + seconds)
             t[f"{kind}_row_seconds"] = t.get(f"{kind}_row_seconds", 0.0) + rows * seconds
             if kind == "prefill":
                 t["prefill_rows"] = t.get("prefill_rows", 0) + rows
+
+    def _busy(self, kind: str, start: float, end: float) -> float:
+        """The seconds of [start, end] not already counted as ``kind``'s busy time; the interval joins it."""
+        self._longest = max(self._longest, end - start)
+        spans = [(a, b) for a, b in self._spans.get(kind, []) if b >= start - 2 * self._longest]
+        added = (end - start) - sum(max(0.0, min(b, end) - max(a, start)) for a, b in spans)
+        merged: list[tuple[float, float]] = []
+        for a, b in sorted([*spans, (start, end)]):
+            if merged and a <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+            else:
+                merged.append((a, b))
+        self._spans[kind] = merged
+        return added
 
     def begin(self, at: float) -> None:
         """The run began computing at ``at`` (boot_clock()) on a path whose passes this meter does not see;
@@ -92,4 +110,4 @@ class PassMeter:
 
     def reset(self) -> None:
         with self._lock:
-            self._totals, self._first = {}, None
+            self._totals, self._first, self._spans, self._longest = {}, None, {}, 0.0

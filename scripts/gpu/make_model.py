@@ -39,12 +39,16 @@ REPO = Path(__file__).resolve().parent.parent.parent
 FP32_CUDA = ("the builder writes an fp32 CUDA package onnxruntime cannot load (its present.* outputs are "
              "produced by no node); build fp32 with --ep cpu (ortevals runs it on CUDA only where every node has "
              "a CUDA kernel), or use --precision fp16/bf16 for CUDA")
-BOS = {"qwen3": False, "gemma3": True, "llama": True, "smollm2": False}
-ARCHS = {  # the real models' configs (Qwen3-1.7B, Gemma-3-1B, Llama-3.2-1B, SmolLM2-135M)
+BOS = {"qwen3": False, "qwen3-0.6b": False, "gemma3": True, "llama": True, "smollm2": False}
+ARCHS = {  # the real models' configs (Qwen3-1.7B, Qwen3-0.6B, Gemma-3-1B, Llama-3.2-1B, SmolLM2-135M)
     "qwen3": dict(model_type="qwen3", architectures=["Qwen3ForCausalLM"], hidden_size=2048, intermediate_size=6144,
                   num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
                   vocab_size=151936, max_position_embeddings=40960, rope_theta=1e6, rms_norm_eps=1e-6,
                   tie_word_embeddings=True),
+    "qwen3-0.6b": dict(model_type="qwen3", architectures=["Qwen3ForCausalLM"], hidden_size=1024,
+                       intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                       head_dim=128, vocab_size=151936, max_position_embeddings=40960, rope_theta=1e6,
+                       rms_norm_eps=1e-6, tie_word_embeddings=True),
     "gemma3": dict(model_type="gemma3_text", architectures=["Gemma3ForCausalLM"], hidden_size=1152,
                    intermediate_size=6912, num_hidden_layers=26, num_attention_heads=4, num_key_value_heads=1,
                    head_dim=256, query_pre_attn_scalar=256, vocab_size=262144, max_position_embeddings=32768,

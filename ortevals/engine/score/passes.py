@@ -49,6 +49,7 @@ class EngineSettings:
     prefix_batch: int = 1
     exact: bool = False  # one row per pass, no prefix reuse, full logits: each input as if run alone
     check: bool = True  # run the invariance canary before the first batched run
+    passes: int = 1  # independent passes run at once, each on its own thread (engine/score/parallel.py)
     dtype: str = "float32"  # the logits' float type: sets the canary's tolerance
     reuse: ReusePolicy = ReusePolicy()  # what cached KV may be reused for (package/reuse.py)
 

@@ -41,6 +41,7 @@ from ortevals.engine.score.invariance import (
     straddle,
     tolerance,
 )
+from ortevals.engine.score.parallel import PassPool
 from ortevals.engine.score.passes import (
     EngineSettings,
     Group,
@@ -83,6 +84,7 @@ class PrefillEngine:
         self.mode = "exact" if settings.exact else "batched"  # which mode runs and why, for the run's record
         self.canary: CanaryResult | None = None
         self.canary_tokens = 0  # tokens of the canary's one-row reference passes (their scores are kept)
+        self.pool = PassPool(settings.passes)  # independent passes, ``passes`` at a time (engine/score/parallel.py)
 
     def score(
         self,
@@ -94,12 +96,21 @@ class PrefillEngine:
         tokens a shared prefix must save to get a pass of its own in this call (default: the settings')."""
         if not requests:
             return []
+        try:
+            out = self._score(requests, on_done, min_saving)
+            self.pool.drain()
+            return out
+        except BaseException:
+            self.pool.abandon()
+            raise
+
+    def _score(self, requests, on_done, min_saving) -> list[Score]:
         if self.settings.exact:
             return self.score_exact(requests, on_done)
         if self.settings.check and self.canary is None and self._can_differ():
             if not self._stored_verdict():
                 return self._score_checked(requests, on_done, min_saving)
-            return self.score(requests, on_done, min_saving)
+            return self._score(requests, on_done, min_saving)
         return self.score_batched(requests, on_done, min_saving)
 
     def _stored_verdict(self) -> bool:
@@ -125,7 +136,8 @@ class PrefillEngine:
         done = ScoreSink(requests, results, on_done)
         for group in plan_groups(requests, self.settings.max_length, self.settings.group_by_context):
             ids, mask = pad_right([group.tokens], self.settings.pad_token_id)
-            self._score_pass(ids, mask, [group], [len(group.tokens)], done)
+            self.pool.submit(*self._pass(ids, mask, [group], [len(group.tokens)], done))
+        self.pool.drain()
         return results  # type: ignore[return-value]
 
     def _score_checked(self, requests: Sequence[TokenRequest], on_done=None, min_saving=None) -> list[Score]:
@@ -144,6 +156,7 @@ class PrefillEngine:
             self.canary = compare(np.array([s.logprob for s in configured]), np.array([s.logprob for s in exact]),
                                   np.array([len(r.continuation) for r in sub]), self.settings.dtype)
         except NonFiniteScore as e:
+            self.pool.abandon()  # the canary's other passes: not reported
             exact = configured = None
             self.canary = CanaryResult(False, float("nan"), e.index or 0, tolerance(self.settings.dtype, 1))
         self.canary_tokens += self.tokens_run - before
@@ -199,7 +212,8 @@ class PrefillEngine:
             plain.sort(key=lambda g: -len(g.tokens))  # longest first, as plan_groups made them
         for batch in batches(plain, self.settings, getattr(self.runner, "gathers_positions", False)):
             ids, mask = pad_right([g.tokens for g in batch], self.settings.pad_token_id)
-            self._score_pass(ids, mask, batch, [len(g.tokens) for g in batch], done)
+            self.pool.submit(*self._pass(ids, mask, batch, [len(g.tokens) for g in batch], done))
+        self.pool.drain()
         return results  # type: ignore[return-value]
 
     def _shared(self, groups: list[Group], done: ScoreSink, min_saving: int | None = None) -> list[Group]:
@@ -233,16 +247,25 @@ class PrefillEngine:
 
     def _forward(self, ids: np.ndarray, mask: np.ndarray, past=None, want_present: bool = False, positions=None,
                  targets=None):
-        """One pass; ``mask [B, P+S]`` marks each row's real tokens and counts the tokens run.
+        """One pass, counted, on this thread (see :meth:`_call`)."""
+        self._count(ids, mask)
+        return self._call(ids, mask, past, want_present, positions, targets)
 
-        The model is fed an all-ones mask instead. GroupQueryAttention takes each row's past
+    def _count(self, ids: np.ndarray, mask: np.ndarray) -> None:
+        """A pass and its real tokens (``mask [B, P+S]`` marks each row's real tokens), counted where it is made."""
+        self.forward_passes += 1
+        self.tokens_run += int(mask[:, mask.shape[1] - ids.shape[1]:].sum())
+
+    def _call(self, ids: np.ndarray, mask: np.ndarray, past=None, want_present: bool = False, positions=None,
+              targets=None):
+        """The runner's pass (thread-safe on the host: it may run on a :class:`PassPool` worker).
+
+        The model is fed an all-ones mask instead of ``mask``. GroupQueryAttention takes each row's past
         length from its mask sum (CUDA: ``seqlens_k + 1 - S``; it has no padding inside the new
         tokens), so a right-padded row on a shared past would get its KV and positions moved.
         Counted as real, a row's padding sits after all its real tokens, the causal mask keeps it
         from them, and nothing at a padded position is ever read.
         """
-        self.forward_passes += 1
-        self.tokens_run += int(mask[:, mask.shape[1] - ids.shape[1]:].sum())
         fed = np.ones_like(mask)
         if targets is not None:  # derived graph that scores on the device: (logprobs, greedy) [B,K,M]
             return self.runner.score(ids, fed, past, positions, targets)
@@ -250,28 +273,27 @@ class PrefillEngine:
             return self.runner.forward(ids, fed, past, want_present)
         return self.runner.forward(ids, fed, past, want_present, positions)
 
-    def _score_pass(self, ids, mask, batch: list[Group], lengths: list[int], done: ScoreSink, past=None) -> None:
-        """One pass over ``batch`` (row b: ``batch[b]``, ``lengths[b]`` real tokens); each member's score to ``done``.
+    def _pass(self, ids, mask, batch: list[Group], lengths: list[int], done: ScoreSink, past=None):
+        """One pass over ``batch`` (row b: ``batch[b]``, ``lengths[b]`` real tokens), counted here, as
+        ``(run, report)`` for :class:`PassPool`: ``run()`` computes it, ``report(out)`` gives each member's score
+        to ``done``.
 
         With a derived graph only the last K positions of each row are computed (K: the batch's
         longest continuation) and, where the graph scores, only the targets' log-probabilities
         and argmax flags come back, not logits; otherwise all S rows of logits, scored on the host.
         """
+        self._count(ids, mask)
         if not getattr(self.runner, "gathers_positions", False):
-            logits, _ = self._forward(ids, mask, past)
-            for b, group in enumerate(batch):
-                done.group(logits[b], group, lengths[b])
-            return
+            return (lambda: self._call(ids, mask, past)[0],
+                    lambda logits: [done.group(logits[b], g, lengths[b]) for b, g in enumerate(batch)])
         k = scored_positions(batch)
         positions = np.stack([np.clip(np.arange(n - k, n), 0, None) for n in lengths]).astype(np.int64)
         if getattr(self.runner, "scores_in_graph", False):
-            lp, greedy = self._forward(ids, mask, past, positions=positions, targets=done.targets(batch, k))
-            for b, group in enumerate(batch):
-                done.scores(lp[b], greedy[b], group, k)
-            return
-        logits, _ = self._forward(ids, mask, past, positions=positions)
-        for b, group in enumerate(batch):
-            done.group(logits[b], group, k)
+            targets = done.targets(batch, k)
+            return (lambda: self._call(ids, mask, past, positions=positions, targets=targets),
+                    lambda out: [done.scores(out[0][b], out[1][b], g, k) for b, g in enumerate(batch)])
+        return (lambda: self._call(ids, mask, past, positions=positions)[0],
+                lambda logits: [done.group(logits[b], g, k) for b, g in enumerate(batch)])
 
     def _score_shared(self, groups: list[Group], plan: PrefixPlan, done: ScoreSink) -> None:
         """Depth-first over the radix plan; the stack holds the KV of the prefixes on the path.
@@ -283,7 +305,8 @@ class PrefillEngine:
         budget = self.settings.prefix_budget_mb * 2**20
         stack: list[tuple[int, object]] = []  # (node index, KVCache)
         pending: list[Group] = []  # inputs waiting to run on top of the stack's deepest prefix
-        limit = self.settings.prefix_batch or 256
+        # pending inputs flushed at once: a batch's rows, or on one row per pass enough to keep every pass busy
+        limit = (self.settings.prefix_batch or 256) * (1 if self.settings.passes == 1 else 8 * self.settings.passes)
         for gi in plan.order:
             path = plan.paths[gi]
             if not path:
@@ -327,29 +350,30 @@ class PrefillEngine:
             n = self.settings.prefix_batch or rows_for(self.settings, tail, k, base + tail)
             if past is not None:  # the replicated past stays within the prefix budget
                 n = min(n, max(1, self.settings.prefix_budget_mb * 2**20 // max(past.nbytes, 1)))
-            if getattr(self, "prefix_batch_refused", False):
-                n = 1
+            if n == 1 or getattr(self, "prefix_batch_refused", False):  # one row per pass, ``passes`` at a time
+                for group in pending:
+                    self.pool.submit(*self._continue_rows([group], base, past, done))
+                pending.clear()
+                return
             chunk, pending[:] = pending[:n], pending[n:]
-            if len(chunk) > 1:
-                try:
-                    self._continue_rows(chunk, base, past, done)
-                    continue
-                except OrtEvalsError as e:
-                    if past is None:
-                        raise
-                    log.warning("prefix continuations: batched pass refused (%s); one row per pass from now on",
-                                e)
-                    self.prefix_batch_refused = True
-            for group in chunk:
-                self._continue_rows([group], base, past, done)
+            try:
+                run, report = self._continue_rows(chunk, base, past, done)
+                report(run())
+            except OrtEvalsError as e:
+                if past is None:
+                    raise
+                log.warning("prefix continuations: batched pass refused (%s); one row per pass from now on", e)
+                self.prefix_batch_refused = True
+                pending[:0] = chunk
 
-    def _continue_rows(self, chunk: list[Group], base: int, past, done: ScoreSink) -> None:
+    def _continue_rows(self, chunk: list[Group], base: int, past, done: ScoreSink):
+        """The pass of ``chunk``'s own tokens on the ``base`` tokens of ``past``, as :meth:`_pass` makes it."""
         ids, tail_mask = pad_right([g.tokens[base:] for g in chunk], self.settings.pad_token_id)
         mask = np.concatenate([np.ones((len(chunk), base), dtype=np.int64), tail_mask], axis=1)
         if past is not None and len(chunk) > 1:
             repeat = getattr(self.runner, "repeat_past", None)
             past = repeat(past, len(chunk)) if repeat else _repeat_host(past, len(chunk))
-        self._score_pass(ids, mask, chunk, [len(g.tokens) - base for g in chunk], done, past)
+        return self._pass(ids, mask, chunk, [len(g.tokens) - base for g in chunk], done, past)
 
     def _extend(self, tokens, stack, plan: PrefixPlan, depth: int):
         """KV of ``tokens[:depth]``, computed on top of the deepest cached prefix: in a pass of
@@ -360,7 +384,9 @@ class PrefillEngine:
         ids = np.asarray([tokens[base:width]], dtype=np.int64)
         # only the KV is wanted: a derived graph computes the head at one position, not [1,S,V] logits
         last = np.array([[ids.shape[1] - 1]], np.int64) if getattr(self.runner, "gathers_positions", False) else None
-        _, kv = self._forward(ids, np.ones((1, width), dtype=np.int64), past, want_present=True, positions=last)
+        mask = np.ones((1, width), dtype=np.int64)
+        self._count(ids, mask)  # on a worker while the passes already started go on
+        _, kv = self.pool.call(lambda: self._call(ids, mask, past, want_present=True, positions=last))
         return kv if width == depth else self.runner.narrow_past(kv, depth)
 
 

@@ -1,0 +1,82 @@
+"""The scoring progress bar: questions done and the time left.
+
+Owns what the bar shows while a run scores log-likelihood requests: the questions (lm-eval documents)
+whose every request is done, out of all, and an ETA from the work left rather than from the questions
+left. Each request carries a share of its model input's work: the input's tokens beyond the longest
+prefix it shares with the input before it in sorted order (what the shared-prefix plan runs once,
+engine/score/prefix.py) plus :data:`PASS_TOKENS` for the pass itself. The bar advances by work and its
+ETA is the average rate so far (tqdm's ``smoothing=0``): the work left over the work done, times the
+time taken, so long and short questions finishing in any order do not swing it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Hashable, Sequence
+
+from tqdm import tqdm
+
+from ortevals.tokens import common_prefix
+
+PASS_TOKENS = 8  # a pass's fixed cost (the LM head at its scored rows, the session call) in tokens of work
+BAR = "{desc}: {percentage:3.0f}%|{bar}| {units} [{elapsed}<{remaining}]"
+
+
+class _Bar(tqdm):
+    """tqdm with the questions done (``units``, set by :class:`Progress`) as a field of its format."""
+
+    def __init__(self, *args, units: str = "", **kwargs) -> None:
+        self.units = units
+        super().__init__(*args, **kwargs)
+
+    @property
+    def format_dict(self):
+        return {**super().format_dict, "units": self.units}
+
+
+def request_work(inputs: Sequence[Sequence[int]]) -> list[float]:
+    """Each request's share of the work: its model input's new tokens (beyond the longest prefix shared with
+    the input before it, inputs sorted; identical inputs run once) plus :data:`PASS_TOKENS`, split evenly
+    among the requests with that input."""
+    objects = {id(x): x for x in inputs}  # requests of one question usually hold one tuple: hashed once
+    same = Counter(id(x) for x in inputs)
+    members: Counter = Counter()
+    for key, x in objects.items():
+        members[tuple(x)] += same[key]
+    work: dict[tuple[int, ...], float] = {}
+    previous: tuple[int, ...] = ()
+    for seq in sorted(members):
+        work[seq] = (len(seq) - common_prefix(previous, seq) + PASS_TOKENS) / members[seq]
+        previous = seq
+    by_id = {key: work[tuple(x)] for key, x in objects.items()}
+    return [by_id[id(x)] for x in inputs]
+
+
+class Progress:
+    """A tqdm bar over the work of ``inputs`` (one per request) that counts ``units`` (one per request: its
+    question; None: each request is its own) as they finish."""
+
+    def __init__(self, inputs: Sequence[Sequence[int]], units: Sequence[Hashable] | None = None,
+                 disable: bool = False, desc: str = "ortevals") -> None:
+        self.work = request_work(inputs)
+        self.units = list(units) if units is not None else list(range(len(self.work)))
+        self.left = Counter(self.units)  # requests not done, per unit
+        self.done_units = 0
+        self.noun = "questions" if units is not None else "requests"
+        self.bar = _Bar(total=sum(self.work), desc=desc, disable=disable, dynamic_ncols=True, smoothing=0,
+                        bar_format=BAR, units=self._units())
+
+    def done(self, index: int) -> None:
+        """Request ``index`` finished."""
+        unit = self.units[index]
+        self.left[unit] -= 1
+        if self.left[unit] == 0:
+            self.done_units += 1
+            self.bar.units = self._units()
+        self.bar.update(min(self.work[index], self.bar.total - self.bar.n))  # rounding never passes the total
+
+    def _units(self) -> str:
+        return f"{self.done_units}/{len(self.left)} {self.noun}"
+
+    def close(self) -> None:
+        self.bar.close()

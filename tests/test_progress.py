@@ -1,0 +1,121 @@
+"""Whole-benchmark plumbing: tokenizing in batches (the same ids as one text at a time, the same pairs as
+lm-eval's own tokenizing), the progress bar's questions and work-weighted ETA, the common-prefix helper."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from lm_eval.api.instance import Instance
+from lm_eval.api.model import TemplateLM
+from tqdm import tqdm
+
+from ortevals.integrations.lm import ENCODE_AHEAD, ModelArgs, OrtLM
+from ortevals.package.loader import ModelPackage
+from ortevals.package.tokenizer import Tokenizer
+from ortevals.run.progress import PASS_TOKENS, Progress, request_work
+from ortevals.tokens import common_prefix
+
+TEXTS = ["Question: one two three. Answer: B", "", " leading space", "<s> starts with BOS", "<s>", "trailing \n\n",
+         "Paris france berlin germany rome italy " * 30, "naïve café — ünïcödé 数字 123 4567", "A"]
+
+
+@pytest.mark.parametrize("add_bos_token", [None, True, False])
+def test_encode_many_equals_encode_one_at_a_time(tiny_pkg, add_bos_token):
+    """Tokenizer.encode_many: the ids :meth:`Tokenizer.encode` gives each text, for every BOS rule (the tiny
+    tokenizer adds BOS itself; a text starting with it gets none added; add_bos_token forces it on or off)."""
+    tok = Tokenizer.load(ModelPackage.load(tiny_pkg), add_bos_token=add_bos_token)
+    for flag in (None, True, False):
+        assert tok.encode_many(TEXTS, flag) == [tok.encode(t, flag) for t in TEXTS]
+    assert tok.encode_many(TEXTS)[0][0] == (tok.special.bos_id if add_bos_token is not False else
+                                            tok.encode(TEXTS[0], False)[0])
+
+
+def _lm_eval_pairs(lm, args):
+    """What lm-eval's own TemplateLM.loglikelihood hands _loglikelihood_tokens."""
+    seen = []
+    lm._loglikelihood_tokens, saved = (lambda reqs, **k: seen.extend(reqs) or [(0.0, False)] * len(reqs)), \
+        lm._loglikelihood_tokens
+    try:
+        TemplateLM.loglikelihood(lm, [Instance("loglikelihood", {}, a, i) for i, a in enumerate(args)], True)
+    finally:
+        lm._loglikelihood_tokens = saved
+    return seen
+
+
+def test_pairs_equal_lm_evals_tokenizing_and_share_contexts(tiny_pkg):
+    """OrtLM._pairs (texts encoded ahead in batches, chunks of ENCODE_AHEAD requests) gives exactly the
+    (args, context ids, continuation ids) lm-eval's TemplateLM.loglikelihood builds: empty contexts (the
+    prefix token), trailing spaces moved into the continuation, a context starting with BOS, multi-token
+    continuations, contexts that span a chunk's end; requests with one (non-empty) context hold one tuple of its
+    ids."""
+    lm = OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg), max_length=128, batch_size=1))
+    rng = random.Random(0)
+    words = "paris france berlin one two three answer question the of river".split()
+    args = [("", "The river of the city"), ("Nine ten ", "eleven twelve"), ("<s> Question: x", " A"),
+            ("", "<s> paris")]
+    for _ in range(2 * ENCODE_AHEAD // 4):
+        context = "Question: " + " ".join(rng.choice(words) for _ in range(rng.randint(3, 30))) + \
+                  rng.choice(["\nAnswer:", "\nAnswer: ", " "])
+        args += [(context, f" {c}") for c in "ABCDEFG"[: rng.randint(2, 7)]] + [(context, " france paris")]
+    ref = _lm_eval_pairs(lm, args)
+    ours = lm._pairs(args)
+    assert len(args) > 2 * ENCODE_AHEAD
+    assert [(a, list(c), list(x)) for a, c, x in ours] == [(a, list(c), list(x)) for a, c, x in ref]
+    by_context: dict[str, set] = {}
+    for (context, _), ids, _ in ours:
+        if context:  # an empty context's ids are the continuation's first token or the prefix token
+            by_context.setdefault(context, set()).add(id(ids))
+    assert all(len(v) == 1 for v in by_context.values())
+
+
+def test_request_work_counts_new_tokens_once_per_input():
+    """Hand-computed: inputs sorted, each costs its tokens beyond the longest prefix shared with the one
+    before it, plus PASS_TOKENS, split among the requests with that input."""
+    header = tuple(range(100))
+    a, b, c = header + (7, 8, 9), header + (7, 5), header + (1,) * 40
+    inputs = [a, a, b, c, a]  # a: three requests, one input
+    work = request_work(inputs)
+    # sorted: c (…, 1, …), b (…, 7, 5), a (…, 7, 8, 9): c runs its 140 tokens, b 2 beyond the header, a 2 beyond
+    # (…, 7) which b ran
+    assert work == pytest.approx([(2 + PASS_TOKENS) / 3] * 2 + [2 + PASS_TOKENS, 140 + PASS_TOKENS,
+                                                                  (2 + PASS_TOKENS) / 3])
+    assert request_work([list(a), tuple(a)]) == pytest.approx([(103 + PASS_TOKENS) / 2] * 2)
+
+
+def test_progress_counts_questions_and_its_eta_is_the_work_left_at_the_average_rate():
+    """A question is done when its last request is; the bar advances by work, so the ETA it shows is
+    elapsed × work left / work done (tqdm's average rate, smoothing 0), whatever the order."""
+    header = tuple(range(50))
+    inputs = [header + (q,) * (10 + 30 * (q % 2)) for q in range(4) for _ in range(3)]
+    units = [("task", q) for q in range(4) for _ in range(3)]
+    bar = Progress(inputs, units)
+    order = [3, 0, 6, 9, 1, 4, 2, 7, 10, 5, 8, 11]
+    for i in order[:7]:
+        bar.done(i)
+    assert bar.done_units == 1 and bar.bar.units == "1/4 questions"
+    fmt = bar.bar.format_dict
+    total, done = sum(request_work(inputs)), sum(request_work(inputs)[i] for i in order[:7])
+    assert fmt["rate"] is None and fmt["total"] == pytest.approx(total) and fmt["n"] == pytest.approx(done)
+    shown = tqdm.format_meter(**{**fmt, "elapsed": 600})  # as the bar would print it 10 minutes in
+    eta = 600 * (total - done) / done
+    assert shown.endswith(f"1/4 questions [10:00<{int(eta // 60):02d}:{int(eta % 60):02d}]"), shown
+    for i in order[7:]:
+        bar.done(i)
+    assert bar.done_units == 4
+    bar.close()
+
+
+def test_common_prefix_equals_the_plain_loop():
+    def plain(a, b):
+        i = 0
+        while i < min(len(a), len(b)) and a[i] == b[i]:
+            i += 1
+        return i
+
+    rng = random.Random(1)
+    for _ in range(3000):
+        a = [rng.randint(0, 2) for _ in range(rng.randint(0, 80))]
+        b = a[:rng.randint(0, len(a))] + [rng.randint(0, 2) for _ in range(rng.randint(0, 50))]
+        for x, y in ((a, b), (b, a), (tuple(a), b), (tuple(a), tuple(b)), (range(len(a)), list(range(len(b))))):
+            assert common_prefix(x, y) == plain(x, y)
