@@ -144,8 +144,7 @@ def _package_path(pkg: Path | None, example: bool) -> str:
     return str(pkg)
 
 
-def _load_lm(kw: dict, defaults: dict | None = None):
-    """The run's OrtLM from the flags and --model-args (``defaults``: a command's own, for what neither gives)."""
+def _load_lm(kw: dict):
     from ortevals.files import store_path
     from ortevals.integrations.lm import OrtLM
     from ortevals.options import OPTIONS, PKG_ALIASES, check_flags_agree, parse_arg_string, parse_model_args
@@ -154,8 +153,6 @@ def _load_lm(kw: dict, defaults: dict | None = None):
     flags = {o.name: kw[o.name] for o in OPTIONS if o.flag and kw.get(o.name) not in (None, ())}
     check_flags_agree(flags, raw)
     raw.update(flags)
-    for key, value in (defaults or {}).items():
-        raw.setdefault(key, value)
     given = [k for k in ("pkg", *PKG_ALIASES) if k in raw]
     if given and (kw["pkg"] is not None or kw["example"]):
         flag = "--example" if kw["example"] else f"--pkg {kw['pkg']}"
@@ -174,11 +171,10 @@ def cli() -> None:
     """Fast, exact lm-eval benchmarks for ONNX Runtime GenAI model packages."""
 
 
-def _evaluate(kw: dict, tasks, data: Path | None, model_defaults: dict | None = None, **spec_kw) -> None:
+def _evaluate(kw: dict, tasks, data: Path | None, **spec_kw) -> None:
     """Shared body of mmlu-pro and run: load the model, evaluate, print the table, list the files.
 
-    ``tasks``: a Preset (its own lm-eval folder is indexed) or task names; ``model_defaults``: model arguments
-    the command sets where the user gives none.
+    ``tasks``: a Preset (its own lm-eval folder is indexed) or task names.
     """
     from ortevals.evaluate import RunSpec, check_spec, collector_paused, evaluate
     from ortevals.presets import apply_limit, task_specs
@@ -189,7 +185,7 @@ def _evaluate(kw: dict, tasks, data: Path | None, model_defaults: dict | None = 
     given = tuple(tasks) if isinstance(tasks, (list, tuple)) else (tasks,)
     check_spec(RunSpec(tasks=given, **spec_kw))  # bad paths and options: one line before the model is loaded
     with collector_paused(OWNS_PROCESS) as thaw:
-        lm = _load_lm(kw, model_defaults)  # its sessions open on a thread while lm-eval loads tasks and data
+        lm = _load_lm(kw)  # its sessions open on a thread while lm-eval's tasks are imported and the data loads
         lm.run.on_first_request = thaw
         tm = task_manager(spec_kw["include_path"]) if spec_kw.get("include_path") is not None else None
         specs, samples, notes = apply_limit(tasks, task_specs(tasks, data, tm), kw["limit"])
@@ -221,8 +217,7 @@ def mmlu_pro(cot: bool, max_gen_toks: int | None, compare_to: Path | None, **kw)
     preset = PRESETS["mmlu-pro-cot" if cot else "mmlu-pro"]
     data = resolve_data(preset, kw["data"] or ("bundled" if kw["example"] else None))
     gen = {"max_gen_toks": max_gen_toks} if max_gen_toks else None
-    # log-likelihoods only: on CPU its passes run one per core, one thread each (engine/score/parallel.py)
-    outcome = _evaluate(kw, preset, data, None if cot else {"passes": "auto"}, gen_kwargs=gen)
+    outcome = _evaluate(kw, preset, data, gen_kwargs=gen)
     if compare_to is not None:  # compare (issue 12): this run, from memory, against the given one
         _compare_outcome(compare_to, outcome, kw)
 

@@ -160,7 +160,7 @@ OPTIONS: tuple[Option, ...] = (
     # which thread computes a pass changes none of its numbers (tests/test_parallel.py); the sessions' thread
     # count it sets is in the scope through their settings
     Option("passes", parse_passes, 1, "Log-likelihood passes run at once on CPU, each on one onnxruntime thread: N, "
-           "or auto (one per core unless threads is set; mmlu-pro's default); generation on the raw path then "
+           "or auto (one per core unless threads is set); generation on the raw path then "
            "decodes on one thread.", scoped=False, flag="--passes", metavar="N|auto"),
     Option("max_length", positive_int("max_length"), None, "Context length (default: the package's context_length).",
            flag="--max-length", metavar="N"),
@@ -295,6 +295,19 @@ def check_settings(args) -> None:
     if args.threads and args.threads > cores and not (args.workers or args.ray_address):
         raise OrtEvalsError(f"threads={args.threads} is more than the {cores} CPU cores of this machine; expected "
                             f"0 (onnxruntime's default) to {cores}: more intra-op threads than cores only contend")
+    _check_passes(args, cores)
+
+
+def _check_passes(args, cores: int) -> None:
+    """``passes=N`` (N > 1) acts only on the CPU prefill path in this process (``auto`` adapts instead)."""
+    alone = ("--workers" if args.workers or args.ray_address else f"--ep {args.ep}" if args.ep not in (None, "cpu")
+             else "path=incremental" if args.path == "incremental" else "")
+    if args.passes > 1 and alone:
+        raise OrtEvalsError(f"passes={args.passes} does nothing with {alone}: passes run at once only on the CPU "
+                            "prefill path in this process; drop passes (or give passes=auto)")
+    if args.passes > cores:
+        raise OrtEvalsError(f"passes={args.passes} is more than the {cores} CPU cores of this machine; expected "
+                            f"auto or 1 to {cores}: each pass takes a core")
 
 ModelArgs = dataclasses.make_dataclass(
     "ModelArgs", [(o.name, Any, dataclasses.field(default=o.default)) for o in OPTIONS], frozen=True,

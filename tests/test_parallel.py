@@ -153,9 +153,10 @@ def test_smollm2_one_thread_passes_at_once_equal_two_thread_passes(smollm2):
     assert scores[2] == scores[1]
 
 
-def test_mmlu_pro_runs_one_pass_per_core_on_cpu_by_default(tiny_pkg, tmp_path, monkeypatch):
-    """``ortevals mmlu-pro`` sets passes=auto where the user gives none: two usable cores, two one-thread passes;
-    --threads keeps one pass on the threads asked for; --passes wins over the command's default."""
+def test_passes_auto_runs_one_pass_per_core_on_cpu(tiny_pkg, tmp_path, monkeypatch):
+    """``--passes auto`` on two usable cores: two one-thread passes; with --threads, one pass on the threads asked
+    for. By default one pass at a time (the threads a run records are in its scope: a default run of any front
+    door shares answers with the others)."""
     import os
 
     from click.testing import CliRunner
@@ -166,7 +167,9 @@ def test_mmlu_pro_runs_one_pass_per_core_on_cpu_by_default(tiny_pkg, tmp_path, m
     seen, resolve = [], run_module.resolve_passes
     monkeypatch.setattr(run_module, "resolve_passes", lambda *a: seen.append(resolve(*a)) or seen[-1])
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1}, raising=False)
-    for extra, want in (((), (2, 1)), (("--threads", "2"), (1, 2)), (("--passes", "1"), (1, None))):
+    cases = (((), (1, None)), (("--passes", "auto"), (2, 1)), (("--passes", "auto", "--threads", "2"), (1, 2)),
+             (("--passes", "2"), (2, 1)))
+    for extra, want in cases:
         out = CliRunner().invoke(cli, ["mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--limit", "1",
                                        "--no-resume", "--truncate", "left", "--output", str(tmp_path / "o"),
                                        *extra])

@@ -91,7 +91,11 @@ NOTHING = [("search_n=8", "search_n=8 does nothing without --search"),
            ("step_separator=\\n", "step_separator='\\n' does nothing without prm=true or --search"),
            ("cascade=on,gen_path=og", "cascade='on' does nothing without gen_path=auto or raw"),
            ("gen_batch_size=4,gen_path=raw", "gen_batch_size=4 does nothing without gen_path=auto or og"),
-           (f"threads={(os.cpu_count() or 1) + 1}", f"is more than the {os.cpu_count() or 1} CPU cores")]
+           (f"threads={(os.cpu_count() or 1) + 1}", f"is more than the {os.cpu_count() or 1} CPU cores"),
+           ("passes=2,ep=cuda", "passes=2 does nothing with --ep cuda"),
+           ("passes=2,path=incremental", "passes=2 does nothing with path=incremental"),
+           ("passes=2,workers=2", "passes=2 does nothing with --workers"),
+           (f"passes={(os.cpu_count() or 1) + 1}", f"is more than the {os.cpu_count() or 1} CPU cores")]
 
 
 @pytest.mark.parametrize("model_args, needle", NOTHING, ids=[a.split("=")[0] for a, _ in NOTHING])
@@ -112,7 +116,8 @@ def test_the_defaults_and_settings_that_act_are_accepted():
     cores = os.cpu_count() or 1
     for args in ({}, {"search": "beam", "search_n": "8", "verifier": "self", "prm_aggregation": "min"},
                  {"verifier": "self", "prm": "true", "step_separator": "\\n"}, {"cascade": "off", "gen_path": "raw"},
-                 {"gen_batch_size": "4"}, {"threads": str(cores)}, {"threads": str(cores + 1), "workers": "2"}):
+                 {"gen_batch_size": "4"}, {"threads": str(cores)}, {"threads": str(cores + 1), "workers": "2"},
+                 {"passes": "auto", "ep": "cuda"}, {"passes": "1", "workers": "2"}, {"passes": str(cores)}):
         parse_model_args({"pkg": MISSING_PKG, **args})
 
 
