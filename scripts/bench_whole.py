@@ -159,23 +159,28 @@ def plot(a: Run, out: Path, window: float) -> None:
 
 
 def summary_md(s: dict) -> str:
-    a, e, r, c = s["A"], s["eta"], s["rss"], s["compare"]
-    return "\n".join([
-        "| run | wall | questions | requests/s | peak RSS | store |", "|---|---:|---:|---:|---:|---:|",
-        f"| A, uninterrupted, empty cache | {a['wall_s']:.0f} s | {a['questions']} | {a['requests_per_s']:.2f} | "
-        f"{r['peak_mib']:.0f} MiB | {s['store_mib']:.1f} MiB |",
-        f"| B, killed at {s['B']['killed_at'][1]}/{s['B']['killed_at'][2]} questions ({s['B']['killed_at'][0]:.0f} s) "
-        f"| {s['B']['first_wall_s']:.0f} s | | | | |",
-        f"| B, resumed | {s['B']['resume_wall_s']:.0f} s | {s['B']['resume_questions']} | | "
-        f"{s['B']['resume_peak_mib']:.0f} MiB | |", "",
-        f"- ETA at half way ({e['questions']} questions, {e['at_s']:.0f} s): {e['eta_s']:.0f} s shown, "
-        f"{e['actual_s']:.0f} s taken: error {e['error']:+.1%}",
-        f"- RSS: {r['at_mark_mib']:.0f} MiB at {r['after_questions']} questions, at most "
-        f"{r['growth_after_mib']:+.0f} MiB after that to the end of scoring; peak {r['peak_mib']:.0f} MiB "
-        f"({r['peak_after_scoring_mib'] or 0:.0f} MiB after scoring: metrics, samples, report)",
-        f"- B (killed + resumed) against A: {c['same_answers']}/{c['samples']} same answers, max |Δ log-likelihood| "
-        f"{c['max_abs_dlogprob']:.1e}; results.json fields differing: {c['results_fields_differing'] or 'none'}; "
-        f"sample fields differing: {c['sample_fields_differing'] or 'none'}"])
+    a, e, r = s["A"], s["eta"], s["rss"]
+    lines = ["| run | wall | questions | requests/s | peak RSS | store |", "|---|---:|---:|---:|---:|---:|",
+             f"| A, uninterrupted, empty cache | {a['wall_s']:.0f} s | {a['questions']} | {a['requests_per_s']:.2f} | "
+             f"{r['peak_mib']:.0f} MiB | {s['store_mib']:.1f} MiB |"]
+    if "B" in s:
+        b = s["B"]
+        lines += [f"| B, killed at {b['killed_at'][1]}/{b['killed_at'][2]} questions ({b['killed_at'][0]:.0f} s) "
+                  f"| {b['first_wall_s']:.0f} s | | | | |",
+                  f"| B, resumed | {b['resume_wall_s']:.0f} s | {b['resume_questions']} | | "
+                  f"{b['resume_peak_mib']:.0f} MiB | |"]
+    lines += ["", f"- ETA at half way ({e['questions']} questions, {e['at_s']:.0f} s): {e['eta_s']:.0f} s shown, "
+              f"{e['actual_s']:.0f} s taken: error {e['error']:+.1%}",
+              f"- RSS: {r['at_mark_mib']:.0f} MiB at {r['after_questions']} questions, at most "
+              f"{r['growth_after_mib']:+.0f} MiB after that to the end of scoring; peak {r['peak_mib']:.0f} MiB "
+              f"({r['peak_after_scoring_mib'] or 0:.0f} MiB after scoring: metrics, samples, report)"]
+    if "compare" in s:
+        c = s["compare"]
+        lines.append(f"- B (killed + resumed) against A: {c['same_answers']}/{c['samples']} same answers, max "
+                     f"|Δ log-likelihood| {c['max_abs_dlogprob']:.1e}; results.json fields differing: "
+                     f"{c['results_fields_differing'] or 'none'}; sample fields differing: "
+                     f"{c['sample_fields_differing'] or 'none'}")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -183,6 +188,7 @@ def main() -> None:
     p.add_argument("--pkg", type=Path, default=None, help="GenAI package (default: the SmolLM2 example, fp32)")
     p.add_argument("--limit", type=int, default=None, help="the first N test questions (default: all)")
     p.add_argument("--kill-at", type=float, default=0.5, help="fraction of the questions done at the SIGKILL")
+    p.add_argument("--no-kill", action="store_true", help="run A only (no killed-and-resumed run B)")
     p.add_argument("--every", type=float, default=1.0, help="seconds between RSS samples")
     p.add_argument("--rss-after", type=int, default=1000, help="RSS must not grow after this many questions")
     p.add_argument("--out", type=Path, required=True)
@@ -199,14 +205,14 @@ def main() -> None:
             *(["--limit", str(args.limit)] if args.limit else []), *args.extra]
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
     runs = {}
-    for name, kill in (("A", None), ("B", args.kill_at)):
+    for name, kill in (("A", None), *(() if args.no_kill else (("B", args.kill_at),))):
         cache = fresh_cache(out / f"cache-{name}", Path(args.pkg))
         cmd = [*base, "--output", str(out / name)]
         runs[name] = Run(f"{name}{' (killed at half way)' if kill else ''}", cmd, {**env, "ORTEVALS_CACHE": str(cache)},
                          args.every, kill)
         if kill is not None:
             runs["B2"] = Run("B resumed", cmd, {**env, "ORTEVALS_CACHE": str(cache)}, args.every)
-    a, b, b2 = runs["A"], runs["B"], runs["B2"]
+    a = runs["A"]
     questions = a.bar[-1][2]
     store = sum(f.stat().st_size for f in (out / "cache-A" / "runs").glob("*")) / 2**20
     requests = int(re.search(r"requests (\d+)", a.out)[1]) if re.search(r"requests (\d+)", a.out) else None
@@ -214,12 +220,14 @@ def main() -> None:
          "A": {"wall_s": a.wall, "questions": questions, "requests": requests,
                "requests_per_s": (requests or 0) / a.wall, "summary": [ln for ln in a.out.splitlines()
                                                                     if ln.startswith(("questions ", "efficiency"))]},
-         "B": {"killed_at": b.killed_at, "first_wall_s": b.wall, "resume_wall_s": b2.wall,
-               "resume_questions": b2.bar[-1][2] if b2.bar else 0,
-               "resume_peak_mib": max((r[2] for r in b2.rss), default=math.nan)},
          "eta": eta_check(a), "rss": rss_check(a, min(args.rss_after, questions // 10)), "store_mib": store,
-         "compare": compare(out / "A", out / "B"),
          "series": {"rss": a.rss, "bar": [(t, d) for t, d, _, _ in a.bar[::max(1, len(a.bar) // 2000)]]}}
+    if "B" in runs:
+        b, b2 = runs["B"], runs["B2"]
+        s["B"] = {"killed_at": b.killed_at, "first_wall_s": b.wall, "resume_wall_s": b2.wall,
+                  "resume_questions": b2.bar[-1][2] if b2.bar else 0,
+                  "resume_peak_mib": max((r[2] for r in b2.rss), default=math.nan)}
+        s["compare"] = compare(out / "A", out / "B")
     (out / "summary.json").write_text(json.dumps(s, indent=1) + "\n")
     (out / "summary.md").write_text(summary_md(s) + "\n")
     plot(a, out, max(30.0, a.wall / 40))
