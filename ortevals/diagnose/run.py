@@ -12,7 +12,6 @@ sample, the recommendation and its build commands (:mod:`ortevals.diagnose.recom
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -54,23 +53,12 @@ class DiagnoseReport:
 
 def windows(cand: ModelPackage, ref: ModelPackage, o: DiagnoseOptions):
     """The text's token ids and ``ortevals fidelity``'s window plan over them (its defaults)."""
-    from ortevals.errors import OrtEvalsError
-    from ortevals.fidelity.run import DEFAULT_CTX, FidelityOptions, bos_for_windows, text_ids
-    from ortevals.fidelity.windows import plan_windows
+    from ortevals.fidelity.run import FidelityOptions, text_windows
     from ortevals.package.tokenizer import Tokenizer
 
-    tok = Tokenizer.load(cand)
     limits = [n for n in (cand.context_length, ref.context_length) if n]
-    n_ctx = o.ctx or min([DEFAULT_CTX, *limits])
-    if limits and n_ctx > min(limits):
-        raise OrtEvalsError(f"--ctx {n_ctx} is longer than the models' context ({min(limits)} tokens)")
-    bos = bos_for_windows(tok)
-    cap = o.tokens or DEFAULT_TOKENS
-    probe = WindowPlan(n_ctx, -1 if bos is None else bos, 0, 0)
     fo = FidelityOptions(pkg=cand.root, ref=str(ref.root), text=o.text, data=o.data)
-    ids = text_ids(tok, fo, math.ceil(cap / max(probe.scored_per_window, 1)) * probe.text_per_window)
-    plan = plan_windows(len(ids), n_ctx, bos, cap)
-    return ids[:plan.n_windows * plan.text_per_window], plan
+    return text_windows(Tokenizer.load(cand), fo, limits, o.ctx, o.tokens or DEFAULT_TOKENS)
 
 
 def run_diagnose(o: DiagnoseOptions, say: Callable[[str], None] = log.info) -> DiagnoseReport:

@@ -167,16 +167,22 @@ def _model_side(o, package, tok, cand_hash):
     """Reference from a model: the plan, the text ids and a lazy stream of per-window reference statistics."""
     source, max_pos, desc = _open_reference(o, package, cand_hash)
     limits = [n for n in (package.context_length, max_pos) if n]
-    n_ctx = o.ctx or min([DEFAULT_CTX, *limits])
+    ids, plan = text_windows(tok, o, limits, o.ctx, o.tokens or DEFAULT_TOKENS)
+    return None, plan, ids, reference_windows(source, ids, plan, o.top_k or DEFAULT_TOP_K), desc
+
+
+def text_windows(tok, o: FidelityOptions, limits: list[int], ctx: int | None,
+                 tokens: int) -> tuple[np.ndarray, WindowPlan]:
+    """The text's token ids cut to whole windows, and the window plan: ``ctx`` tokens a window (default
+    :data:`DEFAULT_CTX`, at most the models' context ``limits``), about ``tokens`` scored."""
+    n_ctx = ctx or min([DEFAULT_CTX, *limits])
     if limits and n_ctx > min(limits):
         raise OrtEvalsError(f"--ctx {n_ctx} is longer than the models' context ({min(limits)} tokens)")
     bos = bos_for_windows(tok)
-    cap = o.tokens or DEFAULT_TOKENS
     probe = WindowPlan(n_ctx, -1 if bos is None else bos, 0, 0)
-    ids = text_ids(tok, o, math.ceil(cap / max(probe.scored_per_window, 1)) * probe.text_per_window)
-    plan = plan_windows(len(ids), n_ctx, bos, cap)
-    ids = ids[:plan.n_windows * plan.text_per_window]
-    return None, plan, ids, reference_windows(source, ids, plan, o.top_k or DEFAULT_TOP_K), desc
+    ids = text_ids(tok, o, math.ceil(tokens / max(probe.scored_per_window, 1)) * probe.text_per_window)
+    plan = plan_windows(len(ids), n_ctx, bos, tokens)
+    return ids[:plan.n_windows * plan.text_per_window], plan
 
 
 def run_fidelity(o: FidelityOptions) -> FidelityReport:
