@@ -158,32 +158,30 @@ def empty_past(spec: KVSpec, batch: int, device: str | None = None, device_id: i
     element type made where the session runs (numpy has no bfloat16).
     """
     shape = (batch, spec.kv_heads, spec.window or 0, spec.head_size)
-    if device is None and spec.dtype in NUMPY_NATIVE:
-        return np.zeros(shape, dtype=spec.dtype)
-    if spec.dtype not in ONNX_TYPES:
-        raise PackageError(f"{spec.key_name}: past KV element type {spec.dtype} is not supported")
-    value = import_ort().OrtValue.ortvalue_from_shape_and_type(list(shape), ONNX_TYPES[spec.dtype],
-                                                                device or "cpu", device_id)
-    if spec.window:  # fresh memory is not zeroed; all-zero bits are 0.0 in every float format
-        value.update_inplace(np.zeros(shape, dtype=_BITS[ITEMSIZE[spec.dtype]]))
-    return value
+    return _zeros(shape, spec.dtype, f"{spec.key_name}: past KV", device, device_id)
 
 
 _BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
+def _zeros(shape: tuple, dtype, what: str, device: str | None, device_id: int):
+    """Zeros of ``shape``: numpy on the host for numpy's dtypes, else an ``OrtValue`` where the session runs
+    (fresh device memory is not zeroed; all-zero bits are 0.0 in every float format)."""
+    if device is None and dtype in NUMPY_NATIVE:
+        return np.zeros(shape, dtype=dtype)
+    if dtype not in ONNX_TYPES:
+        raise PackageError(f"{what} element type {dtype} is not supported")
+    value = import_ort().OrtValue.ortvalue_from_shape_and_type(list(shape), ONNX_TYPES[dtype], device or "cpu",
+                                                                device_id)
+    if all(shape):  # an empty past has no bits to clear
+        value.update_inplace(np.zeros(shape, dtype=_BITS[ITEMSIZE[dtype]]))
+    return value
+
+
 def empty_state(spec: StateSpec, batch: int, device: str | None = None, device_id: int = 0):
     """The zero recurrent/convolution state ``[batch, *spec.shape]`` of a first pass (what transformers and
     onnxruntime-genai start from): numpy on the host, else an ``OrtValue`` where the session runs."""
-    shape = (batch, *spec.shape)
-    if device is None and spec.dtype in NUMPY_NATIVE:
-        return np.zeros(shape, dtype=spec.dtype)
-    if spec.dtype not in ONNX_TYPES:
-        raise PackageError(f"{spec.name}: state element type {spec.dtype} is not supported")
-    value = import_ort().OrtValue.ortvalue_from_shape_and_type(list(shape), ONNX_TYPES[spec.dtype],
-                                                                device or "cpu", device_id)
-    value.update_inplace(np.zeros(shape, dtype=_BITS[ITEMSIZE[spec.dtype]]))  # all-zero bits: 0.0 in every float
-    return value
+    return _zeros((batch, *spec.shape), spec.dtype, f"{spec.name}: state", device, device_id)
 
 
 def host_float32(value) -> np.ndarray:
