@@ -106,3 +106,31 @@ def test_saved_reference_file_is_not_a_reference_model(tmp_path, tiny_int4):
     ref = tmp_path / "ref.npz"
     ref.write_bytes(b"x")
     check(tmp_path, run(tmp_path, "--pkg", tiny_int4, "--ref", ref), "diagnose needs the reference model itself")
+
+
+def test_weights_in_a_hard_linked_file_are_one_line_naming_it(tmp_path):
+    """onnx refuses external data in a file with several hard links (a package copied with cp -al): diagnose's
+    weight reads (the swap, --verify) said `internal error ValidationError`; now one line naming the folder."""
+    import os
+
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+    from onnx.external_data_helper import convert_model_to_external_data
+
+    from ortevals.errors import PackageError
+    from ortevals.package.graph import tensor_array
+
+    values = np.arange(4096, dtype=np.float32).reshape(64, 64)
+    graph = onnx.helper.make_graph([], "g", [], [onnx.helper.make_tensor_value_info("w", onnx.TensorProto.FLOAT,
+                                                                                       [64, 64])],
+                                   [numpy_helper.from_array(values, "w")])
+    model = onnx.helper.make_model(graph)
+    convert_model_to_external_data(model, location="model.onnx.data", size_threshold=0)
+    onnx.save(model, str(tmp_path / "model.onnx"))
+    tensor = onnx.load(str(tmp_path / "model.onnx"), load_external_data=False).graph.initializer[0]
+    assert np.array_equal(tensor_array(tensor, tmp_path), values)  # control: one link reads
+    os.link(tmp_path / "model.onnx.data", tmp_path / "twin.data")
+    with pytest.raises(PackageError, match="hard link") as caught:
+        tensor_array(tensor, tmp_path)
+    assert "\n" not in str(caught.value) and str(tmp_path) in str(caught.value)

@@ -143,7 +143,10 @@ NOT_SCOPED = {"pkg", "store", "workers", "ray_address",  # where requests run ne
               "verifier", "prm", "step_separator", "prm_aggregation",
               # with --search, in the search's own scope (run/search.py search_scope; tests/test_search_store.py)
               "search", "search_n", "search_width", "search_max_steps",
-              "resume"}  # issue 26: whether stored answers are read, not what they are
+              "resume",  # issue 26: whether stored answers are read, not what they are
+              # which thread runs a pass changes none of its numbers (tests/test_parallel.py); the threads each
+              # session gets are scoped as `threads`
+              "passes"}
 
 
 def test_every_scoped_model_argument_is_covered():

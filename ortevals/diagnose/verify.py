@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ortevals.diagnose.measure import ChoiceKL, TokenKL, choice_kl, choice_run, token_kl
 from ortevals.diagnose.recommend import BuildSettings, builder_command, extra_options
+from ortevals.package.graph import tensor_array
 from ortevals.package.loader import ModelPackage
 
 
@@ -48,13 +49,12 @@ def same_weights(cand: ModelPackage, built: ModelPackage) -> str:
     """Whether every initializer both decoders name holds the same bytes (read one tensor at a time)."""
     import numpy as np
     import onnx
-    from onnx import numpy_helper
 
     a = {t.name: t for t in onnx.load(str(cand.decoder.path), load_external_data=False).graph.initializer}
     b = {t.name: t for t in onnx.load(str(built.decoder.path), load_external_data=False).graph.initializer}
     shared = sorted(set(a) & set(b))
-    differ = [n for n in shared if not np.array_equal(numpy_helper.to_array(a[n], str(cand.decoder.path.parent)),
-                                                      numpy_helper.to_array(b[n], str(built.decoder.path.parent)))]
+    differ = [n for n in shared if not np.array_equal(tensor_array(a[n], cand.decoder.path.parent),
+                                                      tensor_array(b[n], built.decoder.path.parent))]
     if not differ:
         return f"the build holds the candidate's {len(shared)} other weights bit for bit"
     return (f"{len(differ)} of the {len(shared)} weights both builds name differ from the candidate's (first: "

@@ -163,6 +163,19 @@ def _precision(graph, bits: set[int], ops: set[str]) -> str:
     return max(sizes, key=sizes.get) if sizes else "unknown"
 
 
+def tensor_array(tensor, folder: Path):
+    """An initializer's values as numpy, its external data read from ``folder``. onnx refuses external data in a
+    file with several hard links (its guard against hard-link attacks): one line naming the file and the fix."""
+    from onnx import numpy_helper
+    from onnx.checker import ValidationError
+
+    try:
+        return numpy_helper.to_array(tensor, base_dir=str(folder))
+    except ValidationError as e:
+        raise PackageError(f"{folder}: onnx refuses to read the weights of {tensor.name!r} ({e}); expected an "
+                           "external-data file with one hard link: copy the package (cp -a, not cp -al)") from None
+
+
 def external_data_files(path: Path) -> frozenset[Path]:
     return read_signature(path)[2]
 

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from ortevals.errors import OrtEvalsError
 from ortevals.files import atomic_write
-from ortevals.package.graph import external_data_files
+from ortevals.package.graph import external_data_files, tensor_array
 from ortevals.package.loader import ModelPackage
 from ortevals.package.scope import Reads, Scope
 from ortevals.runtime.roles import EMBED_NODE, nodes_by_base, residual_points
@@ -211,7 +211,7 @@ def _tensor(pair, io_type: int, ref_dir: Path | None):
     dtype = io_type if floating else src.data_type
     if ref_dir is None:
         return TensorProto(name=name, dims=list(src.dims), data_type=dtype)
-    array = numpy_helper.to_array(src, base_dir=str(ref_dir))
+    array = tensor_array(src, ref_dir)
     if floating and dtype != src.data_type:
         array = array.astype(np.float32).astype(helper.tensor_dtype_to_np_dtype(dtype))
     return numpy_helper.from_array(array, name)
