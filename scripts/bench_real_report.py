@@ -91,15 +91,19 @@ def plot(runs: list[dict], out: Path, limit: int) -> None:
             ys.append(r["requests_per_s"] if r else np.nan)
         xs = np.arange(len(groups)) + (i - (len(ORDER) - 1) / 2) * width
         ax.bar(xs, ys, width, label=backend)
-        for x, y in zip(xs, ys):
-            if np.isnan(y):
-                ax.text(x, bottom * 1.1, "fails" if backend == "onnxruntime" else "not run", rotation=90,
-                        fontsize=6, ha="center", va="bottom")
+        for x, y, g in zip(xs, ys, groups):
+            if np.isnan(y):  # a run that failed says so; a backend with no run in the folder was not run
+                failed = any(f"{SIZES[r['model']]}\n{r['precision']}" == g and r["backend"] == backend for r in runs)
+                ax.text(x, bottom * 1.1, "fails" if failed else "not run", rotation=90, fontsize=6, ha="center",
+                        va="bottom")
     ax.set_yscale("log")
-    ax.set_ylim(bottom=bottom)
+    ax.set_ylim(bottom=bottom, top=max(rates, default=1.0) * 30)  # room for the legend above the bars
+    ax.set_xlim(-0.5, len(groups) - 0.5)
     ax.set_xticks(np.arange(len(groups)), groups, fontsize=8)
     ax.set_ylabel("requests/s, whole process (log)")
-    ax.set_title(f"leaderboard_mmlu_pro, first {limit} questions, 2 CPU cores", fontsize=9)
+    fewer = sorted({f"{r['backend']}: {r['questions']}" for r in runs if r.get("questions") not in (None, limit)})
+    ax.set_title(f"leaderboard_mmlu_pro, first {limit} questions" + (f" ({', '.join(fewer)})" if fewer else "")
+                 + ", 2 CPU cores", fontsize=9)
     ax.legend(fontsize=7, ncol=4)
     fig.tight_layout()
     fig.savefig(out / "throughput.png", dpi=110)
