@@ -87,7 +87,7 @@ def test_builder_options_are_kept_for_og_and_dropped_for_raw_sessions(ep, caplog
     with caplog.at_level(logging.INFO, logger="ortevals.runtime.providers"):
         cfg = from_package({"provider_options": BUILDER_OPTIONS[ep]}, ep)
     package_opts = next(iter(BUILDER_OPTIONS[ep][0].values()))
-    tf32 = {"use_tf32": "0"} if ep == "cuda" else {}  # TF32 off on CUDA unless the user sets it
+    tf32 = {"use_tf32": "0", "sdpa_kernel": "3"} if ep == "cuda" else {}  # TF32 off on CUDA unless the user sets it
     assert cfg.options == package_opts | tf32  # onnxruntime-genai's config is otherwise unchanged
     assert cfg.raw_options == tf32
     lines = [r.getMessage() for r in caplog.records if "not passed to raw" in r.getMessage()]
@@ -107,8 +107,8 @@ def test_safe_package_options_and_user_options_survive():
 def test_unsafe_user_option_is_warned_and_kept_for_og_only(caplog):
     with caplog.at_level(logging.INFO, logger="ortevals.runtime.providers"):
         cfg = from_package({}, "cuda", {"enable_cuda_graph": "1", "device_id": "0"})
-    assert cfg.options == {"enable_cuda_graph": "1", "device_id": "0", "use_tf32": "0"}
-    assert cfg.raw_options == {"device_id": "0", "use_tf32": "0"}
+    assert cfg.options == {"enable_cuda_graph": "1", "device_id": "0", "use_tf32": "0", "sdpa_kernel": "3"}
+    assert cfg.raw_options == {"device_id": "0", "use_tf32": "0", "sdpa_kernel": "3"}
     warned = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warned) == 1 and "enable_cuda_graph" in warned[0].getMessage()
 
@@ -160,7 +160,7 @@ def test_store_scope_records_the_options_each_path_is_handed(tiny_pkg):
     handed = {c[2]: c[3] for c in calls if c[0] == "set_provider_option"}
     assert ("append_provider", "cuda") in calls
     assert handed == genai_reads(pkg, provider).settings["provider_options"] == {
-        "enable_cuda_graph": "1", "device_id": "0", "use_tf32": "0"}
+        "enable_cuda_graph": "1", "device_id": "0", "use_tf32": "0", "sdpa_kernel": "3"}
 
     def scope(options: dict):
         prov = from_package(pkg.decoder.session_options, "cuda", options)
@@ -169,8 +169,8 @@ def test_store_scope_records_the_options_each_path_is_handed(tiny_pkg):
 
     assert scope({"enable_cuda_graph": "1"}).digest != scope({}).digest
     recorded = json.loads(scope({"enable_cuda_graph": "1"}).settings)
-    assert recorded["path:onnxruntime-genai"]["provider_options"] == {"enable_cuda_graph": "1", "use_tf32": "0"}
-    assert recorded["path:raw sessions"]["provider_options"] == {"use_tf32": "0"}
+    assert recorded["path:onnxruntime-genai"]["provider_options"] == {"enable_cuda_graph": "1", "use_tf32": "0", "sdpa_kernel": "3"}
+    assert recorded["path:raw sessions"]["provider_options"] == {"use_tf32": "0", "sdpa_kernel": "3"}
     assert recorded["path:raw sessions"]["session_config"] == {"session.disable_cpu_ep_fallback": "1"}
 
 

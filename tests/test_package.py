@@ -8,7 +8,7 @@ import pytest
 from ortevals.errors import PackageError, ProviderError
 from ortevals.package.loader import ModelPackage
 from ortevals.package.session_options import normalize
-from ortevals.runtime.providers import from_package, parse_options
+from ortevals.runtime.providers import from_package, parse_options, provider_mode
 
 
 def edit_config(pkg: Path, fn) -> None:
@@ -131,11 +131,27 @@ def test_symbolic_kv_dims_fall_back_to_config(tiny_pkg, copy_pkg):
         ModelPackage.load(pkg)
 
 
+def test_cuda_sessions_pin_flash_attention_unless_the_user_chooses(caplog):
+    """onnxruntime 1.31 prefers cuDNN SDPA on sm90 for GroupQueryAttention and builds a cuDNN graph for every
+    new shape (an H200 profile: 2.4 s of host time in the op against 0.04 s of kernels); scoring changes shapes
+    every pass, so CUDA sessions get sdpa_kernel=3 (flash, memory-efficient fallback). A package's own value is
+    replaced and logged, the user's stands, the CPU gets none, and the mode line says which."""
+    so = {"provider_options": [{"cuda": {"sdpa_kernel": "8"}}]}
+    with caplog.at_level("INFO", logger="ortevals.runtime.providers"):
+        cfg = from_package(so, None)
+    assert cfg.options["sdpa_kernel"] == cfg.raw_options["sdpa_kernel"] == "3"
+    assert any("sdpa_kernel=8 from the package replaced by 3" in r.getMessage() for r in caplog.records)
+    assert "sdpa_kernel=3 (flash attention" in provider_mode(cfg)
+    user = from_package(so, None, {"sdpa_kernel": "0"})
+    assert user.raw_options["sdpa_kernel"] == "0" and "sdpa_kernel=0" in provider_mode(user)
+    assert "sdpa_kernel" not in from_package(so, "cpu").options
+
+
 def test_providers_resolve_and_merge_options():
     so = {"provider_options": [{"cuda": {"enable_cuda_graph": "1", "device_id": "0"}}]}
     cfg = from_package(so, None, parse_options(["device_id=1"]))
     assert (cfg.name, cfg.ort_name, cfg.options) == ("cuda", "CUDAExecutionProvider",
-                                                      {"enable_cuda_graph": "1", "device_id": "1", "use_tf32": "0"})
+                                                      {"enable_cuda_graph": "1", "device_id": "1", "use_tf32": "0", "sdpa_kernel": "3"})
     assert from_package(so, None, {"use_tf32": "1"}).options["use_tf32"] == "1"  # the user's choice stands
     assert from_package(so, "cpu").options == {}
     assert normalize("CUDAExecutionProvider") == "cuda" and normalize("DirectML") == "dml"

@@ -35,6 +35,15 @@ REFUSED = {"tensorrt": "not supported by ortevals yet (its raw sessions would ru
 # ortevals turns it off on CUDA; float16/bfloat16 graphs are unchanged by it. The user may opt back in
 # with provider_options=use_tf32=1 (part of the store's scope like every provider option).
 TF32_OFF = {"use_tf32": "0"}
+# On sm90 and later, onnxruntime 1.31's attention ops (GroupQueryAttention, MultiHeadAttention) prefer cuDNN's
+# SDPA for float16/bfloat16 unless a kernel is pinned, and build a cuDNN graph for every new (batch, new tokens,
+# KV length) on the host: measured on an H200 (docs/benchmarks.md section 11), 2.4 s of a 2.9 s profile inside
+# GroupQueryAttention against 0.04 s of GPU kernel time, a few tens of ms a pass, since scoring's shapes change
+# every pass. sdpa_kernel is the AttentionBackend bitmask (attention_common.h): 1 flash attention, 2 memory
+# efficient attention (the fallback where flash cannot run, e.g. before sm80); decode steps on a shared buffer
+# keep XQA, which it does not govern. The user may give another value (sdpa_kernel=0: onnxruntime's choice).
+FLASH_ATTENTION = {"sdpa_kernel": "3"}
+CUDA_DEFAULTS = {**TF32_OFF, **FLASH_ATTENTION}
 
 
 # Provider options known to be safe for raw sessions whose input shapes change every
@@ -47,7 +56,7 @@ SAFE_OPTIONS: dict[str, frozenset[str]] = {
     "cuda": GENERIC_OPTIONS | {"gpu_mem_limit", "arena_extend_strategy", "cudnn_conv_algo_search",
                                "do_copy_in_default_stream", "cudnn_conv_use_max_workspace",
                                "cudnn_conv1d_pad_to_nc1d", "enable_skip_layer_norm_strict_mode", "prefer_nhwc",
-                               "use_tf32", "use_ep_level_unified_stream", "fuse_conv_bias"},
+                               "use_tf32", "use_ep_level_unified_stream", "fuse_conv_bias", "sdpa_kernel"},
     "tensorrt": GENERIC_OPTIONS | {"trt_max_workspace_size", "trt_fp16_enable", "trt_bf16_enable",
                                    "trt_int8_enable", "trt_engine_cache_enable", "trt_engine_cache_path",
                                    "trt_timing_cache_enable", "trt_timing_cache_path",
@@ -149,7 +158,7 @@ def from_package(
     ``ep`` wins over the package's first provider; the package's options for
     that provider are kept and ``overrides`` are applied on top. ``where``
     names the section in errors (``…/genai_config.json: field model.decoder.session_options``).
-    On CUDA, ``use_tf32`` is 0 unless the user sets it (:data:`TF32_OFF`).
+    On CUDA, :data:`CUDA_DEFAULTS` (``use_tf32=0``, ``sdpa_kernel=3``) unless the user sets them.
     """
     listed = provider_entries(session_options, where)
     name = normalize(ep) if ep else (listed[0][0] if listed else "cpu")
@@ -159,11 +168,8 @@ def from_package(
     options = dict(next((o for n, o in listed if n == name), {}))
     check_user_options(name, overrides or {})  # runtime/provider_names.py: warnings naming ignored options
     options.update(overrides or {})
-    if name == "cuda" and "use_tf32" not in (overrides or {}):
-        if options.get("use_tf32", "0") != "0":
-            log.info("use_tf32=%s from the package replaced by 0 (give provider_options=use_tf32=1 to keep "
-                     "TF32)", options["use_tf32"])
-        options.update(TF32_OFF)
+    if name == "cuda":
+        _cuda_defaults(options, overrides or {})
     if threads is None:
         threads = thread_count(session_options, where)
     if threads < 0:
@@ -172,6 +178,17 @@ def from_package(
                             user_keys=tuple(overrides or {}), allow_cpu_fallback=allow_cpu_fallback)
     _log_dropped(config)
     return config
+
+
+def _cuda_defaults(options: dict[str, str], overrides: dict[str, str]) -> None:
+    """:data:`CUDA_DEFAULTS` into ``options`` where the user set none (a package's own value is replaced)."""
+    for key, value in CUDA_DEFAULTS.items():
+        if key in overrides:
+            continue
+        if options.get(key, value) != value:
+            log.info("%s=%s from the package replaced by %s (give provider_options=%s=... to choose)", key,
+                     options[key], value, key)
+        options[key] = value
 
 
 def _log_dropped(config: ProviderConfig) -> None:
@@ -193,6 +210,9 @@ def provider_mode(config: ProviderConfig) -> str:
         tf32 = config.raw_options.get("use_tf32", "1")
         parts.append(f"use_tf32={tf32}" + (" (float32 MatMuls in full float32, as PyTorch)" if tf32 == "0" else
                                            " (float32 MatMuls in TF32)"))
+        sdpa = config.raw_options.get("sdpa_kernel", "0")
+        parts.append(f"sdpa_kernel={sdpa}" + (" (flash attention, no cuDNN graph per shape)"
+                                              if sdpa == FLASH_ATTENTION["sdpa_kernel"] else ""))
     parts.append("nodes without a kernel there run on the CPU (allow_cpu_fallback=true)" if config.allow_cpu_fallback
                  else "every node on it or refused (no CPU fallback)")
     return ", ".join(parts)

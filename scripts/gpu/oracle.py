@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ortevals.runtime.providers import CUDA_DEFAULTS
+
 UNIT_ROUNDOFF = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8, "float32": 2.0 ** -24}  # by the package's KV type
 ULPS = 16
 TOLERANCE = (
@@ -57,8 +59,9 @@ def run_oracle(pkg: str, ep: str, path: Path) -> dict:
     config.clear_providers()
     if ep != "cpu":
         config.append_provider(ep)
-        if ep == "cuda":
-            config.set_provider_option(ep, "use_tf32", "0")  # as ortevals' sessions (runtime/providers.py)
+        if ep == "cuda":  # as ortevals' sessions: full float32 MatMuls, flash attention (runtime/providers.py)
+            for key, value in CUDA_DEFAULTS.items():
+                config.set_provider_option(ep, key, value)
     model = og.Model(config)
     out = []
     for r in json.loads(Path(path).read_text()):
