@@ -528,3 +528,26 @@ def test_cascade_passes_are_metered_with_the_run(tiny_pkg):
         decode = after.decode_tokens - before.decode_tokens
         assert decode >= lm.stats["generated_tokens"] - len(reqs) > 100, (mode, decode, lm.stats)
         assert after.decode_row_seconds > before.decode_row_seconds
+
+
+def test_device_kv_buffers_start_at_zero_whatever_the_memory_held(tiny_pkg, monkeypatch):
+    """Fresh device memory holds whatever was there before (cudaMalloc and onnxruntime's arena do not clear it:
+    here it holds NaN bits). GroupQueryAttention never writes the positions past a row's length, and on an H200
+    a kernel handed the buffer's whole width (onnxruntime's cuDNN SDPA) turned such bits into NaN outputs: the
+    device holder clears each new buffer, as onnxruntime-genai does, and keeps NaN only while it checks."""
+    from ortevals.runtime import buffers
+
+    runner = DecoderRunner.open(ModelPackage.load(tiny_pkg), ProviderConfig("cpu"), io_binding=True)
+    allocate = buffers.device_buffer
+
+    def stale(*args, **kwargs):
+        view = allocate(*args, **kwargs)
+        buffers.fill_nan(view)
+        return view
+
+    monkeypatch.setattr(buffers, "device_buffer", stale)
+    kv = DeviceKV(runner)
+    held = [t.owner.numpy() for pair in kv.empty(2, 8).layers for t in pair]
+    assert held and all(np.all(a == 0) for a in held)
+    kv.poison = True
+    assert all(np.isnan(t.owner.numpy()).all() for pair in kv.empty(2, 8).layers for t in pair)

@@ -127,9 +127,17 @@ def device_buffer(shape: tuple[int, ...], elem_type: int, device: str, device_id
 
 def fill_nan(view: KVView) -> None:
     """Every element of ``view``'s whole buffer set to all-ones bits: NaN in every float format."""
-    shape = view.owner.shape()
+    _fill_bits(view, -1)
+
+
+def fill_zero(view: KVView) -> None:
+    """Every element of ``view``'s whole buffer set to all-zero bits: 0.0 in every float format."""
+    _fill_bits(view, 0)
+
+
+def _fill_bits(view: KVView, value: int) -> None:
     bits = _BITS[ITEMSIZE[ONNX_TYPE_NAMES[view.elem_type]]]
-    view.owner.update_inplace(np.full(shape, np.iinfo(bits).max, dtype=bits))
+    view.owner.update_inplace(np.full(view.owner.shape(), np.iinfo(bits).max if value else 0, dtype=bits))
 
 
 def bind_shared(binding, input_name: str, output_name: str, tensor) -> None:
