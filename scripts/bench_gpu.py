@@ -28,6 +28,7 @@ import gzip
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -65,8 +66,23 @@ def run_child(kind: str, spec: dict, timeout: float | None = None) -> dict:
     if proc.returncode != 0 or line is None:
         tail = [ln for ln in (stderr or stdout).splitlines() if ln.strip()][-12:]
         print("  failed:\n    " + "\n    ".join(tail), flush=True)
-        return {"failed": tail[-1] if tail else f"exit {proc.returncode}", "child_wall_s": wall}
+        return {"failed": tail[-1] if tail else f"exit {proc.returncode}", "child_wall_s": wall,
+                **progress_before_cut(stderr or "")}
     return {**json.loads(line[6:]), **sampler.result(), "child_wall_s": wall}
+
+
+PROGRESS = re.compile(r"(\d+)/(\d+) (questions|requests)? ?\[(?:(\d+):)?(\d+):(\d+)")
+
+
+def progress_before_cut(stderr: str) -> dict:
+    """A child cut short (time-out, crash): how far its last progress bar got, ``{"partial": {"done", "of",
+    "unit", "seconds"}}`` (tqdm's elapsed time since the bar started: after loading), or nothing."""
+    found = PROGRESS.findall(stderr.replace("\r", "\n"))
+    if not found:
+        return {}
+    done, total, unit, h, m, sec = found[-1]
+    return {"partial": {"done": int(done), "of": int(total), "unit": unit or "items",
+                        "seconds": int(h or 0) * 3600 + int(m) * 60 + int(sec)}}
 
 
 def fail(message: str, code: int = 2):
@@ -190,7 +206,9 @@ def table(results: dict) -> str:
     for name, m in results["models"].items():
         for b, r in m.get("backends", {}).items():
             if "failed" in r:
-                lines.append(f"| {name} | {b} | failed: {r['failed'][-240:]} |" + " |" * 8)
+                part = r.get("partial")
+                got = f" ({part['done']}/{part['of']} {part['unit']} in {part['seconds']} s)" if part else ""
+                lines.append(f"| {name} | {b} | failed: {r['failed'][-240:]}{got} |" + " |" * 8)
                 continue
             ratio = m["ratios"].get(f"ortevals/{b}")
             same = f"{r['same_answers_as_hf']}/{r['compared_with_hf']}" if "compared_with_hf" in r else "—"

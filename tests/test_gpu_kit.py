@@ -373,3 +373,36 @@ def test_oracle_tolerance_is_the_stated_bound_and_requests_past_it_are_listed():
     got = compare(rows, "float16")
     assert got["within_tolerance"] == 1 and [o["request"] for o in got["outside"]] == [1, 2]
     assert got["max_ratio"] == pytest.approx(0.4 / 0.3125)
+
+
+@pytest.mark.parametrize("bar", ["ortevals", "lm-eval"])
+def test_a_child_cut_short_keeps_how_far_its_progress_bar_got(bar):
+    """On the H200 the ortevals child hit its time-out at 91 of 200 questions and its row kept nothing but the
+    time-out: the row now keeps the last progress bar's count and elapsed time, read from the stderr of real
+    bars: ortevals' own (run/progress.py, questions) and a plain tqdm as lm-eval's backends draw it."""
+    import contextlib
+    import io
+
+    from tqdm import tqdm
+
+    from ortevals.run.progress import Progress
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    from bench_gpu import progress_before_cut
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        if bar == "ortevals":
+            progress = Progress([(1, 2, q) for q in range(200)], units=list(range(200)))
+            progress.bar.start_t -= 3725  # an hour and two minutes in
+            for i in range(91):
+                progress.done(i)
+            progress.bar.refresh()
+        else:
+            lm = tqdm(total=200, desc="Computing log-likelihoods", mininterval=0)
+            lm.start_t -= 3725
+            lm.update(91)
+    got = progress_before_cut(err.getvalue() + "\ntimed out after 120 s")["partial"]
+    assert (got["done"], got["of"], got["unit"]) == (91, 200, "questions" if bar == "ortevals" else "items")
+    assert 3725 <= got["seconds"] <= 3727
+    assert progress_before_cut("Traceback: no bar at all") == {}

@@ -13,7 +13,7 @@ CALLS = ("ortvalue_from_shape_and_type", "update_inplace + numpy()", "data_ptr",
          "replicate expand", "replicate gather", "replicate narrow", "replicate copy", "replicate fit",
          "free device memory", "decoder session, no node on the CPU",
          "derived scoring graph (float64 sums), no node on the CPU", "derived scores = full logits",
-         "cascade graph = plain sessions at 1024 tokens")
+         "attention at 12 new shapes", "cascade graph = plain sessions at 1024 tokens")
 
 
 def probe(*args: str) -> subprocess.CompletedProcess:

@@ -7,8 +7,9 @@
 OrtValues made on the device, written in place and read back; IOBinding by pointer into the middle of a
 buffer; the past-KV copy graphs of runtime/replicate.py; the free device memory of runtime/memory.py
 (cudaMemGetInfo through ctypes); the derived scoring graph (float64 sums) opened with no node on the CPU
-and scored against the full-logit path; the cascade decode graph against plain sessions at a 1,024-token
-prompt. The package is scripts/gpu/tinypkg.py's (fp16 on CUDA, fp32 on the CPU) unless ``--pkg``.
+and scored against the full-logit path; 12 never-seen shapes timed with flash attention pinned
+(``sdpa_kernel=3``, ortevals' default) and with onnxruntime's own choice; the cascade decode graph against
+plain sessions at a 1,024-token prompt. The package is scripts/gpu/tinypkg.py's (fp16 on CUDA, fp32 on the CPU) unless ``--pkg``.
 Exit 1 if any line fails.
 """
 
@@ -131,6 +132,21 @@ def scoring_and_cascade(package, provider, args):
         want = np.take_along_axis(log_softmax(logits)[np.arange(2)[:, None], positions[..., 0]], targets, 2)
         return same(lp, want, tol)
     check("derived scores = full logits", scored)
+
+    def new_shapes():  # onnxruntime's cuDNN SDPA builds a graph per new shape on sm90+; sdpa_kernel=3 pins flash
+        from ortevals.runtime.providers import from_package
+
+        ms = {}
+        for kernel in ("3", "0"):
+            runner = DecoderRunner.open(package, from_package({}, args.ep, {"sdpa_kernel": kernel}))
+            runner.forward(ids[:1, :8], np.ones((1, 8), np.int64))  # warm-up: the session's first pass
+            t0 = time.perf_counter()
+            for n in range(20, 32):  # 12 lengths never run before
+                x = rng.integers(3, package.vocab_size, (2, n))
+                runner.forward(x, np.ones_like(x))
+            ms[kernel] = (time.perf_counter() - t0) / 12 * 1e3
+        return f"sdpa_kernel=3 {ms['3']:.1f} ms a pass, sdpa_kernel=0 (onnxruntime's choice) {ms['0']:.1f} ms"
+    check("attention at 12 new shapes", new_shapes)
 
     def cascade():
         base = runners["full"]
