@@ -33,9 +33,10 @@ def enable(folder: Path) -> list:
     return sessions
 
 
-def summarize(files: list[Path], scored_s: float) -> dict:
-    """Seconds: scoring (inside the backend's loglikelihood), inside session.run, nodes (by provider, top
-    ops), and the rest: outside onnxruntime."""
+def summarize(files: list[Path], scored_s: float, worker_s: float | None = None) -> dict:
+    """Seconds: scoring (inside the backend's loglikelihood), the worker from the model's opening on
+    (``worker_s``: every profiled run falls inside it, the opening checks' too), inside session.run, nodes (by
+    provider, top ops), and the rest: outside onnxruntime, of the worker's time where it is given."""
     run_us, node_us, runs = 0, 0, 0
     by_provider, by_op = Counter(), Counter()
     for f in files:
@@ -48,8 +49,9 @@ def summarize(files: list[Path], scored_s: float) -> dict:
                 by_provider[e.get("args", {}).get("provider", "?")] += e["dur"]
                 by_op[e.get("args", {}).get("op_name", "?")] += e["dur"]
     s = 1e-6
-    return {"scored_s": scored_s, "session_runs": runs, "inside_ort_run_s": run_us * s, "nodes_s": node_us * s,
-            "outside_ort_s": scored_s - run_us * s, "ort_not_in_nodes_s": (run_us - node_us) * s,
+    whole = scored_s if worker_s is None else worker_s
+    return {"scored_s": scored_s, "worker_s": worker_s, "session_runs": runs, "inside_ort_run_s": run_us * s,
+            "nodes_s": node_us * s, "outside_ort_s": whole - run_us * s, "ort_not_in_nodes_s": (run_us - node_us) * s,
             "nodes_by_provider_s": {k: v * s for k, v in by_provider.most_common()},
             "top_ops_s": {k: v * s for k, v in by_op.most_common(10)}}
 
