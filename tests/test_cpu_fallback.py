@@ -89,7 +89,8 @@ def test_compute_nodes_on_the_cpu_are_refused_in_one_line_naming_their_op_types(
     with pytest.raises(ProviderError) as err:
         DecoderRunner.open(pkg, from_package(pkg.decoder.session_options, "cuda"))
     msg = str(err.value)
-    assert spy[0][1] == "1" and REFUSAL in spy[0][3] and spy[0][0] == [(STAND_IN, {"use_tf32": "0", "sdpa_kernel": "3"})]
+    assert spy[0][1] == "1" and REFUSAL in spy[0][3]
+    assert spy[0][0] == [(STAND_IN, {"use_tf32": "0", "sdpa_kernel": "3"})]
     counts = op_counts(pkg.decoder.path)
     assert "\n" not in msg and str(pkg.decoder.path) in msg and "allow_cpu_fallback=true" in msg
     assert f"GroupQueryAttention x{counts['GroupQueryAttention']}" in msg and "MatMul x" in msg
@@ -103,7 +104,8 @@ def test_allow_cpu_fallback_opens_and_names_what_runs_on_the_cpu(tiny_pkg, cuda_
     with caplog.at_level(logging.INFO, logger="ortevals.runtime.placement"):
         runner = DecoderRunner.open(pkg, provider, io_binding=False)  # no CUDA memory here
     assert runner.decoder.get_providers() == [STAND_IN, "CPUExecutionProvider"]
-    assert spy[0][0] == [(STAND_IN, {"use_tf32": "0", "sdpa_kernel": "3"}), ("CPUExecutionProvider", {})] and spy[0][1] is None
+    assert spy[0][0] == [(STAND_IN, {"use_tf32": "0", "sdpa_kernel": "3"}), ("CPUExecutionProvider", {})]
+    assert spy[0][1] is None
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("allow_cpu_fallback=true" in w and "GroupQueryAttention x" in w for w in warned), warned
 

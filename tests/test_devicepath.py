@@ -87,9 +87,10 @@ def test_builder_options_are_kept_for_og_and_dropped_for_raw_sessions(ep, caplog
     with caplog.at_level(logging.INFO, logger="ortevals.runtime.providers"):
         cfg = from_package({"provider_options": BUILDER_OPTIONS[ep]}, ep)
     package_opts = next(iter(BUILDER_OPTIONS[ep][0].values()))
-    tf32 = {"use_tf32": "0", "sdpa_kernel": "3"} if ep == "cuda" else {}  # TF32 off on CUDA unless the user sets it
-    assert cfg.options == package_opts | tf32  # onnxruntime-genai's config is otherwise unchanged
-    assert cfg.raw_options == tf32
+    # on CUDA, TF32 off and flash attention pinned unless the user sets them
+    cuda_defaults = {"use_tf32": "0", "sdpa_kernel": "3"} if ep == "cuda" else {}
+    assert cfg.options == package_opts | cuda_defaults  # onnxruntime-genai's config is otherwise unchanged
+    assert cfg.raw_options == cuda_defaults
     lines = [r.getMessage() for r in caplog.records if "not passed to raw" in r.getMessage()]
     assert len(lines) == 1 and all(k in lines[0] for k in package_opts)
 
@@ -169,7 +170,8 @@ def test_store_scope_records_the_options_each_path_is_handed(tiny_pkg):
 
     assert scope({"enable_cuda_graph": "1"}).digest != scope({}).digest
     recorded = json.loads(scope({"enable_cuda_graph": "1"}).settings)
-    assert recorded["path:onnxruntime-genai"]["provider_options"] == {"enable_cuda_graph": "1", "use_tf32": "0", "sdpa_kernel": "3"}
+    assert recorded["path:onnxruntime-genai"]["provider_options"] == {"enable_cuda_graph": "1", "use_tf32": "0",
+                                                                       "sdpa_kernel": "3"}
     assert recorded["path:raw sessions"]["provider_options"] == {"use_tf32": "0", "sdpa_kernel": "3"}
     assert recorded["path:raw sessions"]["session_config"] == {"session.disable_cpu_ep_fallback": "1"}
 

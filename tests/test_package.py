@@ -151,7 +151,8 @@ def test_providers_resolve_and_merge_options():
     so = {"provider_options": [{"cuda": {"enable_cuda_graph": "1", "device_id": "0"}}]}
     cfg = from_package(so, None, parse_options(["device_id=1"]))
     assert (cfg.name, cfg.ort_name, cfg.options) == ("cuda", "CUDAExecutionProvider",
-                                                      {"enable_cuda_graph": "1", "device_id": "1", "use_tf32": "0", "sdpa_kernel": "3"})
+                                                      {"enable_cuda_graph": "1", "device_id": "1", "use_tf32": "0",
+                                                       "sdpa_kernel": "3"})
     assert from_package(so, None, {"use_tf32": "1"}).options["use_tf32"] == "1"  # the user's choice stands
     assert from_package(so, "cpu").options == {}
     assert normalize("CUDAExecutionProvider") == "cuda" and normalize("DirectML") == "dml"

@@ -133,9 +133,10 @@ def test_options_given_to_onnxruntime_genai_are_in_the_scope(tiny_pkg, gemma4_mm
     graph = {"enable_cuda_graph": "1"}
     with_og = _scope(tiny_pkg, "cuda", graph, gen_path="og")
     assert with_og.digest != _scope(tiny_pkg, "cuda", gen_path="og").digest
-    # the tiny package is fp32, so CUDA gets use_tf32=0 as well (PyTorch's fp32 matmuls are not TF32)
-    assert _path_settings(with_og, "onnxruntime-genai")["provider_options"] == {**graph, "use_tf32": "0", "sdpa_kernel": "3"}
-    assert _path_settings(with_og, "raw sessions")["provider_options"] == {"use_tf32": "0", "sdpa_kernel": "3"}  # graphs filtered out
+    # CUDA gets use_tf32=0 (PyTorch's fp32 matmuls are not TF32) and flash attention pinned as well
+    cuda_defaults = {"use_tf32": "0", "sdpa_kernel": "3"}
+    assert _path_settings(with_og, "onnxruntime-genai")["provider_options"] == {**graph, **cuda_defaults}
+    assert _path_settings(with_og, "raw sessions")["provider_options"] == cuda_defaults  # graphs filtered out
     # a multimodal package always has og's media path
     assert _scope(gemma4_mm[1], "cuda", graph).digest != _scope(gemma4_mm[1], "cuda").digest
     # where nothing the run can open gets the option, it splits nothing

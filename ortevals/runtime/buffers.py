@@ -127,17 +127,18 @@ def device_buffer(shape: tuple[int, ...], elem_type: int, device: str, device_id
 
 def fill_nan(view: KVView) -> None:
     """Every element of ``view``'s whole buffer set to all-ones bits: NaN in every float format."""
-    _fill_bits(view, -1)
+    _set_bits(view.owner, ONNX_TYPE_NAMES[view.elem_type], ones=True)
 
 
 def fill_zero(view: KVView) -> None:
     """Every element of ``view``'s whole buffer set to all-zero bits: 0.0 in every float format."""
-    _fill_bits(view, 0)
+    _set_bits(view.owner, ONNX_TYPE_NAMES[view.elem_type], ones=False)
 
 
-def _fill_bits(view: KVView, value: int) -> None:
-    bits = _BITS[ITEMSIZE[ONNX_TYPE_NAMES[view.elem_type]]]
-    view.owner.update_inplace(np.full(view.owner.shape(), np.iinfo(bits).max if value else 0, dtype=bits))
+def _set_bits(value, dtype: str, ones: bool) -> None:
+    """Every bit of OrtValue ``value`` (element type ``dtype``) set to 1 or to 0, written from the host."""
+    bits, shape = _BITS[ITEMSIZE[dtype]], value.shape()
+    value.update_inplace(np.full(shape, np.iinfo(bits).max, dtype=bits) if ones else np.zeros(shape, dtype=bits))
 
 
 def bind_shared(binding, input_name: str, output_name: str, tensor) -> None:
@@ -182,7 +183,7 @@ def _zeros(shape: tuple, dtype, what: str, device: str | None, device_id: int):
     value = import_ort().OrtValue.ortvalue_from_shape_and_type(list(shape), ONNX_TYPES[dtype], device or "cpu",
                                                                 device_id)
     if all(shape):  # an empty past has no bits to clear
-        value.update_inplace(np.zeros(shape, dtype=_BITS[ITEMSIZE[dtype]]))
+        _set_bits(value, dtype, ones=False)
     return value
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """The GPU benchmark's plot: requests/s per backend and model, from ``scripts/bench_gpu.py``'s results.json.
 
-    python scripts/gpu/plot.py docs/bench-gpu/results.json docs/bench-gpu/requests.png --console docs/bench-gpu/console.txt
+    python scripts/gpu/plot.py docs/bench-gpu/results.json docs/bench-gpu/requests.png \
+        --console docs/bench-gpu/console.txt
 
 A backend whose child was cut short (time-out) is drawn hatched at the rate its last progress bar shows
 (``partial`` in its row, or read from ``--console``, the run's printed output, by bench_gpu's own

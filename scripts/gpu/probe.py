@@ -9,7 +9,8 @@ buffer; the past-KV copy graphs of runtime/replicate.py; the free device memory 
 (cudaMemGetInfo through ctypes); the derived scoring graph (float64 sums) opened with no node on the CPU
 and scored against the full-logit path; 12 never-seen shapes timed with flash attention pinned
 (``sdpa_kernel=3``, ortevals' default) and with onnxruntime's own choice; the cascade decode graph against
-plain sessions at a 1,024-token prompt. The package is scripts/gpu/tinypkg.py's (fp16 on CUDA, fp32 on the CPU) unless ``--pkg``.
+plain sessions at a 1,024-token prompt. The package is scripts/gpu/tinypkg.py's (fp16 on CUDA, fp32 on the
+CPU) unless ``--pkg``.
 Exit 1 if any line fails.
 """
 
