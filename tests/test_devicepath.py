@@ -22,7 +22,7 @@ from onnx import TensorProto, helper
 from ortevals.engine.score.prefill import EngineSettings, PrefillEngine, TokenRequest
 from ortevals.errors import PackageError, ProviderError
 from ortevals.package.loader import KVSpec, ModelPackage
-from ortevals.runtime.buffers import _nbytes, empty_past, host_float32
+from ortevals.runtime.buffers import ONNX_TYPES, KVView, _nbytes, empty_past, host_float32
 from ortevals.runtime.providers import from_package, raw_session_options
 from ortevals.runtime.replicate import Replicator
 from ortevals.runtime.sessions import DecoderRunner, open_session
@@ -253,6 +253,21 @@ def test_replicator_expands_where_the_value_lives(dtype):
     out = rep.expand(ort.OrtValue.ortvalue_from_numpy(x), 3)
     assert out.device_name().lower() == "cpu"
     np.testing.assert_array_equal(out.numpy(), np.repeat(x, 3, axis=0))
+
+
+@pytest.mark.parametrize("offset_bytes", [0, 2])  # 2: a view not on an 8-byte boundary (written byte by byte)
+def test_replicator_zeroes_exactly_the_view_it_is_given(offset_bytes):
+    """Fresh device memory holds whatever was there (here all-ones bits, NaN in float16): ``zero`` clears the
+    view's bytes where they live, by pointer, and no byte outside it."""
+    owner = ort.OrtValue.ortvalue_from_numpy(np.full((3, 2, 5, 4), 0xFFFF, np.uint16).view(np.float16))
+    row = owner.numpy()[0].nbytes
+    view = KVView(owner, (1, 2, 5, 4), ONNX_TYPES["float16"], "cpu").rows(0, 1)
+    view = KVView(owner, view.shape, view.elem_type, "cpu", 0, row + offset_bytes)
+    Replicator(from_package({}, "cpu"), "cpu").zero(view)
+    flat = owner.numpy().view(np.uint8).reshape(-1)
+    start = row + offset_bytes
+    assert not flat[start:start + row].any()
+    assert (flat[:start] == 0xFF).all() and (flat[start + row:] == 0xFF).all()
 
 
 def test_runner_repeats_device_past_without_numpy(tiny_pkg):

@@ -130,11 +130,6 @@ def fill_nan(view: KVView) -> None:
     _set_bits(view.owner, ONNX_TYPE_NAMES[view.elem_type], ones=True)
 
 
-def fill_zero(view: KVView) -> None:
-    """Every element of ``view``'s whole buffer set to all-zero bits: 0.0 in every float format."""
-    _set_bits(view.owner, ONNX_TYPE_NAMES[view.elem_type], ones=False)
-
-
 def _set_bits(value, dtype: str, ones: bool) -> None:
     """Every bit of OrtValue ``value`` (element type ``dtype``) set to 1 or to 0, written from the host."""
     bits, shape = _BITS[ITEMSIZE[dtype]], value.shape()

@@ -14,7 +14,9 @@ same graphs write into buffers it already holds (``into``: a
 :class:`~ortevals.runtime.buffers.KVView` bound by pointer), so nothing is
 allocated: ``expand`` a prompt's row into an arena, ``copy`` a row forward
 (``Identity``: a finished row leaves), ``fit`` a prefix into a buffer of
-another capacity (``Slice`` then ``Pad`` on axis 2).
+another capacity (``Slice`` then ``Pad`` on axis 2), and ``zero`` a new buffer
+(``ConstantOfShape`` over its bytes: fresh device memory holds whatever was
+there, and clearing it from the host would copy a buffer of zeros across).
 One session per (op, element type, rank), made on first use (a hybrid decoder's recurrent state is
 ``[B, ...]`` of another rank than KV: it is replicated and gathered the same way, never cut).
 """
@@ -24,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from ortevals.install import import_ort
-from ortevals.runtime.buffers import KVView
+from ortevals.runtime.buffers import ONNX_TYPES, KVView
 from ortevals.runtime.opening import create_session
 from ortevals.runtime.providers import ProviderConfig
 
@@ -55,6 +57,19 @@ class Replicator:
     def fit(self, value, length: int, into: KVView) -> None:
         """``into [B,H,T',D]`` ← the first ``length`` tokens of ``value [B,H,T,D]`` then zeros (T' >= length)."""
         self._run("Fit", value, np.asarray([length, into.shape[2] - length], dtype=np.int64), into)
+
+    def zero(self, into: KVView) -> None:
+        """Every byte of ``into`` set to 0 where it lives (0.0 in every float format): one ``ConstantOfShape``
+        written by pointer, in 8-byte words where the view's address and size allow, so no host array of its
+        size is made or copied."""
+        wide = into.ptr % 8 == 0 and into.nbytes % 8 == 0
+        width, elem_type = (8, ONNX_TYPES["int64"]) if wide else (1, ONNX_TYPES["uint8"])
+        flat = KVView(into.owner, (into.nbytes // width,), elem_type, into.device, into.device_id, into.offset)
+        session = self._session("Zero", elem_type, 1)
+        binding = session.io_binding()
+        binding.bind_cpu_input("arg", np.asarray(flat.shape, dtype=np.int64))
+        flat.bind_output(binding, "y")
+        session.run_with_iobinding(binding)
 
     def gather(self, value, rows) -> object:
         """value: OrtValue ``[B, ...]``; returns rows ``rows`` (in that order) as a new OrtValue."""
@@ -89,10 +104,11 @@ class Replicator:
         from onnx import TensorProto, helper  # only when a batch of prefix continuations is run
 
         ort = import_ort()
+        x = [] if op == "Zero" else [
+            helper.make_tensor_value_info("x", elem_type, ["one", *(f"x{i}" for i in range(1, rank))])]
         graph = helper.make_graph(
-            _nodes(op), f"past_{op.lower()}",
-            [helper.make_tensor_value_info("x", elem_type, ["one", *(f"x{i}" for i in range(1, rank))]),
-             helper.make_tensor_value_info("arg", TensorProto.INT64, [None])],
+            _nodes(op, elem_type), f"past_{op.lower()}",
+            [*x, helper.make_tensor_value_info("arg", TensorProto.INT64, [None])],
             [helper.make_tensor_value_info("y", elem_type, ["b", *(f"y{i}" for i in range(1, rank))])])
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
         model.ir_version = 8  # readable by every onnxruntime ortevals supports
@@ -110,11 +126,15 @@ class Replicator:
                               f"replicate_past {op} (built-in graph)")
 
 
-def _nodes(op: str) -> list:
+def _nodes(op: str, elem_type: int) -> list:
     """Expand(x, arg=shape) · Gather(x, arg=rows, axis 0) · Slice(x, arg=[start, end, axis]) ·
-    Identity(x) (arg unused) · Fit: Pad(Slice(x, 0:arg[0] on axis 2), arg[1] zeros after, axis 2)."""
+    Identity(x) (arg unused) · Fit: Pad(Slice(x, 0:arg[0] on axis 2), arg[1] zeros after, axis 2) ·
+    Zero: ConstantOfShape(arg=shape) of ``elem_type`` zeros (no x)."""
     from onnx import TensorProto, helper
 
+    if op == "Zero":
+        return [helper.make_node("ConstantOfShape", ["arg"], ["y"],
+                                 value=helper.make_tensor("value", elem_type, [1], [0]))]
     if op == "Expand":
         return [helper.make_node("Expand", ["x", "arg"], ["y"])]
     if op == "Gather":

@@ -5,7 +5,7 @@
     python scripts/gpu/probe.py --ep cpu --work /tmp/probe         # the same calls on the CPU (a test runs it)
 
 OrtValues made on the device, written in place and read back; IOBinding by pointer into the middle of a
-buffer; the past-KV copy graphs of runtime/replicate.py; the free device memory of runtime/memory.py
+buffer; the past-KV copy and zero graphs of runtime/replicate.py; the free device memory of runtime/memory.py
 (cudaMemGetInfo through ctypes); the derived scoring graph (float64 sums) opened with no node on the CPU
 and scored against the full-logit path; 12 never-seen shapes timed with flash attention pinned
 (``sdpa_kernel=3``, ortevals' default) and with onnxruntime's own choice; the cascade decode graph against
@@ -100,6 +100,17 @@ def main():
     check("replicate copy", lambda: (rep.copy(view.rows(0, 1), dest.rows(1, 2)), same(arena.numpy()[1], host[0]))[1])
     fitted = np.concatenate([host[:, :, :2], 0 * host[:, :, 2:]], 2)
     check("replicate fit", lambda: (rep.fit(view, 2, dest), same(arena.numpy(), fitted))[1])
+
+    def zeroed():  # all-ones bits (NaN) in; row 0 cleared in 8-byte words, row 1 from its 3rd byte on byte by byte
+        bits = {2: np.uint16, 4: np.uint32}[np.dtype(dt).itemsize]
+        arena.update_inplace(np.full(host.shape, np.iinfo(bits).max, bits).view(dt))
+        half = dest.nbytes // 2
+        rep.zero(dest.rows(0, 1))
+        rep.zero(KVView(arena, (half - 2,), TensorProto.UINT8, dev, 0, half + 2))
+        got = arena.numpy().view(np.uint8).reshape(-1)
+        kept = got[half:half + 2]
+        return "ok" if not got[:half].any() and (kept == 255).all() and not got[half + 2:].any() else 1 / 0
+    check("replicate zero", zeroed)
     check("free device memory", lambda: f"{free_bytes(dev) / 2**30:.2f} GiB" if free_bytes(dev) else 1 / 0)
     pkg = args.pkg
     if pkg is None:

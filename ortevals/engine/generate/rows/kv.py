@@ -219,8 +219,9 @@ class DeviceKV(InplaceKV):
         view = self.buffers.device_buffer(shape, elem_type, self.device, self.device_id)
         # NaN while same_as_plain checks (a read of memory never written shows); else zeros, as onnxruntime-genai
         # zeroes its KV: the positions past a row's length are never written, and an attention kernel handed
-        # the buffer's whole width (onnxruntime's cuDNN SDPA path) may multiply stale NaN bits there by 0
-        (self.buffers.fill_nan if self.poison else self.buffers.fill_zero)(view)
+        # the buffer's whole width (onnxruntime's cuDNN SDPA path) may multiply stale NaN bits there by 0.
+        # The zeros are written on the device: from the host they would be a capacity-sized copy per prompt
+        (self.buffers.fill_nan if self.poison else self.copies.zero)(view)
         return view
 
     def empty(self, rows: int, capacity: int):
