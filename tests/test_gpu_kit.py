@@ -66,8 +66,9 @@ def one_line_error(proc: subprocess.CompletedProcess, *words: str) -> None:
         assert w in lines[0], lines[0]
 
 
-def kit_dir(root: Path, files: dict[str, bytes], part_mib: int) -> Path:
-    """A kit folder as 'prepare' leaves it (wheels/ + manifest), cut by 'kit.py split'."""
+def kit_dir(root: Path, files: dict[str, bytes], part_mib: int, commit: str | None = None) -> Path:
+    """A kit folder as 'prepare' leaves it (wheels/ + manifest, its ortevals wheel built from ``commit``), cut by
+    'kit.py split'."""
     from pack import sha256, write_manifest
 
     (root / "wheels").mkdir(parents=True)
@@ -75,7 +76,7 @@ def kit_dir(root: Path, files: dict[str, bytes], part_mib: int) -> Path:
     for name, data in files.items():
         (root / "wheels" / name).write_bytes(data)
         wheels.append({"file": name, "sha256": sha256(root / "wheels" / name), "bytes": len(data)})
-    write_manifest(root, {"kind": "test", "wheels": wheels, "parts": []})
+    write_manifest(root, {"kind": "test", "wheels": wheels, "parts": [], "ortevals_commit": commit})
     proc = kit("split", str(root), "--part-mib", str(part_mib), "--pack", "none", "--repo", str(REPO))
     assert proc.returncode == 0, proc.stderr
     return root
@@ -316,6 +317,28 @@ def fresh_clone(tmp_path: Path) -> Path:
     return clone
 
 
+def head(repo: Path) -> str:
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+
+
+def test_stage_refuses_a_kit_whose_ortevals_is_not_the_checkouts(tmp_path):
+    """The box imports ortevals from the kit's wheel: a kit prepared at another commit (the H200 run's kit was
+    prepared before the flash-attention fix), or a checkout with uncommitted library changes, would measure
+    other code than the one reported. One line, exit 2, nothing staged."""
+    clone = fresh_clone(tmp_path)
+    files = {"w0-1.0-py3-none-any.whl": b"x" * 1000}
+    kit_dir(tmp_path / "old", files, part_mib=8, commit="5ec537324091202e2d2909a6db8ee3ca85b703ee")
+    proc = kit("stage", str(tmp_path / "old"), "--repo", str(clone))
+    one_line_error(proc, "built from commit 5ec5373", f"is at {head(clone)[:7]}", "prepare")
+    kit_dir(tmp_path / "now", files, part_mib=8, commit=head(clone))
+    (clone / "ortevals" / "version.py").write_text((clone / "ortevals" / "version.py").read_text() + "# edited\n")
+    proc = kit("stage", str(tmp_path / "now"), "--repo", str(clone))
+    one_line_error(proc, "uncommitted change", "ortevals/version.py", "commit, then prepare again")
+    assert not (clone / ".gpukit").exists()
+    subprocess.run(["git", "checkout", "-q", "--", "ortevals"], cwd=clone, check=True)
+    assert kit("stage", str(tmp_path / "now"), "--repo", str(clone)).returncode == 0
+
+
 def test_stage_on_a_fresh_clone_prints_its_transfer_calls_and_each_fits_a_call(tmp_path):
     """A kit cut for another tree is cut again for this one (the largest part the call allows), every call
     carries the tree plus one part within the 64 MiB, and the count printed is the folders staged."""
@@ -328,7 +351,7 @@ def test_stage_on_a_fresh_clone_prints_its_transfer_calls_and_each_fits_a_call(t
     clone = fresh_clone(tmp_path)
     sizes = [45 << 20, 25 << 20]
     files = {f"w{i}-1.0-py3-none-any.whl": np.random.default_rng(i).bytes(n) for i, n in enumerate(sizes)}
-    kit_dir(tmp_path / "kit", files, part_mib=8)
+    kit_dir(tmp_path / "kit", files, part_mib=8, commit=head(clone))
     proc = kit("stage", str(tmp_path / "kit"), "--repo", str(clone))
     assert proc.returncode == 0, proc.stderr
     calls = int(re.search(r": (\d+) transfer calls", proc.stdout).group(1))

@@ -140,6 +140,7 @@ def cmd_stage(args) -> None:
     """Copy each part into ``REPO/.gpukit/cNN/`` (git-ignored through .git/info/exclude) and print the calls.
     Where the wheels are at hand and this tree leaves room for larger parts, the kit is cut again first."""
     manifest = load_manifest(args.dir)
+    same_code(manifest, args.dir, args.repo)
     tree = tree_bytes(args.repo)
     best = default_part_mib(args.repo)
     if (args.dir / "wheels").is_dir() and manifest.get("part_mib") != best and not args.keep_parts:
@@ -170,6 +171,23 @@ def cmd_stage(args) -> None:
     for part in manifest["parts"]:
         c = f"{STAGE}/c{part['call']:02d}"
         print(f"  call {part['call']}: carry=[\"{c}\"]  command: python3 scripts/gpu/kit.py receive {c} /root/kit")
+
+
+def same_code(manifest: dict, kit_dir: Path, repo: Path) -> None:
+    """The box imports ortevals from the kit's wheel, and runs the scripts of the tree that travels: both must be
+    this checkout's committed HEAD, or the GPU run measures other code than the one it is reported for."""
+    def git(*cmd: str) -> str:  # porcelain lines start with a status column that may be blank: no strip
+        return subprocess.run(["git", *cmd], cwd=repo, capture_output=True, text=True).stdout
+
+    head, built = git("rev-parse", "HEAD").strip(), manifest.get("ortevals_commit") or ""
+    if built != head:
+        raise KitError(f"{kit_dir / 'manifest.json'}: its ortevals wheel was built from commit "
+                       f"{built[:7] or '(none recorded)'}, {repo} is at {head[:7]}: the box would run that code; "
+                       f"run 'python scripts/gpu/kit.py prepare {kit_dir}' again")
+    changed = git("status", "--porcelain", "--", "ortevals", "scripts", "pyproject.toml").splitlines()
+    if changed:
+        raise KitError(f"{repo}: {len(changed)} uncommitted change(s) under ortevals/, scripts/ or pyproject.toml "
+                       f"(e.g. {changed[0][3:]}): the kit's wheel holds HEAD's code; commit, then prepare again")
 
 
 def cmd_calls(args) -> None:
