@@ -270,6 +270,38 @@ def test_replicator_zeroes_exactly_the_view_it_is_given(offset_bytes):
     assert (flat[:start] == 0xFF).all() and (flat[start + row:] == 0xFF).all()
 
 
+@pytest.mark.parametrize("which", ["gemma3", "lfm2"])
+def test_a_first_pass_on_a_device_clears_its_buffers_there(which, gemma3, lfm2, monkeypatch):
+    """A first pass's window-capacity past (Gemma 3's sliding layers) and zero recurrent state (LFM2's
+    convolutions: its content changes every output) are made where the session runs, in memory that holds
+    whatever was there (here all-ones bits): they are cleared there, with no host array of zeros copied in,
+    and the logits equal the host path's."""
+    pkg = ModelPackage.load(gemma3[1] if which == "gemma3" else lfm2[1])
+    assert pkg.windowed or pkg.states
+    cpu = from_package({}, "cpu")
+    ids = np.random.default_rng(0).integers(3, pkg.vocab_size, (2, 20)).astype(np.int64)
+    ref, _ = DecoderRunner.open(pkg, cpu).forward(ids, np.ones_like(ids))
+    bound = DecoderRunner.open(pkg, cpu, io_binding=True)
+    make, write, host_zeros = ort.OrtValue.ortvalue_from_shape_and_type, ort.OrtValue.update_inplace, []
+
+    def stale(shape, elem_type, device, device_id=0):
+        value = make(shape, elem_type, device, device_id)
+        if all(shape):
+            bits = np.dtype(f"u{_nbytes(value) // int(np.prod(shape))}")
+            write(value, np.full(shape, np.iinfo(bits).max, bits))
+        return value
+
+    def from_host(value, array):
+        host_zeros.extend([array.nbytes] if array.size and not array.any() else [])
+        write(value, array)
+
+    monkeypatch.setattr(ort.OrtValue, "ortvalue_from_shape_and_type", staticmethod(stale))
+    monkeypatch.setattr(ort.OrtValue, "update_inplace", from_host)
+    got, _ = bound.forward(ids, np.ones_like(ids))
+    np.testing.assert_array_equal(got, ref)
+    assert host_zeros == []
+
+
 def test_runner_repeats_device_past_without_numpy(tiny_pkg):
     pkg = ModelPackage.load(tiny_pkg)
     runner = DecoderRunner.open(pkg, from_package({}, "cpu"), io_binding=True)

@@ -153,39 +153,44 @@ def feeds_len(attention_mask: np.ndarray) -> int:
     return int(attention_mask.shape[1])
 
 
-def empty_past(spec: KVSpec, batch: int, device: str | None = None, device_id: int = 0):
+def empty_past(spec: KVSpec, batch: int, device: str | None = None, device_id: int = 0, clear=None):
     """Past buffer ``[batch, kv_heads, window or 0, head_size]`` for a first pass.
 
     Zero length; for windowed layers a zero buffer of window capacity (its contents
     are ignored, but GQA refuses a smaller one). A numpy array on the host for
     numpy's dtypes without a device; otherwise an ``OrtValue`` of the graph's
-    element type made where the session runs (numpy has no bfloat16).
+    element type made where the session runs (numpy has no bfloat16), zeroed by
+    ``clear(KVView)`` where given (runtime/replicate.py's ``zero``: on the device), else from the host.
     """
     shape = (batch, spec.kv_heads, spec.window or 0, spec.head_size)
-    return _zeros(shape, spec.dtype, f"{spec.key_name}: past KV", device, device_id)
+    return _zeros(shape, spec.dtype, f"{spec.key_name}: past KV", device, device_id, clear)
 
 
 _BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
-def _zeros(shape: tuple, dtype, what: str, device: str | None, device_id: int):
+def _zeros(shape: tuple, dtype, what: str, device: str | None, device_id: int, clear=None):
     """Zeros of ``shape``: numpy on the host for numpy's dtypes, else an ``OrtValue`` where the session runs
-    (fresh device memory is not zeroed; all-zero bits are 0.0 in every float format)."""
+    (fresh device memory is not zeroed; all-zero bits are 0.0 in every float format), cleared by ``clear`` (a
+    function of a :class:`KVView`) where given, else by a host array of zeros copied in."""
     if device is None and dtype in NUMPY_NATIVE:
         return np.zeros(shape, dtype=dtype)
     if dtype not in ONNX_TYPES:
         raise PackageError(f"{what} element type {dtype} is not supported")
     value = import_ort().OrtValue.ortvalue_from_shape_and_type(list(shape), ONNX_TYPES[dtype], device or "cpu",
                                                                 device_id)
-    if all(shape):  # an empty past has no bits to clear
+    if all(shape) and clear is not None:
+        clear(KVView(value, tuple(shape), ONNX_TYPES[dtype], device or "cpu", device_id))
+    elif all(shape):  # an empty past has no bits to clear
         _set_bits(value, dtype, ones=False)
     return value
 
 
-def empty_state(spec: StateSpec, batch: int, device: str | None = None, device_id: int = 0):
+def empty_state(spec: StateSpec, batch: int, device: str | None = None, device_id: int = 0, clear=None):
     """The zero recurrent/convolution state ``[batch, *spec.shape]`` of a first pass (what transformers and
-    onnxruntime-genai start from): numpy on the host, else an ``OrtValue`` where the session runs."""
-    return _zeros((batch, *spec.shape), spec.dtype, f"{spec.name}: state", device, device_id)
+    onnxruntime-genai start from): numpy on the host, else an ``OrtValue`` where the session runs (``clear``: as
+    :func:`empty_past`)."""
+    return _zeros((batch, *spec.shape), spec.dtype, f"{spec.name}: state", device, device_id, clear)
 
 
 def host_float32(value) -> np.ndarray:

@@ -363,16 +363,17 @@ class DecoderRunner:
 
     def _past_feeds(self, batch: int, past: KVCache | None) -> dict[str, np.ndarray]:
         feeds = {}
+        clear = self._replicator().zero if self.bind_device else None  # a first pass's zeros made on the device
         for i, spec in enumerate(self.package.kv):
             if past is not None:
                 k, v = past.layers[i]
             else:
-                k = v = empty_past(spec, batch, self.bind_device, self.device_id)
+                k = v = empty_past(spec, batch, self.bind_device, self.device_id, clear)
             feeds[spec.key_name] = k
             feeds[spec.value_name] = v
         for i, spec in enumerate(self.package.states):  # the state after the past's tokens; zeros on a first pass
             feeds[spec.name] = past.states[i] if past is not None else empty_state(spec, batch, self.bind_device,
-                                                                                    self.device_id)
+                                                                                    self.device_id, clear)
         return feeds
 
 
