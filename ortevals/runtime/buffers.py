@@ -179,9 +179,11 @@ def _zeros(shape: tuple, dtype, what: str, device: str | None, device_id: int, c
         raise PackageError(f"{what} element type {dtype} is not supported")
     value = import_ort().OrtValue.ortvalue_from_shape_and_type(list(shape), ONNX_TYPES[dtype], device or "cpu",
                                                                 device_id)
-    if all(shape) and clear is not None:
+    if not all(shape):  # an empty past has no bits to clear
+        return value
+    if clear is not None:
         clear(KVView(value, tuple(shape), ONNX_TYPES[dtype], device or "cpu", device_id))
-    elif all(shape):  # an empty past has no bits to clear
+    else:
         _set_bits(value, dtype, ones=False)
     return value
 
