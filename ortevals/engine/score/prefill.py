@@ -52,9 +52,9 @@ from ortevals.engine.score.passes import (
     rows_for,
     scored_positions,
 )
-from ortevals.engine.score.prefix import PrefixPlan, plan_prefixes
+from ortevals.engine.score.prefix import plan_prefixes
 from ortevals.engine.score.scoring import NonFiniteScore, Score, ScoreSink
-from ortevals.errors import OrtEvalsError
+from ortevals.engine.score.shared import SharedPrefixes
 from ortevals.package.reuse import MIN_PASS_TOKENS
 
 __all__ = ["EngineSettings", "Group", "PrefillEngine", "Score", "TokenRequest", "pad_right", "plan_groups",
@@ -70,7 +70,7 @@ class Forward(Protocol):
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray, past=None, want_present: bool = False): ...
 
 
-class PrefillEngine:
+class PrefillEngine(SharedPrefixes):
     """Scores log-likelihood requests with full-logit forward passes."""
 
     def __init__(self, runner: Forward, settings: EngineSettings, verdicts: Verdicts | None = None) -> None:
@@ -294,107 +294,3 @@ class PrefillEngine:
                     lambda out: [done.scores(out[0][b], out[1][b], g, k) for b, g in enumerate(batch)])
         return (lambda: self._call(ids, mask, past, positions=positions)[0],
                 lambda logits: [done.group(logits[b], g, k) for b, g in enumerate(batch)])
-
-    def _score_shared(self, groups: list[Group], plan: PrefixPlan, done: ScoreSink) -> None:
-        """Depth-first over the radix plan; the stack holds the KV of the prefixes on the path.
-
-        Consecutive inputs under the same deepest held prefix are collected and run
-        ``prefix_batch`` rows per pass (see :meth:`_continue`); the pending rows are
-        flushed before the stack changes, so evicted KV is never kept alive.
-        """
-        budget = self.settings.prefix_budget_mb * 2**20
-        stack: list[tuple[int, object]] = []  # (node index, KVCache)
-        pending: list[Group] = []  # inputs waiting to run on top of the stack's deepest prefix
-        # pending inputs flushed at once: a batch's rows, or on one row per pass enough to keep every pass busy
-        limit = (self.settings.prefix_batch or 256) * (1 if self.settings.passes == 1 else 8 * self.settings.passes)
-        for gi in plan.order:
-            path = plan.paths[gi]
-            if not path:
-                continue
-            if stack and stack[-1][0] not in path:
-                self._continue(pending, stack, plan, done)
-            while stack and stack[-1][0] not in path:
-                stack.pop()  # left that subtree: evict
-            tokens = groups[gi].tokens
-            for node in path:
-                if any(n == node for n, _ in stack) or plan.nodes[node].depth <= _depth(stack, plan):
-                    continue
-                held = sum(c.nbytes for _, c in stack)
-                if held + plan.nodes[node].depth * self.kv_bytes_per_token > budget:
-                    continue  # no room: children compute from the deepest prefix held
-                self._continue(pending, stack, plan, done)
-                kv = self._extend(tokens, stack, plan, plan.nodes[node].depth)
-                self.kv_bytes_per_token = kv.nbytes // max(kv.length, 1)
-                if held + kv.nbytes <= budget:
-                    stack.append((node, kv))
-            pending.append(groups[gi])
-            if len(pending) >= limit:
-                self._continue(pending, stack, plan, done)
-        self._continue(pending, stack, plan, done)
-
-    def _continue(self, pending: list[Group], stack, plan: PrefixPlan, done: ScoreSink) -> None:
-        """Score ``pending`` (which all start with the stack's deepest prefix) and empty it.
-
-        Rows are right-padded; the mask is ``[B, base + S]``: ones over the prefix, then
-        each row's own tokens. The prefix KV is replicated across the batch by the
-        runner's ``repeat_past`` (on the device for device KV). If the provider refuses
-        the batched pass (onnxruntime's CPU GroupQueryAttention does), fall back to one
-        row per pass for the rest of the run and say so once.
-        """
-        base = _depth(stack, plan)
-        past = stack[-1][1] if stack else None
-        while pending:
-            tail = len(pending[0].tokens) - base
-            gathers = getattr(self.runner, "gathers_positions", False)
-            k = scored_positions(pending) if gathers else None
-            n = self.settings.prefix_batch or rows_for(self.settings, tail, k, base + tail)
-            if past is not None:  # the replicated past stays within the prefix budget
-                n = min(n, max(1, self.settings.prefix_budget_mb * 2**20 // max(past.nbytes, 1)))
-            if n == 1 or getattr(self, "prefix_batch_refused", False):  # one row per pass, ``passes`` at a time
-                for group in pending:
-                    self.pool.submit(*self._continue_rows([group], base, past, done))
-                pending.clear()
-                return
-            chunk, pending[:] = pending[:n], pending[n:]
-            try:
-                run, report = self._continue_rows(chunk, base, past, done)
-                report(run())
-            except OrtEvalsError as e:
-                if past is None:
-                    raise
-                log.warning("prefix continuations: batched pass refused (%s); one row per pass from now on", e)
-                self.prefix_batch_refused = True
-                pending[:0] = chunk
-
-    def _continue_rows(self, chunk: list[Group], base: int, past, done: ScoreSink):
-        """The pass of ``chunk``'s own tokens on the ``base`` tokens of ``past``, as :meth:`_pass` makes it."""
-        ids, tail_mask = pad_right([g.tokens[base:] for g in chunk], self.settings.pad_token_id)
-        mask = np.concatenate([np.ones((len(chunk), base), dtype=np.int64), tail_mask], axis=1)
-        if past is not None and len(chunk) > 1:
-            repeat = getattr(self.runner, "repeat_past", None)
-            past = repeat(past, len(chunk)) if repeat else _repeat_host(past, len(chunk))
-        return self._pass(ids, mask, chunk, [len(g.tokens) - base for g in chunk], done, past)
-
-    def _extend(self, tokens, stack, plan: PrefixPlan, depth: int):
-        """KV of ``tokens[:depth]``, computed on top of the deepest cached prefix: in a pass of
-        ``ReusePolicy.kv_width`` tokens of ``tokens`` (longer than ``depth`` past a length switch), cut back."""
-        base = _depth(stack, plan)
-        past = stack[-1][1] if stack else None
-        width = self.settings.reuse.kv_width(depth, len(tokens))
-        ids = np.asarray([tokens[base:width]], dtype=np.int64)
-        # only the KV is wanted: a derived graph computes the head at one position, not [1,S,V] logits
-        last = np.array([[ids.shape[1] - 1]], np.int64) if getattr(self.runner, "gathers_positions", False) else None
-        mask = np.ones((1, width), dtype=np.int64)
-        self._count(ids, mask)  # on a worker while the passes already started go on
-        _, kv = self.pool.call(lambda: self._call(ids, mask, past, want_present=True, positions=last))
-        return kv if width == depth else self.runner.narrow_past(kv, depth)
-
-
-def _repeat_host(past, batch: int):
-    """A numpy KVCache's rows (KV and any recurrent state) repeated ``batch`` times (runners without
-    ``repeat_past``)."""
-    return past.rows(lambda t: np.repeat(t, batch, axis=0))
-
-
-def _depth(stack, plan: PrefixPlan) -> int:
-    return plan.nodes[stack[-1][0]].depth if stack else 0
