@@ -167,6 +167,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("add_bos_token", boolean("add_bos_token"), None, "Force BOS on or off (default: hf's rules)."),
     Option("memory_budget_mb", positive_int("memory_budget_mb"), 2048, "Logits memory per batch under auto."),
     Option("prefix_cache", boolean("prefix_cache"), True, "Reuse the KV of shared prompt prefixes."),
+    # issue 46 (runtime/prefix_graph.py): scoped, its attention sums over the prefix and the own tokens apart
+    # (~1e-6 per logit); auto is resolved when the run opens (run/run.py engine_settings)
+    Option("shared_prefix_batch", choice("shared_prefix_batch", ("auto", "on", "off")), "auto",
+           "Inputs that share a cached prefix (a few-shot header): on (many in one pass, each row reading the "
+           "one copy of the prefix's KV through a second, derived session of the decoder; a package it cannot "
+           "serve falls back in one logged line), off (one input a pass on the prefix), auto (on with a GPU, off "
+           "on CPU, where one input a pass was measured faster). Needs prefix_cache and scoring_graph."),
     Option("prefix_budget_mb", positive_int("prefix_budget_mb"), 1024, "KV held for shared prefixes at once."),
     Option("scoring_graph", boolean("scoring_graph"), True, "Derived decoder: LM head only at scored positions."),
     Option("path", choice("path", ("auto", "prefill", "incremental")), "auto",
@@ -270,6 +277,9 @@ NEEDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "step_separator": (lambda a: a.prm or _searching(a), "prm=true or --search"),
     "cascade": (lambda a: a.gen_path != "og", "gen_path=auto or raw (cascade is a raw-path decoding; gen_path=og "
                 "generates on onnxruntime-genai)"),
+    "shared_prefix_batch": (lambda a: a.prefix_cache and a.scoring_graph and not a.exact,
+                            "prefix_cache=true, scoring_graph=true and exact=false (it batches the inputs that "
+                            "share a cached prefix)"),
     "gen_batch_size": (lambda a: a.gen_path != "raw", "gen_path=auto or og (it batches onnxruntime-genai's "
                        "Generators; the raw path decodes a prompt's rows together by itself)"),
 }

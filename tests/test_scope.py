@@ -132,7 +132,7 @@ CHANGED = {"ep": "cpu", "batch_size": 1, "max_length": 64, "threads": 1, "provid
            "scoring_graph": False, "path": "incremental", "max_gen_toks": 32, "gen_batch_size": 2, "seed": 7,
            "exact": True, "check": False, "truncate": "left", "media_path": "og", "gen_path": "og",
            "cascade": "off", "decode_budget_mb": 64,
-           "allow_cpu_fallback": True}
+           "allow_cpu_fallback": True, "shared_prefix_batch": "on"}
 
 
 NOT_SCOPED = {"pkg", "store", "workers", "ray_address",  # where requests run never changes a number (issue 15)

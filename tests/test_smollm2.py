@@ -35,7 +35,8 @@ def hf_scores(smollm2, mmlu_requests):
 
 
 @pytest.mark.parametrize("variant", [{}, {"prefix_cache": "0"}, {"scoring_graph": "0"},
-                                     {"prefix_cache": "0", "scoring_graph": "0", "batch_size": "4"}])
+                                     {"prefix_cache": "0", "scoring_graph": "0", "batch_size": "4"},
+                                     {"shared_prefix_batch": "on", "check": "0"}])
 def test_loglikelihoods_equal_pytorch(smollm2, mmlu_requests, hf_scores, variant):
     lm = OrtLM.create_from_arg_obj({"pkg": str(smollm2[1]), **variant})
     args, _ = mmlu_requests
@@ -47,6 +48,8 @@ def test_loglikelihoods_equal_pytorch(smollm2, mmlu_requests, hf_scores, variant
         # the 5-shot header ran once: far fewer tokens than one prompt per question
         # (the invariance canary's one-row reference passes run whole prompts: not counted here)
         assert lm.engine.tokens_run - lm.engine.canary_tokens < LIMIT * 700
+    if variant.get("shared_prefix_batch") == "on":  # the questions under the header ran in one pass
+        assert lm.engine.shared_stats["rows"] == LIMIT > lm.engine.shared_stats["passes"] == 1
 
 
 def test_evaluate_and_engine_agree(mmlu_requests, hf_scores):

@@ -25,11 +25,12 @@ from ortevals.errors import OrtEvalsError, PackageError
 from ortevals.package.loader import ModelPackage
 from ortevals.package.multimodal import has_media_models
 from ortevals.package.scope import Reads, package_reads
-from ortevals.runtime.cascade import cascade_reads
+from ortevals.runtime.cascade import Refused, cascade_reads
 from ortevals.runtime.genai import genai_reads
 from ortevals.runtime.media import media_reads
 from ortevals.runtime.meter import PassMeter
 from ortevals.runtime.opening import check_available
+from ortevals.runtime.prefix_runner import PrefixRunner, prefix_reads
 from ortevals.runtime.providers import NPU_PROVIDERS, ProviderConfig
 from ortevals.runtime.reads import runner_reads
 
@@ -85,6 +86,7 @@ class Backends:
         self.meter = PassMeter()  # tokens and seconds of every raw pass of the run (runtime/meter.py)
         self._opening: _Opening | None = None  # open_soon's thread
         self.verdicts = Verdicts()  # canary verdicts; OrtLM gives it the result store (engine/score/invariance.py)
+        self.shared_refused = ""  # why shared_prefix_batch=on cannot serve this package (runtime/prefix_graph.py)
 
     @functools.cached_property
     def prefill(self) -> PrefillEngine:
@@ -118,9 +120,21 @@ class Backends:
         settings, mode = self.prefill_choice
         runner = DecoderRunner.open(self.package, self.provider, self._derived(settings))
         runner.meter = self.meter  # one meter for the run's passes (runtime/meter.py)
-        engine = PrefillEngine(runner, settings, self.verdicts)
-        engine.mode = mode
+        engine = PrefillEngine(runner, settings, self.verdicts, self._shared_runner(runner, settings))
+        engine.mode, engine.shared_refused = mode, self.shared_refused
         return engine
+
+    def _shared_runner(self, runner, settings: EngineSettings):
+        """The shared-prefix scoring session (runtime/prefix_runner.py) where ``shared_prefix_batch`` resolved to
+        on and the package's attention can be rewritten; None otherwise (one logged line saying why)."""
+        if not settings.shared_prefix_batch or settings.exact or self._derived(settings) is None:
+            return None
+        try:
+            return PrefixRunner.open(runner, self.provider, self.derived_cache)
+        except Refused as e:
+            self.shared_refused = str(e)
+            log.info("shared-prefix batches: not for this package (%s); one input a pass on shared prefixes", e)
+            return None
 
     def _derived(self, settings: EngineSettings):
         # exact mode means the package's own decoder: the derived graph changes which rows the head sees
@@ -157,6 +171,8 @@ class Backends:
             gen = "raw"  # refused at the first generate_until request
         if self.loglikelihood_path == "prefill" or gen == "raw":
             out += runner_reads(self.package, self.provider, self._derived(self.prefill_choice[0]))
+        if self.loglikelihood_path == "prefill" and self.prefill_choice[0].shared_prefix_batch:
+            out += prefix_reads(self.package, self.provider)
         if gen == "raw" and self.cascade != "off":  # its session's record is the raw sessions' own
             out.append(cascade_reads(self.package))
         if self.loglikelihood_path == "incremental" or gen == "og":

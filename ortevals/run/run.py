@@ -27,6 +27,7 @@ from ortevals.engine.score.scoring import context_limit, effective_max_length
 from ortevals.errors import OrtEvalsError
 from ortevals.files import cache_root
 from ortevals.options import ModelArgs, scoped_settings
+from ortevals.package.graph import graph_facts
 from ortevals.package.loader import CONFIG_NAME, ModelPackage
 from ortevals.package.multimodal import check_media_tokens
 from ortevals.package.reuse import reuse_policy
@@ -45,6 +46,8 @@ from ortevals.runtime.providers import ProviderConfig, from_package, parse_optio
 log = logging.getLogger(__name__)
 DEFAULT_MAX_LENGTH = 2048
 CPU_TOKEN_BUDGET = 1024  # auto batch on CPU: more tokens per pass only add memory traffic
+DEVICE_SHARED_TOKENS = 16384  # own tokens a shared-prefix pass holds on a device (compute-bound: GPU_SCORING.md)
+DEVICE_SHAPE_BUCKET = 32  # own-token widths on a device: shapes repeat (kernel plans, the arena), <= 8% padding
 NO_STORE = ("none", "off", "false", "no")  # store=none: no result store (lm-eval's route has one by default)
 # lm-eval's own code splits context/continuation (_encode_pair) and cuts rolling windows
 LM_EVAL_READS = Reads("lm-eval requests", dists=("lm-eval",))
@@ -308,13 +311,27 @@ def engine_settings(package: ModelPackage, provider: ProviderConfig, args: Model
         prefix_cache=args.prefix_cache,
         reuse=reuse_policy(package),  # what cached KV may be reused for (package/reuse.py)
         prefix_budget_mb=args.prefix_budget_mb,
-        # issue 10 §4: CPU GQA refuses batched continuations (CUDA's shared input check likely too: the
-        # engine then goes one row per pass; issue 20 §1, docs/architecture.md)
-        prefix_batch=0 if provider.on_device else 1,
+        # onnxruntime's GroupQueryAttention refuses several rows of several new tokens on a past, on CPU and CUDA
+        # alike (group_query_attention_helper.h CheckInputs, docs/runtime-facts.md): never tried; inputs under one
+        # prefix are batched by the shared-prefix graph instead (issue 46)
+        prefix_batch=1,
+        shared_prefix_batch=shared_prefix_batch(args, provider),
+        shape_bucket=DEVICE_SHAPE_BUCKET if provider.on_device else 1,
+        shared_token_budget=DEVICE_SHARED_TOKENS if provider.on_device else CPU_TOKEN_BUDGET,
+        attention_heads=max(graph_facts(package.decoder.path).attention_heads or {1}),
         kv_bytes_per_token=kv_bytes_per_token(package),
         exact=args.exact, check=args.check,  # invariance switches (engine/score/invariance.py)
         passes=1 if provider.on_device else args.passes,
     )
+
+
+def shared_prefix_batch(args: ModelArgs, provider: ProviderConfig) -> bool:
+    """Whether inputs under one cached prefix are scored many a pass (``shared_prefix_batch``): on/off as given;
+    auto: on a device provider (one input a pass leaves it idle), off on CPU (measured slower there:
+    docs/benchmarks.md)."""
+    if not (args.prefix_cache and args.scoring_graph) or args.exact:
+        return False
+    return args.shared_prefix_batch == "on" or (args.shared_prefix_batch == "auto" and provider.on_device)
 
 
 def run_reads(package: ModelPackage, tokenizer: Tokenizer, backends: Backends) -> list[Reads]:

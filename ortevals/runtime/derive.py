@@ -93,6 +93,13 @@ def derived_path(package: ModelPackage, cache: Path, scope: Scope | None = None)
 
 
 def _derive(package: ModelPackage) -> bytes | None:
+    model = derived_model(package)
+    return None if model is None else model.SerializeToString()
+
+
+def derived_model(package: ModelPackage):
+    """The derived decoder as an ``onnx.ModelProto`` (weights left external), or None when the head cannot be
+    found. The shared-prefix scoring graph (runtime/prefix_graph.py) is rewritten from it."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -117,7 +124,7 @@ def _derive(package: ModelPackage) -> bytes | None:
             out.type.tensor_type.shape.dim[1].dim_param = "positions"
     _add_scores(model, logits_name)
     _gather_untransposed(graph)
-    return model.SerializeToString()
+    return model
 
 
 def _add_scores(model, logits: str) -> None:

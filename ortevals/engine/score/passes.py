@@ -47,6 +47,14 @@ class EngineSettings:
     # the prefix KV replicated across it. 1: one row per pass (CPU: onnxruntime's GroupQueryAttention
     # refuses batch > 1 with a multi-token input and past). 0: as many as rows_for allows (devices).
     prefix_batch: int = 1
+    # issue 46: inputs under one cached prefix scored many rows a pass, every row reading the one copy of the
+    # prefix's KV (runtime/prefix_graph.py); their own tokens padded to a multiple of ``shape_bucket`` (devices:
+    # shapes repeat, so kernels' plans and the memory arena do), rows per pass from ``shared_token_budget`` and
+    # the attention scores' memory (``attention_heads`` float32 scores per own token and key, three copies)
+    shared_prefix_batch: bool = False
+    shape_bucket: int = 1
+    shared_token_budget: int = 1024
+    attention_heads: int = 0
     exact: bool = False  # one row per pass, no prefix reuse, full logits: each input as if run alone
     check: bool = True  # run the invariance canary before the first batched run
     passes: int = 1  # independent passes run at once, each on its own thread (engine/score/parallel.py)
@@ -114,14 +122,57 @@ def batches(groups: list[Group], settings: EngineSettings, gathers: bool = False
         i += n
 
 
+def shared_batches(groups: Sequence[Group], base: int, settings: EngineSettings) -> Iterator[tuple[list[Group], int]]:
+    """Inputs under one ``base``-token prefix as shared-prefix passes: ``(rows, width)``, each row's own tokens
+    (``len(tokens) - base``) right-padded to ``width``, a multiple of ``settings.shape_bucket``.
+
+    Shortest first, so rows of near lengths share a pass (little padding). Rows per pass: the fixed batch size,
+    else what ``shared_token_budget`` tokens and ``memory_budget_mb`` of attention scores (``attention_heads``
+    float32 scores per own token and key, ``base + width`` keys, three copies: scores, probabilities and a
+    temporary) and scored logits (K rows of V, 24 bytes each) allow, at most 256.
+    """
+    rows = sorted(groups, key=lambda g: len(g.tokens))
+    i = 0
+    while i < len(rows):
+        n = 1
+        while i + n < len(rows):  # one more row (the widest so far): does the pass still fit?
+            width = _bucket(len(rows[i + n].tokens) - base, settings.shape_bucket)
+            if _shared_rows(settings, width, base, scored_positions(rows[i:i + n + 1])) < n + 1:
+                break
+            n += 1
+        yield rows[i:i + n], _bucket(len(rows[i + n - 1].tokens) - base, settings.shape_bucket)
+        i += n
+
+
+def _bucket(n: int, step: int) -> int:
+    return -(-n // step) * step if step > 1 else n
+
+
+def _shared_rows(settings: EngineSettings, width: int, base: int, positions: int) -> int:
+    if settings.batch_size:
+        return settings.batch_size
+    scores = 12 * max(settings.attention_heads, 1) * width * (base + width)
+    per_row = scores + positions * settings.vocab_size * 24
+    by_memory = settings.memory_budget_mb * 2**20 // max(per_row, 1)
+    by_tokens = settings.shared_token_budget // max(width, 1) if settings.shared_token_budget else by_memory
+    return max(1, min(256, by_memory, by_tokens))
+
+
 def scored_positions(batch: Sequence[Group]) -> int:
     """K: the scored positions per row, the longest continuation of any member."""
     return max(n for g in batch for _, n in g.members)
 
 
-def pad_right(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """``[B,S]`` int64 ids and mask; row b holds its tokens then padding."""
-    width = max(len(r) for r in rows)
+def last_positions(batch: Sequence[Group], lengths: Sequence[int]) -> tuple[int, np.ndarray]:
+    """(K, positions ``[B,K]``): each row's last K real positions (row b has ``lengths[b]`` real tokens), K the
+    batch's longest continuation (a shorter row's extra positions clipped to 0, never read)."""
+    k = scored_positions(batch)
+    return k, np.stack([np.clip(np.arange(n - k, n), 0, None) for n in lengths]).astype(np.int64)
+
+
+def pad_right(rows: Sequence[Sequence[int]], pad_id: int, width: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``[B,S]`` int64 ids and mask; row b holds its tokens then padding (S: the longest row, or ``width``)."""
+    width = max(width, *(len(r) for r in rows))
     ids = np.full((len(rows), width), pad_id, dtype=np.int64)
     mask = np.zeros((len(rows), width), dtype=np.int64)
     for b, r in enumerate(rows):

@@ -47,10 +47,10 @@ from ortevals.engine.score.passes import (
     Group,
     TokenRequest,
     batches,
+    last_positions,
     pad_right,
     plan_groups,
     rows_for,
-    scored_positions,
 )
 from ortevals.engine.score.prefix import plan_prefixes
 from ortevals.engine.score.scoring import NonFiniteScore, Score, ScoreSink
@@ -73,8 +73,12 @@ class Forward(Protocol):
 class PrefillEngine(SharedPrefixes):
     """Scores log-likelihood requests with full-logit forward passes."""
 
-    def __init__(self, runner: Forward, settings: EngineSettings, verdicts: Verdicts | None = None) -> None:
+    def __init__(self, runner: Forward, settings: EngineSettings, verdicts: Verdicts | None = None,
+                 shared=None) -> None:
         self.runner = runner
+        # issue 46: the shared-prefix scoring session (runtime/prefix_runner.py), or None (one input a pass)
+        self.shared_runner = shared
+        self.shared_stats = {"passes": 0, "rows": 0, "tokens": 0, "padded": 0}
         self.settings = settings
         self.verdicts = verdicts or Verdicts()  # canary verdicts kept across runs (with a store)
         self.canary_passes = 0  # forward passes the canary cost (0 when a stored verdict was reused)
@@ -82,9 +86,27 @@ class PrefillEngine(SharedPrefixes):
         self.tokens_run = 0
         self.kv_bytes_per_token = settings.kv_bytes_per_token
         self.mode = "exact" if settings.exact else "batched"  # which mode runs and why, for the run's record
+        self.shared_refused = ""  # why inputs under a shared prefix ran one a pass though shared_prefix_batch=on
         self.canary: CanaryResult | None = None
         self.canary_tokens = 0  # tokens of the canary's one-row reference passes (their scores are kept)
         self.pool = PassPool(settings.passes)  # independent passes, ``passes`` at a time (engine/score/parallel.py)
+
+    @property
+    def mode(self) -> str:
+        """Which mode ran and why (the run's record): exact, or batched with the canary's verdict, and how the
+        inputs under shared prefixes ran."""
+        if self.settings.exact or not self.settings.shared_prefix_batch:
+            return self._mode
+        s = self.shared_stats
+        if s["passes"]:
+            return (f"{self._mode}; shared-prefix batches: {s['rows']} inputs in {s['passes']} passes "
+                    f"({s['rows'] / s['passes']:.1f} a pass), {s['padded'] / max(s['tokens'] + s['padded'], 1):.1%} of "
+                    "their tokens padding")
+        return f"{self._mode}; one input a pass on shared prefixes ({self.shared_refused or 'none shared'})"
+
+    @mode.setter
+    def mode(self, value: str) -> None:
+        self._mode = value
 
     def score(
         self,
@@ -163,7 +185,7 @@ class PrefillEngine(SharedPrefixes):
         self.canary_passes += self.forward_passes - passes
         self._canary_verdict(sub, configured, exact)
         if exact is not None:  # a non-finite score is the request's, not the graph's: not kept
-            self.verdicts.keep_canary(key, self.canary, self.mode)
+            self.verdicts.keep_canary(key, self.canary, self._mode)
         return self.score(requests, on_done, min_saving)
 
     def _canary_configured(self, sub: list[TokenRequest]) -> list[Score]:
@@ -234,6 +256,8 @@ class PrefillEngine(SharedPrefixes):
         plan = plan_prefixes([g.tokens for g in groups], [max(MIN_OWN_TOKENS, *(n for _, n in g.members))
                                                           for g in groups],
                              self.settings.prefix_min_saving if min_saving is None else min_saving)
+        if self.shared_runner is not None:  # many inputs a pass on one prefix: deeper prefixes only split them
+            plan = plan.top_level()
         reuse, total = self.settings.reuse, len(groups[0].tokens)
         if any(not reuse.cut_exact(reuse.kv_width(n.depth, total), n.depth) for n in plan.nodes):
             log.info("prefill: no shared prefixes for inputs past %s tokens: %s", reuse.rope_switch, reuse.describe())
@@ -286,11 +310,11 @@ class PrefillEngine(SharedPrefixes):
         if not getattr(self.runner, "gathers_positions", False):
             return (lambda: self._call(ids, mask, past)[0],
                     lambda logits: [done.group(logits[b], g, lengths[b]) for b, g in enumerate(batch)])
-        k = scored_positions(batch)
-        positions = np.stack([np.clip(np.arange(n - k, n), 0, None) for n in lengths]).astype(np.int64)
+        k, positions = last_positions(batch, lengths)
         if getattr(self.runner, "scores_in_graph", False):
             targets = done.targets(batch, k)
             return (lambda: self._call(ids, mask, past, positions=positions, targets=targets),
                     lambda out: [done.scores(out[0][b], out[1][b], g, k) for b, g in enumerate(batch)])
         return (lambda: self._call(ids, mask, past, positions=positions)[0],
                 lambda logits: [done.group(logits[b], g, k) for b, g in enumerate(batch)])
+

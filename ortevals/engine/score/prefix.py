@@ -38,6 +38,12 @@ class PrefixPlan:
     ancestor: tuple[int | None, ...]  # per input: deepest kept node, or None
     paths: tuple[tuple[int, ...], ...]  # per input: kept nodes from the root down
 
+    def top_level(self) -> PrefixPlan:
+        """The plan with only its outermost nodes (those without a kept parent): every input continues from its
+        top-level prefix. Node indices are kept (the others are simply never on a path)."""
+        paths = tuple(tuple(k for k in p if self.nodes[k].parent is None) for p in self.paths)
+        return PrefixPlan(self.order, self.nodes, tuple(p[-1] if p else None for p in paths), paths)
+
 
 def _intervals(seqs: list[Sequence[int]], order: list[int]) -> list[tuple[int, int, int]]:
     """LCP intervals ``(depth, first, last)`` over ``order`` (positions, inclusive), depth > 0."""

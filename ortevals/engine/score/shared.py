@@ -14,12 +14,20 @@ import logging
 
 import numpy as np
 
-from ortevals.engine.score.passes import Group, pad_right, rows_for, scored_positions
+from ortevals.engine.score.passes import (
+    Group,
+    last_positions,
+    pad_right,
+    rows_for,
+    scored_positions,
+    shared_batches,
+)
 from ortevals.engine.score.prefix import PrefixPlan
 from ortevals.engine.score.scoring import ScoreSink
-from ortevals.errors import OrtEvalsError
+from ortevals.errors import OrtEvalsError, first_line
 
 log = logging.getLogger(__name__)
+SHARED_PENDING = 2048  # inputs collected under one prefix before its shared-prefix passes run
 
 
 class SharedPrefixes:
@@ -38,6 +46,8 @@ class SharedPrefixes:
         pending: list[Group] = []  # inputs waiting to run on top of the stack's deepest prefix
         # pending inputs flushed at once: a batch's rows, or on one row per pass enough to keep every pass busy
         limit = (self.settings.prefix_batch or 256) * (1 if self.settings.passes == 1 else 8 * self.settings.passes)
+        if self.shared_runner is not None:  # several shared-prefix passes' rows, sorted by length together
+            limit = SHARED_PENDING
         for gi in plan.order:
             path = plan.paths[gi]
             if not path:
@@ -74,6 +84,8 @@ class SharedPrefixes:
         """
         base = _depth(stack, plan)
         past = stack[-1][1] if stack else None
+        if past is not None and self.shared_runner is not None:
+            self._continue_shared(pending, base, past, done)
         while pending:
             tail = len(pending[0].tokens) - base
             gathers = getattr(self.runner, "gathers_positions", False)
@@ -96,6 +108,42 @@ class SharedPrefixes:
                 log.warning("prefix continuations: batched pass refused (%s); one row per pass from now on", e)
                 self.prefix_batch_refused = True
                 pending[:0] = chunk
+
+    def _continue_shared(self, pending: list[Group], base: int, past, done: ScoreSink) -> None:
+        """Score ``pending`` many rows a pass on the shared-prefix graph (runtime/prefix_graph.py), every row
+        reading ``past`` (one row, ``base`` tokens) as it is; passes from :func:`shared_batches`. Where the first
+        pass is refused the engine says so once and goes on one row per pass (``pending`` is left for it)."""
+        batches = list(shared_batches(pending, base, self.settings))
+        pending.clear()
+        for i, (chunk, width) in enumerate(batches):
+            run, report = self._shared_pass(chunk, width, base, past, done)
+            if self.shared_stats["passes"] > 1:
+                self.pool.submit(run, report)
+                continue
+            try:  # the first passes run here: a refusal is the graph's, and the rows go back to the plain path
+                report(run())
+            except OrtEvalsError as e:
+                log.warning("shared-prefix batches: refused (%s); one input a pass on shared prefixes from now on", e)
+                self.shared_runner, self.shared_refused = None, first_line(e)
+                pending.extend(g for c, _ in batches[i:] for g in c)
+                return
+
+    def _shared_pass(self, chunk: list[Group], width: int, base: int, past, done: ScoreSink):
+        """One shared-prefix pass over ``chunk`` (own tokens right-padded to ``width``), counted, as ``(run,
+        report)`` for :class:`PassPool`."""
+        ids, _ = pad_right([g.tokens[base:] for g in chunk], self.settings.pad_token_id, width)
+        lengths = [len(g.tokens) - base for g in chunk]
+        stats = self.shared_stats
+        stats["passes"] += 1
+        stats["rows"] += len(chunk)
+        stats["tokens"] += sum(lengths)
+        stats["padded"] += ids.size - sum(lengths)
+        self.forward_passes += 1
+        self.tokens_run += sum(lengths)
+        k, positions = last_positions(chunk, lengths)
+        targets = done.targets(chunk, k)
+        return (lambda: self.shared_runner.score(ids, past, positions, targets),
+                lambda out: [done.scores(out[0][b], out[1][b], g, k) for b, g in enumerate(chunk)])
 
     def _continue_rows(self, chunk: list[Group], base: int, past, done: ScoreSink):
         """The pass of ``chunk``'s own tokens on the ``base`` tokens of ``past``, as :meth:`_pass` makes it."""

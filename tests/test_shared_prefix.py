@@ -1,0 +1,196 @@
+"""The shared-prefix scoring graph (issue 46): many rows on one bound copy of a prefix's KV, as one pass of each.
+
+* The graph (runtime/prefix_graph.py) against a plain onnxruntime session of the package's own decoder, one full
+  pass per row (the oracle uses onnxruntime alone): the tiny package, SmolLM2, and hand-changed graphs for what the
+  builder's CPU exports lack (softcap, interleaved rotary, a scale that is not a power of two, the Q/K norm fused
+  into the attention node), within float32 rounding; an fp16 graph within fp16's.
+* The engine with ``shared_prefix_batch=on`` on real MMLU-Pro prompts: equal to exact mode within float32
+  rounding, the same answers, many rows a pass; the fallbacks (windows, int8 activations on CPU) in one line.
+* What it is keyed by (the canary's key, the result store's scope) and the option's one-line refusals.
+The parity matrix (tests/test_matrix.py, path ``shared_batch``) covers every builder architecture.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from lm_eval.api.instance import Instance
+
+from ortevals.engine.score.invariance import canary_key
+from ortevals.engine.score.passes import EngineSettings, Group, shared_batches
+from ortevals.errors import OrtEvalsError
+from ortevals.integrations.lm import ModelArgs, OrtLM
+from ortevals.package.loader import ModelPackage
+from ortevals.runtime.cascade import Refused
+from ortevals.runtime.prefix_graph import PREFIX_KEY, PREFIX_VALUE, prefix_decoder
+from tests.fixtures import attention_variants
+from tests.fixtures.matrix.prompts import requests
+
+FLOAT32 = (1e-5, 1e-6)  # float32 rounding of another summation order: atol + rtol * |log-prob|
+
+
+def _session(path, weights_dir):
+    so = ort.SessionOptions()
+    so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(weights_dir))
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def _one_pass(pkg: ModelPackage, ids: np.ndarray, want_present: bool = False):
+    """The package's own decoder, one pass from an empty past, plain onnxruntime: (logits [S,V], present)."""
+    sess = _session(pkg.decoder.path, pkg.root)
+    feeds = {"input_ids": ids[None], "attention_mask": np.ones((1, len(ids)), np.int64)}
+    for spec in pkg.kv:
+        dtype = np.float16 if spec.dtype == "float16" else np.float32
+        feeds[spec.key_name] = feeds[spec.value_name] = np.zeros((1, spec.kv_heads, 0, spec.head_size), dtype)
+    names = [pkg.logits_name] + [n for s in pkg.kv for n in (s.present_key_name, s.present_value_name)]
+    out = sess.run(names, feeds)
+    return out[0][0].astype(np.float64), out[1:]
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    shifted = x - x.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def _shared_vs_one_pass(graph_pkg: ModelPackage, oracle_pkg: ModelPackage, tmp_path, seed: int = 0):
+    """(the graph's log-probs [B,M], the oracle's [B,M]) for five rows of different lengths on a 60-token prefix,
+    scored at each row's last two positions for 40 targets; the prefix's KV from the oracle's own pass."""
+    rng = np.random.default_rng(seed)
+    vocab = oracle_pkg.vocab_size
+    prefix = rng.integers(3, vocab, 60)
+    lens = [9, 17, 5, 12, 30]
+    rows = [rng.integers(3, vocab, n) for n in lens]
+    _, present = _one_pass(oracle_pkg, prefix, want_present=True)
+    sess = _session(prefix_decoder(graph_pkg, tmp_path / "cache"), graph_pkg.root)
+    ids = np.zeros((len(rows), max(lens)), np.int64)
+    for b, r in enumerate(rows):
+        ids[b, :len(r)] = r
+    positions = np.array([[n - 2, n - 1] for n in lens], np.int64)[:, :, None]
+    targets = np.tile(rng.integers(3, vocab, 40)[None, None], (len(rows), 2, 1))
+    feeds = {"input_ids": ids, "ortevals_positions": positions, "ortevals_targets": targets}
+    for i, spec in enumerate(graph_pkg.kv):
+        feeds[PREFIX_KEY % spec.layer], feeds[PREFIX_VALUE % spec.layer] = present[2 * i][0], present[2 * i + 1][0]
+    ours = sess.run(["ortevals_logprobs"], feeds)[0]
+    ref = np.stack([_log_softmax(_one_pass(oracle_pkg, np.concatenate([prefix, r]))[0][[60 + n - 2, 60 + n - 1]])
+                    [:, targets[0, 0]] for r, n in zip(rows, lens)])
+    return ours, ref
+
+
+def _assert_float32(ours, ref):
+    atol, rtol = FLOAT32
+    worst = np.max(np.abs(ours - ref) - rtol * np.abs(ref))
+    assert worst <= atol, f"shared-prefix graph {worst:.3g} beyond float32 rounding of one pass"
+
+
+@pytest.mark.parametrize("which", ["tiny", "smollm2"])
+def test_the_graph_scores_each_row_as_one_pass_of_the_package(which, request, tmp_path):
+    pkg = ModelPackage.load(request.getfixturevalue("tiny_pkg") if which == "tiny"
+                            else request.getfixturevalue("smollm2")[1])
+    _assert_float32(*_shared_vs_one_pass(pkg, pkg, tmp_path))
+
+
+@pytest.mark.parametrize("attributes", [{"softcap": 3.0}, {"rotary_interleaved": 1}, {"scale": 0.3}],
+                         ids=["softcap", "interleaved", "scale"])
+def test_softcap_interleaved_rotary_and_any_scale_as_the_kernel_computes_them(attributes, tiny_pkg, tmp_path):
+    pkg = ModelPackage.load(attention_variants.with_attributes(tiny_pkg, tmp_path / "pkg", **attributes))
+    ours, ref = _shared_vs_one_pass(pkg, pkg, tmp_path)
+    plain, _ = _shared_vs_one_pass(ModelPackage.load(tiny_pkg), ModelPackage.load(tiny_pkg), tmp_path / "plain")
+    assert np.max(np.abs(ref - plain)) > 0.1  # the change reaches the numbers: a graph ignoring it would fail
+    _assert_float32(ours, ref)
+
+
+def test_the_fused_qk_norm_as_the_unfused_chain_computes_it(fixture_cache, tmp_path):
+    from tests.fixtures.matrix.cache import built
+
+    folder, info = built("qwen3", fixture_cache)
+    fused, unfused = attention_variants.fused_qk_norm(folder / "fp32", tmp_path / "fused", tmp_path / "unfused")
+    fused_pkg, unfused_pkg = ModelPackage.load(fused), ModelPackage.load(unfused)
+    nodes = onnx.load(str(fused_pkg.decoder.path), load_external_data=False).graph.node
+    assert all(n.input[14] and n.input[15] for n in nodes if n.op_type == "GroupQueryAttention")
+    _assert_float32(*_shared_vs_one_pass(fused_pkg, unfused_pkg, tmp_path))
+
+
+def test_an_fp16_graph_attends_in_float32_within_fp16_rounding(tiny_pkg, tmp_path):
+    """Its attention runs in float32 (the casts): as close to the fp32 package as the fp16 package's own pass."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    half = attention_variants.with_attributes(tiny_pkg, tmp_path / "fp16")
+    model = convert_float_to_float16(onnx.load(str(half / "model.onnx")), keep_io_types=False)
+    onnx.save(model, str(half / "model.onnx"), save_as_external_data=True, location="model.onnx.data")
+    pkg16, pkg32 = ModelPackage.load(half), ModelPackage.load(tiny_pkg)
+    ours, ref16 = _shared_vs_one_pass(pkg16, pkg16, tmp_path / "a")
+    _, ref32 = _shared_vs_one_pass(pkg32, pkg32, tmp_path / "b")
+    assert np.max(np.abs(ours - ref16)) < 2e-2  # the canary's fp16 tolerance
+    assert np.max(np.abs(ours - ref32)) <= 1.5 * np.max(np.abs(ref16 - ref32))
+
+
+def _engine_scores(pkg, **args):
+    lm = OrtLM.from_package(ModelArgs(pkg=str(pkg), max_length=1024, **args))
+    out = lm.loglikelihood([Instance("loglikelihood", {}, a, i) for i, a in enumerate(requests())], disable_tqdm=True)
+    return np.array([lp for lp, _ in out]), lm
+
+
+def test_the_engine_on_real_mmlu_pro_prompts_equals_exact_mode(smollm2):
+    """Four real five-shot MMLU-Pro questions (ten choices each) on SmolLM2: one shared-prefix pass for the four,
+    every request within float32 rounding of exact mode, the same answer for every question; the mode line and
+    the engine's record say how it ran."""
+    ours, lm = _engine_scores(smollm2[1], shared_prefix_batch="on")
+    exact, _ = _engine_scores(smollm2[1], exact=True)
+    _assert_float32(ours, exact)
+    contexts = [c for c, _ in requests()]
+    for context in set(contexts):
+        chosen = [i for i, c in enumerate(contexts) if c == context]
+        assert ours[chosen].argmax() == exact[chosen].argmax()
+    stats = lm.engine.shared_stats
+    assert stats["rows"] >= 4 and stats["passes"] < stats["rows"]
+    assert "shared-prefix batches" in lm.run.stats["mode"] and "padding" in lm.run.stats["mode"]
+
+
+def test_packages_it_cannot_serve_fall_back_in_one_logged_line(gemma3, tiny_int4, caplog):
+    """A windowed package (Gemma 3) and, on CPU, an int4 package (int8 activations) are scored one input a pass,
+    with the exact numbers, and the mode line says why."""
+    for pkg, why in ((gemma3[1], "windowed KV cache"), (tiny_int4, "int8")):
+        ours, lm = _engine_scores(pkg, shared_prefix_batch="on")
+        exact, _ = _engine_scores(pkg, exact=True)
+        assert np.max(np.abs(ours - exact)) <= 1e-5
+        assert lm.engine.shared_stats["passes"] == 0 and why in lm.run.stats["mode"]
+
+
+def test_what_the_graph_cannot_serve_is_refused_in_one_line(gemma3, tmp_path):
+    pkg = ModelPackage.load(gemma3[1])
+    with pytest.raises(Refused, match="windowed KV cache"):
+        prefix_decoder(pkg, tmp_path)
+
+
+def test_shared_batches_sort_bucket_and_keep_to_the_budgets():
+    groups = [Group(tuple(range(100 + n)), ((i, 1),)) for i, n in enumerate([37, 5, 90, 12, 64, 33, 8])]
+    settings = EngineSettings(max_length=4096, vocab_size=1000, shape_bucket=16, shared_token_budget=200,
+                              attention_heads=4, memory_budget_mb=1024)
+    out = list(shared_batches(groups, 100, settings))
+    assert sorted(len(g.tokens) for rows, _ in out for g in rows) == sorted(len(g.tokens) for g in groups)
+    for rows, width in out:
+        own = [len(g.tokens) - 100 for g in rows]
+        assert own == sorted(own) and width % 16 == 0 and max(own) <= width < max(own) + 16
+        assert len(rows) * width <= 200 or len(rows) == 1
+    assert [len(rows) for rows, _ in out] == [4, 2, 1]  # 5, 8, 12, 33 at 48 (192); 37, 64 at 64 (128); 90 alone
+    tight = EngineSettings(max_length=4096, vocab_size=1000, shared_token_budget=0, attention_heads=4,
+                           memory_budget_mb=1)  # 12 * 4 * w * (100 + w) bytes of scores a row
+    for rows, width in shared_batches(groups, 100, tight):
+        assert len(rows) == 1 or len(rows) * (12 * 4 * width * (100 + width) + 24000) <= 2**20
+
+
+def test_the_mode_is_part_of_every_key():
+    on = EngineSettings(max_length=1, vocab_size=1, shared_prefix_batch=True)
+    off = EngineSettings(max_length=1, vocab_size=1)
+    assert canary_key("prefill", on) != canary_key("prefill", off)
+
+
+def test_the_option_is_refused_where_it_would_do_nothing():
+    from ortevals.options import parse_model_args
+
+    with pytest.raises(OrtEvalsError, match="shared_prefix_batch='on' does nothing without prefix_cache=true"):
+        parse_model_args({"pkg": "x", "shared_prefix_batch": "on", "prefix_cache": "false"})
+    with pytest.raises(OrtEvalsError, match="shared_prefix_batch must be one of auto, on, off"):
+        parse_model_args({"pkg": "x", "shared_prefix_batch": "yes"})
