@@ -25,8 +25,6 @@ from ortevals.package.reuse import reuse_policy
 from ortevals.runtime.buffers import (
     NUMPY_NATIVE,
     KVCache,
-    KVView,
-    bind_shared,
     empty_like_input,
     empty_past,
     empty_state,
@@ -36,6 +34,7 @@ from ortevals.runtime.buffers import (
 from ortevals.runtime.cascade import PromptBinding, cascade_decoder
 from ortevals.runtime.checks import check_dtypes, package_dtypes
 from ortevals.runtime.derive import GREEDY, LOGPROBS, POSITIONS, TARGETS, derived_decoder
+from ortevals.runtime.inplace import InplacePasses, past_length
 from ortevals.runtime.meter import PassMeter, boot_clock
 from ortevals.runtime.opening import open_session
 from ortevals.runtime.pass_errors import kernel_limit, symbolic_mismatch
@@ -45,7 +44,7 @@ from ortevals.runtime.replicate import Replicator
 log = logging.getLogger(__name__)
 
 
-class DecoderRunner:
+class DecoderRunner(InplacePasses):
     """Forward passes through embedding → decoder. Build with :meth:`open`."""
 
     def __init__(self, package: ModelPackage, decoder, embedding=None, bind_device: str | None = None,
@@ -183,7 +182,7 @@ class DecoderRunner:
                 outs = self._run_bound(names, host, feeds)
             else:
                 outs = self.decoder.run(names, feeds)
-            self.meter.record(*input_ids.shape, _past_len(past) > 0, started, time.perf_counter() - clock)
+            self.meter.record(*input_ids.shape, past_length(past) > 0, started, time.perf_counter() - clock)
             return outs
         except Exception as e:  # onnxruntime's own error types; name the model and the likely cause
             limit = kernel_limit(self.package, self.decoder, first_line(e))
@@ -224,51 +223,6 @@ class DecoderRunner:
         self.decoder.run_with_iobinding(binding)
         outs = binding.get_outputs()
         return [host_float32(o) for o in outs[:host]] + outs[host:]
-
-    def forward_inplace(self, input_ids: np.ndarray, past: KVCache, positions: np.ndarray | None = None,
-                        prompts: tuple | None = None):
-        """One pass whose new tokens' KV is written into ``past``'s own buffers (GroupQueryAttention's
-        shared past/present buffer, as onnxruntime-genai runs it): no copy of the whole cache per pass.
-
-        past: ``[B,H,capacity,D]`` per layer (host numpy, or a :class:`~ortevals.runtime.buffers.KVView`
-        where the session runs) holding ``past.length`` valid tokens (capacity >= length + S).
-        input_ids ``[B,S]``, no padding. Returns logits ``[B,S,V]`` (or ``[B,K,V]`` with ``positions``);
-        the caller's cache then holds ``past.length + S`` tokens. Only graphs whose attention shares
-        the buffer can run it: the sampler checks that once against :meth:`forward`.
-
-        prompts: the cascade decode graph's shared prompts (runtime/cascade.py), ``((prompt, rows, held), ...)``
-        in batch order, each prompt ``[1,H,P,D]`` per layer bound as it is for its ``rows`` rows, which hold
-        ``held`` tokens of their own in ``past`` (after their prompt); row b's mask then spans ``P_b + held_b +
-        S`` (right-padded).
-        """
-        ort = import_ort()
-        if self.package.recurrent:  # state read and written in one buffer: never checked (rows/kv.py: CopyKV)
-            raise PackageError(f"{self.package.decoder.path}: no shared past/present buffer with recurrent state")
-        feeds = self._token_feeds(input_ids) | self._gather_feeds(input_ids, positions)
-        feeds.update(self._mask_feeds(input_ids.shape, _inplace_mask(input_ids, past, prompts), past))
-        if prompts is None:
-            binding = self.decoder.io_binding()
-        else:  # the shared prompts stay bound from pass to pass (runtime/cascade.py)
-            self._prompts = self._prompts or PromptBinding(self.package, self.decoder)
-            binding = self._prompts.bind(prompts)
-        binding.bind_output(self.package.logits_name, "cpu")
-        for name, value in feeds.items():
-            if isinstance(value, ort.OrtValue):  # the embedding's outputs, where they are
-                binding.bind_ortvalue_input(name, value)
-            elif isinstance(value, KVView):  # a shared prompt's KV where the session runs
-                value.bind_input(binding, name)
-            else:
-                binding.bind_cpu_input(name, np.ascontiguousarray(value))
-        _bind_past(binding, self.package, past)
-        started, clock = boot_clock(), time.perf_counter()
-        try:  # a pass over shared prompts reads their KV: a decode step even where the rows hold no token yet
-            self.decoder.run_with_iobinding(binding)
-            self.meter.record(*input_ids.shape, _past_len(past) > 0 or bool(prompts), started,
-                              time.perf_counter() - clock)
-        except Exception as e:
-            raise PackageError(f"{self.package.decoder.path}: onnxruntime failed to run the decoder with a "
-                               f"shared KV buffer: {first_line(e)}") from None
-        return host_float32(binding.get_outputs()[0])
 
     def cascade(self, provider: ProviderConfig, cache: Path) -> DecoderRunner:
         """This runner over the cascade decode graph (runtime/cascade.py: decode rows attend to one shared
@@ -391,13 +345,6 @@ def _cut(t, length: int, rows: tuple[int, int] | None, replicator):
     return out
 
 
-def _bind_past(binding, package: ModelPackage, past: KVCache) -> None:
-    """Each KV layer's buffer (a host array or a device view) bound as both its past input and present output."""
-    for spec, (k, v) in zip(package.kv, past.layers, strict=True):
-        bind_shared(binding, spec.key_name, spec.present_key_name, k)
-        bind_shared(binding, spec.value_name, spec.present_value_name, v)
-
-
 BIND_DEVICES = {"cpu": "cpu", "cuda": "cuda", "tensorrt": "cuda", "nvtensorrtrtx": "cuda", "rocm": "cuda",
                 "dml": "dml"}
 
@@ -418,18 +365,3 @@ class CascadeRunner(DecoderRunner):
     @meter.setter
     def meter(self, value: PassMeter) -> None:
         self._parent.meter = value
-
-
-def _inplace_mask(input_ids: np.ndarray, past, prompts) -> np.ndarray:
-    """:meth:`DecoderRunner.forward_inplace`'s mask: all ones over past + new tokens, or with shared prompts each
-    row's prompt + its own held tokens + the new ones, right-padded."""
-    if prompts is None:
-        return np.ones((input_ids.shape[0], past.length + input_ids.shape[1]), dtype=np.int64)
-    lengths = np.repeat([p.length + held for p, _, held in prompts], [n for _, n, _ in prompts])
-    lengths += input_ids.shape[1]
-    return (np.arange(lengths.max()) < lengths[:, None]).astype(np.int64)
-
-
-def _past_len(past) -> int:
-    """Valid past tokens of a pass's past (``KVCache`` / in-place arena), 0 without one."""
-    return int(getattr(past, "length", 0) or 0) if past is not None else 0
