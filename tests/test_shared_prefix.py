@@ -12,6 +12,8 @@ The parity matrix (tests/test_matrix.py, path ``shared_batch``) covers every bui
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -194,3 +196,56 @@ def test_the_option_is_refused_where_it_would_do_nothing():
         parse_model_args({"pkg": "x", "shared_prefix_batch": "on", "prefix_cache": "false"})
     with pytest.raises(OrtEvalsError, match="shared_prefix_batch must be one of auto, on, off"):
         parse_model_args({"pkg": "x", "shared_prefix_batch": "yes"})
+
+
+def _engine(pkg_dir, cache, io_binding: bool, **settings):
+    """A prefill engine on ``pkg_dir`` (``io_binding``: KV left as OrtValues, as on a device), with a shared-prefix
+    runner when ``shared_prefix_batch`` is set."""
+    from ortevals.engine.score.prefill import PrefillEngine
+    from ortevals.package.reuse import reuse_policy
+    from ortevals.runtime.prefix_runner import PrefixRunner
+    from ortevals.runtime.providers import ProviderConfig
+    from ortevals.runtime.sessions import DecoderRunner
+
+    pkg, cpu = ModelPackage.load(pkg_dir), ProviderConfig("cpu")
+    runner = DecoderRunner.open(pkg, cpu, cache, io_binding=io_binding)
+    shared = PrefixRunner.open(runner, cpu, cache) if settings.get("shared_prefix_batch") else None
+    base = EngineSettings(max_length=1024, vocab_size=pkg.vocab_size, pad_token_id=pkg.pad_token_id or 0,
+                          check=False, reuse=reuse_policy(pkg), attention_heads=4, prefix_min_saving=16)
+    return PrefillEngine(runner, dataclasses.replace(base, **settings), shared=shared)
+
+
+def _token_requests(vocab: int, seed: int = 0):
+    from ortevals.engine.score.prefill import TokenRequest
+
+    rng = np.random.default_rng(seed)
+    header = tuple(int(t) for t in rng.integers(3, vocab, 90))
+    return [TokenRequest(header + tuple(int(t) for t in rng.integers(3, vocab, n)), (int(c),))
+            for n in (7, 30, 12, 19, 3) for c in rng.integers(3, vocab, 3)]
+
+
+@pytest.mark.parametrize("io_binding", [False, True], ids=["host", "device-style"])
+def test_one_input_a_pass_writes_into_the_held_prefix_bit_for_bit(tiny_pkg, tmp_path, io_binding, monkeypatch):
+    """shared_buffer: the prefix is copied once into a buffer of the widest pass's capacity (own tokens bucketed)
+    and every pass writes its tokens there in place: the same numbers, bit for bit, as a new present a pass."""
+    from ortevals.runtime.inplace import InplacePasses
+
+    reqs = _token_requests(ModelPackage.load(tiny_pkg).vocab_size)
+    plain = _engine(tiny_pkg, tmp_path, io_binding).score(reqs)
+    held = []
+    real = InplacePasses.held_in
+    monkeypatch.setattr(InplacePasses, "held_in", lambda self, past, cap: held.append(cap) or real(self, past, cap))
+    ours = _engine(tiny_pkg, tmp_path, io_binding, shared_buffer=True, shape_bucket=8).score(reqs)
+    assert [s.logprob for s in ours] == [s.logprob for s in plain]
+    assert held == [90 + 32]  # one copy of the header, wide enough for the longest input (30 own tokens -> 32)
+
+
+def test_shared_prefix_passes_bind_device_kv_by_pointer(tiny_pkg, tmp_path):
+    """The prefix KV left as OrtValues (a device's case) is bound without its batch axis, by pointer: the same
+    numbers as host arrays."""
+    reqs = _token_requests(ModelPackage.load(tiny_pkg).vocab_size, seed=1)
+    host = _engine(tiny_pkg, tmp_path, False, shared_prefix_batch=True)
+    device = _engine(tiny_pkg, tmp_path, True, shared_prefix_batch=True)
+    a, b = host.score(reqs), device.score(reqs)
+    assert device.shared_stats["passes"] and device.shared_stats["rows"] > device.shared_stats["passes"]
+    assert [s.logprob for s in a] == [s.logprob for s in b]

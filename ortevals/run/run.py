@@ -316,6 +316,7 @@ def engine_settings(package: ModelPackage, provider: ProviderConfig, args: Model
         # prefix are batched by the shared-prefix graph instead (issue 46)
         prefix_batch=1,
         shared_prefix_batch=shared_prefix_batch(args, provider),
+        shared_buffer=True,  # one input a pass writes into the held prefix's buffer (bit-identical; no copy a pass)
         shape_bucket=DEVICE_SHAPE_BUCKET if provider.on_device else 1,
         shared_token_budget=DEVICE_SHARED_TOKENS if provider.on_device else CPU_TOKEN_BUDGET,
         attention_heads=max(graph_facts(package.decoder.path).attention_heads or {1}),

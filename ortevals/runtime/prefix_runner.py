@@ -20,13 +20,13 @@ from pathlib import Path
 import numpy as np
 
 from ortevals.errors import PackageError, first_line
-from ortevals.install import import_ort
 from ortevals.package.loader import ModelPackage
 from ortevals.package.reuse import graph_switches
 from ortevals.package.scope import Reads
 from ortevals.runtime.buffers import KVCache, KVView, host_float32
 from ortevals.runtime.cascade import Refused
 from ortevals.runtime.derive import GREEDY, LOGPROBS
+from ortevals.runtime.inplace import bind_feeds
 from ortevals.runtime.meter import boot_clock
 from ortevals.runtime.opening import open_session
 from ortevals.runtime.prefix_graph import PREFIX_KEY, PREFIX_VALUE, prefix_decoder, prefix_graph_reads
@@ -94,7 +94,7 @@ class PrefixRunner:
         started, clock = boot_clock(), time.perf_counter()
         try:
             binding = self.session.io_binding()
-            _bind_feeds(binding, feeds)
+            bind_feeds(binding, feeds)
             for spec, pair in zip(self.package.kv, prefix.layers, strict=True):
                 for name, t in zip((PREFIX_KEY, PREFIX_VALUE), pair, strict=True):
                     _bind_heads(binding, name % spec.layer, t, parent)
@@ -107,15 +107,6 @@ class PrefixRunner:
                                f"graph: {first_line(e)}") from None
         parent.meter.record(*input_ids.shape, True, started, time.perf_counter() - clock)
         return host_float32(lp), greedy.numpy()
-
-
-def _bind_feeds(binding, feeds: dict) -> None:
-    ort = import_ort()
-    for name, value in feeds.items():
-        if isinstance(value, ort.OrtValue):  # the embedding's outputs, where they are
-            binding.bind_ortvalue_input(name, value)
-        else:
-            binding.bind_cpu_input(name, np.ascontiguousarray(value))
 
 
 def _bind_heads(binding, name: str, t, parent) -> None:

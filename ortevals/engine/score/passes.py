@@ -52,6 +52,9 @@ class EngineSettings:
     # shapes repeat, so kernels' plans and the memory arena do), rows per pass from ``shared_token_budget`` and
     # the attention scores' memory (``attention_heads`` float32 scores per own token and key, three copies)
     shared_prefix_batch: bool = False
+    # one input a pass on a prefix: the prefix held once in a buffer of the pass's capacity, each pass writing its
+    # own tokens after it in place (no new present KV, no copy of the prefix into it, per pass)
+    shared_buffer: bool = False
     shape_bucket: int = 1
     shared_token_budget: int = 1024
     attention_heads: int = 0
@@ -136,15 +139,16 @@ def shared_batches(groups: Sequence[Group], base: int, settings: EngineSettings)
     while i < len(rows):
         n = 1
         while i + n < len(rows):  # one more row (the widest so far): does the pass still fit?
-            width = _bucket(len(rows[i + n].tokens) - base, settings.shape_bucket)
+            width = bucket(len(rows[i + n].tokens) - base, settings.shape_bucket)
             if _shared_rows(settings, width, base, scored_positions(rows[i:i + n + 1])) < n + 1:
                 break
             n += 1
-        yield rows[i:i + n], _bucket(len(rows[i + n - 1].tokens) - base, settings.shape_bucket)
+        yield rows[i:i + n], bucket(len(rows[i + n - 1].tokens) - base, settings.shape_bucket)
         i += n
 
 
-def _bucket(n: int, step: int) -> int:
+def bucket(n: int, step: int) -> int:
+    """``n`` rounded up to a multiple of ``step``."""
     return -(-n // step) * step if step > 1 else n
 
 

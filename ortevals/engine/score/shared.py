@@ -16,6 +16,7 @@ import numpy as np
 
 from ortevals.engine.score.passes import (
     Group,
+    bucket,
     last_positions,
     pad_right,
     rows_for,
@@ -46,8 +47,8 @@ class SharedPrefixes:
         pending: list[Group] = []  # inputs waiting to run on top of the stack's deepest prefix
         # pending inputs flushed at once: a batch's rows, or on one row per pass enough to keep every pass busy
         limit = (self.settings.prefix_batch or 256) * (1 if self.settings.passes == 1 else 8 * self.settings.passes)
-        if self.shared_runner is not None:  # several shared-prefix passes' rows, sorted by length together
-            limit = SHARED_PENDING
+        if self.shared_runner is not None or (self.settings.shared_buffer and self.settings.passes == 1):
+            limit = SHARED_PENDING  # several shared-prefix passes' rows sorted together, or one held copy for many
         for gi in plan.order:
             path = plan.paths[gi]
             if not path:
@@ -94,6 +95,8 @@ class SharedPrefixes:
             if past is not None:  # the replicated past stays within the prefix budget
                 n = min(n, max(1, self.settings.prefix_budget_mb * 2**20 // max(past.nbytes, 1)))
             if n == 1 or getattr(self, "prefix_batch_refused", False):  # one row per pass, ``passes`` at a time
+                if self._in_place(past):
+                    self._continue_in_place(pending, base, past, done)
                 for group in pending:
                     self.pool.submit(*self._continue_rows([group], base, past, done))
                 pending.clear()
@@ -144,6 +147,26 @@ class SharedPrefixes:
         targets = done.targets(chunk, k)
         return (lambda: self.shared_runner.score(ids, past, positions, targets),
                 lambda out: [done.scores(out[0][b], out[1][b], g, k) for b, g in enumerate(chunk)])
+
+    def _in_place(self, past) -> bool:
+        """Whether one-a-pass inputs write their tokens into a held buffer of the prefix (``shared_buffer``): one
+        pass at a time (they share the buffer's tail), a runner that scores in place."""
+        return (past is not None and self.settings.shared_buffer and self.settings.passes == 1
+                and getattr(self.runner, "scores_in_place", False))
+
+    def _continue_in_place(self, pending: list[Group], base: int, past, done: ScoreSink) -> None:
+        """Score ``pending`` one a pass, each writing its own tokens (right-padded to a multiple of
+        ``shape_bucket``) after the prefix held once in a buffer of the widest pass's capacity, and empty it."""
+        widths = [bucket(len(g.tokens) - base, self.settings.shape_bucket) for g in pending]
+        held = self.runner.held_in(past, base + max(widths))
+        for group, width in zip(pending, widths):
+            ids, tail = pad_right([group.tokens[base:]], self.settings.pad_token_id, width)
+            self._count(ids, tail)
+            k, positions = last_positions([group], [len(group.tokens) - base])
+            targets = done.targets([group], k)
+            self.pool.submit(lambda i=ids, p=positions, t=targets: self.runner.forward_inplace(i, held, p, targets=t),
+                             lambda out, g=group, k=k: done.scores(out[0][0], out[1][0], g, k))
+        pending.clear()
 
     def _continue_rows(self, chunk: list[Group], base: int, past, done: ScoreSink):
         """The pass of ``chunk``'s own tokens on the ``base`` tokens of ``past``, as :meth:`_pass` makes it."""
