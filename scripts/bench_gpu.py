@@ -162,9 +162,14 @@ def run_ll(m: dict, built: dict, args, hf_cache: dict) -> dict:
         if backend == "hf" and key in hf_cache:  # fp16 and int4 of one model share the fp16 hf run
             out[backend] = {**hf_cache[key], "reused_from": hf_cache[key]["model"]}
             continue
+        first = next(b for b in args.backends if is_ortevals(b)) if any(map(is_ortevals, args.backends)) else None
         extra = {"capture": str(capture), "capture_limit": args.oracle_requests} \
-            if backend == "ortevals" and args.oracle_requests else {}
-        r = run_child("ll", {**base, "backend": backend, "limit": limit, **extra}, args.child_timeout)
+            if backend == first and args.oracle_requests else {}
+        if is_ortevals(backend):  # a mode's model args after the global ones
+            mode = args.mode_args.get(backend.partition(":")[2], "")
+            extra["ortevals_args"] = ",".join(filter(None, (args.ortevals_args, mode)))
+        r = run_child("ll", {**base, "backend": "ortevals" if is_ortevals(backend) else backend, "row": backend,
+                             "limit": limit, **extra}, args.child_timeout)
         r.update(model=m["name"], hf_dtype=dtype if backend == "hf" else None)
         if "failed" not in r:
             r.update(rates(r))
@@ -174,14 +179,34 @@ def run_ll(m: dict, built: dict, args, hf_cache: dict) -> dict:
     for name, r in out.items():
         if name != "hf" and "failed" not in r:
             r.update(compare(r, out.get("hf")))
-    ours = out.get("ortevals", {}).get("requests_per_s")
-    ratios = {f"ortevals/{n}": ours / r["requests_per_s"] for n, r in out.items()
-              if n != "ortevals" and ours and r.get("requests_per_s")}
+    ratios = {f"{v}/{n}": out[v]["requests_per_s"] / r["requests_per_s"] for v in out if is_ortevals(v)
+              for n, r in out.items()
+              if not is_ortevals(n) and out[v].get("requests_per_s") and r.get("requests_per_s")}
+    for name, r in out.items():
+        if is_ortevals(name) and "failed" not in r:
+            r.update(mfu(r, args))
     result = {"backends": out, "ratios": ratios}
-    if capture.is_file() and "failed" not in out.get("ortevals", {"failed": 1}):
+    first = next((n for n in out if is_ortevals(n)), "ortevals")
+    if capture.is_file() and "failed" not in out.get(first, {"failed": 1}):
         result["oracle"] = run_oracle_child(m, built, args, capture)
         capture.unlink()
     return result
+
+
+PEAK_FP16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12}  # dense fp16/bf16 FLOP/s
+
+
+def mfu(r: dict, args) -> dict:
+    """The scoring passes' share of the device's fp16 peak: 2 x the matrix weights x the tokens run over the
+    seconds in the engine (the embedding table, gathered, not counted; the attention's and the LM head's FLOPs at
+    the scored positions not counted either: a few percent more)."""
+    from devmem import device_info
+
+    name = device_info().get("name") or ""
+    peak = next((v for k, v in PEAK_FP16.items() if k in name), None)
+    if not (peak and r.get("parameters") and r.get("tokens_run") and r.get("seconds")):
+        return {"mfu": None}
+    return {"mfu": 2 * r["parameters"] * r["tokens_run"] / r["seconds"] / peak, "peak_flops": peak}
 
 
 def run_oracle_child(m: dict, built: dict, args, capture: Path) -> dict:
@@ -200,8 +225,8 @@ def run_oracle_child(m: dict, built: dict, args, capture: Path) -> dict:
 
 
 def table(results: dict) -> str:
-    head = ("| model | backend | questions | req/s | model calls/s | ortevals × | peak device MiB | peak RSS MiB "
-            "| accuracy | same answers as hf | max abs Δ log-lik vs hf |")
+    head = ("| model | backend | questions | req/s | model calls/s | × hf (ortevals rows) | peak device MiB "
+            "| peak RSS MiB | accuracy | same answers as hf | max abs Δ log-lik vs hf |")
     lines = [head, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, m in results["models"].items():
         for b, r in m.get("backends", {}).items():
@@ -210,7 +235,7 @@ def table(results: dict) -> str:
                 got = f" ({part['done']}/{part['of']} {part['unit']} in {part['seconds']} s)" if part else ""
                 lines.append(f"| {name} | {b} | failed: {r['failed'][-240:]}{got} |" + " |" * 8)
                 continue
-            ratio = m["ratios"].get(f"ortevals/{b}")
+            ratio = m["ratios"].get(f"{b}/hf") if is_ortevals(b) else m["ratios"].get(f"ortevals/{b}")
             same = f"{r['same_answers_as_hf']}/{r['compared_with_hf']}" if "compared_with_hf" in r else "—"
             delta = r.get("max_abs_dlogprob_vs_hf")
 
@@ -301,6 +326,21 @@ def header(args) -> dict:
             "models": {}}
 
 
+def parse_modes(text: str, ap) -> dict[str, str]:
+    """``NAME=k=v,k=v;NAME=…`` → {NAME: "k=v,k=v"} (the ortevals model args of each row)."""
+    modes = {}
+    for item in filter(None, (part.strip() for part in text.split(";"))):
+        name, sep, margs = item.partition("=")
+        if not sep or not name.isidentifier():
+            ap.error(f"--modes: expected NAME=k=v,… separated by ';', got {item!r}")
+        modes[name] = margs
+    return modes
+
+
+def is_ortevals(backend: str) -> bool:
+    return backend == "ortevals" or backend.startswith("ortevals:")
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worker", choices=["ll", "cot", "profile", "oracle"], help=argparse.SUPPRESS)
@@ -316,7 +356,11 @@ def parse_args(argv=None):
     ap.add_argument("--hf-batch", default=None, help="hf batch size (default: auto on cuda, 8 on cpu)")
     ap.add_argument("--threads", type=int, default=None,
                     help="CPU threads (default: 2 on cpu, the libraries' own on cuda)")
-    ap.add_argument("--ortevals-args", default="", help="extra ortevals model args, k=v,…")
+    ap.add_argument("--ortevals-args", default="", help="extra ortevals model args, k=v,… (every ortevals row)")
+    ap.add_argument("--modes", default="", help="ortevals rows side by side, NAME=k=v,k=v;NAME=…: each replaces the "
+                    "ortevals backend by a row 'ortevals:NAME' with those model args (e.g. "
+                    "batched=shared_prefix_batch=on;batch1=shared_prefix_batch=off;"
+                    "sdpa0=shared_prefix_batch=off,provider_options=sdpa_kernel=0)")
     ap.add_argument("--oracle-requests", type=int, default=200,
                     help="requests checked against onnxruntime-genai's Generator, same package and device (0: off)")
     ap.add_argument("--cot-samples", type=int, default=0, help="chain-of-thought samples a question (0: off)")
@@ -333,6 +377,10 @@ def parse_args(argv=None):
     args.backends = [b for b in args.backends.split(",") if b]
     if unknown := set(args.backends) - set(BACKENDS):
         ap.error(f"--backends: unknown {', '.join(sorted(unknown))} (expected {', '.join(BACKENDS)})")
+    args.mode_args = parse_modes(args.modes, ap)
+    if args.mode_args and "ortevals" in args.backends:  # the ortevals row becomes one row a mode, in place
+        at = args.backends.index("ortevals")
+        args.backends[at:at + 1] = [f"ortevals:{name}" for name in args.mode_args]
     args.models = parse_models(args.models or ("qwen3:1.5e9:fp16" if args.ep == "cuda" else "llama:1e6:fp32"))
     args.og_limit = args.og_limit if args.og_limit is not None else min(args.limit, 100)
     args.hf_batch = args.hf_batch or ("auto" if args.ep == "cuda" else "8")

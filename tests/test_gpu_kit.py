@@ -310,6 +310,27 @@ def test_bench_gpu_runs_on_cpu_and_ortevals_answers_equal_hf(fixture_cache, tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["answers.json.gz", "results.json", "results.md"]
 
 
+
+def test_bench_gpu_runs_scoring_modes_side_by_side(fixture_cache, tmp_path):
+    """``--modes``: one ortevals row a scoring mode, each its own child, compared with hf: the GPU plan's
+    comparison of shared-prefix batches with one question a pass, rehearsed on CPU."""
+    import json
+
+    cmd = [sys.executable, str(REPO / "scripts/bench_gpu.py"), "--ep", "cpu", "--limit", "4", "--out", str(tmp_path),
+           "--models-dir", str(fixture_cache / "gpu-kit-models"), "--backends", "ortevals,hf", "--oracle-requests", "0",
+           "--modes", "batched=shared_prefix_batch=on;batch1=shared_prefix_batch=off"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    model = json.loads((tmp_path / "results.json").read_text())["models"]["llama-1e6-fp32"]
+    assert list(model["backends"]) == ["ortevals:batched", "ortevals:batch1", "hf"]
+    batched, batch1 = model["backends"]["ortevals:batched"], model["backends"]["ortevals:batch1"]
+    for r in (batched, batch1):
+        assert r["same_answers_as_hf"] == r["compared_with_hf"] == 4 and r["max_abs_dlogprob_vs_hf"] <= 1e-4
+        assert r["parameters"] > 0 and r["tokens_run"] > 0 and "mfu" in r
+    assert batched["shared"]["rows"] > batched["shared"]["passes"] > 0 and "shared-prefix batches" in batched["mode"]
+    assert batch1["shared"]["passes"] == 0
+    assert set(model["ratios"]) == {"ortevals:batched/hf", "ortevals:batch1/hf"}
+
 # ---- transfer calls: stage on a fresh clone, and the measured kit against the tree as tracked ---------------
 def fresh_clone(tmp_path: Path) -> Path:
     clone = tmp_path / "clone"

@@ -13,7 +13,11 @@ CALLS = ("ortvalue_from_shape_and_type", "update_inplace + numpy()", "data_ptr",
          "replicate expand", "replicate gather", "replicate narrow", "replicate copy", "replicate fit",
          "replicate zero", "free device memory", "decoder session, no node on the CPU",
          "derived scoring graph (float64 sums), no node on the CPU", "derived scores = full logits",
-         "attention at 12 new shapes", "cascade graph = plain sessions at 1024 tokens")
+         "attention at 12 new shapes", "cascade graph = plain sessions at 1024 tokens",
+         # scripts/gpu/probe_scoring.py (issue 46)
+         "GroupQueryAttention, two rows of new tokens on a past", "GroupQueryAttention takes query_seqlens",
+         "shared-prefix graph = one pass a row", "one attention layer, plain ops against the kernel",
+         "CUDA graph on the decoder", "PagedAttention kernel", "zeros from one session read by another at once")
 
 
 def probe(*args: str) -> subprocess.CompletedProcess:

@@ -31,6 +31,39 @@ def test_encode_many_equals_encode_one_at_a_time(tiny_pkg, add_bos_token):
                                             tok.encode(TEXTS[0], False)[0])
 
 
+def test_encode_many_on_every_core_keeps_the_order(tiny_pkg, monkeypatch):
+    """Many texts are encoded in one slice a core, on threads: the ids of each text, in order, whatever the
+    number of cores (7 uneven slices here, and with the library's own thread pool off, as lm-eval's CLI sets)."""
+    import threading
+
+    import ortevals.package.tokenizer as tokenizer
+
+    class Recorded:  # the library's tokenizer, its batch calls recorded: (texts, thread)
+        def __init__(self, backend):
+            self.backend, self.calls = backend, []
+
+        def encode_batch_fast(self, texts, add_special_tokens):
+            self.calls.append((len(texts), threading.current_thread().name))
+            return self.backend.encode_batch_fast(texts, add_special_tokens=add_special_tokens)
+
+        def __getattr__(self, name):
+            return getattr(self.backend, name)
+
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+    monkeypatch.setattr(tokenizer, "_cores", lambda: 7)
+    tokenizer._pool.cache_clear()
+    tok = Tokenizer.load(ModelPackage.load(tiny_pkg))
+    texts = [f"{i}: {TEXTS[i % len(TEXTS)]}" for i in range(500)]  # one BOS rule for all: one set of slices
+    expected = [tok.encode(t) for t in texts]
+    tok.backend = recorded = Recorded(tok.backend)
+    try:
+        assert tok.encode_many(texts) == expected
+    finally:
+        tokenizer._pool.cache_clear()
+    assert sorted(n for n, _ in recorded.calls) == [71, 71, 71, 71, 72, 72, 72]
+    assert len({name for _, name in recorded.calls}) > 1
+
+
 def _lm_eval_pairs(lm, args):
     """What lm-eval's own TemplateLM.loglikelihood hands _loglikelihood_tokens."""
     seen = []

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from types import MappingProxyType
 
 from lm_eval.api.model import TemplateLM
@@ -40,7 +41,8 @@ from ortevals.run.run import NO_STORE, Run, run_settings
 
 log = logging.getLogger(__name__)
 __all__ = ["ModelArgs", "OrtLM"]
-ENCODE_AHEAD = 96  # requests whose texts (two at most each) are encoded in one batch: within Run's ENCODED_KEPT
+ENCODE_AHEAD = 384  # requests whose texts (two at most each) are encoded in one batch: two batches within
+# Run's ENCODED_KEPT (one kept while the next is encoded)
 
 
 def lm_eval_settings(arg_dict: dict, additional_config: dict | None) -> dict:
@@ -240,21 +242,30 @@ class OrtLM(TemplateLM):
 
         held: dict[str, tuple[int, ...]] = {}  # context text → its ids (lm-eval's context ids depend on it alone)
         out = []
-        for start in tqdm(range(0, len(args), ENCODE_AHEAD), desc="Tokenizing inputs", unit="chunk",
-                          disable=disable_tqdm or len(args) <= ENCODE_AHEAD):
-            chunk = args[start:start + ENCODE_AHEAD]
-            self.run.encode_ahead([key for context, continuation in chunk for key in _texts(context, continuation)])
-            for context, continuation in chunk:
-                if context == "":
-                    cont = self.tok_encode(continuation, add_special_tokens=False)
-                    ctx, cont = ([self.prefix_token_id], cont) if self.prefix_token_id != cont[0] \
-                        else (cont[:1], cont[1:])
-                    ids = tuple(ctx)
-                else:
-                    ctx, cont = self._encode_pair(context, continuation)
-                    ids = held.setdefault(context, tuple(ctx))
-                out.append(((context, continuation), ids, cont))
+        chunks = [args[start:start + ENCODE_AHEAD] for start in range(0, len(args), ENCODE_AHEAD)]
+        keys = [[key for context, continuation in chunk for key in _texts(context, continuation)] for chunk in chunks]
+        with ThreadPoolExecutor(1, thread_name_prefix="ortevals-encode-ahead") as ahead:
+            # the next chunk is encoded (on every core, the GIL released) while this one is split
+            coming = ahead.submit(self.run.encode_texts, keys[0]) if chunks else None
+            for i, chunk in enumerate(tqdm(chunks, desc="Tokenizing inputs", unit="chunk",
+                                           disable=disable_tqdm or len(chunks) <= 1)):
+                self.run.keep_encoded(coming.result())
+                if i + 1 < len(chunks):
+                    coming = ahead.submit(self.run.encode_texts, keys[i + 1])
+                self._split(chunk, held, out)
         return out
+
+    def _split(self, chunk: list[tuple[str, str]], held: dict, out: list) -> None:
+        """Each pair of ``chunk`` split as lm-eval splits it, onto ``out`` (its texts encoded ahead)."""
+        for context, continuation in chunk:
+            if context == "":
+                cont = self.tok_encode(continuation, add_special_tokens=False)
+                ctx, cont = ([self.prefix_token_id], cont) if self.prefix_token_id != cont[0] else (cont[:1], cont[1:])
+                ids = tuple(ctx)
+            else:
+                ctx, cont = self._encode_pair(context, continuation)
+                ids = held.setdefault(context, tuple(ctx))
+            out.append(((context, continuation), ids, cont))
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, units: list | None = None,
                               **kwargs) -> list[tuple[float, bool]]:

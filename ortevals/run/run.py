@@ -53,7 +53,7 @@ NO_STORE = ("none", "off", "false", "no")  # store=none: no result store (lm-eva
 LM_EVAL_READS = Reads("lm-eval requests", dists=("lm-eval",))
 # request kinds whose compute tokenizes its requests before it needs a session (and calls Run.ready then)
 TOKENIZE_FIRST = ("loglikelihood", "loglikelihood_rolling")
-ENCODED_KEPT = 256  # texts whose ids tok_encode keeps (a few MB at most)
+ENCODED_KEPT = 1024  # texts whose ids tok_encode keeps (tens of MB at most: two chunks of OrtLM's ENCODE_AHEAD)
 
 
 class Run:
@@ -164,15 +164,27 @@ class Run:
         asked for next, ``(text, add_special_tokens)`` each: they join its kept texts (at most
         :data:`ENCODED_KEPT`; those already kept move to the newest end). Only the time changes: a text asked
         for that is not kept is encoded then, alone."""
-        keys = list(dict.fromkeys(keys))[-ENCODED_KEPT:]
-        for key in keys:
+        self.keep_encoded(self.encode_texts([k for k in dict.fromkeys(keys) if k not in self._encoded]))
+        for key in dict.fromkeys(keys):  # those already kept move to the newest end too
             if key in self._encoded:
                 self._encoded[key] = self._encoded.pop(key)
-        todo = [k for k in keys if k not in self._encoded]
-        for flag in {f for _, f in todo}:
-            texts = [t for t, f in todo if f == flag]
-            for text, ids in zip(texts, self.tokenizer.encode_many(texts, flag), strict=True):
-                self._encoded[(text, flag)] = tuple(ids)
+        while len(self._encoded) > ENCODED_KEPT:
+            del self._encoded[next(iter(self._encoded))]
+
+    def encode_texts(self, keys: list[tuple[str, bool | None]]) -> dict[tuple[str, bool | None], tuple[int, ...]]:
+        """``(text, add_special_tokens)`` → ids, each flag's texts in one batch (:meth:`Tokenizer.encode_many`, on
+        every core). Keeps nothing: safe on another thread while this one works (:meth:`keep_encoded` keeps)."""
+        keys = list(dict.fromkeys(keys))[-ENCODED_KEPT:]
+        out = {}
+        for flag in {f for _, f in keys}:
+            texts = [t for t, f in keys if f == flag]
+            out.update({(t, flag): tuple(ids) for t, ids in zip(texts, self.tokenizer.encode_many(texts, flag),
+                                                                strict=True)})
+        return out
+
+    def keep_encoded(self, encoded: dict[tuple[str, bool | None], tuple[int, ...]]) -> None:
+        """Texts :meth:`encode_texts` encoded join the kept ones (the oldest leave past :data:`ENCODED_KEPT`)."""
+        self._encoded.update(encoded)
         while len(self._encoded) > ENCODED_KEPT:
             del self._encoded[next(iter(self._encoded))]
 

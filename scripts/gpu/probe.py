@@ -9,8 +9,8 @@ buffer; the past-KV copy and zero graphs of runtime/replicate.py; the free devic
 (cudaMemGetInfo through ctypes); the derived scoring graph (float64 sums) opened with no node on the CPU
 and scored against the full-logit path; 12 never-seen shapes timed with flash attention pinned
 (``sdpa_kernel=3``, ortevals' default) and with onnxruntime's own choice; the cascade decode graph against
-plain sessions at a 1,024-token prompt. The package is scripts/gpu/tinypkg.py's (fp16 on CUDA, fp32 on the
-CPU) unless ``--pkg``.
+plain sessions at a 1,024-token prompt; then scripts/gpu/probe_scoring.py's lines on scoring many questions a
+pass. The package is scripts/gpu/tinypkg.py's (fp16 on CUDA, fp32 on the CPU) unless ``--pkg``.
 Exit 1 if any line fails.
 """
 
@@ -25,6 +25,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / "scripts" / "gpu"), str(REPO / "tests")]
+import probe_scoring  # noqa: E402 - beside this file (scripts/gpu/)
+
 failed = []
 
 
@@ -117,6 +119,7 @@ def main():
         from tinypkg import build
         pkg = build(args.work / "tiny", "fp16" if dev == "cuda" else "fp32", args.ep)
     scoring_and_cascade(ModelPackage.load(pkg), provider, args)
+    probe_scoring.lines(check, same, ModelPackage.load(pkg), provider, args)  # issue 46: many questions a pass
     return 1 if failed else 0
 
 

@@ -91,6 +91,13 @@ def worker_ll(spec: dict) -> dict:
         capture(lm, spec["capture"], spec["capture_limit"])
     scores, _ = score_mmlu_pro(lm, spec["limit"], "bundled")
     out = {**scores, "load_s": load_s, "model_calls": calls(), "versions": versions()}
+    if spec["backend"] == "ortevals":  # how it scored: the mode line, the tokens run, the passes' shapes
+        engine = lm.engine
+        package = lm.run.package
+        hidden = json.loads((package.root / "genai_config.json").read_text())["model"]["decoder"].get("hidden_size")
+        out.update(mode=lm.run.stats.get("mode"), tokens_run=getattr(engine, "tokens_run", None),
+                   shared=getattr(engine, "shared_stats", None),
+                   parameters=package.parameters - package.vocab_size * (hidden or 0))  # the table is gathered
     if spec["backend"] == "hf" and spec["ep"] == "cuda":
         import torch
 
