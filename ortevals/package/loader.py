@@ -37,6 +37,7 @@ from ortevals.package.config import (
     typed_field,
 )
 from ortevals.package.graph import external_data_files, graph_facts, read_signature
+from ortevals.package.layers import check_layers
 from ortevals.package.session_options import check_session_options
 from ortevals.package.state import STATE_KINDS, StateSpec, layer_of, state_specs
 
@@ -289,7 +290,7 @@ def _kv_specs(decoder: ModelFile, section: dict, where: Path, state_layers: set[
         window = k.shape[2] if isinstance(k.shape[2], int) and k.shape[2] > 0 else _window(section, i, where)
         specs.append(KVSpec(i, k.name, v.name, _fmt(pkey_fmt, i, where), _fmt(pvalue_fmt, i, where),
                             k.dtype, heads, size, window))
-    _check_layers(specs, section, decoder, where, state_layers)
+    check_layers(specs, section, decoder, where, state_layers)
     return tuple(specs)
 
 
@@ -321,29 +322,6 @@ def _concrete(dim: Dim, section: dict, key: str, name: str, model: Path, where: 
         raise PackageError(f"{model}: input {name!r} has symbolic dim {dim!r} and {where} has no "
                            f"positive model.decoder.{key} to fill it")
     return value
-
-
-def _check_layers(specs: list[KVSpec], section: dict, decoder: ModelFile, where: Path,
-                  state_layers: set[int] = frozenset()) -> None:
-    layers = section.get("num_hidden_layers")
-    found = {s.layer for s in specs} | set(state_layers)
-    if isinstance(layers, int) and (layers != len(found) or found != set(range(layers))):
-        what = "past KV or recurrent state" if state_layers else "past KV"
-        raise PackageError(f"{where}: model.decoder.num_hidden_layers={layers} but {decoder.path.name} "
-                           f"has {len(found)} layers of {what} inputs; config and graph must agree")
-    heads = section.get("num_key_value_heads")
-    if isinstance(heads, int) and specs and all(s.kv_heads != heads for s in specs):
-        raise PackageError(f"{where}: model.decoder.num_key_value_heads={heads} but {decoder.path.name} "
-                           f"declares {sorted({s.kv_heads for s in specs})} KV heads; config and graph must agree")
-    attention = graph_facts(decoder.path).attention_heads
-    query_heads = section.get("num_attention_heads")
-    if isinstance(query_heads, int) and attention and query_heads not in attention:
-        raise PackageError(f"{where}: model.decoder.num_attention_heads={query_heads} but {decoder.path.name}'s "
-                           f"attention nodes have num_heads {sorted(attention)}; config and graph must agree")
-    size = section.get("head_size")
-    if isinstance(size, int) and specs and all(s.head_size != size for s in specs):
-        raise PackageError(f"{where}: model.decoder.head_size={size} but {decoder.path.name} declares "
-                           f"head sizes {sorted({s.head_size for s in specs})}; config and graph must agree")
 
 
 FED_INPUTS = ("input_ids", "inputs_embeds", "attention_mask", "position_ids")  # what the decoder is fed by name
