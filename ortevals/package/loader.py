@@ -37,7 +37,7 @@ from ortevals.package.config import (
     typed_field,
 )
 from ortevals.package.graph import external_data_files, graph_facts, read_signature
-from ortevals.package.layers import check_layers
+from ortevals.package.layers import check_layers, shared_kv
 from ortevals.package.session_options import check_session_options
 from ortevals.package.state import STATE_KINDS, StateSpec, layer_of, state_specs
 
@@ -111,6 +111,8 @@ class ModelPackage:
     pad_token_id: int | None
     skipped_models: tuple[str, ...] = ()
     states: tuple[StateSpec, ...] = ()  # recurrent/convolution state of a hybrid's recurrent layers
+    # (layer, source layer) of layers attending to another layer's KV, with no KV input of their own (Gemma 4 E2B)
+    shared_kv: tuple[tuple[int, int], ...] = ()
     config: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -203,17 +205,18 @@ def _read_package(path: Path) -> ModelPackage:
             f"{where}: the decoder takes inputs_embeds but field model.embedding is missing; "
             "expected an embedding model that turns input_ids into inputs_embeds"
         )
-    _check_decoder_inputs(decoder, where)
+    _check_decoder_inputs(decoder, embedding, where)
     skipped = tuple(k for k, v in model.items() if isinstance(v, dict) and k not in ("decoder", "embedding")
                     and isinstance(v.get("filename"), str) and v.get("filename"))
     vocab = typed_field(model, "vocab_size", int, where, "model.vocab_size")
     states = state_specs(decoder, where)
+    kv, shared = _kv_specs(decoder, model["decoder"], where, {s.layer for s in states})
     pkg = ModelPackage(
         root=root,
         model_type=model_type,
         decoder=decoder,
         embedding=embedding,
-        kv=_kv_specs(decoder, model["decoder"], where, {s.layer for s in states}),
+        kv=kv,
         vocab_size=vocab,
         context_length=read_context_length(model, where),
         bos_token_id=optional_int(model, "bos_token_id", where),
@@ -221,6 +224,7 @@ def _read_package(path: Path) -> ModelPackage:
         pad_token_id=optional_int(model, "pad_token_id", where),
         skipped_models=skipped,
         states=states,
+        shared_kv=shared,
         config=cfg,
     )
     _check_logits(pkg, where)
@@ -265,11 +269,13 @@ def _model_file(root: Path, model: dict, role: str, *, required: bool) -> ModelF
     )
 
 
-def _kv_specs(decoder: ModelFile, section: dict, where: Path, state_layers: set[int]) -> tuple[KVSpec, ...]:
-    """Per-layer KV specs from the graph, in layer order; config values only fill symbolic dims.
+def _kv_specs(decoder: ModelFile, section: dict, where: Path,
+              state_layers: set[int]) -> tuple[tuple[KVSpec, ...], tuple[tuple[int, int], ...]]:
+    """Per-layer KV specs from the graph, in layer order; config values only fill symbolic dims; and the layers
+    sharing another's KV (package/layers.py).
 
-    Every graph input the key pattern names is a KV layer; a hybrid's recurrent layers (``state_layers``)
-    have none, so together they make the decoder's layers."""
+    Every graph input the key pattern names is a KV layer; a hybrid's recurrent layers (``state_layers``) and
+    KV-shared layers have none, so together they make the decoder's layers."""
     key_fmt = decoder.inputs.get("past_key_names", "past_key_values.%d.key")
     value_fmt = decoder.inputs.get("past_value_names", "past_key_values.%d.value")
     pkey_fmt = decoder.outputs.get("present_key_names", "present.%d.key")
@@ -290,8 +296,9 @@ def _kv_specs(decoder: ModelFile, section: dict, where: Path, state_layers: set[
         window = k.shape[2] if isinstance(k.shape[2], int) and k.shape[2] > 0 else _window(section, i, where)
         specs.append(KVSpec(i, k.name, v.name, _fmt(pkey_fmt, i, where), _fmt(pvalue_fmt, i, where),
                             k.dtype, heads, size, window))
-    check_layers(specs, section, decoder, where, state_layers)
-    return tuple(specs)
+    shared = shared_kv(decoder, [s.layer for s in specs])
+    check_layers(specs, section, decoder, where, state_layers, shared)
+    return tuple(specs), shared
 
 
 def _window(section: dict, layer: int, where: Path) -> int | None:
@@ -329,15 +336,17 @@ LAYER_INPUTS = (("past_key_names", "past_key_values.%d.key"), ("past_value_names
                 *((key, None) for _, key, _ in STATE_KINDS))  # per-layer inputs ortevals feeds (state: if named)
 
 
-def _check_decoder_inputs(decoder: ModelFile, where: Path) -> None:
+def _check_decoder_inputs(decoder: ModelFile, embedding: ModelFile | None, where: Path) -> None:
     """Every decoder input is one genai_config.json names (``model.decoder.inputs``, or its default name) and
     ortevals feeds: onnxruntime-genai and ortevals feed inputs by those names, so an input named otherwise
     (``ids`` for ``input_ids``) would never be fed; one the config names under a key ortevals does not feed is
-    refused naming that key."""
+    refused naming that key. An output of the embedding model under the same key (Gemma 4 E2B's
+    ``per_layer_inputs``: per-token, like ``inputs_embeds``) is fed from that model's pass over the same tokens."""
     names = {decoder.inputs.get(k, k): k for k in FED_INPUTS}
     patterns = [p for p in (decoder.inputs.get(k, d) for k, d in LAYER_INPUTS) if p is not None]
     for inp in decoder.graph_inputs:
-        if inp.name in names or any(layer_of(inp.name, p) is not None for p in patterns):
+        if inp.name in names or any(layer_of(inp.name, p) is not None for p in patterns) \
+                or _from_embedding(inp.name, decoder, embedding, where):
             continue
         named = next((k for k, v in sorted(decoder.inputs.items())
                       if v == inp.name or layer_of(inp.name, v) is not None), None)
@@ -353,6 +362,21 @@ def _check_decoder_inputs(decoder: ModelFile, where: Path) -> None:
         ids = decoder.inputs.get("input_ids", "input_ids")
         raise PackageError(f"{where}: neither model.decoder.inputs.input_ids={ids!r} nor inputs_embeds is an "
                            f"input of {decoder.path.name}; config and graph must agree")
+
+
+def _from_embedding(name: str, decoder: ModelFile, embedding: ModelFile | None, where: Path) -> bool:
+    """Whether decoder input ``name`` is fed by the embedding model: the config names it under one key in
+    ``model.decoder.inputs`` and ``model.embedding.outputs``. ortevals binds the embedding's outputs into the
+    decoder by tensor name, so the two names must be one (a config that renames it between them is refused)."""
+    key = next((k for k, v in decoder.inputs.items() if v == name), None)
+    if embedding is None or key is None or key not in embedding.outputs:
+        return False
+    produced = embedding.outputs[key]
+    if produced != name or embedding.output(produced) is None:
+        raise PackageError(f"{where}: model.decoder.inputs.{key}={name!r} but model.embedding.outputs.{key}="
+                           f"{produced!r}{'' if embedding.output(produced) else ' (not an output of the model)'}; "
+                           "expected one tensor name, an output of the embedding model that the decoder takes")
+    return True
 
 
 def _check_fused_rotary(pkg: ModelPackage) -> None:

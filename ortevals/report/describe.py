@@ -114,6 +114,9 @@ def describe_package(pkg: ModelPackage) -> str:
     lines.append(f"tokens    bos {pkg.bos_token_id}  eos {list(pkg.eos_token_ids)}  pad {pkg.pad_token_id}")
     lines.append(f"KV cache: {len(pkg.kv)} layers")
     lines.extend(_layer_runs(pkg.kv))
+    if pkg.shared_kv:  # Gemma 4 E2B/E4B: layers with no cache of their own (package/layers.py)
+        lines.append(f"  {len(pkg.shared_kv)} more layers attend to another layer's KV: "
+                     + ", ".join(f"{layer}<-{source}" for layer, source in pkg.shared_kv))
     if pkg.states:  # a hybrid: state valid at exactly the position it was made (package/state.py)
         lines.append(f"recurrent state: {len({s.layer for s in pkg.states})} layers")
         lines.extend(f"  layer {s.layer:<8} {s.kind} {s.dtype} [B, {', '.join(map(str, s.shape))}]" for s in pkg.states)

@@ -187,6 +187,12 @@ def og_config(og, package: ModelPackage, provider: ProviderConfig, sections: tup
             raise PackageError(f"{package.root / 'genai_config.json'}: model.{section}.session_options."
                                "custom_ops_library is set; ortevals does not load native libraries "
                                "named by a package")
+    if package.model_type == "gemma4_text" and package.embedding is not None:  # og 0.18: "Decoder-only CPU ..."
+        raise PackageError(f"{package.root / 'genai_config.json'}: model.type is 'gemma4_text' but the package has "
+                           "an embedding model (model.embedding), which onnxruntime-genai runs only for type "
+                           "'gemma4' (Mobius 0.1.0 writes 'gemma4_text' for a multimodal export of a local "
+                           "checkpoint): set model.type to 'gemma4'; path=prefill and gen_path=raw run the package "
+                           "as it is")
     settings = og_settings(package, provider, sections)
     config = og.Config(str(package.root))
     config.clear_providers()
