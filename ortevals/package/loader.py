@@ -38,6 +38,7 @@ from ortevals.package.config import (
 )
 from ortevals.package.graph import external_data_files, graph_facts, read_signature
 from ortevals.package.layers import check_layers, shared_kv
+from ortevals.package.manifest import PackageManifest, Variant, locate, tokenizer_folder
 from ortevals.package.session_options import check_session_options
 from ortevals.package.state import STATE_KINDS, StateSpec, layer_of, state_specs
 
@@ -114,11 +115,20 @@ class ModelPackage:
     # (layer, source layer) of layers attending to another layer's KV, with no KV input of their own (Gemma 4 E2B)
     shared_kv: tuple[tuple[int, int], ...] = ()
     config: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    tokenizer_dir: Path | None = None  # where the tokenizer files are (model.tokenizer_dir resolved); None: root
+    manifest: PackageManifest | None = None  # the model package (manifest.json) this folder is a variant of
+    variant: Variant | None = None
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> ModelPackage:
-        """Read and validate the package at ``path`` (a folder or its genai_config.json)."""
-        return _read_package(Path(path))
+    def load(cls, path: str | os.PathLike[str], ep: str | None = None) -> ModelPackage:
+        """Read and validate the package at ``path`` (a folder or its genai_config.json; a model package's root:
+        its variant for execution provider ``ep``, package/manifest.py)."""
+        return _read_package(Path(path), ep)
+
+    @property
+    def tokenizer_root(self) -> Path:
+        """The folder the tokenizer files are read from (``model.tokenizer_dir``, else the package folder)."""
+        return self.tokenizer_dir or self.root
 
     @property
     def logits_name(self) -> str:
@@ -191,8 +201,8 @@ class ModelPackage:
         return h.hexdigest()[:16]
 
 
-def _read_package(path: Path) -> ModelPackage:
-    root = path.parent if path.name == CONFIG_NAME else path
+def _read_package(path: Path, ep: str | None = None) -> ModelPackage:
+    root, manifest, variant = locate(path.parent if path.name == CONFIG_NAME else path, ep)
     cfg = load_json_config(root)
     model = cfg["model"]
     where = root / CONFIG_NAME
@@ -226,6 +236,9 @@ def _read_package(path: Path) -> ModelPackage:
         states=states,
         shared_kv=shared,
         config=cfg,
+        tokenizer_dir=tokenizer_folder(root, model.get("tokenizer_dir"), manifest, where),
+        manifest=manifest,
+        variant=variant,
     )
     _check_logits(pkg, where)
     _check_fused_rotary(pkg)

@@ -99,7 +99,13 @@ def describe_package(pkg: ModelPackage) -> str:
     from ortevals.install import available_providers
     from ortevals.runtime.providers import from_package
 
-    lines = [f"package   {pkg.root}", f"type      {pkg.model_type}", "models:"]
+    lines = [f"package   {pkg.root}", f"type      {pkg.model_type}"]
+    if pkg.variant is not None:  # a model package's variant (package/manifest.py)
+        lines.append(f"variant   {pkg.variant.name} ({pkg.variant.ep_name}) of model package {pkg.manifest.root}; "
+                     f"its variants: {pkg.manifest.describe()}")
+    if pkg.tokenizer_root != pkg.root:
+        lines.append(f"tokenizer {pkg.tokenizer_root} (model.tokenizer_dir {pkg.config['model'].get('tokenizer_dir')})")
+    lines.append("models:")
     if pkg.embedding is not None:
         lines.append(f"  embedding {pkg.embedding.path.name} ({_size(pkg.embedding.path)}) -> "
                      + ", ".join(o.name for o in pkg.embedding.graph_outputs))
@@ -131,3 +137,8 @@ def describe_package(pkg: ModelPackage) -> str:
     lines.append(f"          installed: {', '.join(available_providers())}")
     lines.append(f"fingerprint {pkg.fingerprint()}")
     return "\n".join(lines)
+
+
+def describe_path(path: str, ep: str | None = None) -> str:
+    """``ortevals info``: the package at ``path`` (a model package: its variant for ``ep``) described."""
+    return describe_package(ModelPackage.load(path, ep))

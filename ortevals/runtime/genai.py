@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Iterator
 
 import numpy as np
@@ -60,12 +61,15 @@ def og_settings(package: ModelPackage, provider: ProviderConfig, sections: tuple
     overlay of ``sections`` and the neutral search options."""
     model = package.config["model"]
     threads = {"intra_op_num_threads": provider.intra_op_threads, "inter_op_num_threads": 1}
+    overlay = {s: {"session_options": threads} for s in sections
+               if isinstance(model.get(s), dict) and (s in TEXT_SECTIONS or model[s].get("filename"))}
+    if str(model.get("tokenizer_dir") or "").startswith("sha256:"):
+        # og opens the variant folder as a plain package (this og has no model-package support, and og 0.18
+        # refuses a sha256: reference there): the shared asset it would resolve, as a path from the folder
+        overlay["tokenizer_dir"] = os.path.relpath(package.tokenizer_root, package.root)
     return {"provider": provider.name,
             "provider_options": dict(provider.options) if provider.name != "cpu" else {},
-            "overlay": {"model": {s: {"session_options": threads} for s in sections
-                                  if isinstance(model.get(s), dict)
-                                  and (s in TEXT_SECTIONS or model[s].get("filename"))}},
-            "search": NEUTRAL_SEARCH}
+            "overlay": {"model": overlay}, "search": NEUTRAL_SEARCH}
 
 
 def og_files(package: ModelPackage, sections: tuple[str, ...], extra: tuple[str, ...] = ()) -> list:
