@@ -89,10 +89,11 @@ def open_session(model: ModelFile, provider: ProviderConfig, derived: Path | Non
     def options(config: dict[str, str]):
         return session_options({**settings, "session_config": config}, model)
 
-    return create_session(relinked or str(derived or model.path), provider, options, entries, model.path)
+    return create_session(relinked or str(derived or model.path), provider, options, entries, model.path, settings)
 
 
-def create_session(source: str | bytes, provider: ProviderConfig, options, entries: dict[str, str], where):
+def create_session(source: str | bytes, provider: ProviderConfig, options, entries: dict[str, str], where,
+                   settings: dict | None = None):
     """An InferenceSession of ``source`` (a path or model bytes) on ``provider``, checked.
 
     ``options(config)`` makes fresh SessionOptions with the session config entries ``config`` (the
@@ -100,9 +101,10 @@ def create_session(source: str | bytes, provider: ProviderConfig, options, entri
     added. On a device provider with the CPU fallback refused (``session.disable_cpu_ep_fallback``,
     runtime/placement.py) the CPU provider is not listed, and onnxruntime's refusal is turned into a second
     opening that names the nodes it put on the CPU: integer shape nodes are accepted, any other is one line
-    naming its op type (with ``allow_cpu_fallback``: a warning)."""
+    naming its op type (with ``allow_cpu_fallback``: a warning). ``settings``: the session's record, when it
+    opens a package's model (its own session options, :func:`~ortevals.runtime.reads.session_settings`)."""
     ort = import_ort()
-    settings = session_settings(provider)
+    settings = settings or session_settings(provider)
     config = dict(settings["session_config"])
     strict = config.get(FALLBACK_KEY) == "1"
     providers = [(settings["provider"], settings["provider_options"])]  # og-only options (cuda graphs) filtered out
