@@ -59,6 +59,12 @@ def test_the_layer_map_is_read_from_the_graph(e2b, which):
     from ortevals.report.describe import describe_package
 
     assert "2 more layers attend to another layer's KV: 3<-1, 4<-2" in describe_package(pkg)  # ortevals info
+    from ortevals.package.lint import lint
+
+    # Mobius writes context_length 4096 whatever the checkpoint's max_position_embeddings (2048 here)
+    assert lint(pkg) == [f"{pkg.root / 'genai_config.json'}: model.context_length=4096 but model.onnx's rotary table "
+                         "has 2048 positions: a sequence past 2048 tokens has no rotation there (keep max_length at or "
+                         "below 2048)"]
     if which == "vision":
         assert pkg.decoder.input("per_layer_inputs") is not None
         assert pkg.embedding.output("per_layer_inputs") is not None and pkg.skipped_models == ("vision",)

@@ -7,6 +7,7 @@ and the providers the package asks for beside those this install has.
 
 from __future__ import annotations
 
+from ortevals.package.lint import lint
 from ortevals.package.loader import KVSpec, ModelPackage
 
 
@@ -136,6 +137,7 @@ def describe_package(pkg: ModelPackage) -> str:
             lines.append(f"          raw sessions: {wanted.name} {wanted.raw_options or ''}".rstrip())
     lines.append(f"          installed: {', '.join(available_providers())}")
     lines.append(f"fingerprint {pkg.fingerprint()}")
+    lines.extend(f"warning: {line}" for line in lint(pkg))  # config and graph disagree (package/lint.py)
     return "\n".join(lines)
 
 
