@@ -114,7 +114,8 @@ PRECISIONS_AND_PROVIDERS = """## Precisions
 |---|---|
 | CPU | every test runs on it |
 | CUDA | its kernels' contracts are tested on CPU with graphs that follow them; CUDA packages are built and checked on CPU; no GPU run is published ([cuda.md](cuda.md)) |
-| DirectML, WebGPU, NPUs | accepted by name; untested. An NPU provider uses the incremental path |
+| DirectML, NPUs | accepted by name; untested. An NPU provider uses the incremental path |
+| OpenVINO, WebGPU, TensorRT-RTX, QNN 2.x (plugin packages) | found from the installed package (`pip install onnxruntime-ep-openvino`, …), registered with onnxruntime and onnxruntime-genai, the devices it offers used, its version in the run's scope; one line without the package, or where it offers no device (the OpenVINO plugin 1.8.1 and the WebGPU plugin 0.4.0 offer none on an AMD EPYC CPU); not yet scored on a device |
 | TensorRT | refused until measured |
 """
 

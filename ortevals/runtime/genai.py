@@ -35,6 +35,7 @@ from ortevals.package.graph import external_data_files
 from ortevals.package.loader import CONFIG_NAME, ModelPackage, resolve_inside
 from ortevals.package.reuse import MIN_PASS_TOKENS, ReusePolicy, reuse_policy
 from ortevals.package.scope import Reads
+from ortevals.runtime.plugins import find_plugin, plugin_distribution, register
 from ortevals.runtime.providers import ProviderConfig
 from ortevals.tokens import common_prefix
 
@@ -201,6 +202,9 @@ def og_config(og, package: ModelPackage, provider: ProviderConfig, sections: tup
     config = og.Config(str(package.root))
     config.clear_providers()
     if settings["provider"] != "cpu":
+        plugin = find_plugin(provider.ort_name) if plugin_distribution(provider.name) else None
+        if plugin is not None:  # a plugin provider: og keeps its own onnxruntime environment (runtime/plugins.py)
+            register(og, plugin, "onnxruntime-genai")
         try:
             config.append_provider(settings["provider"])
             for key, value in settings["provider_options"].items():
