@@ -39,6 +39,7 @@ from ortevals.package.config import (
 from ortevals.package.graph import external_data_files, graph_facts, read_signature
 from ortevals.package.layers import check_layers, shared_kv
 from ortevals.package.manifest import PackageManifest, Variant, locate, tokenizer_folder
+from ortevals.package.pipeline import refuse_pipeline
 from ortevals.package.session_options import check_session_options
 from ortevals.package.state import STATE_KINDS, StateSpec, layer_of, state_specs
 
@@ -207,6 +208,8 @@ def _read_package(path: Path, ep: str | None = None) -> ModelPackage:
     model = cfg["model"]
     where = root / CONFIG_NAME
     model_type = typed_field(model, "type", str, where, "model.type")
+    if isinstance(model.get("decoder"), dict):
+        refuse_pipeline(root, model["decoder"])  # Olive's QNN/NPU exports: stages, no decoder file
     decoder = _model_file(root, model, "decoder", required=True)
     embedding = _model_file(root, model, "embedding", required=False)
     if embedding is None and decoder.input(decoder.inputs.get("inputs_embeds", "inputs_embeds")) is not None \
