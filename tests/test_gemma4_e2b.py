@@ -128,12 +128,13 @@ def test_image_requests_equal_one_plain_pass(e2b, media_path):
     """Image requests on og's pipeline and on the fast path (vision, embedding with per-layer inputs, decoder on
     raw sessions, the text before the image run once) equal one plain onnxruntime pass over og's processor
     outputs: vision → embedding → decoder, per_layer_inputs handed from the embedding to the decoder."""
-    from ortevals.engine.media.og import MediaRequest, split_context
+    from ortevals.engine.media.og import MediaRequest
     from ortevals.engine.media.paths import open_media
     from ortevals.package.media import to_media
     from ortevals.package.tokenizer import Tokenizer
     from tests.fixtures.gemma4_e2b import ort_oracle
     from tests.fixtures.gemma4_mm import image_path
+    from tests.test_multimodal import oracle_loglikelihood
 
     pkg = ModelPackage.load(e2b / "vision")
     engine = open_media(pkg, Tokenizer.load(pkg), path=media_path)
@@ -141,18 +142,9 @@ def test_image_requests_equal_one_plain_pass(e2b, media_path):
     images = [to_media(image_path(n)) for n in ("astronaut.png", "chelsea.png")]
     reqs = [MediaRequest(f"{header}<image>Question: what is it?\nAnswer:", c, (img,))
             for img in images for c in (" A", " a cat", " B. the answer is")]
-    got = engine.loglikelihood(reqs)
-    for req, (lp, greedy) in zip(reqs, got, strict=True):
-        context, text = split_context(req.context, req.continuation)
-        processed = engine.runner.process(engine.prompt(context, req.media), req.media)
-        cont = engine.continuation_ids(context, text)
-        feeds = processed.numpy()
-        n = feeds["input_ids"].shape[1]
-        feeds["input_ids"] = np.concatenate([feeds["input_ids"], np.asarray([cont], feeds["input_ids"].dtype)], 1)
-        logits = ort_oracle(e2b / "vision", feeds)[n - 1:n - 1 + len(cont)].astype(np.float64)
-        rows = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
-        assert abs(lp - float(sum(rows[j, t] for j, t in enumerate(cont)))) <= 1e-4
-        assert greedy == all(rows[j].argmax() == t for j, t in enumerate(cont))
+    for req, (lp, greedy) in zip(reqs, engine.loglikelihood(reqs), strict=True):
+        expected, expected_greedy = oracle_loglikelihood(engine, req, ort_oracle)
+        assert abs(lp - expected) <= 1e-4 and greedy == expected_greedy
     if media_path == "fast":
         assert engine.prefixes.hits >= 1  # the header's KV (and so the shared layers' source KV) reused
 
