@@ -143,3 +143,11 @@ def test_a_plain_folder_honours_tokenizer_dir_and_refuses_a_shared_asset_referen
     (pkg / "genai_config.json").write_text(json.dumps(config))
     with pytest.raises(PackageError, match="is a sha256: shared-asset reference, valid only in a model package"):
         ModelPackage.load(pkg)
+
+
+def test_an_unrelated_manifest_above_a_plain_package_changes_nothing(tiny_pkg, tmp_path):
+    (tmp_path / "manifest.json").write_text('{"name": "a web app"}')
+    pkg = tmp_path / "model"
+    shutil.copytree(tiny_pkg, pkg)
+    loaded = ModelPackage.load(pkg)
+    assert loaded.variant is None and loaded.tokenizer_root == pkg

@@ -146,7 +146,10 @@ def package_of(folder: Path) -> tuple[PackageManifest, Variant] | None:
     folder = Path(os.path.abspath(folder))
     for parent in list(folder.parents)[:3]:  # variant folders sit at most a few levels below the root
         if is_model_package(parent):
-            manifest = read_manifest(parent)
+            try:
+                manifest = read_manifest(parent)
+            except PackageError:  # a manifest.json of something else above a plain package: not its package
+                return None
             found = next((v for v in manifest.variants if Path(os.path.abspath(v.folder)) == folder), None)
             return (manifest, found) if found else None
     return None
