@@ -102,7 +102,7 @@ def run_options(fn):
 
 
 # notices a user should see at the default verbosity, printed as plain lines (not "WARNING …")
-NOTICES = ("ortevals.report.resume",)
+NOTICES = ("ortevals.report.resume", "ortevals.package.manifest")
 
 
 class _Format(logging.Formatter):
@@ -249,12 +249,12 @@ def run(tasks: str, num_fewshot, include_path, apply_chat_template, gen_kwargs, 
 @cli.command("info", epilog="\b\nExample:\n  ortevals info --pkg ./gemma4-int4")
 @click.option("--pkg", type=click.Path(path_type=Path), default=None, help="GenAI package folder.")
 @click.option("--example", is_flag=True, help="Describe the embedded SmolLM2 example package.")
-def info(pkg: Path | None, example: bool) -> None:
+@click.option("--ep", default=None, help="A model package's variant for this execution provider (cpu, cuda, …).")
+def info(pkg: Path | None, example: bool, ep: str | None) -> None:
     """What the loader found: models, layers, KV shapes per layer, providers."""
-    from ortevals.package.loader import ModelPackage
-    from ortevals.report.describe import describe_package
+    from ortevals.report.describe import describe_path
 
-    click.echo(describe_package(ModelPackage.load(_package_path(pkg, example))))
+    click.echo(describe_path(_package_path(pkg, example), ep))
 
 
 @cli.command("example", epilog="\b\nExample:\n  ortevals example --precision int4")

@@ -27,10 +27,15 @@ PRECISIONS = ("fp32", "int4")
 
 INTRO = """# Supported architectures
 
-Every text architecture that onnxruntime-genai's model builder exports, checked by ortevals' parity matrix:
-a tiny random checkpoint of each (hidden size 64, 2 to 4 layers, shaped to exercise the architecture's own
-features), exported fp32 and int4 by the builder, scored on real MMLU-Pro 5-shot prompts (about 700 tokens,
-all sharing the five-shot header) on each scoring path, and decoded greedily.
+Every text architecture that onnxruntime-genai's model builder exports, and those users run from the Mobius
+exporter (`pip install mobius-onnx`; `python -m mobius build --runtime ort-genai`), checked by ortevals' parity
+matrix: a tiny random checkpoint of each (hidden size 64, 2 to 5 layers, shaped to exercise the architecture's own
+features), exported fp32 and int4 by the builder or fp32 by Mobius (it has no int4; its `--ep cpu` graphs use
+GroupQueryAttention, its `--ep default` ones the standard `Attention` and `RotaryEmbedding` ops), scored on real
+MMLU-Pro 5-shot prompts (about 700 tokens, all sharing the five-shot header) on each scoring path, and decoded
+greedily. Gemma 4 E2B/E4B (per-layer embeddings, layers sharing KV) is also checked as Mobius' multimodal export
+(embedding, vision and decoder models) on the first five MMLU-Pro questions and on image requests
+(tests/test_gemma4_e2b.py).
 
 - **fp32** is compared with transformers on the same weights (lm-eval's `hf` backend).
 - **int4** is compared with the same package run in one plain onnxruntime pass per input (quantization
@@ -40,7 +45,7 @@ all sharing the five-shot header) on each scoring path, and decoded greedily.
 | mark | meaning |
 |---|---|
 | ✓ | equal: max \\|Δ log-likelihood\\| ≤ {tol} nats against the reference (the number shown) |
-| ≈ | within the stated tolerance: the package itself differs from transformers (the builder's deviation, \
+| ≈ | within the stated tolerance: the package itself differs from transformers (the exporter's deviation, \
 below); ortevals equals the package run in one pass (max \\|Δ\\| shown) |
 | ✗ *n* | refused in one line: reason *n* below |
 | ! *n* | fails with an error instead of a one-line refusal (being fixed): error *n* below |
@@ -67,13 +72,17 @@ def _short(x: float) -> str:
     return f"{x:.0e}".replace("e-0", "e-").replace("e+0", "e")
 
 
+def _exporter(entry: dict) -> str:
+    return entry.get("exporter") or "builder"
+
+
 def _by_title(archs: dict) -> list[dict]:
-    return sorted(archs.values(), key=lambda e: e["title"].lower())
+    return sorted(archs.values(), key=lambda e: (e["title"].lower(), _exporter(e) != "builder", _exporter(e)))
 
 
 def _rows(archs: dict, refusals: dict[str, int]) -> list[str]:
-    head = "| architecture | precision | " + " | ".join(title for _, title in PATHS) + " |"
-    rows = [head, "|" + "---|" * (len(PATHS) + 2)]
+    head = "| architecture | exporter | precision | " + " | ".join(title for _, title in PATHS) + " |"
+    rows = [head, "|" + "---|" * (len(PATHS) + 3)]
     for entry in _by_title(archs):
         for precision in PRECISIONS:
             cells = entry.get("cells", {}).get(precision)
@@ -81,21 +90,26 @@ def _rows(archs: dict, refusals: dict[str, int]) -> list[str]:
                 continue
             marks = [_mark(cells.get(p), refusals) if precision == "fp32" or not p.startswith("gen") else ""
                      for p, _ in PATHS]
-            rows.append(f"| {entry['title']} | {precision} | " + " | ".join(marks) + " |")
+            rows.append(f"| {entry['title']} | {_exporter(entry)} | {precision} | " + " | ".join(marks) + " |")
     return rows
 
 
 def _features(archs: dict) -> list[str]:
-    lines = ["## What each checkpoint exercises", "", "| architecture | features | package vs transformers (fp32) |",
-             "|---|---|---|"]
+    lines = ["## What each checkpoint exercises", "",
+             "| architecture | exporter | features | package vs transformers (fp32) |", "|---|---|---|---|"]
     for entry in _by_title(archs):
         gap = entry.get("package_gap", {}).get("fp32")
         note = "—" if gap is None else f"{gap:.1e}" + (f": {entry['deviation']}" if entry.get("deviation") else "")
-        lines.append(f"| {entry['title']} | {entry.get('features') or '—'} | {note} |")
+        lines.append(f"| {entry['title']} | {_exporter(entry)} | {entry.get('features') or '—'} | {note} |")
     workarounds = [f"- **{e['title']}**: {e['workaround']}." for e in _by_title(archs) if e.get("workaround")]
     if workarounds:
         lines += ["", "Exported after a workaround for builder 0.18 on checkpoints saved by transformers 5:", "",
                   *workarounds]
+    lines += ["", "Mobius 0.1.0 fails on Gemma 4 configs saved by transformers 5.24 (`AmbiguousGlobalPerLayerAttributeError: "
+              "'head_dim'`); its Gemma 4 checkpoints here are exported with the flat head sizes it reads set on the "
+              "config in its process (tests/fixtures/mobius.py), the checkpoint left as saved. For a multimodal Gemma 4 "
+              "built from a local folder it writes `type: gemma4_text`, which onnxruntime-genai refuses: set "
+              "`gemma4`."]
     return lines
 
 
@@ -114,7 +128,8 @@ PRECISIONS_AND_PROVIDERS = """## Precisions
 |---|---|
 | CPU | every test runs on it |
 | CUDA | its kernels' contracts are tested on CPU with graphs that follow them; CUDA packages are built and checked on CPU; no GPU run is published ([cuda.md](cuda.md)) |
-| DirectML, WebGPU, NPUs | accepted by name; untested. An NPU provider uses the incremental path |
+| DirectML, NPUs | accepted by name; untested. An NPU provider uses the incremental path |
+| OpenVINO, WebGPU, TensorRT-RTX, QNN 2.x (plugin packages) | found from the installed package (`pip install onnxruntime-ep-openvino`, …), registered with onnxruntime and onnxruntime-genai, the devices it offers used, its version in the run's scope; one line without the package, or where it offers no device (the OpenVINO plugin 1.8.1 and the WebGPU plugin 0.4.0 offer none on an AMD EPYC CPU); not yet scored on a device |
 | TensorRT | refused until measured |
 """
 

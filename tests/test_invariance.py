@@ -309,6 +309,32 @@ def test_detection_on_small_graphs(case, flagged):
     assert bool(found) == flagged, found
 
 
+def _constant_axes(form):
+    """A Constant node holding the axes ``[-1]`` (or the scale 0.5) in one of the forms onnx allows."""
+    if form == "sparse_value":
+        sparse = helper.make_sparse_tensor(numpy_helper.from_array(np.array([-1], np.int64), "v"),
+                                           numpy_helper.from_array(np.array([0], np.int64), "i"), [1])
+        return helper.make_node("Constant", [], ["axes"], sparse_value=sparse)
+    value = {"value": numpy_helper.from_array(np.array([-1], np.int64)), "value_ints": [-1], "value_int": -1,
+             "value_floats": [0.5], "value_float": 0.5}[form]
+    return helper.make_node("Constant", [], ["axes"], **{form: value})
+
+
+@pytest.mark.parametrize("form", ["value", "value_ints", "value_int", "sparse_value", "value_floats", "value_float"])
+def test_detection_reads_every_constant_form(form):
+    """A Constant in any form onnx allows is read (Mobius writes axes as value_ints): an integer one is the axes
+    of a ReduceMean over the last axis, a float one the fixed activation scale of MatMulIntegerToFloat."""
+    if form.startswith("value_float"):
+        node = helper.make_node("MatMulIntegerToFloat", ["x", "w", "axes", "ws"], ["y"], domain="com.microsoft")
+    else:
+        node = helper.make_node("ReduceMean", ["x", "axes"], ["y"])
+    graph = helper.make_graph([_constant_axes(form), node], "g", [X3],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    assert not scan_graph(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
+    computed = helper.make_graph([helper.make_node("Shape", ["x"], ["axes"]), node], "g", [X3], graph.output)
+    assert scan_graph(helper.make_model(computed, opset_imports=[helper.make_opsetid("", 18)]))  # run-time axes
+
+
 def test_detection_on_real_graphs(tiny_pkg, dynquant, gemma4):
     assert not detect([tiny_pkg / "model.onnx"]).found  # builder's ReduceSum(attention_mask, 1) is per row
     assert not detect([gemma4[1] / "embedding.onnx", gemma4[1] / "decoder.onnx"]).found

@@ -1,8 +1,9 @@
-"""The parity matrix (issue 37): every text architecture the builder exports, scored as transformers scores it.
+"""The parity matrix (issue 37): every text architecture the builder exports, scored as transformers scores it;
+and the exporter dimension (issue 48): the architectures users run from Mobius, exported fp32 by Mobius.
 
 For each architecture of tests/fixtures/matrix/archs.py, a tiny random checkpoint exported fp32 and int4 by
-the onnxruntime-genai builder (tests/fixtures/matrix/cache.py: cached, keyed by the builder's code and the
-config) is scored on real MMLU-Pro 5-shot prompts (tests/fixtures/matrix/prompts.py) on four paths: the
+the onnxruntime-genai builder, or fp32 by Mobius (tests/fixtures/matrix/cache.py: cached, keyed by the exporter's
+code and the config) is scored on real MMLU-Pro 5-shot prompts (tests/fixtures/matrix/prompts.py) on four paths: the
 default (shared prefixes, padded batches, canary), ``exact``, ``prefix_cache=false`` and
 ``path=incremental``; fp32 also decodes greedily on the raw rows and on onnxruntime-genai's Generator.
 
@@ -67,7 +68,7 @@ def _package(arch, precision: str):
     error = info["build"].get(precision)
     if error == "ok":
         return folder / precision
-    reason = f"the builder's export fails: {error}"
+    reason = f"{'the builder' if arch.exporter == 'builder' else 'Mobius'}'s export fails: {error}"
     for path in PATHS + (GEN_PATHS if precision == "fp32" else ()):
         record.cell(arch, precision, path, "refused", reason=reason)
     expected = arch.export_fails.get(precision, arch.export_fails.get("*"))

@@ -50,15 +50,15 @@ def windowed_engine(gemma4_mm_windowed):
     return open_media(pkg, Tokenizer.load(pkg))  # auto: the windowed cache keeps it on og's path
 
 
-def oracle_loglikelihood(engine: MediaEngine, req: MediaRequest) -> tuple[float, bool]:
-    """Sum of log-softmax over the continuation, from one raw-ORT pass over prompt + continuation."""
+def oracle_loglikelihood(engine: MediaEngine, req: MediaRequest, oracle=ort_oracle) -> tuple[float, bool]:
+    """Sum of log-softmax over the continuation, from one raw-ORT pass (``oracle``) over prompt + continuation."""
     context, cont_text = split_context(req.context, req.continuation)
     processed = engine.runner.process(engine.prompt(context, req.media), req.media)
     cont = engine.continuation_ids(context, cont_text)
     feeds = processed.numpy()
     n = feeds["input_ids"].shape[1]
     feeds["input_ids"] = np.concatenate([feeds["input_ids"], np.asarray([cont], feeds["input_ids"].dtype)], 1)
-    rows = _log_softmax(ort_oracle(engine.package.root, feeds)[n - 1:n - 1 + len(cont)])
+    rows = _log_softmax(oracle(engine.package.root, feeds)[n - 1:n - 1 + len(cont)])
     return float(sum(rows[j, t] for j, t in enumerate(cont))), bool(all(rows[j].argmax() == t for j, t in
                                                                        enumerate(cont)))
 

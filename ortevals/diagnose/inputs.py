@@ -152,7 +152,7 @@ def check_pair(cand: ModelPackage, ref: ModelPackage) -> None:
     if len(cand.kv) != len(ref.kv):
         raise OrtEvalsError(f"different layer counts: candidate {cand.root} has {len(cand.kv)} layers, reference "
                             f"{ref.root} has {len(ref.kv)}")
-    a, b = tokenizer_hash(cand.root), tokenizer_hash(ref.root)
+    a, b = tokenizer_hash(cand.tokenizer_root), tokenizer_hash(ref.tokenizer_root)
     if a != b:
         raise OrtEvalsError(f"different tokenizers: candidate {cand.root} has tokenizer.json {a[:12]}, reference "
                             f"{ref.root} has {b[:12]}; diagnose needs the same tokens on both sides")

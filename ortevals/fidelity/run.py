@@ -145,13 +145,14 @@ def _saved_side(o, package, tok, cand_hash):
 def _open_reference(o, package, cand_hash):
     """A model reference as a logit source, after its tokenizer and vocabulary are checked."""
     kind, path = reference_kind(o.ref), Path(o.ref).expanduser()
-    ref_hash = tokenizer_hash(path)
-    if ref_hash != cand_hash:
-        raise _mismatch("tokenizer.json hash", str(path), ref_hash, o.pkg, cand_hash)
     if kind == "package":
         from ortevals.package.loader import ModelPackage
 
-        ref_pkg = ModelPackage.load(path)
+        ref_pkg = ModelPackage.load(path, o.ep)
+    ref_hash = tokenizer_hash(ref_pkg.tokenizer_root if kind == "package" else path)
+    if ref_hash != cand_hash:
+        raise _mismatch("tokenizer.json hash", str(path), ref_hash, o.pkg, cand_hash)
+    if kind == "package":
         source, vocab, max_pos = OrtSource.open(ref_pkg, o.ep), ref_pkg.vocab_size, ref_pkg.context_length
     else:
         from ortevals.fidelity.reference import TorchSource
@@ -191,9 +192,9 @@ def run_fidelity(o: FidelityOptions) -> FidelityReport:
     from ortevals.package.tokenizer import Tokenizer
 
     _check_options(o)
-    package = ModelPackage.load(Path(o.pkg).expanduser())
+    package = ModelPackage.load(Path(o.pkg).expanduser(), o.ep)
     tok = Tokenizer.load(package)
-    cand_hash = tokenizer_hash(package.root)
+    cand_hash = tokenizer_hash(package.tokenizer_root)
     side = _saved_side if reference_kind(o.ref) == "file" else _model_side
     saved, plan, ids, refs, desc = side(o, package, tok, cand_hash)
     if saved is not None and o.save_ref is not None:

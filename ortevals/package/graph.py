@@ -31,6 +31,10 @@ class GraphFacts:
     # GroupQueryAttention nodes that rotate inside the kernel (do_rotary=1): (node, its head size from the
     # query's declared width, the width of its cos_cache initializer: half the rotary dim)
     fused_rotary: tuple[tuple[str, int, int], ...] = ()
+    attention_nodes: int = 0  # nodes of ATTENTION_OPS (one a decoder layer)
+    # attention nodes whose key/value is another node's graph output (a layer reading another layer's present KV:
+    # Gemma 4 E2B/E4B's KV sharing), reached through data movement only: (node, the graph output), in graph order
+    reads_outputs: tuple[tuple[str, str], ...] = ()
 
 
 def read_signature(path: Path) -> tuple[tuple, tuple, frozenset[Path]]:
@@ -85,6 +89,7 @@ def _facts(graph) -> GraphFacts:
     dims.update({v.name: [d.dim_value if d.HasField("dim_value") else 0 for d in v.type.tensor_type.shape.dim]
                  for v in graph.value_info})
     rotary = []
+    attention = []
     for node in graph.node:
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         if node.op_type in ("MatMulNBits", "GatherBlockQuantized"):
@@ -92,6 +97,8 @@ def _facts(graph) -> GraphFacts:
             ops.add(node.op_type)
         elif node.op_type in ("MatMulInteger", "DynamicQuantizeLinear", "QLinearMatMul", "DequantizeLinear"):
             ops.add(node.op_type)
+        if node.op_type in ATTENTION_OPS:
+            attention.append(node)
         if node.op_type in ATTENTION_OPS and "num_heads" in attrs:
             heads.add(int(attrs["num_heads"]))
             if "kv_num_heads" in attrs:
@@ -102,7 +109,26 @@ def _facts(graph) -> GraphFacts:
                 and len(dims.get(node.input[7], ())) == 2:
             rotary.append((node.name, _head_size(node, attrs, dims), int(dims[node.input[7]][1])))
     return GraphFacts(_precision(graph, bits, ops), frozenset(heads), frozenset(kv_heads), parameter_count(graph),
-                      frozenset(windows), tuple(rotary))
+                      frozenset(windows), tuple(rotary), len(attention), _reads_outputs(graph, attention))
+
+
+MOVEMENT = {"Identity", "Reshape", "Transpose", "Cast", "CastLike", "Squeeze", "Unsqueeze", "Flatten"}
+
+
+def _reads_outputs(graph, attention: list) -> tuple[tuple[str, str], ...]:
+    """Each attention node that reads a graph output through data movement alone (Mobius wires a KV-shared
+    layer's past as the source layer's ``present.%d.key``, or its key as that tensor transposed and reshaped)."""
+    outputs = {o.name for o in graph.output}
+    producer = {out: node for node in graph.node for out in node.output}
+    found = []
+    for node in attention:
+        for name in node.input:
+            while name and name not in outputs and name in producer and producer[name].op_type in MOVEMENT:
+                name = producer[name].input[0]
+            if name in outputs:
+                found.append((node.name, name))
+                break
+    return tuple(found)
 
 
 def _head_size(node, attrs: dict, dims: dict) -> int:

@@ -37,6 +37,9 @@ from ortevals.package.config import (
     typed_field,
 )
 from ortevals.package.graph import external_data_files, graph_facts, read_signature
+from ortevals.package.layers import check_layers, shared_kv
+from ortevals.package.manifest import PackageManifest, Variant, locate, tokenizer_folder
+from ortevals.package.pipeline import refuse_pipeline
 from ortevals.package.session_options import check_session_options
 from ortevals.package.state import STATE_KINDS, StateSpec, layer_of, state_specs
 
@@ -110,12 +113,23 @@ class ModelPackage:
     pad_token_id: int | None
     skipped_models: tuple[str, ...] = ()
     states: tuple[StateSpec, ...] = ()  # recurrent/convolution state of a hybrid's recurrent layers
+    # (layer, source layer) of layers attending to another layer's KV, with no KV input of their own (Gemma 4 E2B)
+    shared_kv: tuple[tuple[int, int], ...] = ()
     config: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    tokenizer_dir: Path | None = None  # where the tokenizer files are (model.tokenizer_dir resolved); None: root
+    manifest: PackageManifest | None = None  # the model package (manifest.json) this folder is a variant of
+    variant: Variant | None = None
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> ModelPackage:
-        """Read and validate the package at ``path`` (a folder or its genai_config.json)."""
-        return _read_package(Path(path))
+    def load(cls, path: str | os.PathLike[str], ep: str | None = None) -> ModelPackage:
+        """Read and validate the package at ``path`` (a folder or its genai_config.json; a model package's root:
+        its variant for execution provider ``ep``, package/manifest.py)."""
+        return _read_package(Path(path), ep)
+
+    @property
+    def tokenizer_root(self) -> Path:
+        """The folder the tokenizer files are read from (``model.tokenizer_dir``, else the package folder)."""
+        return self.tokenizer_dir or self.root
 
     @property
     def logits_name(self) -> str:
@@ -188,12 +202,14 @@ class ModelPackage:
         return h.hexdigest()[:16]
 
 
-def _read_package(path: Path) -> ModelPackage:
-    root = path.parent if path.name == CONFIG_NAME else path
+def _read_package(path: Path, ep: str | None = None) -> ModelPackage:
+    root, manifest, variant = locate(path.parent if path.name == CONFIG_NAME else path, ep)
     cfg = load_json_config(root)
     model = cfg["model"]
     where = root / CONFIG_NAME
     model_type = typed_field(model, "type", str, where, "model.type")
+    if isinstance(model.get("decoder"), dict):
+        refuse_pipeline(root, model["decoder"])  # Olive's QNN/NPU exports: stages, no decoder file
     decoder = _model_file(root, model, "decoder", required=True)
     embedding = _model_file(root, model, "embedding", required=False)
     if embedding is None and decoder.input(decoder.inputs.get("inputs_embeds", "inputs_embeds")) is not None \
@@ -202,17 +218,18 @@ def _read_package(path: Path) -> ModelPackage:
             f"{where}: the decoder takes inputs_embeds but field model.embedding is missing; "
             "expected an embedding model that turns input_ids into inputs_embeds"
         )
-    _check_decoder_inputs(decoder, where)
+    _check_decoder_inputs(decoder, embedding, where)
     skipped = tuple(k for k, v in model.items() if isinstance(v, dict) and k not in ("decoder", "embedding")
                     and isinstance(v.get("filename"), str) and v.get("filename"))
     vocab = typed_field(model, "vocab_size", int, where, "model.vocab_size")
     states = state_specs(decoder, where)
+    kv, shared = _kv_specs(decoder, model["decoder"], where, {s.layer for s in states})
     pkg = ModelPackage(
         root=root,
         model_type=model_type,
         decoder=decoder,
         embedding=embedding,
-        kv=_kv_specs(decoder, model["decoder"], where, {s.layer for s in states}),
+        kv=kv,
         vocab_size=vocab,
         context_length=read_context_length(model, where),
         bos_token_id=optional_int(model, "bos_token_id", where),
@@ -220,7 +237,11 @@ def _read_package(path: Path) -> ModelPackage:
         pad_token_id=optional_int(model, "pad_token_id", where),
         skipped_models=skipped,
         states=states,
+        shared_kv=shared,
         config=cfg,
+        tokenizer_dir=tokenizer_folder(root, model.get("tokenizer_dir"), manifest, where),
+        manifest=manifest,
+        variant=variant,
     )
     _check_logits(pkg, where)
     _check_fused_rotary(pkg)
@@ -264,11 +285,13 @@ def _model_file(root: Path, model: dict, role: str, *, required: bool) -> ModelF
     )
 
 
-def _kv_specs(decoder: ModelFile, section: dict, where: Path, state_layers: set[int]) -> tuple[KVSpec, ...]:
-    """Per-layer KV specs from the graph, in layer order; config values only fill symbolic dims.
+def _kv_specs(decoder: ModelFile, section: dict, where: Path,
+              state_layers: set[int]) -> tuple[tuple[KVSpec, ...], tuple[tuple[int, int], ...]]:
+    """Per-layer KV specs from the graph, in layer order; config values only fill symbolic dims; and the layers
+    sharing another's KV (package/layers.py).
 
-    Every graph input the key pattern names is a KV layer; a hybrid's recurrent layers (``state_layers``)
-    have none, so together they make the decoder's layers."""
+    Every graph input the key pattern names is a KV layer; a hybrid's recurrent layers (``state_layers``) and
+    KV-shared layers have none, so together they make the decoder's layers."""
     key_fmt = decoder.inputs.get("past_key_names", "past_key_values.%d.key")
     value_fmt = decoder.inputs.get("past_value_names", "past_key_values.%d.value")
     pkey_fmt = decoder.outputs.get("present_key_names", "present.%d.key")
@@ -289,8 +312,9 @@ def _kv_specs(decoder: ModelFile, section: dict, where: Path, state_layers: set[
         window = k.shape[2] if isinstance(k.shape[2], int) and k.shape[2] > 0 else _window(section, i, where)
         specs.append(KVSpec(i, k.name, v.name, _fmt(pkey_fmt, i, where), _fmt(pvalue_fmt, i, where),
                             k.dtype, heads, size, window))
-    _check_layers(specs, section, decoder, where, state_layers)
-    return tuple(specs)
+    shared = shared_kv(decoder, [s.layer for s in specs])
+    check_layers(specs, section, decoder, where, state_layers, shared)
+    return tuple(specs), shared
 
 
 def _window(section: dict, layer: int, where: Path) -> int | None:
@@ -323,43 +347,22 @@ def _concrete(dim: Dim, section: dict, key: str, name: str, model: Path, where: 
     return value
 
 
-def _check_layers(specs: list[KVSpec], section: dict, decoder: ModelFile, where: Path,
-                  state_layers: set[int] = frozenset()) -> None:
-    layers = section.get("num_hidden_layers")
-    found = {s.layer for s in specs} | set(state_layers)
-    if isinstance(layers, int) and (layers != len(found) or found != set(range(layers))):
-        what = "past KV or recurrent state" if state_layers else "past KV"
-        raise PackageError(f"{where}: model.decoder.num_hidden_layers={layers} but {decoder.path.name} "
-                           f"has {len(found)} layers of {what} inputs; config and graph must agree")
-    heads = section.get("num_key_value_heads")
-    if isinstance(heads, int) and specs and all(s.kv_heads != heads for s in specs):
-        raise PackageError(f"{where}: model.decoder.num_key_value_heads={heads} but {decoder.path.name} "
-                           f"declares {sorted({s.kv_heads for s in specs})} KV heads; config and graph must agree")
-    attention = graph_facts(decoder.path).attention_heads
-    query_heads = section.get("num_attention_heads")
-    if isinstance(query_heads, int) and attention and query_heads not in attention:
-        raise PackageError(f"{where}: model.decoder.num_attention_heads={query_heads} but {decoder.path.name}'s "
-                           f"attention nodes have num_heads {sorted(attention)}; config and graph must agree")
-    size = section.get("head_size")
-    if isinstance(size, int) and specs and all(s.head_size != size for s in specs):
-        raise PackageError(f"{where}: model.decoder.head_size={size} but {decoder.path.name} declares "
-                           f"head sizes {sorted({s.head_size for s in specs})}; config and graph must agree")
-
-
 FED_INPUTS = ("input_ids", "inputs_embeds", "attention_mask", "position_ids")  # what the decoder is fed by name
 LAYER_INPUTS = (("past_key_names", "past_key_values.%d.key"), ("past_value_names", "past_key_values.%d.value"),
                 *((key, None) for _, key, _ in STATE_KINDS))  # per-layer inputs ortevals feeds (state: if named)
 
 
-def _check_decoder_inputs(decoder: ModelFile, where: Path) -> None:
+def _check_decoder_inputs(decoder: ModelFile, embedding: ModelFile | None, where: Path) -> None:
     """Every decoder input is one genai_config.json names (``model.decoder.inputs``, or its default name) and
     ortevals feeds: onnxruntime-genai and ortevals feed inputs by those names, so an input named otherwise
     (``ids`` for ``input_ids``) would never be fed; one the config names under a key ortevals does not feed is
-    refused naming that key."""
+    refused naming that key. An output of the embedding model under the same key (Gemma 4 E2B's
+    ``per_layer_inputs``: per-token, like ``inputs_embeds``) is fed from that model's pass over the same tokens."""
     names = {decoder.inputs.get(k, k): k for k in FED_INPUTS}
     patterns = [p for p in (decoder.inputs.get(k, d) for k, d in LAYER_INPUTS) if p is not None]
     for inp in decoder.graph_inputs:
-        if inp.name in names or any(layer_of(inp.name, p) is not None for p in patterns):
+        if inp.name in names or any(layer_of(inp.name, p) is not None for p in patterns) \
+                or _from_embedding(inp.name, decoder, embedding, where):
             continue
         named = next((k for k, v in sorted(decoder.inputs.items())
                       if v == inp.name or layer_of(inp.name, v) is not None), None)
@@ -375,6 +378,21 @@ def _check_decoder_inputs(decoder: ModelFile, where: Path) -> None:
         ids = decoder.inputs.get("input_ids", "input_ids")
         raise PackageError(f"{where}: neither model.decoder.inputs.input_ids={ids!r} nor inputs_embeds is an "
                            f"input of {decoder.path.name}; config and graph must agree")
+
+
+def _from_embedding(name: str, decoder: ModelFile, embedding: ModelFile | None, where: Path) -> bool:
+    """Whether decoder input ``name`` is fed by the embedding model: the config names it under one key in
+    ``model.decoder.inputs`` and ``model.embedding.outputs``. ortevals binds the embedding's outputs into the
+    decoder by tensor name, so the two names must be one (a config that renames it between them is refused)."""
+    key = next((k for k, v in decoder.inputs.items() if v == name), None)
+    if embedding is None or key is None or key not in embedding.outputs:
+        return False
+    produced = embedding.outputs[key]
+    if produced != name or embedding.output(produced) is None:
+        raise PackageError(f"{where}: model.decoder.inputs.{key}={name!r} but model.embedding.outputs.{key}="
+                           f"{produced!r}{'' if embedding.output(produced) else ' (not an output of the model)'}; "
+                           "expected one tensor name, an output of the embedding model that the decoder takes")
+    return True
 
 
 def _check_fused_rotary(pkg: ModelPackage) -> None:

@@ -183,6 +183,10 @@ def _relative(path: Path, root: Path) -> str:
 
 def package_reads(package) -> Reads:
     """What :meth:`ModelPackage.load` reads: ``genai_config.json`` and the decoder's and embedding's graph
-    protobufs (signatures, KV specs; no weights), parsed by ``onnx``."""
+    protobufs (signatures, KV specs; no weights), parsed by ``onnx``; in a model package also its
+    ``manifest.json`` and the variant it chose (package/manifest.py)."""
     models = [m.path for m in (package.embedding, package.decoder) if m is not None]
-    return Reads("package", (package.root / "genai_config.json", *models), {}, ("onnx",))
+    manifest = getattr(package, "manifest", None)
+    extra = (manifest.root / "manifest.json",) if manifest is not None else ()
+    settings = {"variant": package.variant.name} if getattr(package, "variant", None) is not None else {}
+    return Reads("package", (package.root / "genai_config.json", *models, *extra), settings, ("onnx",))

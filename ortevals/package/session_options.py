@@ -47,6 +47,36 @@ def normalize(name: str) -> str:
 # session options that ortevals or onnxruntime-genai read as integers
 INT_SESSION_OPTIONS = ("intra_op_num_threads", "inter_op_num_threads", "log_severity_level", "log_verbosity_level")
 OPTION_VALUE = (str, int, float, bool)
+# the keys onnxruntime-genai 0.18 reads itself from a session_options section (config.cpp SessionOptions_Element);
+# every other scalar is handed to onnxruntime as a session config entry (AddConfigEntry: "ep.cuda.fpa_intb_gemm",
+# "optimization.disable_specified_optimizers", ...), a string
+OG_SESSION_KEYS = frozenset({"log_id", "enable_profiling", *INT_SESSION_OPTIONS, "enable_cpu_mem_arena",
+                             "enable_mem_pattern", "graph_optimization_level", "custom_ops_library",
+                             "provider_options", "runtime"})
+OPTIMIZATION_LEVELS = ("ORT_DISABLE_ALL", "ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_LAYOUT",
+                       "ORT_ENABLE_ALL")
+# config entries that make onnxruntime write files (an EP context model beside the package's): onnxruntime-genai
+# applies them; ortevals' sessions never write into the package folder, and they change no number
+WRITES_FILES = ("ep.context_enable", "ep.context_file_path", "ep.context_embed_mode", "session.optimized_model")
+
+
+def package_session_config(session_options: dict[str, Any], where: str) -> tuple[dict[str, str], str | None]:
+    """What onnxruntime-genai hands onnxruntime from a model's ``session_options`` section that can change a
+    number: its session config entries (every key it does not read itself, :data:`OG_SESSION_KEYS`; those that
+    write files left out) and its ``graph_optimization_level`` (None: onnxruntime's default, ORT_ENABLE_ALL)."""
+    level = session_options.get("graph_optimization_level")
+    if level is not None and level not in OPTIMIZATION_LEVELS:
+        raise ProviderError(f"{where}.graph_optimization_level={level!r}; expected one of "
+                            f"{', '.join(OPTIMIZATION_LEVELS)}")
+    entries = {}
+    for key, value in session_options.items():
+        if key in OG_SESSION_KEYS or key.startswith(WRITES_FILES):
+            continue
+        if not isinstance(value, str):
+            raise ProviderError(f"{where}.{key}={value!r} must be a string: onnxruntime-genai hands it to "
+                                "onnxruntime as a session config entry")
+        entries[key] = value
+    return entries, level
 
 
 def check_session_options(session_options: Any, where: str) -> None:
@@ -63,6 +93,7 @@ def check_session_options(session_options: Any, where: str) -> None:
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
             raise ProviderError(f"{where}.{key} must be an integer >= 0, got {value!r}")
     provider_entries(session_options, where)
+    package_session_config(session_options, where)
 
 
 def thread_count(session_options: dict[str, Any], where: str = "session_options") -> int:

@@ -54,7 +54,7 @@ def tokenizer_files(root: Path) -> TokenizerFiles:
 def tokenizer_reads(package: ModelPackage) -> Reads:
     """What :meth:`Tokenizer.load` reads: :func:`tokenizer_files`; tokenization is the ``tokenizers``
     library's and chat templates render with ``jinja2``."""
-    f = tokenizer_files(package.root)
+    f = tokenizer_files(package.tokenizer_root)
     return Reads("tokenizer", (f.tokenizer, f.config, f.template), {}, ("tokenizers", "jinja2"))
 
 
@@ -82,7 +82,7 @@ class Tokenizer:
             from tokenizers import Tokenizer as HFTokenizer
         except ImportError:
             raise PackageError("the 'tokenizers' package is required: pip install tokenizers") from None
-        files = tokenizer_files(package.root)
+        files = tokenizer_files(package.tokenizer_root)
         path = files.tokenizer
         if not path.is_file():
             raise PackageError(f"{path}: not found; ortevals needs the package's tokenizer.json")

@@ -7,6 +7,7 @@ and the providers the package asks for beside those this install has.
 
 from __future__ import annotations
 
+from ortevals.package.lint import lint
 from ortevals.package.loader import KVSpec, ModelPackage
 
 
@@ -99,7 +100,13 @@ def describe_package(pkg: ModelPackage) -> str:
     from ortevals.install import available_providers
     from ortevals.runtime.providers import from_package
 
-    lines = [f"package   {pkg.root}", f"type      {pkg.model_type}", "models:"]
+    lines = [f"package   {pkg.root}", f"type      {pkg.model_type}"]
+    if pkg.variant is not None:  # a model package's variant (package/manifest.py)
+        lines.append(f"variant   {pkg.variant.name} ({pkg.variant.ep_name}) of model package {pkg.manifest.root}; "
+                     f"its variants: {pkg.manifest.describe()}")
+    if pkg.tokenizer_root != pkg.root:
+        lines.append(f"tokenizer {pkg.tokenizer_root} (model.tokenizer_dir {pkg.config['model'].get('tokenizer_dir')})")
+    lines.append("models:")
     if pkg.embedding is not None:
         lines.append(f"  embedding {pkg.embedding.path.name} ({_size(pkg.embedding.path)}) -> "
                      + ", ".join(o.name for o in pkg.embedding.graph_outputs))
@@ -114,6 +121,9 @@ def describe_package(pkg: ModelPackage) -> str:
     lines.append(f"tokens    bos {pkg.bos_token_id}  eos {list(pkg.eos_token_ids)}  pad {pkg.pad_token_id}")
     lines.append(f"KV cache: {len(pkg.kv)} layers")
     lines.extend(_layer_runs(pkg.kv))
+    if pkg.shared_kv:  # Gemma 4 E2B/E4B: layers with no cache of their own (package/layers.py)
+        lines.append(f"  {len(pkg.shared_kv)} more layers attend to another layer's KV: "
+                     + ", ".join(f"{layer}<-{source}" for layer, source in pkg.shared_kv))
     if pkg.states:  # a hybrid: state valid at exactly the position it was made (package/state.py)
         lines.append(f"recurrent state: {len({s.layer for s in pkg.states})} layers")
         lines.extend(f"  layer {s.layer:<8} {s.kind} {s.dtype} [B, {', '.join(map(str, s.shape))}]" for s in pkg.states)
@@ -127,4 +137,10 @@ def describe_package(pkg: ModelPackage) -> str:
             lines.append(f"          raw sessions: {wanted.name} {wanted.raw_options or ''}".rstrip())
     lines.append(f"          installed: {', '.join(available_providers())}")
     lines.append(f"fingerprint {pkg.fingerprint()}")
+    lines.extend(f"warning: {line}" for line in lint(pkg))  # config and graph disagree (package/lint.py)
     return "\n".join(lines)
+
+
+def describe_path(path: str, ep: str | None = None) -> str:
+    """``ortevals info``: the package at ``path`` (a model package: its variant for ``ep``) described."""
+    return describe_package(ModelPackage.load(path, ep))

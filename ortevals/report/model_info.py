@@ -52,13 +52,18 @@ def model_info(package, provider, args) -> dict[str, Any]:
         "provider_options": dict(provider.options),  # on CUDA use_tf32 (0 unless the user set it)
         "allow_cpu_fallback": provider.allow_cpu_fallback,  # a device provider's nodes may run on the CPU
         "threads": provider.intra_op_threads,
+        **({"model_variant": {"name": package.variant.name, "execution_provider": package.variant.ep_name,
+                              "device": package.variant.device, "package": str(package.manifest.root.resolve())}}
+           if getattr(package, "variant", None) is not None else {}),
     }
 
 
 def describe(config: dict[str, Any]) -> str:
     """One line naming a run's model from its results ``config`` (ortevals', or any lm-eval backend's)."""
     if config.get("model") == "ortevals" and config.get("model_path"):
-        return (f"ortevals {config['model_path']} ({config.get('model_type', '?')}, {config.get('model_dtype', '?')}, "
+        variant = config.get("model_variant") or {}
+        where = f"variant {variant['name']} of {variant['package']}" if variant.get("name") else config["model_path"]
+        return (f"ortevals {where} ({config.get('model_type', '?')}, {config.get('model_dtype', '?')}, "
                 f"{config.get('execution_provider', '?')}, fingerprint {config.get('model_fingerprint', '?')})")
     model, args = config.get("model"), config.get("model_args")
     if not model:

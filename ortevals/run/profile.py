@@ -52,7 +52,7 @@ def run_profile(model: dict, req: ProfileRequest,
     if req.repeats < 1 or req.warmup < 0:
         raise OrtEvalsError(f"--repeats {req.repeats} / --warmup {req.warmup}: expected repeats >= 1, warmup >= 0")
     check_writable_folder(req.output, "--output")
-    package = ModelPackage.load(args.pkg)
+    package = ModelPackage.load(args.pkg, args.ep)
     settings = settings_for(batches, prompts, gens, package.context_length)
     provider = from_package(package.decoder.session_options, args.ep, parse_options(args.provider_options),
                             args.threads)

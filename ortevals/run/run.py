@@ -87,7 +87,7 @@ class Run:
         ``worker_threads``: with workers on CPU and no ``threads`` given, the threads each worker's sessions will
         run with (integrations/ray.py), so the scope records what computes the numbers. ``run.args`` holds what
         was resolved here (those threads, :func:`~ortevals.run.generate.decode_plan`'s budget and cascade)."""
-        package = ModelPackage.load(args.pkg)
+        package = ModelPackage.load(args.pkg, args.ep)
         tokenizer = Tokenizer.load(package, add_bos_token=args.add_bos_token)
         check_media_tokens(package, tokenizer.backend)  # issue 22: a media token id that text produces
         provider = from_package(package.decoder.session_options, args.ep, parse_options(args.provider_options),

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Iterator
 
 import numpy as np
@@ -34,6 +35,7 @@ from ortevals.package.graph import external_data_files
 from ortevals.package.loader import CONFIG_NAME, ModelPackage, resolve_inside
 from ortevals.package.reuse import MIN_PASS_TOKENS, ReusePolicy, reuse_policy
 from ortevals.package.scope import Reads
+from ortevals.runtime.plugins import find_plugin, plugin_distribution, register
 from ortevals.runtime.providers import ProviderConfig
 from ortevals.tokens import common_prefix
 
@@ -60,12 +62,15 @@ def og_settings(package: ModelPackage, provider: ProviderConfig, sections: tuple
     overlay of ``sections`` and the neutral search options."""
     model = package.config["model"]
     threads = {"intra_op_num_threads": provider.intra_op_threads, "inter_op_num_threads": 1}
+    overlay = {s: {"session_options": threads} for s in sections
+               if isinstance(model.get(s), dict) and (s in TEXT_SECTIONS or model[s].get("filename"))}
+    if str(model.get("tokenizer_dir") or "").startswith("sha256:"):
+        # og opens the variant folder as a plain package (this og has no model-package support, and og 0.18
+        # refuses a sha256: reference there): the shared asset it would resolve, as a path from the folder
+        overlay["tokenizer_dir"] = os.path.relpath(package.tokenizer_root, package.root)
     return {"provider": provider.name,
             "provider_options": dict(provider.options) if provider.name != "cpu" else {},
-            "overlay": {"model": {s: {"session_options": threads} for s in sections
-                                  if isinstance(model.get(s), dict)
-                                  and (s in TEXT_SECTIONS or model[s].get("filename"))}},
-            "search": NEUTRAL_SEARCH}
+            "overlay": {"model": overlay}, "search": NEUTRAL_SEARCH}
 
 
 def og_files(package: ModelPackage, sections: tuple[str, ...], extra: tuple[str, ...] = ()) -> list:
@@ -187,10 +192,19 @@ def og_config(og, package: ModelPackage, provider: ProviderConfig, sections: tup
             raise PackageError(f"{package.root / 'genai_config.json'}: model.{section}.session_options."
                                "custom_ops_library is set; ortevals does not load native libraries "
                                "named by a package")
+    if package.model_type == "gemma4_text" and package.embedding is not None:  # og 0.18: "Decoder-only CPU ..."
+        raise PackageError(f"{package.root / 'genai_config.json'}: model.type is 'gemma4_text' but the package has "
+                           "an embedding model (model.embedding), which onnxruntime-genai runs only for type "
+                           "'gemma4' (Mobius 0.1.0 writes 'gemma4_text' for a multimodal export of a local "
+                           "checkpoint): set model.type to 'gemma4'; path=prefill and gen_path=raw run the package "
+                           "as it is")
     settings = og_settings(package, provider, sections)
     config = og.Config(str(package.root))
     config.clear_providers()
     if settings["provider"] != "cpu":
+        plugin = find_plugin(provider.ort_name) if plugin_distribution(provider.name) else None
+        if plugin is not None:  # a plugin provider: og keeps its own onnxruntime environment (runtime/plugins.py)
+            register(og, plugin, "onnxruntime-genai")
         try:
             config.append_provider(settings["provider"])
             for key, value in settings["provider_options"].items():

@@ -44,7 +44,7 @@ def media_reads(package: ModelPackage, provider: ProviderConfig) -> Reads:
     vision = package.config["model"].get("vision")
     if isinstance(vision, dict) and vision.get("filename") and not vision.get("config_filename"):
         files.append(package.root / "processor_config.json")
-    files.extend(package.root / n for n in OG_TOKENIZER_FILES)
+    files.extend(package.tokenizer_root / n for n in OG_TOKENIZER_FILES)
     return Reads("onnxruntime-genai media", tuple(files), og_settings(package, provider, SECTIONS),
                  ("onnxruntime-genai", "onnxruntime"))
 

@@ -21,6 +21,7 @@ from ortevals.install import import_ort
 from ortevals.package.graph import relocated
 from ortevals.package.loader import ModelFile
 from ortevals.runtime.placement import FALLBACK_KEY, RECORD_KEY, check_cpu_nodes, cpu_nodes, refused
+from ortevals.runtime.plugins import plugin_devices
 from ortevals.runtime.providers import ProviderConfig
 from ortevals.runtime.reads import session_reads, session_settings
 
@@ -54,15 +55,18 @@ INSTALL_HINTS = {"cuda": ", or install the CUDA runtime: pip install 'ortevals[c
                  "dml": ", or install onnxruntime-directml (Windows)"}
 
 
-def check_available(provider: ProviderConfig) -> None:
-    """The provider is in this onnxruntime install, else one line naming the ones that are."""
-    available = import_ort().get_available_providers()
-    if provider.ort_name not in available:
+def check_available(provider: ProviderConfig) -> list | None:
+    """The provider is in this onnxruntime install (None), or an installed plugin package offers it here (the
+    devices it offers, runtime/plugins.py), else one line naming the ones that are and what to install."""
+    ort = import_ort()
+    available = ort.get_available_providers()
+    if provider.ort_name not in available and provider.name in INSTALL_HINTS:
         raise ProviderError(
             f"execution provider {provider.name!r} ({provider.ort_name}) is not available in this onnxruntime "
             f"install; available: {', '.join(available)}. Pass --ep cpu (model_args ep=cpu) to run on the CPU"
-            + INSTALL_HINTS.get(provider.name, ", or install the onnxruntime package built with it")
+            + INSTALL_HINTS[provider.name]
         )
+    return plugin_devices(ort, provider.name, provider.ort_name)
 
 
 def open_session(model: ModelFile, provider: ProviderConfig, derived: Path | None = None,
@@ -89,10 +93,11 @@ def open_session(model: ModelFile, provider: ProviderConfig, derived: Path | Non
     def options(config: dict[str, str]):
         return session_options({**settings, "session_config": config}, model)
 
-    return create_session(relinked or str(derived or model.path), provider, options, entries, model.path)
+    return create_session(relinked or str(derived or model.path), provider, options, entries, model.path, settings)
 
 
-def create_session(source: str | bytes, provider: ProviderConfig, options, entries: dict[str, str], where):
+def create_session(source: str | bytes, provider: ProviderConfig, options, entries: dict[str, str], where,
+                   settings: dict | None = None):
     """An InferenceSession of ``source`` (a path or model bytes) on ``provider``, checked.
 
     ``options(config)`` makes fresh SessionOptions with the session config entries ``config`` (the
@@ -100,9 +105,11 @@ def create_session(source: str | bytes, provider: ProviderConfig, options, entri
     added. On a device provider with the CPU fallback refused (``session.disable_cpu_ep_fallback``,
     runtime/placement.py) the CPU provider is not listed, and onnxruntime's refusal is turned into a second
     opening that names the nodes it put on the CPU: integer shape nodes are accepted, any other is one line
-    naming its op type (with ``allow_cpu_fallback``: a warning)."""
+    naming its op type (with ``allow_cpu_fallback``: a warning). ``settings``: the session's record, when it
+    opens a package's model (its own session options, :func:`~ortevals.runtime.reads.session_settings`)."""
     ort = import_ort()
-    settings = session_settings(provider)
+    devices = check_available(provider)  # a plugin provider's devices (None: built into onnxruntime)
+    settings = settings or session_settings(provider)
     config = dict(settings["session_config"])
     strict = config.get(FALLBACK_KEY) == "1"
     providers = [(settings["provider"], settings["provider_options"])]  # og-only options (cuda graphs) filtered out
@@ -115,14 +122,14 @@ def create_session(source: str | bytes, provider: ProviderConfig, options, entri
     if strict and not log.isEnabledFor(logging.DEBUG):
         so.log_severity_level = 4  # the expected refusal is logged by onnxruntime as an error: the reopening says
     try:
-        session = ort.InferenceSession(source, so, providers=providers)
+        session = _session(ort, source, so, providers, devices)
     except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph/... types
         if not (strict and refused(e)):
             raise PackageError(f"{where}: onnxruntime could not load the model: {first_line(e)}") from None
         so = options({k: v for k, v in config.items() if k != FALLBACK_KEY})
         for key, value in {**entries, RECORD_KEY: "1"}.items():
             so.add_session_config_entry(key, value)
-        session = _open(ort, source, so, [providers[0]], where)
+        session = _open(ort, source, so, [providers[0]], where, devices)
         check_provider(session, provider, where)  # the provider itself did not load: the install hint
         check_cpu_nodes(cpu_nodes(session, source), where, provider.ort_name, allowed=False)
         return session
@@ -132,9 +139,17 @@ def create_session(source: str | bytes, provider: ProviderConfig, options, entri
     return session
 
 
-def _open(ort, source, so, providers, where):
-    try:
+def _session(ort, source, so, providers, devices):
+    """A session on ``providers``, or on a plugin provider's ``devices`` (with the first provider's options)."""
+    if devices is None:
         return ort.InferenceSession(source, so, providers=providers)
+    so.add_provider_for_devices(devices, dict(providers[0][1]))
+    return ort.InferenceSession(source, so)
+
+
+def _open(ort, source, so, providers, where, devices=None):
+    try:
+        return _session(ort, source, so, providers, devices)
     except Exception as e:  # noqa: BLE001 - onnxruntime's own types
         raise PackageError(f"{where}: onnxruntime could not load the model: {first_line(e)}") from None
 

@@ -17,28 +17,34 @@ from pathlib import Path
 from ortevals.package.graph import external_data_files
 from ortevals.package.loader import ModelFile, ModelPackage
 from ortevals.package.scope import Reads
+from ortevals.package.session_options import package_session_config
 from ortevals.runtime.derive import derive_reads
 from ortevals.runtime.placement import FALLBACK_KEY
+from ortevals.runtime.plugins import plugin_distribution
 from ortevals.runtime.providers import ProviderConfig
 
 
-def session_settings(provider: ProviderConfig) -> dict:
+def session_settings(provider: ProviderConfig, model: ModelFile | None = None) -> dict:
     """Everything a raw session is handed that can change a number (:func:`open_session` passes exactly
     this): the provider, its options filtered for raw sessions (``raw_options``), threads, graph
-    optimization level and session config entries (``session.disable_cpu_ep_fallback=1`` on a device
-    provider unless ``allow_cpu_fallback``)."""
-    config = dict(provider.session_config)
+    optimization level and session config entries: those ``model``'s own ``session_options`` section asks
+    for, as onnxruntime-genai applies them (package/session_options.py), then ortevals' own on top
+    (``session.disable_cpu_ep_fallback=1`` on a device provider unless ``allow_cpu_fallback``)."""
+    config, level = ({}, None) if model is None else package_session_config(
+        model.session_options, f"{model.path.parent / 'genai_config.json'}: model.{model.role}.session_options")
+    config.update(provider.session_config)
     if provider.on_device and not provider.allow_cpu_fallback:  # no node on the CPU (runtime/placement.py)
         config[FALLBACK_KEY] = "1"
     return {"provider": provider.ort_name, "provider_options": dict(provider.raw_options),
             "intra_op_num_threads": provider.intra_op_threads, "inter_op_num_threads": 1,
-            "graph_optimization_level": "ORT_ENABLE_ALL", "session_config": config}
+            "graph_optimization_level": level or "ORT_ENABLE_ALL", "session_config": config}
 
 
 def session_reads(model: ModelFile, provider: ProviderConfig) -> Reads:
     """What :func:`open_session` reads for ``model``: its graph, its external data, :func:`session_settings`."""
-    return Reads("raw sessions", (model.path, *sorted(external_data_files(model.path))), session_settings(provider),
-                 ("onnxruntime",))
+    plugin = plugin_distribution(provider.name)  # a provider from a plugin package: its version computes too
+    return Reads("raw sessions", (model.path, *sorted(external_data_files(model.path))),
+                 session_settings(provider, model), ("onnxruntime", *((plugin,) if plugin else ())))
 
 
 def runner_reads(package: ModelPackage, provider: ProviderConfig, cache: Path | None = None) -> list[Reads]:

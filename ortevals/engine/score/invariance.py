@@ -166,9 +166,41 @@ def _constants(graph) -> dict[str, np.ndarray]:
         inline = init.data_location != 1  # 1: EXTERNAL, never read here
         out[init.name] = numpy_helper.to_array(init) if inline and _small(init) else np.zeros(0)
     for node in graph.node:
-        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
-            out[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+        if node.op_type == "Constant" and node.attribute:
+            value = _constant_value(node.attribute[0])
+            if value is not None:
+                out[node.output[0]] = value
     return out
+
+
+# Constant's value attributes other than a tensor (onnx's Constant-13 forms): the numpy type each stands for
+_CONSTANT_LISTS = {"value_int": np.int64, "value_ints": np.int64, "value_float": np.float32, "value_floats": np.float32}
+
+
+def _constant_value(attr) -> np.ndarray | None:
+    """A Constant node's value in any form onnx allows (``value``, ``sparse_value``, ``value_int(s)``,
+    ``value_float(s)``; Mobius writes axes as ``value_ints``); None for strings, which no op here reads."""
+    from onnx import helper, numpy_helper
+
+    if attr.name == "value":
+        return numpy_helper.to_array(attr.t)
+    if attr.name == "sparse_value":
+        return _dense(attr.sparse_tensor)
+    if attr.name in _CONSTANT_LISTS:
+        return np.asarray(helper.get_attribute_value(attr), dtype=_CONSTANT_LISTS[attr.name])
+    return None
+
+
+def _dense(sparse) -> np.ndarray:
+    """A SparseTensorProto as a dense array: indices are [NNZ] linear or [NNZ, rank] coordinates."""
+    from onnx import numpy_helper
+
+    values = numpy_helper.to_array(sparse.values)
+    indices = numpy_helper.to_array(sparse.indices).astype(np.int64)
+    dense = np.zeros(math.prod(sparse.dims), dtype=values.dtype)
+    flat = indices if indices.ndim == 1 else np.ravel_multi_index(tuple(indices.T), tuple(sparse.dims))
+    dense[flat] = values
+    return dense.reshape(tuple(sparse.dims))
 
 
 def _small(init) -> bool:
