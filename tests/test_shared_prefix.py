@@ -26,7 +26,7 @@ from ortevals.errors import OrtEvalsError
 from ortevals.integrations.lm import ModelArgs, OrtLM
 from ortevals.package.loader import ModelPackage
 from ortevals.runtime.cascade import Refused
-from ortevals.runtime.prefix_graph import PREFIX_KEY, PREFIX_VALUE, prefix_decoder
+from ortevals.runtime.prefix_graph import PREFIX_KEY, PREFIX_LENGTH, PREFIX_RESIDENT, PREFIX_VALUE, prefix_decoder
 from tests.fixtures import attention_variants
 from tests.fixtures.matrix.prompts import requests
 
@@ -71,7 +71,8 @@ def _shared_vs_one_pass(graph_pkg: ModelPackage, oracle_pkg: ModelPackage, tmp_p
         ids[b, :len(r)] = r
     positions = np.array([[n - 2, n - 1] for n in lens], np.int64)[:, :, None]
     targets = np.tile(rng.integers(3, vocab, 40)[None, None], (len(rows), 2, 1))
-    feeds = {"input_ids": ids, "ortevals_positions": positions, "ortevals_targets": targets}
+    feeds = {"input_ids": ids, "ortevals_positions": positions, "ortevals_targets": targets,
+             PREFIX_LENGTH: np.array([60]), PREFIX_RESIDENT: np.array([60])}
     for i, spec in enumerate(graph_pkg.kv):
         feeds[PREFIX_KEY % spec.layer], feeds[PREFIX_VALUE % spec.layer] = present[2 * i][0], present[2 * i + 1][0]
     ours = sess.run(["ortevals_logprobs"], feeds)[0]
@@ -150,19 +151,19 @@ def test_the_engine_on_real_mmlu_pro_prompts_equals_exact_mode(smollm2):
     assert "shared-prefix batches" in lm.run.stats["mode"] and "padding" in lm.run.stats["mode"]
 
 
-def test_packages_it_cannot_serve_fall_back_in_one_logged_line(gemma3, tiny_int4, caplog):
-    """A windowed package (Gemma 3) and, on CPU, an int4 package (int8 activations) are scored one input a pass,
-    with the exact numbers, and the mode line says why."""
-    for pkg, why in ((gemma3[1], "windowed KV cache"), (tiny_int4, "int8")):
+def test_packages_it_cannot_serve_fall_back_in_one_logged_line(lfm2, tiny_int4, caplog):
+    """A hybrid package (LFM2: recurrent state) and, on CPU, an int4 package (int8 activations) are scored one
+    input a pass, with the exact numbers, and the mode line says why."""
+    for pkg, why in ((lfm2[1], "recurrent state"), (tiny_int4, "int8")):
         ours, lm = _engine_scores(pkg, shared_prefix_batch="on")
         exact, _ = _engine_scores(pkg, exact=True)
         assert np.max(np.abs(ours - exact)) <= 1e-5
         assert lm.engine.shared_stats["passes"] == 0 and why in lm.run.stats["mode"]
 
 
-def test_what_the_graph_cannot_serve_is_refused_in_one_line(gemma3, tmp_path):
-    pkg = ModelPackage.load(gemma3[1])
-    with pytest.raises(Refused, match="windowed KV cache"):
+def test_what_the_graph_cannot_serve_is_refused_in_one_line(lfm2, tmp_path):
+    pkg = ModelPackage.load(lfm2[1])
+    with pytest.raises(Refused, match="recurrent state"):
         prefix_decoder(pkg, tmp_path)
 
 
@@ -249,3 +250,26 @@ def test_shared_prefix_passes_bind_device_kv_by_pointer(tiny_pkg, tmp_path):
     a, b = host.score(reqs), device.score(reqs)
     assert device.shared_stats["passes"] and device.shared_stats["rows"] > device.shared_stats["passes"]
     assert [s.logprob for s in a] == [s.logprob for s in b]
+
+
+@pytest.mark.parametrize("header", [20, 90], ids=["prefix-inside-the-window", "prefix-past-the-window"])
+def test_windowed_layers_see_their_window_of_the_prefix(fixture_cache, tmp_path, header):
+    """Gemma 3's sliding layers (a 32-token window, the builder's window-sized buffers) under a 20-token prefix
+    (its buffer rows past 20 hold nothing) and a 90-token one (the buffer holds its last 32 tokens), six inputs in
+    one pass: within
+    float32 rounding of one row a pass with no shared prefix."""
+    from tests.fixtures.matrix.cache import built
+
+    pkg = built("gemma3", fixture_cache)[0] / "fp32"
+    vocab = ModelPackage.load(pkg).vocab_size
+    rng = np.random.default_rng(header)
+    head = tuple(int(t) for t in rng.integers(3, vocab, header))
+    from ortevals.engine.score.prefill import TokenRequest
+
+    reqs = [TokenRequest(head + tuple(int(t) for t in rng.integers(3, vocab, n)), (int(c),))
+            for n in (5, 40, 12) for c in rng.integers(3, vocab, 2)]
+    engine = _engine(pkg, tmp_path, False, shared_prefix_batch=True, attention_heads=2)
+    ours = np.array([s.logprob for s in engine.score(reqs)])
+    exact = np.array([s.logprob for s in _engine(pkg, tmp_path, False, exact=True).score(reqs)])
+    assert engine.shared_stats["rows"] == 6 and engine.shared_stats["passes"] == 1
+    _assert_float32(ours, exact)

@@ -35,6 +35,7 @@ class GraphFacts:
     # attention nodes whose key/value is another node's graph output (a layer reading another layer's present KV:
     # Gemma 4 E2B/E4B's KV sharing), reached through data movement only: (node, the graph output), in graph order
     reads_outputs: tuple[tuple[str, str], ...] = ()
+    attention_ops: frozenset[str] = frozenset()  # the attention nodes' op types
 
 
 def read_signature(path: Path) -> tuple[tuple, tuple, frozenset[Path]]:
@@ -109,7 +110,8 @@ def _facts(graph) -> GraphFacts:
                 and len(dims.get(node.input[7], ())) == 2:
             rotary.append((node.name, _head_size(node, attrs, dims), int(dims[node.input[7]][1])))
     return GraphFacts(_precision(graph, bits, ops), frozenset(heads), frozenset(kv_heads), parameter_count(graph),
-                      frozenset(windows), tuple(rotary), len(attention), _reads_outputs(graph, attention))
+                      frozenset(windows), tuple(rotary), len(attention), _reads_outputs(graph, attention),
+                      frozenset(n.op_type for n in attention))
 
 
 MOVEMENT = {"Identity", "Reshape", "Transpose", "Cast", "CastLike", "Squeeze", "Unsqueeze", "Flatten"}

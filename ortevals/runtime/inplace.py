@@ -14,6 +14,7 @@ import numpy as np
 
 from ortevals.errors import PackageError, first_line
 from ortevals.install import import_ort
+from ortevals.package.graph import graph_facts
 from ortevals.package.loader import ModelPackage
 from ortevals.runtime.buffers import KVCache, KVView, bind_shared, device_buffer, host_float32
 from ortevals.runtime.cascade import PromptBinding
@@ -69,9 +70,12 @@ class InplacePasses:
     @property
     def scores_in_place(self) -> bool:
         """Whether scoring passes may write their tokens into a held prefix's buffer (:meth:`held_in`): a derived
-        scoring graph, no windowed sliding-layer buffers (their layout is the kernel's), no recurrent state."""
-        package = self.package
-        return bool(getattr(self, "scores_in_graph", False)) and not package.windowed and not package.recurrent
+        scoring graph whose attention is GroupQueryAttention throughout (the shared past/present buffer is its
+        contract; the standard ``Attention`` op refuses a past wider than the mask), no layer reading another's
+        KV, no windowed sliding-layer buffers (their layout is the kernel's), no recurrent state."""
+        package, facts = self.package, graph_facts(self.package.decoder.path)
+        return (bool(getattr(self, "scores_in_graph", False)) and not package.windowed and not package.recurrent
+                and facts.attention_ops == {"GroupQueryAttention"} and not facts.reads_outputs)
 
     def held_in(self, past: KVCache, capacity: int) -> KVCache:
         """A one-row ``past`` copied once into buffers of ``capacity`` positions where it lives (host arrays, or

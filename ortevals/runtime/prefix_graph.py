@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from ortevals.files import atomic_write, atomic_write_bytes
+from ortevals.package.graph import graph_facts
 from ortevals.package.loader import ModelPackage
 from ortevals.package.scope import Reads, Scope
 from ortevals.runtime.cascade import ATTENTION_OPS, MS, Refused, _check_consumers, _max
@@ -53,9 +54,12 @@ log = logging.getLogger(__name__)
 
 PREFIX_KEY = "ortevals_prefix.%d.key"
 PREFIX_VALUE = "ortevals_prefix.%d.value"
-REWRITE = {"rewrite": "shared-prefix/1",
+PREFIX_LENGTH = "ortevals_prefix_length"  # int64 [1]: P, the prefix's tokens (the rows' positions start there)
+PREFIX_RESIDENT = "ortevals_prefix_resident"  # int64 [1]: rows of a windowed layer's buffer holding the prefix's last
+REWRITE = {"rewrite": "shared-prefix/2",
            "attention": "float32; prefix GEMM per KV head (rows folded into M), own causal part, "
-                        "sigmoid(lse_p - lse_o); qk-norm SimplifiedLayerNormalization; com.microsoft RotaryEmbedding"}
+                        "sigmoid(lse_p - lse_o); qk-norm SimplifiedLayerNormalization; com.microsoft RotaryEmbedding",
+           "windows": "prefix rows i < L, i - s > L - W (masked at -1e30); own t > s - W"}
 # GroupQueryAttention inputs the rewrite reads (query, key, value, past, lengths, rotary tables) or computes
 # (14/15: the per-head Q/K norm weights); any other set input changes what the op computes and is refused
 KNOWN = {0, 1, 2, 3, 4, 5, 6, 7, 8, 14, 15}
@@ -92,16 +96,16 @@ def package_refusal(package: ModelPackage) -> str:
     """Why the package as a whole cannot be scored this way ('' where it may be: the graph decides the rest)."""
     if package.has_position_ids:
         return "the decoder takes position_ids (its rotary positions come from outside the attention)"
-    if package.windowed:
-        return "its sliding layers keep a windowed KV cache"
     if package.recurrent:
         return f"the decoder carries recurrent state ({package.states[0].name}, ...)"
+    if graph_facts(package.decoder.path).reads_outputs:
+        return "its layers share KV (a layer reads another layer's present KV, as Gemma 4 E2B/E4B)"
     return ""
 
 
 def rewrite(model, package: ModelPackage) -> None:
     """Replace every GroupQueryAttention of ``model`` (the derived graph, in place) by the shared-prefix form."""
-    from onnx import helper
+    from onnx import TensorProto, helper
 
     graph = model.graph
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 21)
@@ -115,15 +119,16 @@ def rewrite(model, package: ModelPackage) -> None:
         if node.op_type == "GroupQueryAttention" and node.domain == MS:
             spec = layers[node.input[3]]
             if shared is None:
-                shared = _positions(node, spec)
+                shared = _positions(node)
                 kept += shared[0].nodes
                 graph.initializer.extend(shared[0].inits)
             nodes, inits = _rewrite_node(node, spec, tables, opset, shared[1:])
             kept += nodes
             graph.initializer.extend(inits)
+            rows = f"prefix_rows_{spec.window}" if spec.window else "prefix_length"  # a windowed buffer's capacity
             for name in (PREFIX_KEY, PREFIX_VALUE):
                 graph.input.append(helper.make_tensor_value_info(name % spec.layer, _elem_type(spec.dtype),
-                                                                 [spec.kv_heads, "prefix_length", spec.head_size]))
+                                                                 [spec.kv_heads, rows, spec.head_size]))
         elif node.op_type in ATTENTION_OPS:
             raise Refused(f"attention op {node.op_type} ({node.name}) is not GroupQueryAttention")
         else:
@@ -139,29 +144,45 @@ def rewrite(model, package: ModelPackage) -> None:
     if any(mask in n.input for n in graph.node):
         raise Refused(f"{mask} feeds more than the attention's lengths")
     _keep_inputs(graph, [i for i in graph.input if i.name not in layers and i.name != mask])
+    graph.input.extend(helper.make_tensor_value_info(name, TensorProto.INT64, [1]) for name in (PREFIX_LENGTH,
+                                                                                              PREFIX_RESIDENT))
 
 
-def _positions(node, spec):
-    """(nodes, rotary positions ``[B,S]`` = P + s, the causal mask of the own part ``[S,1,S]`` bool): once a
-    graph, from the first attention node's query and the first layer's prefix."""
+def _positions(node):
+    """(nodes, rotary positions ``[B,S]`` = P + s, the own tokens ``[S]``): once a graph, from the first attention
+    node's query and the prefix's length."""
     from ortevals.runtime.graph_nodes import Nodes
 
     g = Nodes("ortevals_prefix/positions")
     shape = g.op("Shape", node.input[0])
     batch, seq = g.op("Gather", shape, g.const([0])), g.op("Gather", shape, g.const([1]))
-    prefix = g.op("Gather", g.op("Shape", PREFIX_KEY % spec.layer), g.const([1]))
     own = g.op("Range", g.const(0), g.op("Squeeze", seq), g.const(1))  # [S]
-    pos = g.op("Expand", g.op("Unsqueeze", g.op("Add", own, prefix), g.const([0])),
+    pos = g.op("Expand", g.op("Unsqueeze", g.op("Add", own, PREFIX_LENGTH), g.const([0])),
                g.op("Concat", batch, seq, axis=0))  # [B,S]
-    # query s sees own keys t <= s; laid out [S,1,S] to broadcast over [B,H_kv,S,g,S]
-    causal = g.op("LessOrEqual", g.op("Unsqueeze", own, g.const([0, 1])), g.op("Unsqueeze", own, g.const([1, 2])))
-    return g, pos, causal
+    return g, pos, own
+
+
+def _own_mask(g, own: str, window: int) -> str:
+    """Query s sees its own keys t <= s (and t > s - W in a window of W): ``[S,1,S]``, to broadcast over
+    ``[B,H_kv,S,g,S]``."""
+    keys, queries = g.op("Unsqueeze", own, g.const([0, 1])), g.op("Unsqueeze", own, g.const([1, 2]))
+    seen = g.op("LessOrEqual", keys, queries)
+    if window > 0:
+        seen = g.op("And", seen, g.op("Greater", keys, g.op("Sub", queries, g.const(window))))
+    return seen
+
+
+def _prefix_mask(g, own: str, rows: str, resident: str, window: int) -> str:
+    """The prefix rows query s sees in a window of W: row i (of the buffer's ``rows``) holds position P - L + i
+    for i < L (``resident``; the rest holds nothing), visible where P - L + i > P + s - W: ``[S,1,rows]``."""
+    i = g.op("Unsqueeze", g.op("Range", g.const(0), g.op("Squeeze", rows), g.const(1)), g.const([0, 1]))
+    s = g.op("Unsqueeze", own, g.const([1, 2]))
+    held = g.op("Less", i, resident)
+    return g.op("And", held, g.op("Greater", g.op("Sub", i, s), g.op("Sub", resident, g.const(window))))
 
 
 def _refusal(node, a: dict) -> str | None:
-    if a.get("local_window_size", -1) != -1:
-        return f"sliding window of {a['local_window_size']} tokens"
-    for name, off in (("smooth_softmax", 0), ("qk_output", 0), ("sliding_window_cache", 0), ("kv_cache_bit_width", 0)):
+    for name, off in (("smooth_softmax", 0), ("qk_output", 0), ("kv_cache_bit_width", 0)):
         if a.get(name, off) != off:
             return f"{name}={a[name]}"
     if a.get("causal", 1) != 1:
@@ -189,7 +210,13 @@ def _rewrite_node(node, spec, tables: dict, opset: int, shared: tuple) -> tuple[
     nq, nk, d = a["num_heads"], a["kv_num_heads"], spec.head_size
     groups = nq // nk
     g = Nodes(node.name + "/shared")
-    pos, causal = shared
+    pos, own = shared
+    window = int(a.get("local_window_size", -1))
+    keys = PREFIX_KEY % spec.layer
+    # a windowed layer's prefix: the buffer's first L rows (L: the resident rows of a windowed cache, else P)
+    rows = g.op("Gather", g.op("Shape", keys), g.const([1]))
+    held = (PREFIX_RESIDENT if spec.window else rows) if window > 0 else None
+    masks = (_prefix_mask(g, own, rows, held, window) if held else None, _own_mask(g, own, window))
     q, k, v = _split(g, node, nq, nk, d)
     if len(node.input) > 15 and node.input[14]:  # the per-head RMS norm fused into the node (before rotary)
         q, k = (_head_norm(g, x, node.input[i], n, d, _norm_eps(a, which))
@@ -202,8 +229,8 @@ def _rewrite_node(node, spec, tables: dict, opset: int, shared: tuple) -> tuple[
     # the scale inside the product (FusedMatMul's alpha), as onnxruntime's CPU kernel scales its GEMM
     scale = float(a.get("scale") or 1 / math.sqrt(d))
     cap = float(a.get("softcap", 0.0) or 0.0)
-    out_p, lse_p = _prefix_part(g, q, spec, nk, groups, d, (scale, cap), opset, f32)
-    out_o, lse_o = _own_part(g, q, k, v, nk, groups, d, (scale, cap), causal, opset)
+    out_p, lse_p = _prefix_part(g, q, spec, (nk, groups, d), (scale, cap), masks[0], opset, f32)
+    out_o, lse_o = _own_part(g, q, k, v, nk, groups, d, (scale, cap), masks[1], opset)
     out = g.op("Add", out_o, g.op("Mul", g.op("Sigmoid", g.op("Sub", lse_p, lse_o)), g.op("Sub", out_p, out_o)))
     out = g.op("Reshape", g.op("Transpose", out, perm=[0, 2, 1, 3, 4]), g.const([0, 0, nq * d]))  # [B,S,Hq*D]
     if f32:
@@ -254,17 +281,24 @@ def _scores(g, q: str, k: str, scaling: tuple[float, float]) -> str:
     return g.op("Mul", g.op("Tanh", g.op("Div", scores, g.const(cap, np.float32))), g.const(cap, np.float32))
 
 
-def _prefix_part(g, q: str, spec, nk: int, groups: int, d: int, scaling: tuple, opset: int, f32: bool):
+def _prefix_part(g, q: str, spec, heads: tuple, scaling: tuple, mask: str | None, opset: int, f32: bool):
     """The rows' queries against the prefix: (out, lse) ``[B, H_kv, S, g, D|1]``; every row and position folded
-    into M of one GEMM pair per KV head, so the prefix is read once and a row's sums do not depend on the batch."""
+    into M of one GEMM pair per KV head, so the prefix is read once and a row's sums do not depend on the batch.
+    ``mask`` ``[S,1,rows]`` (a window): the rows a query does not see scored -1e30, finite, so a query that sees
+    none of the prefix gets a finite part whose weight against its own part is exactly 0."""
     from onnx import TensorProto
 
+    nk, groups, d = heads
     keys, values = PREFIX_KEY % spec.layer, PREFIX_VALUE % spec.layer
     if f32:
         keys, values = (g.op("Cast", x, to=TensorProto.FLOAT) for x in (keys, values))
     q5 = g.op("Reshape", q, g.const([0, 0, nk, groups, d]))  # [B,S,H_kv,g,D]
     folded = g.op("Reshape", g.op("Transpose", q5, perm=[2, 0, 1, 3, 4]), g.const([nk, -1, d]))  # [H_kv,B*S*g,D]
     scores = _scores(g, folded, keys, scaling)  # [H_kv,M,P]
+    if mask is not None:  # [H_kv, B, S, g, rows] to meet the [S,1,rows] mask, then back
+        five = g.op("Concat", g.const([nk]), _dims(g, q5, 0, 2), g.const([groups, -1]), axis=0)
+        scores = g.op("Reshape", g.op("Where", mask, g.op("Reshape", scores, five), g.const(-1e30, np.float32)),
+                      g.op("Shape", scores))
     probs = g.op("Softmax", scores, axis=-1)
     lse = g.op("Sub", _max(g, scores, opset), g.op("Log", _max(g, probs, opset)))  # [H_kv,M,1]
     out = g.op("MatMul", probs, values)  # [H_kv,M,D]
@@ -276,7 +310,7 @@ def _prefix_part(g, q: str, spec, nk: int, groups: int, d: int, scaling: tuple, 
     return back(out), back(lse)
 
 
-def _own_part(g, q: str, k: str, v: str, nk: int, groups: int, d: int, scaling: tuple, causal: str, opset: int):
+def _own_part(g, q: str, k: str, v: str, nk: int, groups: int, d: int, scaling: tuple, seen: str, opset: int):
     """Each row's queries against its own keys, causal: (out, lse) ``[B, H_kv, S, g, D|1]``."""
     q5 = g.op("Transpose", g.op("Reshape", q, g.const([0, 0, nk, groups, d])), perm=[0, 2, 1, 3, 4])  # [B,Hkv,S,g,D]
     rows = g.op("Reshape", q5, g.const([0, 0, -1, d]))  # [B,H_kv,S*g,D]
@@ -285,7 +319,7 @@ def _own_part(g, q: str, k: str, v: str, nk: int, groups: int, d: int, scaling: 
     scores = _scores(g, rows, keys, scaling)  # [B,H_kv,S*g,S]
     lead = _dims(g, q5, 0, 4)  # B, H_kv, S, g
     five = g.op("Reshape", scores, g.op("Concat", lead, g.const([-1]), axis=0))  # [B,H_kv,S,g,S]
-    masked = g.op("Where", causal, five, g.const(-np.inf, np.float32))
+    masked = g.op("Where", seen, five, g.const(-np.inf, np.float32))
     flat = g.op("Reshape", masked, g.op("Shape", scores))
     probs = g.op("Softmax", flat, axis=-1)
     lse = g.op("Sub", _max(g, flat, opset), g.op("Log", _max(g, probs, opset)))  # [B,H_kv,S*g,1]

@@ -21,7 +21,7 @@ import numpy as np
 
 from ortevals.errors import PackageError, first_line
 from ortevals.package.loader import ModelPackage
-from ortevals.package.reuse import graph_switches
+from ortevals.package.reuse import graph_switches, reuse_policy
 from ortevals.package.scope import Reads
 from ortevals.runtime.buffers import KVCache, KVView, host_float32
 from ortevals.runtime.cascade import Refused
@@ -29,7 +29,14 @@ from ortevals.runtime.derive import GREEDY, LOGPROBS
 from ortevals.runtime.inplace import bind_feeds
 from ortevals.runtime.meter import boot_clock
 from ortevals.runtime.opening import open_session
-from ortevals.runtime.prefix_graph import PREFIX_KEY, PREFIX_VALUE, prefix_decoder, prefix_graph_reads
+from ortevals.runtime.prefix_graph import (
+    PREFIX_KEY,
+    PREFIX_LENGTH,
+    PREFIX_RESIDENT,
+    PREFIX_VALUE,
+    prefix_decoder,
+    prefix_graph_reads,
+)
 from ortevals.runtime.providers import ProviderConfig
 from ortevals.runtime.reads import session_reads
 
@@ -71,6 +78,7 @@ class PrefixRunner:
         self.parent = parent  # a DecoderRunner: token feeds, the derived graph's feeds, the KV device, the meter
         self.session = session
         self.package = parent.package
+        self.reuse = reuse_policy(parent.package)
 
     @classmethod
     def open(cls, parent, provider: ProviderConfig, cache: Path) -> PrefixRunner:
@@ -91,6 +99,9 @@ class PrefixRunner:
         log-probabilities ``[B,K,M]`` float32 and argmax flags ``[B,K,M]`` bool."""
         parent = self.parent
         feeds = parent._token_feeds(input_ids) | parent._gather_feeds(input_ids, positions, targets)
+        # the prefix's length, and the rows of a windowed layer's buffer that hold its last tokens (package/reuse.py)
+        feeds[PREFIX_LENGTH] = np.array([prefix.length], np.int64)
+        feeds[PREFIX_RESIDENT] = np.array([self.reuse.resident(prefix.length)], np.int64)
         started, clock = boot_clock(), time.perf_counter()
         try:
             binding = self.session.io_binding()

@@ -83,7 +83,7 @@ def _one_layer_models(nq: int, nk: int, d: int, elem: int, max_pos: int):
     """(a one-node GroupQueryAttention model on a past, the same node as the shared-prefix graph's plain ops)."""
     from onnx import helper, numpy_helper
 
-    from ortevals.runtime.prefix_graph import PREFIX_KEY, PREFIX_VALUE, _positions, _rewrite_node
+    from ortevals.runtime.prefix_graph import PREFIX_KEY, PREFIX_LENGTH, PREFIX_VALUE, _positions, _rewrite_node
 
     rng = np.random.default_rng(5)
     dtype = np.float16 if elem == 10 else np.float32
@@ -100,11 +100,13 @@ def _one_layer_models(nq: int, nk: int, d: int, elem: int, max_pos: int):
     opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
     gqa = helper.make_model(helper.make_graph([node], "gqa", io + past + lengths, outs, [cos, sin]),
                             opset_imports=opsets)
-    spec = SimpleNamespace(layer=0, dtype="float16" if elem == 10 else "float32", head_size=d, kv_heads=nk)
-    g, pos, causal = _positions(node, spec)
+    spec = SimpleNamespace(layer=0, dtype="float16" if elem == 10 else "float32", head_size=d, kv_heads=nk,
+                           window=None)
+    g, pos, own = _positions(node)
     nodes, inits = _rewrite_node(node, spec, {"cos_cache": [max_pos, d // 2], "sin_cache": [max_pos, d // 2]}, 21,
-                                 (pos, causal))
+                                 (pos, own))
     prefix = [helper.make_tensor_value_info(n % 0, elem, [nk, "P", d]) for n in (PREFIX_KEY, PREFIX_VALUE)]
+    prefix.append(helper.make_tensor_value_info(PREFIX_LENGTH, 7, [1]))
     plain = helper.make_model(helper.make_graph(g.nodes + nodes, "shared", io + prefix, outs[:1],
                                                 [cos, sin, *g.inits, *inits]), opset_imports=opsets)
     return gqa, plain
@@ -129,7 +131,8 @@ def one_layer(provider, ep: str, same) -> str:
             for b in range(rows)])
 
     def shared():
-        return sessions[1].run(["out"], {"query": q, "ortevals_prefix.0.key": k[0], "ortevals_prefix.0.value": v[0]})[0]
+        return sessions[1].run(["out"], {"query": q, "ortevals_prefix.0.key": k[0], "ortevals_prefix.0.value": v[0],
+                                         "ortevals_prefix_length": np.array([prefix_len])})[0]
 
     times = {}
     for name, fn in (("kernel", kernel), ("plain", shared)):
