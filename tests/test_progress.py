@@ -152,3 +152,44 @@ def test_common_prefix_equals_the_plain_loop():
         b = a[:rng.randint(0, len(a))] + [rng.randint(0, 2) for _ in range(rng.randint(0, 50))]
         for x, y in ((a, b), (b, a), (tuple(a), b), (tuple(a), tuple(b)), (range(len(a)), list(range(len(b))))):
             assert common_prefix(x, y) == plain(x, y)
+
+
+def test_a_large_run_scores_in_parts_while_it_tokenizes_the_next(tiny_pkg, monkeypatch):
+    """Past 2 x FIRST_PART requests, OrtLM tokenizes the next part while the run scores the one before (its
+    tokenizing starts before that scoring ends), on one progress bar over all the questions; the scores are
+    those of one part."""
+    import threading
+
+    import ortevals.integrations.lm as lm_module
+    from ortevals.run import run as run_module
+
+    rng = random.Random(1)
+    words = "paris france berlin one two three answer question the of river".split()
+    contexts = ["Question: " + " ".join(rng.choice(words) for _ in range(rng.randint(3, 12))) + "\nAnswer:"
+                for _ in range(12)]
+    requests = [Instance("loglikelihood", {}, (c, f" {x}"), i, metadata=("t", q, 0))
+                for i, (q, c, x) in enumerate((q, c, x) for q, c in enumerate(contexts) for x in "ABC")]
+    whole = OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg), max_length=128, store="none"))
+    expected = whole.loglikelihood(requests, disable_tqdm=True)
+    monkeypatch.setattr(lm_module, "FIRST_PART", 4)  # parts of 4, then the other 32 requests
+    lm = OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg), max_length=128, store="none"))
+    events, bars = [], []
+    real_pairs, real_score = lm._pairs, lm.run.score
+    monkeypatch.setattr(lm, "_pairs", lambda args, *a: (events.append(("tokenize", len(args))), real_pairs(args))[1])
+
+    def score(reqs, *a, **k):
+        events.append(("score", len(reqs)))
+        threading.Event().wait(0.3)  # time for the next part's tokenizing to start
+        out = real_score(reqs, *a, **k)
+        events.append(("scored", len(reqs)))
+        bars.append(lm.run._progress)
+        return out
+
+    monkeypatch.setattr(lm.run, "score", score)
+    made = []
+    monkeypatch.setattr(run_module, "Progress", lambda *a, **k: made.append(k) or Progress(*a, **k))
+    assert lm.loglikelihood(requests, disable_tqdm=True) == expected
+    assert lm_module.waves(36) == [4, 36] and lm_module.waves(37) == [4, 20, 37]
+    assert len(made) == 1 and made[0]["later"] == 32
+    assert events.index(("tokenize", 32)) < events.index(("scored", 4))  # part 2 tokenized while part 1 scored
+    assert bars[-1] is None  # the bar closed after the last part

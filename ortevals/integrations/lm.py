@@ -41,6 +41,7 @@ from ortevals.run.run import NO_STORE, Run, run_settings
 
 log = logging.getLogger(__name__)
 __all__ = ["ModelArgs", "OrtLM"]
+FIRST_PART = 768  # requests of a large run scored first, while the rest is tokenized (then parts 4x larger)
 ENCODE_AHEAD = 384  # requests whose texts (two at most each) are encoded in one batch: two batches within
 # Run's ENCODED_KEPT (one kept while the next is encoded)
 
@@ -230,8 +231,22 @@ class OrtLM(TemplateLM):
     def _text_loglikelihood(self, requests, disable_tqdm: bool) -> list[tuple[float, bool]]:
         """lm-eval's ``TemplateLM.loglikelihood`` on text requests: tokenized by :meth:`_pairs`, then scored, each
         request counted under its question (task, document) on the progress bar."""
-        pairs = self._pairs([r.args for r in requests], disable_tqdm)
-        return self._loglikelihood_tokens(pairs, disable_tqdm, units=[(r.task_name, r.doc_id) for r in requests])
+        args, units = [r.args for r in requests], [(r.task_name, r.doc_id) for r in requests]
+        bounds = waves(len(args))
+        if len(bounds) == 1:
+            return self._loglikelihood_tokens(self._pairs(args, disable_tqdm), disable_tqdm, units=units)
+        out = []
+        with ThreadPoolExecutor(1, thread_name_prefix="ortevals-tokenize-ahead") as ahead:
+            # each part tokenized while the one before it scores (the tokenizer releases the GIL, and so does
+            # onnxruntime); one progress bar over all (Run.score's later)
+            coming = ahead.submit(self._pairs, args[:bounds[0]])
+            for k, stop in enumerate(bounds):
+                pairs = coming.result()
+                if k + 1 < len(bounds):
+                    coming = ahead.submit(self._pairs, args[stop:bounds[k + 1]])
+                out += self._loglikelihood_tokens(pairs, disable_tqdm, units=units if k == 0 else None,
+                                                  later=len(args) - stop)
+        return out
 
     def _pairs(self, args: list[tuple[str, str]], disable_tqdm: bool = True) -> list:
         """What ``TemplateLM.loglikelihood`` hands ``_loglikelihood_tokens``: ``((context, continuation), context
@@ -267,7 +282,7 @@ class OrtLM(TemplateLM):
                 ids = held.setdefault(context, tuple(ctx))
             out.append(((context, continuation), ids, cont))
 
-    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, units: list | None = None,
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, units: list | None = None, later: int = 0,
                               **kwargs) -> list[tuple[float, bool]]:
         self.run.ready()  # tokenized while the sessions opened (Run.stored): their error before these checks
         token_reqs = [TokenRequest(tuple(ctx), tuple(cont)) for _, ctx, cont in requests]
@@ -287,7 +302,7 @@ class OrtLM(TemplateLM):
                 self.run.put("loglikelihood", list(keys[index]), [score.logprob, score.greedy])
 
         try:
-            scores = self.run.score(token_reqs, record, disable_tqdm, units)
+            scores = self.run.score(token_reqs, record, disable_tqdm, units, later)
         except NonFiniteScore as e:  # name the request by its text, not by an index into this batch
             if e.index is None or keys[e.index] is None:
                 raise
@@ -348,6 +363,16 @@ class OrtLM(TemplateLM):
             log.warning("Failed to apply chat template (%s). removing the system role in chat history.", e)
             chat_history = [m for m in chat_history if m.get("role") != "system"]
             return self.tokenizer.render_chat(chat_history, add_generation_prompt, continue_final)
+
+
+def waves(n: int) -> list[int]:
+    """Where the parts of a run of ``n`` requests end: :data:`FIRST_PART`, then each four times the one before
+    (the header of a shared prefix runs once a part), the last taking the rest; one part for a small run."""
+    bounds, size = [], FIRST_PART
+    while n - (bounds[-1] if bounds else 0) > 2 * size:
+        bounds.append((bounds[-1] if bounds else 0) + size)
+        size *= 4
+    return bounds + [n]
 
 
 def _texts(context: str, continuation: str) -> tuple[tuple[str, bool | None], ...]:

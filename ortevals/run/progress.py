@@ -57,14 +57,29 @@ class Progress:
     question; None: each request is its own) as they finish."""
 
     def __init__(self, inputs: Sequence[Sequence[int]], units: Sequence[Hashable] | None = None,
-                 disable: bool = False, desc: str = "ortevals") -> None:
+                 disable: bool = False, desc: str = "ortevals", later: int = 0) -> None:
+        """``later``: requests after these whose inputs come later (:meth:`more`: the next part of a run that
+        scores while it tokenizes the rest); ``units`` names theirs too. Until they come each counts the mean work
+        of these."""
         self.work = request_work(inputs)
+        self.later = later
+        self.estimate = sum(self.work) / max(len(self.work), 1)  # an input still to come
         self.units = list(units) if units is not None else list(range(len(self.work)))
         self.left = Counter(self.units)  # requests not done, per unit
         self.done_units = 0
         self.noun = "questions" if units is not None else "requests"
-        self.bar = _Bar(total=sum(self.work), desc=desc, disable=disable, dynamic_ncols=True, smoothing=0,
-                        bar_format=BAR, units=self._units())
+        self.bar = _Bar(total=sum(self.work) + self.estimate * later, desc=desc, disable=disable, dynamic_ncols=True,
+                        smoothing=0, bar_format=BAR, units=self._units())
+
+    def more(self, inputs: Sequence[Sequence[int]]) -> int:
+        """The inputs of the next ``len(inputs)`` later requests: their work replaces their estimate. Returns the
+        index of the first of them."""
+        first, work = len(self.work), request_work(inputs)
+        self.work += work
+        self.later -= len(inputs)
+        self.bar.total += sum(work) - self.estimate * len(inputs)
+        self.bar.refresh()
+        return first
 
     def done(self, index: int) -> None:
         """Request ``index`` finished."""

@@ -78,6 +78,7 @@ class Run:
         self.on_first_request = None  # called once when the first requests arrive (the CLI's collector, cli.py)
         self.generation = Generation(self)  # generate_until: its path, canary plans and the raw sampler
         self.min_saving: int | None = None  # tokens a shared prefix must save in this call (prefix_saving)
+        self._progress: Progress | None = None  # the bar a run that scores in parts keeps open between them
 
     @classmethod
     def open(cls, args: ModelArgs, open_soon: bool = False, worker_threads: Callable[[], int] | None = None) -> Run:
@@ -258,17 +259,22 @@ class Run:
         finally:
             self.min_saving = before
 
-    def score(self, token_reqs: list[TokenRequest], on_done, disable_tqdm: bool, units=None) -> list[Score]:
+    def score(self, token_reqs: list[TokenRequest], on_done, disable_tqdm: bool, units=None,
+              later: int = 0) -> list[Score]:
         """Scores in order; ``on_done(index, Score)`` as each finishes (on the engine, or on the workers
         with ``pool``, whose answers come back and are stored here). ``units``: each request's question, which
-        the progress bar counts (run/progress.py)."""
+        the progress bar counts (run/progress.py). ``later``: requests whose calls follow this one (the rest of
+        a run that scores while it tokenizes them; ``units`` names theirs too): one progress bar over all."""
         inputs = [r.context if len(r.continuation) == 1 else r.context + r.continuation[:-1] for r in token_reqs]
-        bar = Progress(inputs, units, disable=disable_tqdm)
+        bar = self._progress
+        offset = bar.more(inputs) if bar is not None else 0
+        if bar is None:
+            bar = self._progress = Progress(inputs, units, disable=disable_tqdm, later=later)
         del inputs
 
         def done(index: int, score: Score) -> None:
             on_done(index, score)
-            bar.done(index)
+            bar.done(offset + index)
 
         start = time.perf_counter()
         self.begin()
@@ -278,8 +284,13 @@ class Run:
             if self.min_saving is None:
                 return self.engine.score(token_reqs, done)
             return self.engine.score(token_reqs, done, min_saving=self.min_saving)
+        except BaseException:
+            bar.later = 0  # the calls that were to follow will not: the next call gets a bar of its own
+            raise
         finally:
-            bar.close()
+            if not bar.later:
+                bar.close()
+                self._progress = None
             self.stats["requests"] += len(token_reqs)
             self.stats["seconds"] += time.perf_counter() - start
             self.set_mode("loglikelihood", (self.pool.modes or ["batched"])[0] if self.pool is not None else
