@@ -115,3 +115,24 @@ def test_dev_extras_are_what_runs_here():
             continue  # not installed here (statsmodels before CI's install): the skip test above covers it
         assert req.specifier.contains(have, prereleases=True), f"{req} but {have} is installed"
 
+
+@pytest.mark.parametrize("have", [False, True])
+def test_install_script_says_each_step_before_it_runs(tmp_path, have):
+    """Issue 49 item 16: scripts/install.sh was silent for 3 minutes. With a stand-in `python` on PATH that echoes
+    what it is asked to run (torch and torchvision importable or not), every pip command is preceded by its own
+    step line, the steps count up to 5/5, and the last line says what to run next."""
+    fake = tmp_path / "bin" / "python"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\nif [ \"$1\" = -c ]; then exit {0 if have else 1}; fi\necho \"RAN $*\"\n")
+    fake.chmod(0o755)
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "install.sh")], capture_output=True, text=True,
+                          env={"PATH": f"{fake.parent}:/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    steps = [line for line in lines if line.startswith("install.sh [")]
+    assert [s.split("]")[0] for s in steps] == [f"install.sh [{i}/5" for i in range(1, 6)]
+    for i, line in enumerate(lines):
+        if line.startswith("RAN"):
+            assert lines[i - 1].startswith("install.sh ["), (line, lines)
+    assert sum(line.startswith("RAN") for line in lines) == (2 if have else 4)
+    assert "pytest" in lines[-1]
