@@ -36,7 +36,7 @@ from ortevals.runtime.buffers import (
 from ortevals.runtime.cascade import PromptBinding, cascade_decoder
 from ortevals.runtime.checks import check_dtypes, package_dtypes
 from ortevals.runtime.derive import GREEDY, LOGPROBS, POSITIONS, TARGETS, derived_decoder
-from ortevals.runtime.meter import PassMeter, boot_clock
+from ortevals.runtime.meter import PassMeter
 from ortevals.runtime.opening import open_session
 from ortevals.runtime.pass_errors import kernel_limit, symbolic_mismatch
 from ortevals.runtime.providers import ProviderConfig
@@ -177,7 +177,7 @@ class DecoderRunner:
         feeds = self._token_feeds(input_ids) | self._gather_feeds(input_ids, positions, targets)
         feeds.update(self._mask_feeds(input_ids.shape, attention_mask, past))
         feeds.update(self._past_feeds(input_ids.shape[0], past))
-        started, clock = boot_clock(), time.perf_counter()
+        started, clock = self.meter.start(), time.perf_counter()
         try:
             if self.bind_device:
                 outs = self._run_bound(names, host, feeds)
@@ -260,7 +260,7 @@ class DecoderRunner:
             else:
                 binding.bind_cpu_input(name, np.ascontiguousarray(value))
         _bind_past(binding, self.package, past)
-        started, clock = boot_clock(), time.perf_counter()
+        started, clock = self.meter.start(), time.perf_counter()
         try:  # a pass over shared prompts reads their KV: a decode step even where the rows hold no token yet
             self.decoder.run_with_iobinding(binding)
             self.meter.record(*input_ids.shape, _past_len(past) > 0 or bool(prompts), started,
