@@ -21,7 +21,7 @@ from packaging.utils import canonicalize_name
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 
-from lowest_pins import lowest_pins, make_venv  # noqa: E402
+from lowest_pins import lowest_pins  # noqa: E402
 
 # what a test skips on -> the distribution that provides it, where the names differ
 PROVIDES = {"olive": "olive-ai", "lmms_eval": "lmms-eval", "skimage": "scikit-image"}
@@ -72,9 +72,8 @@ def test_lowest_pins_venv_sees_the_packages_of_the_venv_running_it(tmp_path):
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: only-in-outer\nVersion: 1.5\n")
     (Path(purelib) / "only_in_outer.py").write_text("WHERE = 'outer'\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(REPO / "scripts")}
-    made = subprocess.run([str(outer / "bin" / "python"), "-c",
-                           f"from pathlib import Path; from lowest_pins import make_venv; make_venv(Path({str(inner)!r}), pip=False)"],
-                          capture_output=True, text=True, env=env)
+    code = f"from pathlib import Path; from lowest_pins import make_venv; make_venv(Path({str(inner)!r}), pip=False)"
+    made = subprocess.run([str(outer / "bin" / "python"), "-c", code], capture_output=True, text=True, env=env)
     assert made.returncode == 0, made.stderr
     python = inner / "bin" / "python"
     inner_lib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],

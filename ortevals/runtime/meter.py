@@ -7,12 +7,13 @@ steps). Each pass counts ``rows × new tokens`` (the tokens the hardware compute
 right-padded batch included) and its wall seconds around ``session.run``; a kind's seconds are the time at
 least one of its passes was running (passes that run at once, engine/score/parallel.py, count their
 overlap once: each pass's interval is merged into the kind's busy intervals, which are kept back to the start
-of the earliest pass still running, known from :meth:`PassMeter.start`), its row-seconds each pass's own. ``first_pass_at`` is the
-``CLOCK_BOOTTIME`` instant the run began computing: its first metered pass, or the first request it handed
-to a path whose passes are not metered here (onnxruntime-genai, the media paths, Ray workers: :meth:`begin`),
-whichever came first; start-up ends there (report/efficiency.py). Start-up begins at :data:`CODE_STARTED`,
-when ortevals' own code started (this module is the package's first import), not at the process's start: a
-shell's ``sleep 20 && ortevals …`` or ``pip install … && ortevals …`` in one process is not ortevals' start-up.
+of the earliest pass still running, known from :meth:`PassMeter.start`), its row-seconds each pass's own.
+``first_pass_at`` is the ``CLOCK_BOOTTIME`` instant the run began computing: its first metered pass, or the first
+request it handed to a path whose passes are not metered here (onnxruntime-genai, the media paths, Ray workers:
+:meth:`begin`), whichever came first; start-up ends there (report/efficiency.py). Start-up begins at
+:data:`CODE_STARTED`, when ortevals' own code started (this module is the package's first import), not at the
+process's start: a shell's ``sleep 20 && ortevals …`` or ``pip install … && ortevals …`` in one process is not
+ortevals' start-up.
 The arithmetic on these counts lives in report/efficiency.py.
 """
 
@@ -20,8 +21,8 @@ from __future__ import annotations
 
 import os
 import threading
-from bisect import bisect_left, bisect_right
 import time
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 
 

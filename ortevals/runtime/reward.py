@@ -15,7 +15,8 @@ output comes out of a Sigmoid or Softmax node, through any ops that only move or
 ``torch.sigmoid(logits).squeeze(-1)`` exports Sigmoid → Squeeze), is already a probability and is taken as it
 is. The first text's output is checked against that reading: a probability outside [0, 1], or several labels'
 "logits" that are already a probability vector (each in [0, 1], summing to 1), is a one-line error rather
-than a score squashed twice. A regression head (``problem_type: regression``) has no probability and is a one-line error.
+than a score squashed twice. A regression head (``problem_type: regression``) has no probability and is a
+one-line error.
 Each text runs as its own unpadded row, so no padding convention of the exporter (which token a
 classifier reads on a padded row) is assumed. Counts the tokens it runs (``tokens_run``) and the
 weights it holds (``params``: package/graph.py's ``parameter_count`` on the proto the session is
