@@ -70,6 +70,15 @@ def test_checkpoint_with_other_layer_count(tmp_path, tiny_int4, tiny3):
           "config.json")
 
 
+def test_verify_checkpoint_of_another_model_is_refused_before_any_work(tmp_path, tiny_int4, tiny_pkg, tiny3, smollm2):
+    """Issue 49 item 5: `--checkpoint OTHER --verify` ran 50 s, built the wrong model and failed naming
+    reference.npz; now one line naming --checkpoint, before any model work."""
+    check(tmp_path, run(tmp_path, "--pkg", tiny_int4, "--ref", tiny_pkg, "--checkpoint", tiny3.parent / "tiny3-hf",
+                        "--verify"), "--checkpoint", "tiny3-hf", "different layer counts", "has 2", "has 3")
+    check(tmp_path, run(tmp_path, "--pkg", tiny_int4, "--ref", tiny_pkg, "--checkpoint", smollm2[0], "--verify"),
+          "--checkpoint", "different vocabularies", "512", "49152")
+
+
 def test_candidate_without_layer_names(tmp_path, no_names, tiny_pkg):
     check(tmp_path, run(tmp_path, "--pkg", no_names, "--ref", tiny_pkg), "--pkg", "layer names", "/model/layers.N/")
 

@@ -100,8 +100,8 @@ def check_inputs(o: DiagnoseOptions) -> Inputs:
         raise OrtEvalsError(f"--ref {o.ref}: a saved fidelity reference holds only top-k log-probs; diagnose needs "
                             "the reference model itself (a GenAI package or a transformers checkpoint folder)")
     checkpoint = Path(o.checkpoint).expanduser() if o.checkpoint is not None else None
-    if checkpoint is not None:
-        _checkpoint_config(checkpoint, "--checkpoint")
+    if checkpoint is not None:  # --verify builds from it: another model is refused now, not after the build
+        _check_against_config(cand, _checkpoint_config(checkpoint, "--checkpoint"), checkpoint, "--checkpoint")
     ref_path = Path(o.ref).expanduser()
     _check_candidate(cand)
     if kind == "package":
@@ -110,7 +110,7 @@ def check_inputs(o: DiagnoseOptions) -> Inputs:
         ref_checkpoint = None
     else:
         ref, ref_checkpoint = None, ref_path
-        _check_against_config(cand, _checkpoint_config(ref_path, "--ref"), ref_path)
+        _check_against_config(cand, _checkpoint_config(ref_path, "--ref"), ref_path, "--ref")
         checkpoint = checkpoint or ref_path
     if o.verify and checkpoint is None:
         raise OrtEvalsError("--verify builds the recommended package with the onnxruntime-genai builder: pass "
@@ -158,13 +158,19 @@ def check_pair(cand: ModelPackage, ref: ModelPackage) -> None:
                             f"{ref.root} has {b[:12]}; diagnose needs the same tokens on both sides")
 
 
-def _check_against_config(cand: ModelPackage, cfg: dict, path: Path) -> None:
-    """A checkpoint reference against the candidate, by its config.json (before it is built)."""
-    for what, ours, theirs in (("vocabularies", cand.vocab_size, cfg.get("vocab_size")),
-                               ("layer counts", len(cand.kv), cfg.get("num_hidden_layers"))):
-        if theirs is not None and ours != theirs:
-            raise OrtEvalsError(f"different {what}: candidate {cand.root} has {ours}, the checkpoint {path} "
-                                f"(config.json) has {theirs}")
+def _check_against_config(cand: ModelPackage, cfg: dict, path: Path, flag: str) -> None:
+    """A checkpoint (``--ref`` or ``--checkpoint``) against the candidate, by its config.json, before it is built:
+    the vocabulary, the layer count, and the hidden size and head counts the candidate's genai_config.json
+    declares."""
+    decoder = (cand.config.get("model") or {}).get("decoder") or {}
+    fields = [("vocabularies", cand.vocab_size, cfg.get("vocab_size")),
+              ("layer counts", decoder.get("num_hidden_layers", len(cand.kv)), cfg.get("num_hidden_layers"))]
+    fields += [(f"{key.replace('_', ' ')}s", decoder.get(key), cfg.get(key))
+               for key in ("hidden_size", "num_attention_heads", "num_key_value_heads")]
+    for what, ours, theirs in fields:
+        if ours is not None and theirs is not None and ours != theirs:
+            raise OrtEvalsError(f"{flag} {path}: different {what}: candidate {cand.root} has {ours}, the checkpoint "
+                                f"(config.json) has {theirs}; expected the checkpoint the candidate was built from")
 
 
 def reference_package(checkpoint: Path, cache: Path) -> ModelPackage:
