@@ -15,6 +15,7 @@ from onnx import numpy_helper
 
 from ortevals.cli import cli
 from ortevals.diagnose.stats import Gain, block_rows, greedy_steps, ranked, token_errors
+from ortevals.errors import OrtEvalsError
 from ortevals.package.loader import ModelPackage
 from ortevals.runtime.providers import ProviderConfig
 from ortevals.runtime.roles import residual_points, weight_units
@@ -325,3 +326,26 @@ def test_layers_whose_points_are_not_named_are_listed(tmp_path, tiny_int4, tiny_
     assert s["layers"]["compared"] == [0] and s["layers"]["not_compared"] == [1]
     assert [b["name"] for b in s["layers"]["blocks"]] == ["embeddings", "layers.0.attn", "layers.0.mlp"]
     assert "compared layers 0; not compared: 1 (their residual tensors are not named the builder's way" in text
+
+
+@pytest.mark.parametrize("stop,code,said", [(OrtEvalsError("the builder failed: no space left"), 2, "failed"),
+                                            (KeyboardInterrupt(), 130, "interrupted")])
+def test_a_late_failure_keeps_what_was_measured(tmp_path, tiny, tiny_int4, monkeypatch, stop, code, said):
+    """Issue 49 items 5 and 13: a failure (or Ctrl-C) in --verify's build came after the per-layer, token KL and
+    sensitivity stages and left no diagnose.json; now it holds those stages, a note says where it stopped, and
+    the command still ends as the error says."""
+    def fail(*a, **k):
+        raise stop
+
+    monkeypatch.setattr("ortevals.diagnose.verify.build", fail)
+    hf_dir, ref = tiny
+    out = tmp_path / "diag"
+    result = CliRunner().invoke(cli, ["diagnose", "--pkg", str(tiny_int4), "--ref", str(ref), "--checkpoint",
+                                      str(hf_dir), "--verify", "--tokens", "256", "--questions", "0", "--candidates",
+                                      "1", "--output", str(out)], catch_exceptions=False)
+    assert result.exit_code == code, result.output
+    s = json.loads((out / "diagnose.json").read_text())
+    assert s["sensitivity"]["groups"] and s["recommendation"] is not None and s["verify"] is None
+    assert any(n.startswith(f"stopped: the --verify stage {said}") for n in s["notes"])
+    kept = next(line for line in result.output.splitlines() if line.startswith(f"the --verify stage {said}"))
+    assert kept.endswith(f": kept what was measured before it in {out / 'diagnose.json'}"), kept

@@ -80,12 +80,31 @@ def run_diagnose(o: DiagnoseOptions, say: Callable[[str], None] = log.info) -> D
     size = package_size(cand)
     report = DiagnoseReport(cand, ref, size, size * o.budget / 100, plan, stage, baseline, build_settings(cand),
                             inputs.checkpoint, o, files=(out / "reference.npz",))
-    report = _sensitivity(report, cache, say)
-    if o.questions:
-        report = _choices(report, say)
-    if o.verify and report.recommended is not None:
-        report = _verify(report, say)
+    stages = [("sensitivity", lambda r: _sensitivity(r, cache, say))]
+    stages += [("choice sample", lambda r: _choices(r, say))] if o.questions else []
+    stages += [("--verify", lambda r: _verify(r, say) if r.recommended is not None else r)] if o.verify else []
+    for name, stage_fn in stages:
+        try:
+            report = stage_fn(report)
+        except (Exception, KeyboardInterrupt) as e:  # keep what was measured, then stop as the error says
+            _write_partial(report, name, e, say)
+            raise
     return _write(report)
+
+
+def _write_partial(r: DiagnoseReport, stage: str, e: BaseException, say) -> None:
+    """``diagnose.json`` and ``diagnose.png`` of the stages finished before ``stage`` stopped, with a note
+    saying where and why; a failure to write them is said, not raised over ``e``."""
+    from ortevals.errors import first_line
+
+    why = "interrupted" if isinstance(e, KeyboardInterrupt) else f"failed ({first_line(e)})"
+    try:
+        written = _write(replace(r, notes=r.notes + (f"stopped: the {stage} stage {why}; the stages before it "
+                                                     "are complete",)))
+    except (Exception, KeyboardInterrupt) as again:
+        say(f"the {stage} stage {why}; what was measured could not be written ({first_line(again)})")
+        return
+    say(f"the {stage} stage {why}: kept what was measured before it in {written.files[-2]}")
 
 
 def _reference(inputs: Inputs, cache: Path, say) -> ModelPackage:
