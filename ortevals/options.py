@@ -27,7 +27,12 @@ PKG_ALIASES = ("pretrained", "model")  # lm-eval spellings of the package folder
 IGNORED = ("device", "max_batch_size")  # lm-eval passes its torch device and batch cap; the EP is `ep`
 
 
-def positive_int(name: str, allow_zero: bool = False) -> Callable[[Any], int]:
+MAX_ROWS = 65536  # rows of one forward pass (batch_size, gen_batch_size): beyond it no pass fits any device
+MAX_SAMPLES = 10000  # samples per question: the largest K of published repeated-sampling studies
+
+
+def positive_int(name: str, allow_zero: bool = False, most: int | None = None,
+                 why: str = "") -> Callable[[Any], int]:
     def parse(value: Any) -> int:
         try:
             n = int(value)
@@ -37,6 +42,8 @@ def positive_int(name: str, allow_zero: bool = False) -> Callable[[Any], int]:
             raise OrtEvalsError(f"{name} must be an integer, got {value!r}")
         if n < 0 or (n == 0 and not allow_zero):
             raise OrtEvalsError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {n}")
+        if most is not None and n > most:
+            raise OrtEvalsError(f"{name} must be at most {most}{why}, got {n}")
         return n
 
     return parse
@@ -79,7 +86,7 @@ def parse_batch_size(value: Any) -> int | None:
     """``auto`` (or None) -> None, else a positive int; ``auto:4`` style is accepted as auto."""
     if value is None or (isinstance(value, str) and value.lower().startswith("auto")):
         return None
-    return positive_int("batch_size")(value)
+    return positive_int("batch_size", most=MAX_ROWS, why=" rows per forward pass")(value)
 
 
 def parse_passes(value: Any) -> int:
@@ -183,7 +190,7 @@ OPTIONS: tuple[Option, ...] = (
            "A request longer than the context: error (default), or left (lm-eval hf's left truncation, counted).",
            flag="--truncate", metavar="error|left"),
     Option("max_gen_toks", positive_int("max_gen_toks"), 256, "Default cap on generated tokens."),
-    Option("gen_batch_size", positive_int("gen_batch_size"), 1,
+    Option("gen_batch_size", positive_int("gen_batch_size", most=MAX_ROWS, why=" rows decoded together"), 1,
            "Greedy requests per batched Generator (1: one cursor that rewinds)."),
     Option("seed", positive_int("seed", allow_zero=True), 1234, "Sampling seed."),
     # issue 13: requests with images/audio (ortevals/engine/media/og.py, fast.py)
@@ -215,7 +222,9 @@ OPTIONS: tuple[Option, ...] = (
            "memory the device holds where the KV lives (its total, not what is free, so every run on this "
            "machine decodes the same batches and draws the same samples)."),
     # not scoped: the store keys each sample by request + sample index, so raising K reuses the first K
-    Option("samples", positive_int("samples"), None, "Samples per question: overrides the tasks' repeats and "
+    Option("samples", positive_int("samples", most=MAX_SAMPLES, why=" per question (each sample is a generation of "
+                                   "up to max_gen_toks tokens; lm-eval holds K requests per question)"), None,
+           "Samples per question: overrides the tasks' repeats and "
            "reports maj@k, pass@k and best-of-k for k = 1, 2, 4, … K (always sampling: at the gen_kwargs "
            "temperature where the run gives one, else the task's if it samples, else 0.7).", scoped=False,
            flag="--samples", metavar="K"),
