@@ -22,14 +22,13 @@ from unittest import mock
 
 from ortevals.errors import DataError, OrtEvalsError, first_line
 from ortevals.files import cache_root, check_writable_file, check_writable_folder, publish, staged
+from ortevals.presets import reword_data_error
 from ortevals.report.results import RunSummary, stale_outputs, summarize, write_outputs, write_unreported
 from ortevals.runtime.meter import boot_clock
 from ortevals.tasks import task_manager, with_fit_split, with_samples
 
 log = logging.getLogger(__name__)
 OUTPUT_FILES = ("results.json", "samples_*.jsonl", "calibration_fit_*.jsonl", "*.png")  # what a run writes
-OFFLINE_HINTS = ("offline", "connection", "couldn't reach", "could not reach", "resolve", "localentrynotfound",
-                 "max retries", "name or service not known", "network")
 
 
 @dataclass(frozen=True)
@@ -105,7 +104,7 @@ def evaluate(lm, spec: RunSpec) -> RunOutcome:
     except OrtEvalsError:
         raise
     except Exception as e:  # datasets/hub raise many types; only data problems are re-worded
-        _reword_data_error(e, spec)
+        reword_data_error(e, spec.tasks, spec.num_fewshot)
         raise
     seconds, evaluated = time.perf_counter() - start, boot_clock()
     if not results or not results.get("samples"):
@@ -415,24 +414,3 @@ def _run_task_manager(spec: RunSpec):
     if spec.include_path is None and all(isinstance(t, dict) for t in spec.tasks):
         return task_manager(None, defaults=False)  # resolved configs: nothing to look up
     return task_manager(spec.include_path)
-
-
-def _reword_data_error(e: Exception, spec: RunSpec) -> None:
-    text = f"{type(e).__name__}: {e}".lower()
-    names = [t if isinstance(t, str) else t.get("task", "?") for t in spec.tasks]
-    if any(h in text for h in OFFLINE_HINTS):
-        raise DataError(
-            f"could not load the data for {', '.join(names)} from the Hugging Face hub (offline?); "
-            "pass --data PATH to a local copy, or --data bundled for the MMLU-Pro copy shipped with ortevals"
-        ) from None
-    if "out of bounds for size 0" in text or "must have valid or test docs" in text:
-        raise DataError(f"the data set is empty after filters for {', '.join(map(str, names))[:200]} "
-                        "(check --data, --limit and the task names)") from None
-    if "number of fewshot samples requested exceeds" in text:  # lm-eval's assert while building prompts
-        available = next((w for w in first_line(e).split() if w.isdigit()), "fewer")
-        raise DataError(f"--num-fewshot {spec.num_fewshot}: {', '.join(map(str, names))[:200]} has only "
-                        f"{available} few-shot examples; expected --num-fewshot {available} or less") from None
-    if "not a registered task" in text or "spec '" in text:
-        raise DataError(f"unknown task in {', '.join(names)}: {first_line(e)}") from None
-    if "must have valid or test docs" in text or "dataset" in text and "not found" in text:
-        raise DataError(f"no documents for {', '.join(names)}: {first_line(e)}") from None

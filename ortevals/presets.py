@@ -15,13 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ortevals.errors import DataError
+from ortevals.errors import DataError, first_line
 from ortevals.tasks import leaf_configs
 from ortevals.tasks import task_manager as task_index
 
 log = logging.getLogger(__name__)
 
 BUNDLED = Path(__file__).parent / "data"
+OFFLINE_HINTS = ("offline", "connection", "couldn't reach", "could not reach", "resolve", "localentrynotfound",
+                 "max retries", "name or service not known", "network")
 MMLU_PRO_COLUMNS = {"question": "string", "options": "list", "answer": "string", "answer_index": "int",
                     "category": "string"}
 
@@ -246,3 +248,27 @@ def _has_kind(arrow_type, kind: str) -> bool:
     if kind == "int":
         return pa.types.is_integer(arrow_type)
     return True
+
+
+def reword_data_error(e: Exception, tasks, num_fewshot: int | None) -> None:
+    """An lm-eval/datasets failure while loading ``tasks``' data as one :class:`DataError` line where it is a
+    data problem (offline, empty after filters, too few few-shot examples, unknown task, no documents);
+    returns otherwise."""
+    text = f"{type(e).__name__}: {e}".lower()
+    names = [t if isinstance(t, str) else t.get("task", "?") for t in tasks]
+    if any(h in text for h in OFFLINE_HINTS):
+        raise DataError(
+            f"could not load the data for {', '.join(names)} from the Hugging Face hub (offline?); "
+            "pass --data PATH to a local copy, or --data bundled for the MMLU-Pro copy shipped with ortevals"
+        ) from None
+    if "out of bounds for size 0" in text or "must have valid or test docs" in text:
+        raise DataError(f"the data set is empty after filters for {', '.join(map(str, names))[:200]} "
+                        "(check --data, --limit and the task names)") from None
+    if "number of fewshot samples requested exceeds" in text:  # lm-eval's assert while building prompts
+        available = next((w for w in first_line(e).split() if w.isdigit()), "fewer")
+        raise DataError(f"--num-fewshot {num_fewshot}: {', '.join(map(str, names))[:200]} has only "
+                        f"{available} few-shot examples; expected --num-fewshot {available} or less") from None
+    if "not a registered task" in text or "spec '" in text:
+        raise DataError(f"unknown task in {', '.join(names)}: {first_line(e)}") from None
+    if "must have valid or test docs" in text or "dataset" in text and "not found" in text:
+        raise DataError(f"no documents for {', '.join(names)}: {first_line(e)}") from None
