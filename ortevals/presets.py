@@ -111,9 +111,14 @@ def task_specs(names: Preset | tuple[str, ...] | list[str], data: Path | None,
     from lm_eval.tasks._yaml_loader import load_yaml  # the loader lm-eval itself uses (0.4.13 layout)
 
     tm = task_manager or (preset.task_manager() if preset else task_index())
+    bundled = Path(data).resolve() == (BUNDLED / "mmlu_pro").resolve()
     specs: list[str | dict[str, Any]] = []
     for name in names:
         for cfg in leaf_configs(tm, name, load_yaml):
+            if bundled and cfg.get("dataset_path") not in {p.hub_dataset for p in PRESETS.values()}:
+                raise DataError(f"--data bundled holds MMLU-Pro only, and task {cfg.get('task', name)} reads "
+                                f"{cfg.get('dataset_path')}: pass --data PATH to a local copy of "
+                                f"{cfg.get('dataset_path')} (the hub's layout), or run online without --data")
             specs.append({**cfg, "dataset_path": str(data)})
     return specs
 
@@ -250,17 +255,34 @@ def _has_kind(arrow_type, kind: str) -> bool:
     return True
 
 
+def _quoted(line: str) -> str:
+    """The first quoted name in ``line`` (datasets' ``BuilderConfig 'ARC-Easy' not found``), else "?"."""
+    import re
+
+    found = re.search(r"'([^']+)'", line)
+    return repr(found.group(1)) if found else "?"
+
+
 def reword_data_error(e: Exception, tasks, num_fewshot: int | None) -> None:
     """An lm-eval/datasets failure while loading ``tasks``' data as one :class:`DataError` line where it is a
-    data problem (offline, empty after filters, too few few-shot examples, unknown task, no documents);
-    returns otherwise."""
+    data problem (a local folder that is a copy of another data set, offline, empty after filters, too few
+    few-shot examples, unknown task, no documents); returns otherwise."""
     text = f"{type(e).__name__}: {e}".lower()
     names = [t if isinstance(t, str) else t.get("task", "?") for t in tasks]
+    local = sorted({str(t["dataset_path"]) for t in tasks if isinstance(t, dict) and t.get("dataset_path")
+                    and Path(str(t["dataset_path"])).is_dir()})
+    if "builderconfig" in text and "not found" in text and local:  # datasets: the folder lacks the task's config
+        raise DataError(f"--data {local[0]}: {', '.join(names)[:200]} read the configuration "
+                        f"{_quoted(first_line(e))} of a data set this folder is not a copy of; expected a local "
+                        f"copy of the data set these tasks read (datasets: {first_line(e)})") from None
     if any(h in text for h in OFFLINE_HINTS):
-        raise DataError(
-            f"could not load the data for {', '.join(names)} from the Hugging Face hub (offline?); "
-            "pass --data PATH to a local copy, or --data bundled for the MMLU-Pro copy shipped with ortevals"
-        ) from None
+        if local:  # the local copy is there: the hub was asked for something else (a script, a config)
+            raise DataError(f"loading {', '.join(names)[:200]} from --data {local[0]} still asked the Hugging Face "
+                            f"hub (offline?): {first_line(e)}") from None
+        bundled = ", or --data bundled for the MMLU-Pro copy shipped with ortevals" \
+            if all("mmlu_pro" in n for n in names) else ""
+        raise DataError(f"could not reach the Hugging Face hub for the data of {', '.join(names)[:200]} (offline?); "
+                        f"run online, or pass --data PATH to a local copy in the hub's layout{bundled}") from None
     if "out of bounds for size 0" in text or "must have valid or test docs" in text:
         raise DataError(f"the data set is empty after filters for {', '.join(map(str, names))[:200]} "
                         "(check --data, --limit and the task names)") from None
