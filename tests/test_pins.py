@@ -21,7 +21,7 @@ from packaging.utils import canonicalize_name
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 
-from lowest_pins import lowest_pins  # noqa: E402
+from lowest_pins import lowest_pins, make_venv  # noqa: E402
 
 # what a test skips on -> the distribution that provides it, where the names differ
 PROVIDES = {"olive": "olive-ai", "lmms_eval": "lmms-eval", "skimage": "scikit-image"}
@@ -63,8 +63,8 @@ def test_lowest_pins_venv_sees_the_packages_of_the_venv_running_it(tmp_path):
     only the outer venv holds must be visible in the venv make_venv builds from there, and a pin installed into
     the new venv must come first."""
     outer, inner = tmp_path / "outer", tmp_path / "inner"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(outer)], check=True)
-    purelib = subprocess.run([str(outer / "bin" / "python"), "-c",
+    # the outer venv: this environment (run from a venv or not) plus a distribution of its own
+    purelib = subprocess.run([str(make_venv(outer, pip=False)), "-c",
                               "import sysconfig; print(sysconfig.get_path('purelib'))"],
                              capture_output=True, text=True, check=True).stdout.strip()
     dist = Path(purelib) / "only_in_outer-1.5.dist-info"
