@@ -317,6 +317,19 @@ def _check_passes(args, cores: int) -> None:
     if args.passes > cores:
         raise OrtEvalsError(f"passes={args.passes} is more than the {cores} CPU cores of this machine; expected "
                             f"auto or 1 to {cores}: each pass takes a core")
+    if args.passes > 1 and args.threads and args.passes * args.threads > cores and not alone:
+        raise OrtEvalsError(f"passes={args.passes} with threads={args.threads} runs {args.passes * args.threads} "
+                            f"intra-op threads at once on the {cores} CPU cores of this machine: they only contend; "
+                            f"expected passes × threads <= {cores} (passes={args.passes} alone gives each pass one "
+                            "thread)")
+
+
+def check_provider(args, on_device: bool, provider: str) -> None:
+    """Settings that act only on a device provider, refused once the run's provider is known (the package's own
+    when ``--ep`` is not given)."""
+    if args.allow_cpu_fallback and not on_device:
+        raise OrtEvalsError(f"allow_cpu_fallback=true does nothing on the {provider} execution provider: every node "
+                            "already runs on the CPU; drop it, or give --ep cuda (or another device provider)")
 
 ModelArgs = dataclasses.make_dataclass(
     "ModelArgs", [(o.name, Any, dataclasses.field(default=o.default)) for o in OPTIONS], frozen=True,

@@ -61,19 +61,43 @@ def leaf_configs(tm, name: str, load_yaml) -> list[dict[str, Any]]:
     return [cfg]
 
 
-def with_samples(tasks: Sequence[Any], k: int, task_manager, user: dict | None = None) -> list[dict]:
-    """Task configs (names resolved to their YAML) with ``repeats: k`` and sampling generation_kwargs
-    (:func:`sampling_kwargs`) on every generate_until task; what changed is logged once."""
+def _configs(tasks: Sequence[Any], task_manager) -> list[dict]:
+    """Each task's leaf configs (names resolved to their YAML; dicts copied)."""
     from lm_eval.tasks._yaml_loader import load_yaml
 
     configs: list[dict] = []
     for t in tasks:
         configs.extend([dict(t)] if isinstance(t, dict) else leaf_configs(task_manager, t, load_yaml))
+    return configs
+
+
+def check_generation_settings(tasks: Sequence[Any], task_manager, cascade: str) -> None:
+    """``cascade`` other than auto acts only on generation: on a run with no generate_until task it is one line
+    before the run (the task names are resolved only then)."""
+    if cascade == "auto":
+        return
+    configs = _configs(tasks, task_manager)
+    if not any(c.get("output_type") == "generate_until" for c in configs):
+        names = ", ".join(str(c.get("task")) for c in configs)[:200]
+        raise OrtEvalsError(f"cascade={cascade} does nothing on this run: {names} score log-likelihoods and generate "
+                            "nothing (cascade decodes sampled rows on one shared prompt KV); drop it")
+
+
+def with_samples(tasks: Sequence[Any], k: int, task_manager, user: dict | None = None,
+                 self_eval: bool = False) -> list[dict]:
+    """Task configs (names resolved to their YAML) with ``repeats: k`` and sampling generation_kwargs
+    (:func:`sampling_kwargs`) on every generate_until task; what changed is logged once. ``self_eval`` on tasks
+    that all generate is refused (P(True) asks about one answer a question; K samples have none)."""
+    configs = _configs(tasks, task_manager)
     generating = [c for c in configs if c.get("output_type") == "generate_until"]
+    names = ", ".join(str(c.get("task")) for c in configs)
     if not generating:
-        names = ", ".join(str(c.get("task")) for c in configs)
         raise OrtEvalsError(f"--samples {k} needs generate_until tasks; {names} score log-likelihoods "
                             "(for MMLU-Pro use --cot)")
+    if self_eval and len(generating) == len(configs):
+        raise OrtEvalsError(f"--self-eval with --samples {k}: P(True) is asked about a question's one generated "
+                            f"answer or chosen choice, and {names[:200]} give {k} samples a question; give "
+                            "--verifier self to score each sample by P(True), or drop --samples")
     changed: dict[str, list[str]] = {}
     for c in generating:
         _check_first_k(c, k)
