@@ -269,3 +269,16 @@ def test_probabilities_the_graph_walk_cannot_see_are_refused_on_the_first_text(t
                                           ["batch", 2]))
     with pytest.raises(PackageError, match=r"model.onnx: the first output looks like probabilities already"):
         model.score([CONTEXT + ANSWERS[0]])
+
+
+def test_a_transformers_checkpoint_as_verifier_says_how_to_make_one(tiny, tiny_orm):
+    """Issue 49 item 15: `--verifier <a transformers checkpoint>` said "expected an ONNX sequence classifier folder
+    … model.onnx is missing" even for a causal LM; now it names the checkpoint and how to make a verifier of it."""
+    from ortevals.integrations.verify import open_verifier
+
+    with pytest.raises(PackageError, match=r"a transformers checkpoint \(LlamaForCausalLM\), not an ONNX model; .*"
+                                           r"onnxruntime_genai.models.builder -i .* then --verifier OUT"):
+        open_verifier(str(tiny[0]), None)
+    with pytest.raises(PackageError, match=r"\(LlamaForSequenceClassification\), not an ONNX model; .*export the "
+                                           r"classifier to ONNX"):
+        open_verifier(str(tiny_orm[0]), None)
