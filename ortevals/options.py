@@ -350,8 +350,13 @@ def parse_model_args(args: Mapping[str, Any]) -> ModelArgs:
         raise OrtEvalsError("model_args needs pkg=PATH (the GenAI package folder)")
     unknown = sorted(set(args) - set(BY_NAME))
     if unknown:
-        raise OrtEvalsError(f"unknown ortevals model_args {unknown}{did_you_mean(unknown[0], BY_NAME)}; expected "
-                            f"some of {sorted(BY_NAME)}")
+        near = did_you_mean(unknown[0], BY_NAME)
+        if not near and "provider_options" in args:  # lm-eval split `provider_options=a=1,b=2` at its comma
+            raise OrtEvalsError(f"unknown ortevals model_args {unknown}: model_args are split at commas, so a "
+                                f"second provider option became an argument of its own; separate provider options "
+                                f"with ';' (provider_options={args['provider_options']};"
+                                f"{unknown[0]}={args[unknown[0]]})")
+        raise OrtEvalsError(f"unknown ortevals model_args {unknown}{near}; expected some of {sorted(BY_NAME)}")
     parsed = ModelArgs(**{k: BY_NAME[k].parse(v) for k, v in args.items()})
     check_settings(parsed)
     return parsed
