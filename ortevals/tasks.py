@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ortevals.errors import DataError, OrtEvalsError
+from ortevals.errors import DataError, OrtEvalsError, did_you_mean
 from ortevals.report.calibration_results import FIT_MARK
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,22 @@ def task_manager(include_path: str | None = None, defaults: bool = True):
     return TaskManager(include_path=include_path, include_defaults=defaults)
 
 
+def check_task_names(names: Sequence[str], flag: str, extra: Sequence[str] = (),
+                     include_path: str | None = None) -> None:
+    """Each name a task, group or tag lm-eval's index holds (or a glob matching some, or a YAML path, as lm-eval
+    takes them), else one line naming ``flag`` and the closest of the index and ``extra`` (ortevals' presets)."""
+    if not names:
+        return
+    tm = task_manager(include_path)
+    known = set(tm.all_tasks)
+    for name in names:
+        if name in known or Path(name).exists() or (any(c in name for c in "*?[") and tm.match_tasks([name])):
+            continue
+        presets = f", or one of {', '.join(extra)}" if extra else ""
+        raise OrtEvalsError(f"{flag}: unknown task {name!r}{did_you_mean(name, [*extra, *known])}; expected an "
+                            f"lm-eval task, group or tag name{presets}")
+
+
 def leaf_configs(tm, name: str, load_yaml) -> list[dict[str, Any]]:
     """The YAML configs of ``name``'s tasks; a group expands to its members.
 
@@ -53,7 +69,8 @@ def leaf_configs(tm, name: str, load_yaml) -> list[dict[str, Any]]:
     """
     entry = tm._entry(name)  # lm-eval 0.4.13's index entry: where the task's YAML lives
     if entry is None or not getattr(entry, "yaml_path", None):
-        raise DataError(f"task {name!r} is not a YAML task lm-eval knows; --data cannot re-point it")
+        raise DataError(f"task {name!r} is not a YAML task lm-eval knows{did_you_mean(name, tm.all_tasks)}; "
+                        "--data cannot re-point it")
     cfg = load_yaml(str(entry.yaml_path), resolve_func=True)
     if "group" in cfg and isinstance(cfg.get("task"), list):
         members = [t if isinstance(t, str) else t.get("task") for t in cfg["task"]]

@@ -67,3 +67,75 @@ def test_two_provider_options_split_by_lm_evals_commas_say_how_to_write_them():
     with pytest.raises(OrtEvalsError, match=r"unknown ortevals model_args \['b'\]: .*separate provider options "
                                             r"with ';' \(provider_options=a=1;b=2\)"):
         parse_model_args(simple_parse_args_string("pkg=x,provider_options=a=1,b=2"))
+
+
+# --- item 11: the Olive route ----------------------------------------------------------------------------------
+def olive_workflow(tmp_path, *args, edit=None, module: str = "ortevals.integrations.olive_workflow"):
+    """The shipped configs/evaluate_package.json (``edit``ed) run through ``module`` (the wrapper, or Olive)."""
+    import json
+
+    shutil.copytree(REPO / "configs", tmp_path / "configs")
+    cfg = json.loads((REPO / "configs" / "evaluate_package.json").read_text())
+    if edit is not None:
+        edit(cfg)
+    (tmp_path / "wf.json").write_text(json.dumps(cfg))
+    env = {**os.environ, "OLIVE_DISABLE_TELEMETRY": "1", "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", module, "run", "--config", str(tmp_path / "wf.json"), *args],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+
+
+def set_evaluator(pkg, **settings):
+    def edit(cfg):
+        cfg["input_model"]["model_path"] = str(pkg)
+        cfg["evaluators"]["ortevals"].update(settings)
+    return edit
+
+
+@pytest.mark.parametrize("settings, needles", [
+    (None, ("input_model.model_path 'models/smollm2-135m-instruct-fp32' does not exist", "ortevals example")),
+    ({"limit": 0}, ("OrtEvalsEvaluator: limit must be an integer >= 1 in the evaluator config, got 0",)),
+], ids=["shipped", "limit0"])
+def test_olive_workflow_is_checked_before_olive_starts(tmp_path, tiny_pkg, settings, needles):
+    """The shipped workflow names what to set; `limit: 0` names the JSON key (it named the CLI's --limit): each the
+    only line, before Olive is imported (it took 26 s to get there)."""
+    proc = olive_workflow(tmp_path, edit=None if settings is None else set_evaluator(tiny_pkg, **settings))
+    out = one_line(proc, *needles)
+    assert len(out.splitlines()) == 1
+
+
+def test_olive_run_itself_ends_with_one_line(tmp_path):
+    """`olive run` on the shipped workflow without the wrapper: Olive's assertion on the missing input model was a
+    40-line traceback; the user script's import makes it (and any ortevals error) the one last line."""
+    proc = olive_workflow(tmp_path, module="olive")
+    out = (proc.stdout + proc.stderr).strip()
+    assert proc.returncode != 0 and "Traceback" not in out, out[-3000:]
+    assert out.splitlines()[-1].startswith("Error: input_model.model_path 'models/smollm2-135m-instruct-fp32' "
+                                           "does not exist; set it to a GenAI package folder")
+
+
+def test_the_olive_hook_prints_ortevals_errors_as_one_line_and_passes_others_on(capsys):
+    from ortevals.integrations.olive_workflow import one_line_errors
+
+    seen = []
+    hook = one_line_errors(lambda *exc: seen.append(exc[0]))
+    hook(OrtEvalsError, OrtEvalsError("tasks: unknown task 'x'"), None)
+    hook(KeyError, KeyError("k"), None)
+    assert capsys.readouterr().err == "Error: tasks: unknown task 'x'\n" and seen == [KeyError]
+
+
+def test_task_typos_get_the_closest_name_in_the_evaluator_and_on_the_cli(tiny_pkg):
+    """Item 11: an Olive evaluator's task typo (a preset's or lm-eval's name) gets the closest name; on the CLI
+    `run --tasks mmlu_pro_businss` said lm-eval's 'not a registered task/group/tag'."""
+    from click.testing import CliRunner
+
+    from ortevals.cli import cli
+    from ortevals.integrations.olive_workflow import check_evaluator
+    from tests.test_cli import assert_one_line_error
+
+    for task, near in (("mmlu-pr", "mmlu-pro"), ("mmlu_pro_businss", "mmlu_pro_business")):
+        with pytest.raises(OrtEvalsError, match=f"OrtEvalsEvaluator: tasks: unknown task '{task}' \\(did you mean "
+                                                f"'{near}'\\?\\)"):
+            check_evaluator({"tasks": [task]})
+    assert_one_line_error(CliRunner().invoke(cli, ["run", "--pkg", str(tiny_pkg), "--tasks", "mmlu_pro_businss",
+                                                   "--limit", "1"]),
+                          "--tasks: unknown task 'mmlu_pro_businss' (did you mean 'mmlu_pro_business'?)")
