@@ -32,6 +32,15 @@ class StoreError(OrtEvalsError):
     """The result store file cannot be opened, read or written (corrupt, a folder, not SQLite)."""
 
 
+class OutputError(OrtEvalsError):
+    """A file ortevals writes could not be written (a full disk, a folder gone read-only): ``path`` and the
+    system's ``reason``."""
+
+    def __init__(self, message: str, path=None, reason: str = "") -> None:
+        super().__init__(message)
+        self.path, self.reason = path, reason
+
+
 class DataError(OrtEvalsError):
     """A benchmark data set is missing, unreachable or malformed."""
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from ortevals.errors import DataError, OrtEvalsError, first_line
+from ortevals.errors import DataError, OrtEvalsError, OutputError, first_line
 from ortevals.files import cache_root, check_writable_file, check_writable_folder, publish, staged
 from ortevals.presets import reword_data_error
 from ortevals.report.results import RunSummary, stale_outputs, summarize, write_outputs, write_unreported
@@ -158,7 +158,10 @@ def _publish(output: Path, stage: Path, results: dict, summary: RunSummary) -> R
 def _publish_unreported(output: Path, stage: Path, results: dict, error: BaseException) -> None:
     """Reporting failed after the model work: lm-eval's results and every sample published as the run's set
     (plots already drawn kept), ``results.json``'s ``ortevals.unreported`` saying why; a failure here is logged,
-    never raised over the first."""
+    never raised over the first. A file the stage could not take (a full disk: :class:`OutputError`) would fail
+    again: the caller's one line says nothing was written."""
+    if isinstance(error, OutputError):
+        return
     try:
         others = sorted(p.name for p in stage.iterdir() if p.is_file())
         names = [p.name for p in write_unreported(stage, results, error, others)] + others

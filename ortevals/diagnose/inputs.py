@@ -89,12 +89,15 @@ def _checkpoint_config(path: Path, flag: str) -> dict:
 def check_inputs(o: DiagnoseOptions) -> Inputs:
     """Every check that needs no model run; the first problem is one line (:class:`OrtEvalsError`)."""
     from ortevals.fidelity.run import reference_kind
-    from ortevals.files import cache_root, check_writable_folder
+    from ortevals.files import MIN_FREE, cache_root, check_writable_folder
 
     _check_numbers(o)
     check_writable_folder(Path(o.output), "--output")
     cache_root()
     cand = ModelPackage.load(Path(o.pkg).expanduser())
+    if o.verify:  # --verify builds the recommended package into --output: about the candidate's size more
+        check_writable_folder(Path(o.output), "--output",
+                              need=MIN_FREE + sum(f.stat().st_size for f in cand.model_files()))
     kind = reference_kind(o.ref)
     if kind == "file":
         raise OrtEvalsError(f"--ref {o.ref}: a saved fidelity reference holds only top-k log-probs; diagnose needs "
