@@ -349,3 +349,20 @@ def test_a_late_failure_keeps_what_was_measured(tmp_path, tiny, tiny_int4, monke
     assert any(n.startswith(f"stopped: the --verify stage {said}") for n in s["notes"])
     kept = next(line for line in result.output.splitlines() if line.startswith(f"the --verify stage {said}"))
     assert kept.endswith(f": kept what was measured before it in {out / 'diagnose.json'}"), kept
+
+
+def test_a_candidate_that_is_not_quantized_says_so_first_and_skips_the_sensitivity_stage(tmp_path, tiny_pkg):
+    """Issue 49 item 12: an fp32 candidate ran every stage and printed one 'not measured' line per weight group
+    (122 of 205 lines on a real model); now it is said first, the sensitivity stage is skipped, and --verify
+    (nothing to build) is refused before any work."""
+    s, text, _ = diagnose(tmp_path, "--pkg", tiny_pkg, "--ref", tiny_pkg, "--tokens", 256, "--questions", 0)
+    lines = text.splitlines()
+    assert lines[0].startswith("the candidate holds no quantized weights") and "not measured" not in text
+    assert not s["sensitivity"]["groups"] and not s["sensitivity"]["skipped"] and s["recommendation"] is None
+    assert any(n.startswith("the candidate holds no quantized weights") for n in s["notes"])
+    from tests.test_cli import assert_one_line_error
+
+    assert_one_line_error(CliRunner().invoke(cli, ["diagnose", "--pkg", str(tiny_pkg), "--ref", str(tiny_pkg),
+                                                   "--checkpoint", str(tiny_pkg.parent / "tiny-hf"), "--verify",
+                                                   "--output", str(tmp_path / "v")]),
+                          "--verify: the candidate", "holds no quantized weights")

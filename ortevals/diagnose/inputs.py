@@ -51,6 +51,7 @@ class Inputs:
     ref: ModelPackage | None  # None: built from ``ref_checkpoint``
     ref_checkpoint: Path | None
     checkpoint: Path | None  # for --verify (the reference's checkpoint when it is one)
+    quantized: bool = True  # the candidate holds quantized weights (MatMulNBits, …): groups to keep to measure
 
 
 def _check_numbers(o: DiagnoseOptions) -> None:
@@ -90,6 +91,7 @@ def check_inputs(o: DiagnoseOptions) -> Inputs:
     """Every check that needs no model run; the first problem is one line (:class:`OrtEvalsError`)."""
     from ortevals.fidelity.run import reference_kind
     from ortevals.files import MIN_FREE, cache_root, check_writable_folder
+    from ortevals.runtime.roles import quantized_ops
 
     _check_numbers(o)
     check_writable_folder(Path(o.output), "--output")
@@ -118,7 +120,11 @@ def check_inputs(o: DiagnoseOptions) -> Inputs:
     if o.verify and checkpoint is None:
         raise OrtEvalsError("--verify builds the recommended package with the onnxruntime-genai builder: pass "
                             "--checkpoint HF_DIR (the transformers checkpoint the candidate was built from)")
-    return Inputs(cand, ref, ref_checkpoint, checkpoint)
+    quantized = bool(quantized_ops(decoder_graph(cand)))
+    if o.verify and not quantized:
+        raise OrtEvalsError(f"--verify: the candidate {cand.root} holds no quantized weights, so there is nothing to "
+                            "keep in higher precision and no recommendation to build; drop --verify")
+    return Inputs(cand, ref, ref_checkpoint, checkpoint, quantized)
 
 
 def decoder_graph(package: ModelPackage):

@@ -27,6 +27,8 @@ from ortevals.fidelity.windows import WindowPlan
 from ortevals.package.loader import ModelPackage
 
 log = logging.getLogger(__name__)
+NOT_QUANTIZED = ("the candidate holds no quantized weights, so no group can be kept in higher precision: the "
+                 "per-layer stage, the token KL and the choice sample only (no sensitivity stage)")
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,8 @@ def run_diagnose(o: DiagnoseOptions, say: Callable[[str], None] = log.info) -> D
     from ortevals.files import cache_root
 
     inputs = check_inputs(o)
+    if not inputs.quantized:
+        say(NOT_QUANTIZED)
     cache = cache_root()
     ref = _reference(inputs, cache, say)
     cand, out = inputs.cand, Path(o.output).expanduser()
@@ -80,7 +84,9 @@ def run_diagnose(o: DiagnoseOptions, say: Callable[[str], None] = log.info) -> D
     size = package_size(cand)
     report = DiagnoseReport(cand, ref, size, size * o.budget / 100, plan, stage, baseline, build_settings(cand),
                             inputs.checkpoint, o, files=(out / "reference.npz",))
-    stages = [("sensitivity", lambda r: _sensitivity(r, cache, say))]
+    stages = [("sensitivity", lambda r: _sensitivity(r, cache, say))] if inputs.quantized else []
+    if not inputs.quantized:
+        report = replace(report, notes=report.notes + (NOT_QUANTIZED,))
     stages += [("choice sample", lambda r: _choices(r, say))] if o.questions else []
     stages += [("--verify", lambda r: _verify(r, say) if r.recommended is not None else r)] if o.verify else []
     for name, stage_fn in stages:
