@@ -100,6 +100,9 @@ def check_inputs(o: DiagnoseOptions) -> Inputs:
     if o.verify:  # --verify builds the recommended package into --output: about the candidate's size more
         check_writable_folder(Path(o.output), "--output",
                               need=MIN_FREE + sum(f.stat().st_size for f in cand.model_files()))
+    if not Path(o.ref).expanduser().exists():
+        raise OrtEvalsError(f"--ref {o.ref}: no such folder; expected the same model in higher precision (a GenAI "
+                            "package folder or a transformers checkpoint folder)")
     kind = reference_kind(o.ref)
     if kind == "file":
         raise OrtEvalsError(f"--ref {o.ref}: a saved fidelity reference holds only top-k log-probs; diagnose needs "
