@@ -366,3 +366,16 @@ def test_a_candidate_that_is_not_quantized_says_so_first_and_skips_the_sensitivi
                                                    "--checkpoint", str(tiny_pkg.parent / "tiny-hf"), "--verify",
                                                    "--output", str(tmp_path / "v")]),
                           "--verify: the candidate", "holds no quantized weights")
+
+
+def test_tokens_beyond_the_text_are_said_to_be_capped(tmp_path, tiny_int4, tiny_pkg):
+    """Issue 49 item 12: `--tokens` beyond the text scored what the text held without a word; now the cap is said
+    before the per-layer stage and noted in diagnose.json."""
+    text = tmp_path / "short.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. " * 40)
+    s, out, _ = diagnose(tmp_path, "--pkg", tiny_int4, "--ref", tiny_pkg, "--text", text, "--tokens", 100000,
+                         "--questions", 0, "--candidates", 1)
+    scored = s["text"]["tokens_scored"]
+    assert 0 < scored < 100000
+    said = f"--tokens 100000: the text holds {scored} tokens to score"
+    assert said in out and any(n.startswith(said) for n in s["notes"])

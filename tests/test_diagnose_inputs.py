@@ -99,6 +99,8 @@ def test_different_tokenizers(tmp_path, tiny_int4, tiny_pkg, copy_pkg):
 @pytest.mark.parametrize("args,needle", [
     ((), "pass --pkg"),
     (("--budget", "0"), "--budget must be"),
+    (("--budget", "5000"), "--budget must be a percentage of the candidate's size above 0 and at most 1000, got "
+                           "5000"),  # issue 49 item 12: the cap was not named
     (("--tokens", "0"), "--tokens must be >= 1"),
     (("--questions", "-1"), "--questions must be >= 0"),
     (("--ctx", "7"), "--ctx must be an even number"),

@@ -26,6 +26,7 @@ DEFAULT_TOKENS = 2048
 DEFAULT_CANDIDATES = 12
 DEFAULT_QUESTIONS = 50
 DEFAULT_BUDGET = 10.0  # percent of the candidate package's size
+MAX_BUDGET = 1000.0  # percent of the candidate's size
 
 
 @dataclass(frozen=True)
@@ -68,8 +69,9 @@ def _check_numbers(o: DiagnoseOptions) -> None:
             raise OrtEvalsError(f"{flag} must be >= {low}, got {value}")
     if o.ctx is not None and (o.ctx < 4 or o.ctx % 2):
         raise OrtEvalsError(f"--ctx must be an even number >= 4, got {o.ctx}")
-    if not 0 < o.budget <= 1000:
-        raise OrtEvalsError(f"--budget must be a percentage of the candidate's size above 0, got {o.budget:g}")
+    if not 0 < o.budget <= MAX_BUDGET:
+        raise OrtEvalsError(f"--budget must be a percentage of the candidate's size above 0 and at most "
+                            f"{MAX_BUDGET:g}, got {o.budget:g}")
     if o.text is not None:
         try:
             Path(o.text).expanduser().read_text(encoding="utf-8")

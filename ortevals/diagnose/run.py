@@ -74,9 +74,14 @@ def run_diagnose(o: DiagnoseOptions, say: Callable[[str], None] = log.info) -> D
     ref = _reference(inputs, cache, say)
     cand, out = inputs.cand, Path(o.output).expanduser()
     ids, plan = windows(cand, ref, o)
+    capped = (f"--tokens {o.tokens}: the text holds {plan.n_scored} tokens to score ({plan.n_windows} windows of "
+              f"{plan.n_ctx}), so {plan.n_scored} are scored; a longer --text gives more") \
+        if o.tokens and plan.n_scored < o.tokens else None
+    if capped:
+        say(capped)
     say(f"per-layer stage: {plan.n_windows} windows of {plan.n_ctx} tokens through both packages")
     runners = open_runners(cand, ref, o.ep, cache)
-    stage = measure_layers(*runners, ids, plan, len(cand.kv))
+    stage = measure_layers(*runners, ids, plan, len(cand.kv), _bar(plan.n_windows, "per layer"))
     del runners
     say(f"token KL of the candidate ({plan.n_scored} tokens), the reference saved to {out / 'reference.npz'}")
     baseline = save_reference(cand.root, ref.root, out / "reference.npz",
@@ -85,8 +90,8 @@ def run_diagnose(o: DiagnoseOptions, say: Callable[[str], None] = log.info) -> D
     report = DiagnoseReport(cand, ref, size, size * o.budget / 100, plan, stage, baseline, build_settings(cand),
                             inputs.checkpoint, o, files=(out / "reference.npz",))
     stages = [("sensitivity", lambda r: _sensitivity(r, cache, say))] if inputs.quantized else []
-    if not inputs.quantized:
-        report = replace(report, notes=report.notes + (NOT_QUANTIZED,))
+    notes = ((NOT_QUANTIZED,) if not inputs.quantized else ()) + ((capped,) if capped else ())
+    report = replace(report, notes=report.notes + notes)
     stages += [("choice sample", lambda r: _choices(r, say))] if o.questions else []
     stages += [("--verify", lambda r: _verify(r, say) if r.recommended is not None else r)] if o.verify else []
     for name, stage_fn in stages:
@@ -111,6 +116,20 @@ def _write_partial(r: DiagnoseReport, stage: str, e: BaseException, say) -> None
         say(f"the {stage} stage {why}; what was measured could not be written ({first_line(again)})")
         return
     say(f"the {stage} stage {why}: kept what was measured before it in {written.files[-2]}")
+
+
+def _bar(total: int, desc: str) -> Callable[[int], None]:
+    """A progress bar over ``total`` windows (tqdm's, shown on a terminal only), closed after the last."""
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total, desc=desc, unit="window", disable=None, leave=False)
+
+    def step(w: int) -> None:
+        bar.update(1)
+        if w == total - 1:
+            bar.close()
+
+    return step
 
 
 def _reference(inputs: Inputs, cache: Path, say) -> ModelPackage:
