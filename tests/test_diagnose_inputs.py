@@ -79,6 +79,13 @@ def test_verify_checkpoint_of_another_model_is_refused_before_any_work(tmp_path,
           "--checkpoint", "different vocabularies", "512", "49152")
 
 
+def test_a_hybrid_candidate_is_refused_in_one_line(tmp_path, lfm2_int4, lfm2):
+    """Issue 49 item 6: an LFM2 candidate printed `compared layers none`, a blank largest added error and groups
+    `+0.0 MB, over the budget of +0.0 MB`; its recurrent layers have no attention block to compare."""
+    check(tmp_path, run(tmp_path, "--pkg", lfm2_int4[1], "--ref", lfm2[1]), "--pkg", "a hybrid decoder with "
+          "recurrent state", "ortevals fidelity")
+
+
 def test_candidate_without_layer_names(tmp_path, no_names, tiny_pkg):
     check(tmp_path, run(tmp_path, "--pkg", no_names, "--ref", tiny_pkg), "--pkg", "layer names", "/model/layers.N/")
 

@@ -142,6 +142,12 @@ def decoder_graph(package: ModelPackage):
 def _check_candidate(cand: ModelPackage) -> None:
     from ortevals.runtime.roles import named_layers
 
+    if cand.recurrent:  # its convolution / linear-attention layers have no attention block to tap
+        raise OrtEvalsError(f"--pkg {cand.root}: a hybrid decoder with recurrent state ({len(cand.states)} "
+                            "convolution or linear-attention state inputs); diagnose compares each layer's attention "
+                            "and MLP blocks, which its recurrent layers do not have; ortevals fidelity measures its "
+                            "token KL against the reference")
+
     if not named_layers(decoder_graph(cand)):
         raise OrtEvalsError(f"--pkg {cand.root}: no node of {cand.decoder.path.name} carries the builder's layer names "
                             "(/model/layers.N/…); diagnose reads the layers of onnxruntime-genai builder graphs only")
