@@ -348,7 +348,8 @@ def test_a_late_failure_keeps_what_was_measured(tmp_path, tiny, tiny_int4, monke
     assert s["sensitivity"]["groups"] and s["recommendation"] is not None and s["verify"] is None
     assert any(n.startswith(f"stopped: the --verify stage {said}") for n in s["notes"])
     kept = next(line for line in result.output.splitlines() if line.startswith(f"the --verify stage {said}"))
-    assert kept.endswith(f": kept what was measured before it in {out / 'diagnose.json'}"), kept
+    assert f": kept what was measured before it in {out / 'diagnose.json'}; " in kept, kept
+    assert kept.endswith("the same command resumes from them"), kept
 
 
 def test_a_candidate_that_is_not_quantized_says_so_first_and_skips_the_sensitivity_stage(tmp_path, tiny_pkg):
@@ -379,3 +380,47 @@ def test_tokens_beyond_the_text_are_said_to_be_capped(tmp_path, tiny_int4, tiny_
     assert 0 < scored < 100000
     said = f"--tokens 100000: the text holds {scored} tokens to score"
     assert said in out and any(n.startswith(said) for n in s["notes"])
+
+
+def test_an_interrupted_diagnose_resumes_from_what_it_measured(tmp_path, tiny_int4, tiny_pkg, monkeypatch):
+    """Issue 49 item 13: Ctrl-C during the sensitivity stage, then the same command: the per-layer stage, the saved
+    reference and the groups measured before are not measured again, and the numbers equal a fresh run's (the
+    rerun redid all of it, 56 s on SmolLM2)."""
+    import ortevals.diagnose.sensitivity as sens
+
+    args = ["diagnose", "--pkg", str(tiny_int4), "--ref", str(tiny_pkg), "--tokens", "256", "--questions", "0",
+            "--candidates", "2", "--budget", "30"]
+    real = sens.token_kl
+    before: list = []
+
+    def stop_at_the_second(package, *a, **k):
+        if before:
+            raise KeyboardInterrupt
+        before.append(package)
+        return real(package, *a, **k)
+
+    def invoke(cache, out):
+        return CliRunner(env={"ORTEVALS_CACHE": str(tmp_path / cache)}).invoke(
+            cli, [*args, "--output", str(tmp_path / out)], catch_exceptions=False)
+
+    monkeypatch.setattr(sens, "token_kl", stop_at_the_second)
+    first = invoke("cache", "out")
+    assert first.exit_code == 130 and "the same command resumes from them" in first.output, first.output
+    measured: list = []
+    monkeypatch.setattr(sens, "token_kl", lambda package, *a, **k: measured.append(package) or real(package, *a, **k))
+
+    def refuse(*a, **k):
+        raise AssertionError("measured again")
+
+    for name in ("measure_layers", "save_reference", "token_kl"):
+        monkeypatch.setattr(f"ortevals.diagnose.run.{name}", refuse)
+    second = invoke("cache", "out")
+    assert second.exit_code == 0, second.output
+    assert "kept from an earlier run" in second.output and before[0] not in measured and measured
+    monkeypatch.undo()
+    fresh = invoke("cache2", "out2")
+    assert fresh.exit_code == 0, fresh.output
+    got, want = (json.loads((tmp_path / o / "diagnose.json").read_text()) for o in ("out", "out2"))
+    for key in ("layers", "token_kl", "sensitivity", "greedy"):
+        assert json.dumps(got[key]).replace(str(tmp_path / "cache"), "C") == \
+            json.dumps(want[key]).replace(str(tmp_path / "cache2"), "C"), key
