@@ -15,8 +15,6 @@ prints any ortevals error, then or later, as one line (``Error: …``, exit 2), 
 
 from __future__ import annotations
 
-import sys
-
 NAMES = ("ortevals",)
 
 
@@ -45,7 +43,7 @@ def preflight(model_args: dict | None, batch_size) -> None:
 def main() -> None:
     """The stock lm_eval CLI (lm-eval's own parser and ``execute``, as its ``cli_evaluate``), with ``--model
     ortevals`` registered; ortevals' errors as one line, exit 2."""
-    from ortevals.errors import OrtEvalsError
+    from ortevals.errors import exit_in_one_line
 
     register()
     from lm_eval._cli import HarnessCLI  # what lm_eval.__main__.cli_evaluate runs (0.4.13)
@@ -54,16 +52,10 @@ def main() -> None:
     setup_logging()
     parser = HarnessCLI()
     args = parser.parse_args()
-    try:
+    with exit_in_one_line():
         if getattr(args, "model", None) in NAMES:
             preflight(getattr(args, "model_args", None), getattr(args, "batch_size", None))
         parser.execute(args)
-    except OrtEvalsError as e:
-        sys.stderr.write(f"Error: {e}\n")
-        sys.exit(2)
-    except KeyboardInterrupt:
-        sys.stderr.write("Interrupted.\n")
-        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ortevals.errors import OrtEvalsError, did_you_mean
+from ortevals.errors import OrtEvalsError, did_you_mean, exit_in_one_line
 
 NAME = "OrtEvalsEvaluator"
 KEYS = ("tasks", "limit", "batch_size", "execution_provider", "provider_options", "data", "path", "max_length",
@@ -126,18 +126,12 @@ def main(argv: list[str] | None = None) -> None:
     config = next((a.split("=", 1)[1] for a in args if a.startswith("--config=")), None)
     if config is None and "--config" in args[:-1]:
         config = args[args.index("--config") + 1]
-    try:
+    with exit_in_one_line():
         if config is not None:
             check_workflow(Path(config))
         from olive.cli.launcher import main as olive_main
 
         olive_main(args, called_as_console_script=False)
-    except OrtEvalsError as e:
-        sys.stderr.write(f"Error: {e}\n")
-        sys.exit(2)
-    except KeyboardInterrupt:
-        sys.stderr.write("Interrupted.\n")
-        sys.exit(130)
 
 
 if __name__ == "__main__":
