@@ -11,6 +11,9 @@ logging it as "Failed to run Olive" and carrying on.
 
 from __future__ import annotations
 
+import contextlib
+import sys
+
 
 class OrtEvalsError(ValueError):
     """A user error: bad package, bad data, bad option, missing runtime."""
@@ -32,6 +35,15 @@ class StoreError(OrtEvalsError):
     """The result store file cannot be opened, read or written (corrupt, a folder, not SQLite)."""
 
 
+class OutputError(OrtEvalsError):
+    """A file ortevals writes could not be written (a full disk, a folder gone read-only): ``path`` and the
+    system's ``reason``."""
+
+    def __init__(self, message: str, path=None, reason: str = "") -> None:
+        super().__init__(message)
+        self.path, self.reason = path, reason
+
+
 class DataError(OrtEvalsError):
     """A benchmark data set is missing, unreachable or malformed."""
 
@@ -48,3 +60,18 @@ def did_you_mean(name: str, known) -> str:
 
     match = difflib.get_close_matches(name, sorted(known), n=1)
     return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+@contextlib.contextmanager
+def exit_in_one_line():
+    """For a wrapper that owns its process (lm-eval's and Olive's command lines run by ortevals): an ortevals error
+    raised inside is one line on stderr (``Error: …``) and exit code 2, Ctrl-C ``Interrupted.`` and 130, as the
+    ``ortevals`` command does."""
+    try:
+        yield
+    except OrtEvalsError as e:
+        sys.stderr.write(f"Error: {e}\n")
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.stderr.write("Interrupted.\n")
+        sys.exit(130)

@@ -20,16 +20,15 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from ortevals.errors import DataError, OrtEvalsError, first_line
+from ortevals.errors import DataError, OrtEvalsError, OutputError, first_line
 from ortevals.files import cache_root, check_writable_file, check_writable_folder, publish, staged
+from ortevals.presets import reword_data_error
 from ortevals.report.results import RunSummary, stale_outputs, summarize, write_outputs, write_unreported
 from ortevals.runtime.meter import boot_clock
-from ortevals.tasks import task_manager, with_fit_split, with_samples
+from ortevals.tasks import check_generation_settings, check_task_names, task_manager, with_fit_split, with_samples
 
 log = logging.getLogger(__name__)
 OUTPUT_FILES = ("results.json", "samples_*.jsonl", "calibration_fit_*.jsonl", "*.png")  # what a run writes
-OFFLINE_HINTS = ("offline", "connection", "couldn't reach", "could not reach", "resolve", "localentrynotfound",
-                 "max retries", "name or service not known", "network")
 
 
 @dataclass(frozen=True)
@@ -86,9 +85,12 @@ def evaluate(lm, spec: RunSpec) -> RunOutcome:
 
         model = CachingLM(lm, str(spec.use_cache))
     tasks, gen_kwargs = list(spec.tasks), spec.gen_kwargs
-    k = getattr(getattr(lm, "args", None), "samples", None)
+    args = getattr(lm, "args", None)
+    k = getattr(args, "samples", None)
+    check_task_names([t for t in tasks if isinstance(t, str)], "--tasks", include_path=spec.include_path)
+    check_generation_settings(tasks, _run_task_manager(spec), getattr(args, "cascade", "auto"))
     if k:  # --samples K (issue 14 §3, tasks.py): repeats K, each task's settings rewritten to sample
-        tasks = with_samples(tasks, k, _run_task_manager(spec), gen_kwargs)
+        tasks = with_samples(tasks, k, _run_task_manager(spec), gen_kwargs, getattr(args, "self_eval", False))
     if getattr(getattr(lm, "args", None), "temperature_fit", "cv") == "split":  # issue 24: <task>@validation too
         tasks = with_fit_split(tasks, _run_task_manager(spec))
     verifier = _open_verifier(lm, k)
@@ -105,7 +107,7 @@ def evaluate(lm, spec: RunSpec) -> RunOutcome:
     except OrtEvalsError:
         raise
     except Exception as e:  # datasets/hub raise many types; only data problems are re-worded
-        _reword_data_error(e, spec)
+        reword_data_error(e, spec.tasks, spec.num_fewshot)
         raise
     seconds, evaluated = time.perf_counter() - start, boot_clock()
     if not results or not results.get("samples"):
@@ -156,7 +158,10 @@ def _publish(output: Path, stage: Path, results: dict, summary: RunSummary) -> R
 def _publish_unreported(output: Path, stage: Path, results: dict, error: BaseException) -> None:
     """Reporting failed after the model work: lm-eval's results and every sample published as the run's set
     (plots already drawn kept), ``results.json``'s ``ortevals.unreported`` saying why; a failure here is logged,
-    never raised over the first."""
+    never raised over the first. A file the stage could not take (a full disk: :class:`OutputError`) would fail
+    again: the caller's one line says nothing was written."""
+    if isinstance(error, OutputError):
+        return
     try:
         others = sorted(p.name for p in stage.iterdir() if p.is_file())
         names = [p.name for p in write_unreported(stage, results, error, others)] + others
@@ -415,24 +420,3 @@ def _run_task_manager(spec: RunSpec):
     if spec.include_path is None and all(isinstance(t, dict) for t in spec.tasks):
         return task_manager(None, defaults=False)  # resolved configs: nothing to look up
     return task_manager(spec.include_path)
-
-
-def _reword_data_error(e: Exception, spec: RunSpec) -> None:
-    text = f"{type(e).__name__}: {e}".lower()
-    names = [t if isinstance(t, str) else t.get("task", "?") for t in spec.tasks]
-    if any(h in text for h in OFFLINE_HINTS):
-        raise DataError(
-            f"could not load the data for {', '.join(names)} from the Hugging Face hub (offline?); "
-            "pass --data PATH to a local copy, or --data bundled for the MMLU-Pro copy shipped with ortevals"
-        ) from None
-    if "out of bounds for size 0" in text or "must have valid or test docs" in text:
-        raise DataError(f"the data set is empty after filters for {', '.join(map(str, names))[:200]} "
-                        "(check --data, --limit and the task names)") from None
-    if "number of fewshot samples requested exceeds" in text:  # lm-eval's assert while building prompts
-        available = next((w for w in first_line(e).split() if w.isdigit()), "fewer")
-        raise DataError(f"--num-fewshot {spec.num_fewshot}: {', '.join(map(str, names))[:200]} has only "
-                        f"{available} few-shot examples; expected --num-fewshot {available} or less") from None
-    if "not a registered task" in text or "spec '" in text:
-        raise DataError(f"unknown task in {', '.join(names)}: {first_line(e)}") from None
-    if "must have valid or test docs" in text or "dataset" in text and "not found" in text:
-        raise DataError(f"no documents for {', '.join(names)}: {first_line(e)}") from None

@@ -25,10 +25,13 @@ from typing import Any
 
 import numpy as np
 
-from ortevals.errors import OrtEvalsError
+from ortevals.errors import OrtEvalsError, OutputError
 
 CACHE_ENV = "ORTEVALS_CACHE"
 STAGE_PREFIX = ".ortevals-new-"  # a run's files before they are published (inside the output folder)
+# the least an output folder's disk must have free before a command starts: a run's results.json, samples and
+# plots for a few hundred questions (a full disk is refused before the work, not after it)
+MIN_FREE = 16 * 2**20
 log = logging.getLogger(__name__)
 
 
@@ -51,9 +54,10 @@ def store_path(package_dir: str | Path) -> Path:
     return cache_root() / "runs" / f"{Path(package_dir).name}-{digest}.sqlite"
 
 
-def check_writable_folder(path: Path, flag: str, files: Sequence[str] = ()) -> None:
-    """Before any work: ``path`` is a folder this process can write (created if missing), and nothing there
-    matching the ``files`` patterns (what the command will replace) is a folder; else one line.
+def check_writable_folder(path: Path, flag: str, files: Sequence[str] = (), need: int | None = None) -> None:
+    """Before any work: ``path`` is a folder this process can write (created if missing), with ``need`` bytes
+    (default :data:`MIN_FREE`) free on its disk, and nothing there matching the ``files`` patterns (what the
+    command will replace) is a folder; else one line.
 
     Checked by doing it (create the folder, write and remove a temp file): permission bits say nothing for
     root, read-only mounts or /proc."""
@@ -70,6 +74,11 @@ def check_writable_folder(path: Path, flag: str, files: Sequence[str] = ()) -> N
     except OSError as e:
         raise OrtEvalsError(f"{flag} {path}: not writable ({e.strerror or type(e).__name__}); expected a folder "
                             "this user can write") from None
+    free, need = shutil.disk_usage(path).free, MIN_FREE if need is None else need
+    if free < need:
+        raise OutputError(f"{flag} {path}: {free / 2**20:.1f} MiB free on its disk, and this command writes up to "
+                          f"{need / 2**20:.0f} MiB there; free some space, or give a folder on another disk",
+                          path, "not enough free space")
 
 
 def check_writable_file(path: Path, flag: str) -> None:
@@ -91,9 +100,11 @@ def check_writable_file(path: Path, flag: str) -> None:
 
 
 @contextlib.contextmanager
-def staged(folder: Path | None) -> Iterator[Path | None]:
+def staged(folder: Path | None, flag: str = "--output") -> Iterator[Path | None]:
     """A fresh folder inside ``folder`` (None: None) where a command writes its files before :func:`publish`
-    moves them into ``folder`` as one set; removed on leaving, with whatever was not published."""
+    moves them into ``folder`` as one set; removed on leaving, with whatever was not published. A file of the
+    set that cannot be written (:class:`OutputError`) is one line naming ``flag``, ``folder`` and the file:
+    nothing of the set reached ``folder``."""
     if folder is None:
         yield None
         return
@@ -102,6 +113,11 @@ def staged(folder: Path | None) -> Iterator[Path | None]:
     stage = Path(tempfile.mkdtemp(dir=folder, prefix=STAGE_PREFIX))
     try:
         yield stage
+    except OutputError as e:
+        if e.path is None or Path(e.path).parent != stage:
+            raise
+        raise OutputError(f"{flag} {folder}: could not write {Path(e.path).name} ({e.reason}); nothing of this "
+                          "set was written there, the earlier files are as they were", folder, e.reason) from None
     finally:
         shutil.rmtree(stage, ignore_errors=True)
 
@@ -173,8 +189,13 @@ def _mode() -> int:
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` via a temp file in the same folder and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    except OSError as e:
+        reason = e.strerror or type(e).__name__
+        raise OutputError(f"{path}: could not write it ({reason}); nothing was written there", path, reason) \
+            from None
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -182,6 +203,11 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             os.fchmod(fh.fileno(), _mode())  # mkstemp makes 0600; a result file is as readable as any other
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+    except OSError as e:  # a full disk, a folder gone read-only: nothing half-written is left, one line
+        Path(tmp).unlink(missing_ok=True)
+        reason = e.strerror or type(e).__name__
+        raise OutputError(f"{path}: could not write it ({reason}); nothing was written there", path, reason) \
+            from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -27,7 +27,12 @@ PKG_ALIASES = ("pretrained", "model")  # lm-eval spellings of the package folder
 IGNORED = ("device", "max_batch_size")  # lm-eval passes its torch device and batch cap; the EP is `ep`
 
 
-def positive_int(name: str, allow_zero: bool = False) -> Callable[[Any], int]:
+MAX_ROWS = 65536  # rows of one forward pass (batch_size, gen_batch_size): beyond it no pass fits any device
+MAX_SAMPLES = 10000  # samples per question: the largest K of published repeated-sampling studies
+
+
+def positive_int(name: str, allow_zero: bool = False, most: int | None = None,
+                 why: str = "") -> Callable[[Any], int]:
     def parse(value: Any) -> int:
         try:
             n = int(value)
@@ -37,6 +42,8 @@ def positive_int(name: str, allow_zero: bool = False) -> Callable[[Any], int]:
             raise OrtEvalsError(f"{name} must be an integer, got {value!r}")
         if n < 0 or (n == 0 and not allow_zero):
             raise OrtEvalsError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {n}")
+        if most is not None and n > most:
+            raise OrtEvalsError(f"{name} must be at most {most}{why}, got {n}")
         return n
 
     return parse
@@ -79,7 +86,7 @@ def parse_batch_size(value: Any) -> int | None:
     """``auto`` (or None) -> None, else a positive int; ``auto:4`` style is accepted as auto."""
     if value is None or (isinstance(value, str) and value.lower().startswith("auto")):
         return None
-    return positive_int("batch_size")(value)
+    return positive_int("batch_size", most=MAX_ROWS, why=" rows per forward pass")(value)
 
 
 def parse_passes(value: Any) -> int:
@@ -190,7 +197,7 @@ OPTIONS: tuple[Option, ...] = (
            "A request longer than the context: error (default), or left (lm-eval hf's left truncation, counted).",
            flag="--truncate", metavar="error|left"),
     Option("max_gen_toks", positive_int("max_gen_toks"), 256, "Default cap on generated tokens."),
-    Option("gen_batch_size", positive_int("gen_batch_size"), 1,
+    Option("gen_batch_size", positive_int("gen_batch_size", most=MAX_ROWS, why=" rows decoded together"), 1,
            "Greedy requests per batched Generator (1: one cursor that rewinds)."),
     Option("seed", positive_int("seed", allow_zero=True), 1234, "Sampling seed."),
     # issue 13: requests with images/audio (ortevals/engine/media/og.py, fast.py)
@@ -222,7 +229,9 @@ OPTIONS: tuple[Option, ...] = (
            "memory the device holds where the KV lives (its total, not what is free, so every run on this "
            "machine decodes the same batches and draws the same samples)."),
     # not scoped: the store keys each sample by request + sample index, so raising K reuses the first K
-    Option("samples", positive_int("samples"), None, "Samples per question: overrides the tasks' repeats and "
+    Option("samples", positive_int("samples", most=MAX_SAMPLES, why=" per question (each sample is a generation of "
+                                   "up to max_gen_toks tokens; lm-eval holds K requests per question)"), None,
+           "Samples per question: overrides the tasks' repeats and "
            "reports maj@k, pass@k and best-of-k for k = 1, 2, 4, … K (always sampling: at the gen_kwargs "
            "temperature where the run gives one, else the task's if it samples, else 0.7).", scoped=False,
            flag="--samples", metavar="K"),
@@ -318,6 +327,19 @@ def _check_passes(args, cores: int) -> None:
     if args.passes > cores:
         raise OrtEvalsError(f"passes={args.passes} is more than the {cores} CPU cores of this machine; expected "
                             f"auto or 1 to {cores}: each pass takes a core")
+    if args.passes > 1 and args.threads and args.passes * args.threads > cores and not alone:
+        raise OrtEvalsError(f"passes={args.passes} with threads={args.threads} runs {args.passes * args.threads} "
+                            f"intra-op threads at once on the {cores} CPU cores of this machine: they only contend; "
+                            f"expected passes × threads <= {cores} (passes={args.passes} alone gives each pass one "
+                            "thread)")
+
+
+def check_provider(args, on_device: bool, provider: str) -> None:
+    """Settings that act only on a device provider, refused once the run's provider is known (the package's own
+    when ``--ep`` is not given)."""
+    if args.allow_cpu_fallback and not on_device:
+        raise OrtEvalsError(f"allow_cpu_fallback=true does nothing on the {provider} execution provider: every node "
+                            "already runs on the CPU; drop it, or give --ep cuda (or another device provider)")
 
 ModelArgs = dataclasses.make_dataclass(
     "ModelArgs", [(o.name, Any, dataclasses.field(default=o.default)) for o in OPTIONS], frozen=True,
@@ -338,8 +360,13 @@ def parse_model_args(args: Mapping[str, Any]) -> ModelArgs:
         raise OrtEvalsError("model_args needs pkg=PATH (the GenAI package folder)")
     unknown = sorted(set(args) - set(BY_NAME))
     if unknown:
-        raise OrtEvalsError(f"unknown ortevals model_args {unknown}{did_you_mean(unknown[0], BY_NAME)}; expected "
-                            f"some of {sorted(BY_NAME)}")
+        near = did_you_mean(unknown[0], BY_NAME)
+        if not near and "provider_options" in args:  # lm-eval split `provider_options=a=1,b=2` at its comma
+            raise OrtEvalsError(f"unknown ortevals model_args {unknown}: model_args are split at commas, so a "
+                                f"second provider option became an argument of its own; separate provider options "
+                                f"with ';' (provider_options={args['provider_options']};"
+                                f"{unknown[0]}={args[unknown[0]]})")
+        raise OrtEvalsError(f"unknown ortevals model_args {unknown}{near}; expected some of {sorted(BY_NAME)}")
     parsed = ModelArgs(**{k: BY_NAME[k].parse(v) for k, v in args.items()})
     check_settings(parsed)
     return parsed

@@ -15,13 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ortevals.errors import DataError
+from ortevals.errors import DataError, first_line
 from ortevals.tasks import leaf_configs
 from ortevals.tasks import task_manager as task_index
 
 log = logging.getLogger(__name__)
 
 BUNDLED = Path(__file__).parent / "data"
+OFFLINE_HINTS = ("offline", "connection", "couldn't reach", "could not reach", "resolve", "localentrynotfound",
+                 "max retries", "name or service not known", "network")
 MMLU_PRO_COLUMNS = {"question": "string", "options": "list", "answer": "string", "answer_index": "int",
                     "category": "string"}
 
@@ -109,9 +111,14 @@ def task_specs(names: Preset | tuple[str, ...] | list[str], data: Path | None,
     from lm_eval.tasks._yaml_loader import load_yaml  # the loader lm-eval itself uses (0.4.13 layout)
 
     tm = task_manager or (preset.task_manager() if preset else task_index())
+    bundled = Path(data).resolve() == (BUNDLED / "mmlu_pro").resolve()
     specs: list[str | dict[str, Any]] = []
     for name in names:
         for cfg in leaf_configs(tm, name, load_yaml):
+            if bundled and cfg.get("dataset_path") not in {p.hub_dataset for p in PRESETS.values()}:
+                raise DataError(f"--data bundled holds MMLU-Pro only, and task {cfg.get('task', name)} reads "
+                                f"{cfg.get('dataset_path')}: pass --data PATH to a local copy of "
+                                f"{cfg.get('dataset_path')} (the hub's layout), or run online without --data")
             specs.append({**cfg, "dataset_path": str(data)})
     return specs
 
@@ -246,3 +253,44 @@ def _has_kind(arrow_type, kind: str) -> bool:
     if kind == "int":
         return pa.types.is_integer(arrow_type)
     return True
+
+
+def _quoted(line: str) -> str:
+    """The first quoted name in ``line`` (datasets' ``BuilderConfig 'ARC-Easy' not found``), else "?"."""
+    import re
+
+    found = re.search(r"'([^']+)'", line)
+    return repr(found.group(1)) if found else "?"
+
+
+def reword_data_error(e: Exception, tasks, num_fewshot: int | None) -> None:
+    """An lm-eval/datasets failure while loading ``tasks``' data as one :class:`DataError` line where it is a
+    data problem (a local folder that is a copy of another data set, offline, empty after filters, too few
+    few-shot examples, unknown task, no documents); returns otherwise."""
+    text = f"{type(e).__name__}: {e}".lower()
+    names = [t if isinstance(t, str) else t.get("task", "?") for t in tasks]
+    local = sorted({str(t["dataset_path"]) for t in tasks if isinstance(t, dict) and t.get("dataset_path")
+                    and Path(str(t["dataset_path"])).is_dir()})
+    if "builderconfig" in text and "not found" in text and local:  # datasets: the folder lacks the task's config
+        raise DataError(f"--data {local[0]}: {', '.join(names)[:200]} read the configuration "
+                        f"{_quoted(first_line(e))} of a data set this folder is not a copy of; expected a local "
+                        f"copy of the data set these tasks read (datasets: {first_line(e)})") from None
+    if any(h in text for h in OFFLINE_HINTS):
+        if local:  # the local copy is there: the hub was asked for something else (a script, a config)
+            raise DataError(f"loading {', '.join(names)[:200]} from --data {local[0]} still asked the Hugging Face "
+                            f"hub (offline?): {first_line(e)}") from None
+        bundled = ", or --data bundled for the MMLU-Pro copy shipped with ortevals" \
+            if all("mmlu_pro" in n for n in names) else ""
+        raise DataError(f"could not reach the Hugging Face hub for the data of {', '.join(names)[:200]} (offline?); "
+                        f"run online, or pass --data PATH to a local copy in the hub's layout{bundled}") from None
+    if "out of bounds for size 0" in text or "must have valid or test docs" in text:
+        raise DataError(f"the data set is empty after filters for {', '.join(map(str, names))[:200]} "
+                        "(check --data, --limit and the task names)") from None
+    if "number of fewshot samples requested exceeds" in text:  # lm-eval's assert while building prompts
+        available = next((w for w in first_line(e).split() if w.isdigit()), "fewer")
+        raise DataError(f"--num-fewshot {num_fewshot}: {', '.join(map(str, names))[:200]} has only "
+                        f"{available} few-shot examples; expected --num-fewshot {available} or less") from None
+    if "not a registered task" in text or "spec '" in text:
+        raise DataError(f"unknown task in {', '.join(names)}: {first_line(e)}") from None
+    if "must have valid or test docs" in text or "dataset" in text and "not found" in text:
+        raise DataError(f"no documents for {', '.join(names)}: {first_line(e)}") from None

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ortevals.errors import DataError, OrtEvalsError
+from ortevals.errors import DataError, OrtEvalsError, did_you_mean
 from ortevals.report.calibration_results import FIT_MARK
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,22 @@ def task_manager(include_path: str | None = None, defaults: bool = True):
     return TaskManager(include_path=include_path, include_defaults=defaults)
 
 
+def check_task_names(names: Sequence[str], flag: str, extra: Sequence[str] = (),
+                     include_path: str | None = None) -> None:
+    """Each name a task, group or tag lm-eval's index holds (or a glob matching some, or a YAML path, as lm-eval
+    takes them), else one line naming ``flag`` and the closest of the index and ``extra`` (ortevals' presets)."""
+    if not names:
+        return
+    tm = task_manager(include_path)
+    known = set(tm.all_tasks)
+    for name in names:
+        if name in known or Path(name).exists() or (any(c in name for c in "*?[") and tm.match_tasks([name])):
+            continue
+        presets = f", or one of {', '.join(extra)}" if extra else ""
+        raise OrtEvalsError(f"{flag}: unknown task {name!r}{did_you_mean(name, [*extra, *known])}; expected an "
+                            f"lm-eval task, group or tag name{presets}")
+
+
 def leaf_configs(tm, name: str, load_yaml) -> list[dict[str, Any]]:
     """The YAML configs of ``name``'s tasks; a group expands to its members.
 
@@ -53,7 +69,8 @@ def leaf_configs(tm, name: str, load_yaml) -> list[dict[str, Any]]:
     """
     entry = tm._entry(name)  # lm-eval 0.4.13's index entry: where the task's YAML lives
     if entry is None or not getattr(entry, "yaml_path", None):
-        raise DataError(f"task {name!r} is not a YAML task lm-eval knows; --data cannot re-point it")
+        raise DataError(f"task {name!r} is not a YAML task lm-eval knows{did_you_mean(name, tm.all_tasks)}; "
+                        "--data cannot re-point it")
     cfg = load_yaml(str(entry.yaml_path), resolve_func=True)
     if "group" in cfg and isinstance(cfg.get("task"), list):
         members = [t if isinstance(t, str) else t.get("task") for t in cfg["task"]]
@@ -61,19 +78,43 @@ def leaf_configs(tm, name: str, load_yaml) -> list[dict[str, Any]]:
     return [cfg]
 
 
-def with_samples(tasks: Sequence[Any], k: int, task_manager, user: dict | None = None) -> list[dict]:
-    """Task configs (names resolved to their YAML) with ``repeats: k`` and sampling generation_kwargs
-    (:func:`sampling_kwargs`) on every generate_until task; what changed is logged once."""
+def _configs(tasks: Sequence[Any], task_manager) -> list[dict]:
+    """Each task's leaf configs (names resolved to their YAML; dicts copied)."""
     from lm_eval.tasks._yaml_loader import load_yaml
 
     configs: list[dict] = []
     for t in tasks:
         configs.extend([dict(t)] if isinstance(t, dict) else leaf_configs(task_manager, t, load_yaml))
+    return configs
+
+
+def check_generation_settings(tasks: Sequence[Any], task_manager, cascade: str) -> None:
+    """``cascade`` other than auto acts only on generation: on a run with no generate_until task it is one line
+    before the run (the task names are resolved only then)."""
+    if cascade == "auto":
+        return
+    configs = _configs(tasks, task_manager)
+    if not any(c.get("output_type") == "generate_until" for c in configs):
+        names = ", ".join(str(c.get("task")) for c in configs)[:200]
+        raise OrtEvalsError(f"cascade={cascade} does nothing on this run: {names} score log-likelihoods and generate "
+                            "nothing (cascade decodes sampled rows on one shared prompt KV); drop it")
+
+
+def with_samples(tasks: Sequence[Any], k: int, task_manager, user: dict | None = None,
+                 self_eval: bool = False) -> list[dict]:
+    """Task configs (names resolved to their YAML) with ``repeats: k`` and sampling generation_kwargs
+    (:func:`sampling_kwargs`) on every generate_until task; what changed is logged once. ``self_eval`` on tasks
+    that all generate is refused (P(True) asks about one answer a question; K samples have none)."""
+    configs = _configs(tasks, task_manager)
     generating = [c for c in configs if c.get("output_type") == "generate_until"]
+    names = ", ".join(str(c.get("task")) for c in configs)
     if not generating:
-        names = ", ".join(str(c.get("task")) for c in configs)
         raise OrtEvalsError(f"--samples {k} needs generate_until tasks; {names} score log-likelihoods "
                             "(for MMLU-Pro use --cot)")
+    if self_eval and len(generating) == len(configs):
+        raise OrtEvalsError(f"--self-eval with --samples {k}: P(True) is asked about a question's one generated "
+                            f"answer or chosen choice, and {names[:200]} give {k} samples a question; give "
+                            "--verifier self to score each sample by P(True), or drop --samples")
     changed: dict[str, list[str]] = {}
     for c in generating:
         _check_first_k(c, k)

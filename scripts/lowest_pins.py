@@ -1,7 +1,9 @@
 """Run ortevals on the lowest versions pyproject.toml allows (its lower bounds turned into ``==``).
 
-A virtual environment over this interpreter's packages (``--system-site-packages``) gets only the pins whose
-installed version differs, plus, unpinned, every installed package of ortevals' dependency closure whose own
+A virtual environment layered over the running environment's packages (its own site-packages first, then
+every site directory of the interpreter running this script: a venv's, a conda env's or the system's, through
+a ``.pth`` file; ``--system-site-packages`` alone would reach only a venv's base interpreter) gets only the pins
+whose installed version differs, plus, unpinned, every installed package of ortevals' dependency closure whose own
 requirements the pins break (pandas needing a newer numpy, datasets a newer pyarrow), so pip picks versions of
 those that go with the pins. Then a smoke run there: ``mmlu-pro`` on a package (log-likelihoods, the canary,
 calibration's scipy bootstrap, the results files) and ``mmlu-pro --cot --samples 2`` (raw sampling, the
@@ -17,6 +19,7 @@ import argparse
 import importlib.metadata as md
 import os
 import re
+import site
 import subprocess
 import sys
 import time
@@ -87,6 +90,32 @@ def install_args(pins: dict[str, str]) -> list[str]:
     return differ + broken_by(pins, closure(["ortevals", *pins]))
 
 
+def site_dirs() -> list[str]:
+    """The running interpreter's site directories, in its own order: a venv's site-packages (and its base's when
+    it was made with ``--system-site-packages``), a conda env's, the system's, and the user's where it is on."""
+    dirs = list(site.getsitepackages())
+    if site.ENABLE_USER_SITE and os.path.isdir(site.getusersitepackages()):
+        dirs.append(site.getusersitepackages())
+    return dirs
+
+
+def make_venv(venv: Path, pip: bool = True) -> Path:
+    """A virtual environment at ``venv`` that sees the running environment's packages below its own; returns its
+    interpreter. ``venv --system-site-packages`` from inside a venv reaches only the base interpreter's packages,
+    so a ``.pth`` file adds each of ``site_dirs()`` with ``site.addsitedir`` (their own ``.pth`` files, editable
+    installs among them, processed too). What pip installs into the new venv comes first on ``sys.path``.
+    ``pip=False``: no pip of its own (a test's faster venv)."""
+    python = venv / "bin" / "python"
+    if not python.exists():
+        no_pip = [] if pip else ["--without-pip"]
+        run([sys.executable, "-m", "venv", "--system-site-packages", *no_pip, str(venv)], dict(os.environ), "venv")
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    lines = [f"import site; site.addsitedir({d!r})" for d in site_dirs()]
+    (Path(purelib) / "zz_lowest_pins_layer.pth").write_text("\n".join(lines) + "\n")
+    return python
+
+
 def run(cmd: list[str], env: dict, what: str) -> None:
     start = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -120,15 +149,17 @@ def main() -> None:
     print("installing:", " ".join(args) or "nothing (every pin is the installed version)", flush=True)
     if a.dry_run:
         return
-    python = a.venv / "bin" / "python"
-    if not python.exists():
-        run([sys.executable, "-m", "venv", "--system-site-packages", str(a.venv)], dict(os.environ), "venv")
+    python = make_venv(a.venv)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(REPO)}
     if args:
         run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *args], env, "pip install")
     check = ("import importlib.metadata as m, json; print(json.dumps({n: m.version(n) for n in "
              f"{sorted(pins)!r}}}))")
-    got = subprocess.run([str(python), "-c", check], env=env, capture_output=True, text=True, check=True).stdout
+    proc = subprocess.run([str(python), "-c", check], env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SystemExit(f"the venv at {a.venv} cannot read the pinned packages' versions: {last}")
+    got = proc.stdout
     wrong = {n: v for n, v in __import__("json").loads(got).items() if Version(v) != Version(pins[n])}
     if wrong:
         raise SystemExit(f"the venv did not get the lowest pins: {wrong}")

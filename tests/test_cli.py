@@ -1,6 +1,7 @@
 """The command line: end to end on real MMLU-Pro data, and one clear line for every bad input."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ from click.testing import CliRunner
 
 from ortevals.cli import cli
 from ortevals.errors import OrtEvalsError
+from ortevals.presets import BUNDLED
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -71,6 +73,21 @@ def test_bad_data_folder(tiny_pkg, tmp_path):
 def test_offline_hub_without_data_says_what_to_do(tiny_pkg):
     result = run("mmlu-pro", "--pkg", str(tiny_pkg), "--limit", "1")
     assert_one_line_error(result, "--data")
+
+
+def test_other_tasks_on_local_or_bundled_data_are_one_line(tiny_pkg, tmp_path):
+    """Issue 49 items 9 and 15: `run --data bundled --tasks arc_easy` (the flag the offline message recommended)
+    was `internal error ValueError: BuilderConfig 'ARC-Easy' not found`; a local copy of another data set said the
+    same; offline, arc_easy's message recommended the MMLU-Pro copy."""
+    assert_one_line_error(run("run", "--pkg", str(tiny_pkg), "--data", "bundled", "--tasks", "arc_easy", "--limit",
+                              "1"), "--data bundled holds MMLU-Pro only", "arc_easy reads allenai/ai2_arc")
+    shutil.copytree(BUNDLED / "mmlu_pro" / "data", tmp_path / "copy" / "data")
+    assert_one_line_error(run("run", "--pkg", str(tiny_pkg), "--data", str(tmp_path / "copy"), "--tasks", "arc_easy",
+                              "--limit", "1"), f"--data {tmp_path / 'copy'}: arc_easy read the configuration "
+                                               "'ARC-Easy' of a data set this folder is not a copy of")
+    offline = run("run", "--pkg", str(tiny_pkg), "--tasks", "arc_easy", "--limit", "1")
+    assert_one_line_error(offline, "could not reach the Hugging Face hub for the data of arc_easy", "--data PATH")
+    assert "bundled" not in offline.output
 
 
 def test_no_package_given():

@@ -419,3 +419,21 @@ def test_clustered_interval_equals_statsmodels_cluster_robust_ols():
     got = clustered_interval(d, groups)
     assert got.se == pytest.approx(float(fit.bse[0]), rel=1e-10)
     assert (got.low, got.high) == pytest.approx(tuple(fit.conf_int(alpha=0.05)[0]), rel=1e-10)
+
+
+def test_kl_from_log_probabilities_below_exp_underflow():
+    """Issue 49 item 3: log-probabilities below −745 underflow in exp; KL from the probabilities became inf where
+    the true value is ~1e-304·100. Against scipy's rel_entr on random distributions (where nothing underflows),
+    and the edge cases of its definition (0 where p has no mass, inf where only q has none)."""
+    from scipy.special import rel_entr, softmax
+
+    from ortevals.report.stats import kl
+
+    lp = np.array([[np.log1p(-1e-304), -700.0], [0.0, -np.inf], [np.log(0.5), np.log(0.5)]])
+    lq = np.array([[np.log1p(-1e-300), -800.0], [0.0, -np.inf], [0.0, -np.inf]])
+    got = kl(lp, lq)
+    assert np.isfinite(got[0]) and got[0] < 1e-290
+    assert got[1] == 0.0 and got[2] == np.inf
+    rng = np.random.default_rng(0)
+    p, q = softmax(rng.normal(size=(50, 10)) * 3, axis=1), softmax(rng.normal(size=(50, 10)) * 3, axis=1)
+    np.testing.assert_allclose(kl(np.log(p), np.log(q)), rel_entr(p, q).sum(axis=1), rtol=1e-12, atol=1e-15)

@@ -15,6 +15,7 @@ from onnx import numpy_helper
 
 from ortevals.cli import cli
 from ortevals.diagnose.stats import Gain, block_rows, greedy_steps, ranked, token_errors
+from ortevals.errors import OrtEvalsError
 from ortevals.package.loader import ModelPackage
 from ortevals.runtime.providers import ProviderConfig
 from ortevals.runtime.roles import residual_points, weight_units
@@ -325,3 +326,101 @@ def test_layers_whose_points_are_not_named_are_listed(tmp_path, tiny_int4, tiny_
     assert s["layers"]["compared"] == [0] and s["layers"]["not_compared"] == [1]
     assert [b["name"] for b in s["layers"]["blocks"]] == ["embeddings", "layers.0.attn", "layers.0.mlp"]
     assert "compared layers 0; not compared: 1 (their residual tensors are not named the builder's way" in text
+
+
+@pytest.mark.parametrize("stop,code,said", [(OrtEvalsError("the builder failed: no space left"), 2, "failed"),
+                                            (KeyboardInterrupt(), 130, "interrupted")])
+def test_a_late_failure_keeps_what_was_measured(tmp_path, tiny, tiny_int4, monkeypatch, stop, code, said):
+    """Issue 49 items 5 and 13: a failure (or Ctrl-C) in --verify's build came after the per-layer, token KL and
+    sensitivity stages and left no diagnose.json; now it holds those stages, a note says where it stopped, and
+    the command still ends as the error says."""
+    def fail(*a, **k):
+        raise stop
+
+    monkeypatch.setattr("ortevals.diagnose.verify.build", fail)
+    hf_dir, ref = tiny
+    out = tmp_path / "diag"
+    result = CliRunner().invoke(cli, ["diagnose", "--pkg", str(tiny_int4), "--ref", str(ref), "--checkpoint",
+                                      str(hf_dir), "--verify", "--tokens", "256", "--questions", "0", "--candidates",
+                                      "1", "--output", str(out)], catch_exceptions=False)
+    assert result.exit_code == code, result.output
+    s = json.loads((out / "diagnose.json").read_text())
+    assert s["sensitivity"]["groups"] and s["recommendation"] is not None and s["verify"] is None
+    assert any(n.startswith(f"stopped: the --verify stage {said}") for n in s["notes"])
+    kept = next(line for line in result.output.splitlines() if line.startswith(f"the --verify stage {said}"))
+    assert f": kept what was measured before it in {out / 'diagnose.json'}; " in kept, kept
+    assert kept.endswith("the same command resumes from them"), kept
+
+
+def test_a_candidate_that_is_not_quantized_says_so_first_and_skips_the_sensitivity_stage(tmp_path, tiny_pkg):
+    """Issue 49 item 12: an fp32 candidate ran every stage and printed one 'not measured' line per weight group
+    (122 of 205 lines on a real model); now it is said first, the sensitivity stage is skipped, and --verify
+    (nothing to build) is refused before any work."""
+    s, text, _ = diagnose(tmp_path, "--pkg", tiny_pkg, "--ref", tiny_pkg, "--tokens", 256, "--questions", 0)
+    lines = text.splitlines()
+    assert lines[0].startswith("the candidate holds no quantized weights") and "not measured" not in text
+    assert not s["sensitivity"]["groups"] and not s["sensitivity"]["skipped"] and s["recommendation"] is None
+    assert any(n.startswith("the candidate holds no quantized weights") for n in s["notes"])
+    from tests.test_cli import assert_one_line_error
+
+    assert_one_line_error(CliRunner().invoke(cli, ["diagnose", "--pkg", str(tiny_pkg), "--ref", str(tiny_pkg),
+                                                   "--checkpoint", str(tiny_pkg.parent / "tiny-hf"), "--verify",
+                                                   "--output", str(tmp_path / "v")]),
+                          "--verify: the candidate", "holds no quantized weights")
+
+
+def test_tokens_beyond_the_text_are_said_to_be_capped(tmp_path, tiny_int4, tiny_pkg):
+    """Issue 49 item 12: `--tokens` beyond the text scored what the text held without a word; now the cap is said
+    before the per-layer stage and noted in diagnose.json."""
+    text = tmp_path / "short.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. " * 40)
+    s, out, _ = diagnose(tmp_path, "--pkg", tiny_int4, "--ref", tiny_pkg, "--text", text, "--tokens", 100000,
+                         "--questions", 0, "--candidates", 1)
+    scored = s["text"]["tokens_scored"]
+    assert 0 < scored < 100000
+    said = f"--tokens 100000: the text holds {scored} tokens to score"
+    assert said in out and any(n.startswith(said) for n in s["notes"])
+
+
+def test_an_interrupted_diagnose_resumes_from_what_it_measured(tmp_path, tiny_int4, tiny_pkg, monkeypatch):
+    """Issue 49 item 13: Ctrl-C during the sensitivity stage, then the same command: the per-layer stage, the saved
+    reference and the groups measured before are not measured again, and the numbers equal a fresh run's (the
+    rerun redid all of it, 56 s on SmolLM2)."""
+    import ortevals.diagnose.sensitivity as sens
+
+    args = ["diagnose", "--pkg", str(tiny_int4), "--ref", str(tiny_pkg), "--tokens", "256", "--questions", "0",
+            "--candidates", "2", "--budget", "30"]
+    real = sens.token_kl
+    before: list = []
+
+    def stop_at_the_second(package, *a, **k):
+        if before:
+            raise KeyboardInterrupt
+        before.append(package)
+        return real(package, *a, **k)
+
+    def invoke(cache, out):
+        return CliRunner(env={"ORTEVALS_CACHE": str(tmp_path / cache)}).invoke(
+            cli, [*args, "--output", str(tmp_path / out)], catch_exceptions=False)
+
+    monkeypatch.setattr(sens, "token_kl", stop_at_the_second)
+    first = invoke("cache", "out")
+    assert first.exit_code == 130 and "the same command resumes from them" in first.output, first.output
+    measured: list = []
+    monkeypatch.setattr(sens, "token_kl", lambda package, *a, **k: measured.append(package) or real(package, *a, **k))
+
+    def refuse(*a, **k):
+        raise AssertionError("measured again")
+
+    for name in ("measure_layers", "save_reference", "token_kl"):
+        monkeypatch.setattr(f"ortevals.diagnose.run.{name}", refuse)
+    second = invoke("cache", "out")
+    assert second.exit_code == 0, second.output
+    assert "kept from an earlier run" in second.output and before[0] not in measured and measured
+    monkeypatch.undo()
+    fresh = invoke("cache2", "out2")
+    assert fresh.exit_code == 0, fresh.output
+    got, want = (json.loads((tmp_path / o / "diagnose.json").read_text()) for o in ("out", "out2"))
+    for key in ("layers", "token_kl", "sensitivity", "greedy"):
+        assert json.dumps(got[key]).replace(str(tmp_path / "cache"), "C") == \
+            json.dumps(want[key]).replace(str(tmp_path / "cache2"), "C"), key

@@ -70,6 +70,22 @@ def test_checkpoint_with_other_layer_count(tmp_path, tiny_int4, tiny3):
           "config.json")
 
 
+def test_verify_checkpoint_of_another_model_is_refused_before_any_work(tmp_path, tiny_int4, tiny_pkg, tiny3, smollm2):
+    """Issue 49 item 5: `--checkpoint OTHER --verify` ran 50 s, built the wrong model and failed naming
+    reference.npz; now one line naming --checkpoint, before any model work."""
+    check(tmp_path, run(tmp_path, "--pkg", tiny_int4, "--ref", tiny_pkg, "--checkpoint", tiny3.parent / "tiny3-hf",
+                        "--verify"), "--checkpoint", "tiny3-hf", "different layer counts", "has 2", "has 3")
+    check(tmp_path, run(tmp_path, "--pkg", tiny_int4, "--ref", tiny_pkg, "--checkpoint", smollm2[0], "--verify"),
+          "--checkpoint", "different vocabularies", "512", "49152")
+
+
+def test_a_hybrid_candidate_is_refused_in_one_line(tmp_path, lfm2_int4, lfm2):
+    """Issue 49 item 6: an LFM2 candidate printed `compared layers none`, a blank largest added error and groups
+    `+0.0 MB, over the budget of +0.0 MB`; its recurrent layers have no attention block to compare."""
+    check(tmp_path, run(tmp_path, "--pkg", lfm2_int4[1], "--ref", lfm2[1]), "--pkg", "a hybrid decoder with "
+          "recurrent state", "ortevals fidelity")
+
+
 def test_candidate_without_layer_names(tmp_path, no_names, tiny_pkg):
     check(tmp_path, run(tmp_path, "--pkg", no_names, "--ref", tiny_pkg), "--pkg", "layer names", "/model/layers.N/")
 
@@ -90,15 +106,18 @@ def test_different_tokenizers(tmp_path, tiny_int4, tiny_pkg, copy_pkg):
 @pytest.mark.parametrize("args,needle", [
     ((), "pass --pkg"),
     (("--budget", "0"), "--budget must be"),
+    (("--budget", "5000"), "--budget must be a percentage of the candidate's size above 0 and at most 1000, got "
+                           "5000"),  # issue 49 item 12: the cap was not named
     (("--tokens", "0"), "--tokens must be >= 1"),
     (("--questions", "-1"), "--questions must be >= 0"),
     (("--ctx", "7"), "--ctx must be an even number"),
     (("--verify",), "--verify builds the recommended package"),
     (("--checkpoint", "/nonexistent"), "--checkpoint /nonexistent: expected a transformers checkpoint"),
+    (("--ref", "/nonexistent/ref"), "--ref /nonexistent/ref: no such folder"),  # issue 49 item 12
     (("--text", "/nonexistent.txt"), "/nonexistent.txt: cannot read the text"),
 ])
 def test_bad_options(tmp_path, tiny_int4, tiny_pkg, args, needle):
-    given = () if args == () else ("--pkg", tiny_int4, "--ref", tiny_pkg)
+    given = () if args == () else ("--pkg", tiny_int4) + (() if "--ref" in args else ("--ref", tiny_pkg))
     check(tmp_path, run(tmp_path, *given, *args), needle)
 
 
@@ -108,9 +127,11 @@ def test_saved_reference_file_is_not_a_reference_model(tmp_path, tiny_int4):
     check(tmp_path, run(tmp_path, "--pkg", tiny_int4, "--ref", ref), "diagnose needs the reference model itself")
 
 
-def test_weights_in_a_hard_linked_file_are_one_line_naming_it(tmp_path):
-    """onnx refuses external data in a file with several hard links (a package copied with cp -al): diagnose's
-    weight reads (the swap, --verify) said `internal error ValidationError`; now one line naming the folder."""
+def test_weights_in_a_hard_linked_file_are_read_as_the_scoring_commands_read_them(tmp_path):
+    """onnx refuses external data in a file with several hard links (a package copied with cp -al), which
+    onnxruntime and every scoring command read: diagnose's weight reads (the swap, --verify) refused it after
+    60 s of work (issue 49 item 12); now the values are read, equal to the single-link file's, and a location
+    outside the folder is still one line."""
     import os
 
     import numpy as np
@@ -131,6 +152,10 @@ def test_weights_in_a_hard_linked_file_are_one_line_naming_it(tmp_path):
     tensor = onnx.load(str(tmp_path / "model.onnx"), load_external_data=False).graph.initializer[0]
     assert np.array_equal(tensor_array(tensor, tmp_path), values)  # control: one link reads
     os.link(tmp_path / "model.onnx.data", tmp_path / "twin.data")
-    with pytest.raises(PackageError, match="hard link") as caught:
-        tensor_array(tensor, tmp_path)
+    assert np.array_equal(tensor_array(tensor, tmp_path), values)
+    outside = onnx.TensorProto()
+    outside.CopyFrom(tensor)
+    next(e for e in outside.external_data if e.key == "location").value = "../elsewhere.data"
+    with pytest.raises(PackageError, match="outside") as caught:
+        tensor_array(outside, tmp_path)
     assert "\n" not in str(caught.value) and str(tmp_path) in str(caught.value)

@@ -309,3 +309,38 @@ def test_onnxruntime_genai_paths_book_their_work_as_scoring(tiny_pkg, tmp_path, 
     overall, engine = body["efficiency"]["overall"], body["ortevals"]["model_seconds"]
     assert engine > 0 and overall["scoring_s"] >= engine, (overall, engine)
     assert overall["startup_s"] + overall["scoring_s"] + overall["after_s"] == pytest.approx(overall["total_s"])
+
+
+def test_busy_seconds_count_a_long_pass_recorded_after_short_ones_once():
+    """Issue 49 item 4 (`--passes auto`): one thread runs a 10 s pass while another runs 2000 passes of 2.5 ms with
+    2.5 ms gaps inside it, recorded first. Busy time is the union: 10 s (the meter kept only intervals within
+    twice the longest pass so far, 5 ms, so the long pass was counted again over the short ones' time: 15 s).
+    Afterwards, with nothing running, the kept intervals shrink to the last one."""
+    import threading
+
+    from ortevals.runtime.meter import PassMeter
+
+    meter = PassMeter()
+    begun, short_done = threading.Event(), threading.Event()
+
+    def long_pass():
+        started = meter.start(0.0)
+        begun.set()
+        short_done.wait()
+        meter.record(1, 64, False, started, 10.0)
+
+    worker = threading.Thread(target=long_pass)
+    worker.start()
+    begun.wait()
+    for i in range(2000):
+        meter.record(1, 64, False, meter.start(i * 0.005), 0.0025)
+    short_done.set()
+    worker.join()
+    counts = meter.counts()
+    assert counts.prefill_passes == 2001
+    assert counts.prefill_seconds == pytest.approx(10.0, abs=1e-9)
+    assert counts.prefill_row_seconds == pytest.approx(10.0 + 2000 * 0.0025)
+    meter.record(1, 1, True, meter.start(20.0), 1.0)  # another kind, apart
+    meter.record(1, 1, True, meter.start(20.5), 1.0)  # overlapping: 0.5 s more
+    assert meter.counts().decode_seconds == pytest.approx(1.5)
+    assert all(len(starts) == 1 for starts, _ in meter._spans.values())  # nothing runs: the last interval kept

@@ -181,3 +181,20 @@ def test_curves_carry_both_conventions_under_their_own_names():
     assert points["maj_avg", 4] == 1.0  # the samples with no answer do not vote
     assert points["weighted_maj", 4] == 0.0 and points["weighted_maj_avg", 4] == 1.0  # no answer votes 1.8
     assert points["bon", 4] == 0.0 and points["bon_avg", 4] == 0.0
+
+
+def test_multi_choice_regex_fallback_is_no_answer_not_a_vote():
+    """Issue 49 item 2: gpqa's and mmlu flan-cot's flexible-extract (`multi_choice_regex`) leaves "[invalid]" where
+    it finds nothing. That is no answer: maj_avg@4 of [none, none, none, (A)] with (A) right is 1.0 by its
+    definition (samples with no answer do not vote), and lm-eval's maj@4 still elects [invalid] (0.0)."""
+    cfg = {"task": "gpqa", "filter_list": [{"name": "flexible-extract", "filter": [
+        {"function": "multi_choice_regex", "group_select": -1, "ignore_case": True, "ignore_punctuation": True,
+         "regex_pattern": r"(\([A-Z]\))"}, {"function": "take_first"}]}],
+        "metric_list": [{"metric": "exact_match", "ignore_case": True, "ignore_punctuation": True}]}
+    doc = {"choices": ["red", "green", "blue", "black"]}
+    texts = ["I do not know"] * 3 + ["so it is (A)"]
+    answers = sample_answers(cfg, texts, doc)["flexible-extract"]
+    assert answers == [None, None, None, "(A)"]
+    samples = QuestionSamples(tuple(answers), tuple(is_correct(cfg, answers, "(A)")))
+    assert maj_avg_at_k(samples, 4) == 1.0
+    assert maj_at_k(samples, 4) == 0.0  # lm-eval's convention: no answer is a vote, and it is the majority

@@ -63,6 +63,10 @@ def test_every_option_reaches_model_args():
     ("pkg=x,prm=sometimes", "prm must be true or false"),
     ("pkg=x,search=mcts", "search must be one of none, beam, dvts, particles, got 'mcts'"),
     ("pkg=x,search_n=0", "search_n must be > 0, got 0"),
+    ("pkg=x,batch_size=99999999999999999999", "batch_size must be at most 65536 rows per forward pass, got "
+                                               "99999999999999999999"),
+    ("pkg=x,gen_batch_size=70000", "gen_batch_size must be at most 65536 rows decoded together"),
+    ("pkg=x,samples=100000", "samples must be at most 10000 per question"),
 ])
 def test_bad_values_name_the_option(text, needle):
     with pytest.raises(OrtEvalsError, match=needle):
@@ -96,3 +100,13 @@ def test_flags_and_model_args_agree_and_bad_model_args_are_one_line(tiny_pkg):
     # a flag and a --model-args entry for the same option: a bad value is named first, then any disagreement
     assert_one_line_error(run("mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--batch-size", "0",
                               "--model-args", "batch_size=2"), "batch_size must be > 0, got 0")
+
+
+@pytest.mark.parametrize("flag,value,needle", [("--batch-size", "99999999999999999999", "batch_size must be at most"),
+                                               ("--samples", "100000", "samples must be at most 10000")])
+def test_huge_counts_are_one_line_before_any_work(tiny_pkg, flag, value, needle):
+    """Issue 49 items 8 and 14: `--batch-size 99999999999999999999` hung at 0/1 questions (a loop up to the batch
+    size), `--samples 100000` ran on; both are one line from the options table, before the package opens."""
+    result = CliRunner().invoke(cli, ["mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--limit", "1", flag,
+                                      value, *(["--cot"] if flag == "--samples" else [])])
+    assert_one_line_error(result, needle, value)

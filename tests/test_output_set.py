@@ -136,3 +136,56 @@ def test_a_run_whose_files_cannot_be_published_keeps_the_earlier_set(tiny_pkg, t
     assert body["ortevals"]["files"] == ["reliability_leaderboard_mmlu_pro.png", "results.json",
                                          "risk_coverage_leaderboard_mmlu_pro.png", "samples_leaderboard_mmlu_pro.jsonl"]
     assert sorted(p.name for p in out.iterdir()) == body["ortevals"]["files"]
+
+
+def full_disk(monkeypatch, where, free: int = 2**20):
+    """``shutil.disk_usage`` reporting ``free`` bytes on the disk of ``where`` (the real figure elsewhere)."""
+    import shutil
+
+    real = shutil.disk_usage
+
+    def usage(path):
+        got = real(path)
+        return got._replace(free=free) if str(path).startswith(str(where)) else got
+
+    monkeypatch.setattr(shutil, "disk_usage", usage)
+
+
+def test_a_full_disk_is_refused_before_the_work_naming_the_folder(tmp_path, monkeypatch, tiny_int4, tiny_pkg):
+    """Issue 49 item 7: with the output's disk full, mmlu-pro --output, compare --report and diagnose --output
+    ran their work and ended `internal error OSError: [Errno 28]` with no path; now one line each, before any
+    model or run is read (the packages and runs here do not exist, or would be measured first)."""
+    full = tmp_path / "full"
+    full_disk(monkeypatch, full)
+    assert_one_line_error(run("mmlu-pro", "--pkg", MISSING_PKG, "--data", "bundled", "--output", str(full / "a")),
+                          f"--output {full / 'a'}: 1.0 MiB free on its disk, and this command writes up to 16 MiB")
+    assert_one_line_error(run("compare", "--ref", str(tmp_path / "ref"), str(tmp_path / "run"), "--report",
+                              str(full / "b")), f"--report {full / 'b'}: 1.0 MiB free on its disk")
+    assert_one_line_error(run("diagnose", "--pkg", str(tiny_int4), "--ref", str(tiny_pkg), "--output",
+                              str(full / "c")), f"--output {full / 'c'}: 1.0 MiB free on its disk")
+    assert not any(p.is_file() for p in full.rglob("*"))
+
+
+def test_a_disk_that_fills_during_the_writes_is_one_line_and_nothing_half_written(tiny_pkg, tmp_path, monkeypatch):
+    """Issue 49 item 7: the disk filling while the run's files are written (after the work): one line naming
+    --output and the file, exit 2, the earlier files exactly as they were and no temp file left."""
+    out = tmp_path / "run"
+    out.mkdir()
+    for name, data in EARLIER.items():
+        (out / name).write_bytes(data)
+    real = os.fsync
+
+    def fsync(fd):
+        target = os.readlink(f"/proc/self/fd/{fd}")
+        if target.startswith(str(out)) and ".samples_" in target:
+            raise OSError(28, "No space left on device")
+        return real(fd)
+
+    monkeypatch.setattr(files.os, "fsync", fsync)
+    failed = run("mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--limit", "1", "--truncate", "left",
+                 "--no-resume", "--output", str(out))
+    assert failed.exit_code == 2 and "Traceback" not in failed.output, failed.output
+    last = failed.output.strip().splitlines()[-1]
+    assert last.startswith(f"Error: --output {out}: could not write samples_leaderboard_mmlu_pro.jsonl (No space "
+                           "left on device); nothing of this set was written there"), failed.output
+    assert snapshot(out) == EARLIER

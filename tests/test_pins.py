@@ -21,7 +21,7 @@ from packaging.utils import canonicalize_name
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 
-from lowest_pins import lowest_pins  # noqa: E402
+from lowest_pins import lowest_pins, make_venv  # noqa: E402
 
 # what a test skips on -> the distribution that provides it, where the names differ
 PROVIDES = {"olive": "olive-ai", "lmms_eval": "lmms-eval", "skimage": "scikit-image"}
@@ -57,6 +57,35 @@ def test_every_module_a_test_skips_on_is_installed_by_ci():
     assert not missing, f"tests skip on modules CI does not install: {missing}"
 
 
+def test_lowest_pins_venv_sees_the_packages_of_the_venv_running_it(tmp_path):
+    """Issue 49 item 0: run from inside a virtual environment (the README's install in a venv), the lowest-pins venv
+    saw the base interpreter's packages, not the running venv's: no lm-eval, a traceback. A distribution that
+    only the outer venv holds must be visible in the venv make_venv builds from there, and a pin installed into
+    the new venv must come first."""
+    outer, inner = tmp_path / "outer", tmp_path / "inner"
+    # the outer venv: this environment (run from a venv or not) plus a distribution of its own
+    purelib = subprocess.run([str(make_venv(outer, pip=False)), "-c",
+                              "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    dist = Path(purelib) / "only_in_outer-1.5.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: only-in-outer\nVersion: 1.5\n")
+    (Path(purelib) / "only_in_outer.py").write_text("WHERE = 'outer'\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(REPO / "scripts")}
+    code = f"from pathlib import Path; from lowest_pins import make_venv; make_venv(Path({str(inner)!r}), pip=False)"
+    made = subprocess.run([str(outer / "bin" / "python"), "-c", code], capture_output=True, text=True, env=env)
+    assert made.returncode == 0, made.stderr
+    python = inner / "bin" / "python"
+    inner_lib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    (Path(inner_lib) / "only_in_outer.py").write_text("WHERE = 'inner'\n")  # as if pip installed a pin here
+    probe = ("import importlib.metadata as m, only_in_outer, packaging; "
+             "print(m.version('only-in-outer'), only_in_outer.WHERE)")
+    got = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, env={"PATH": os.environ["PATH"]})
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.split() == ["1.5", "inner"]
+
+
 @pytest.mark.slow
 def test_ortevals_runs_on_the_lowest_pins(tiny_pkg, tmp_path):
     """The core and cpu lower bounds turned into == in a virtual environment over this one's packages (only the
@@ -84,3 +113,25 @@ def test_dev_extras_are_what_runs_here():
         except md.PackageNotFoundError:
             continue  # not installed here (statsmodels before CI's install): the skip test above covers it
         assert req.specifier.contains(have, prereleases=True), f"{req} but {have} is installed"
+
+
+@pytest.mark.parametrize("have", [False, True])
+def test_install_script_says_each_step_before_it_runs(tmp_path, have):
+    """Issue 49 item 16: scripts/install.sh was silent for 3 minutes. With a stand-in `python` on PATH that echoes
+    what it is asked to run (torch and torchvision importable or not), every pip command is preceded by its own
+    step line, the steps count up to 5/5, and the last line says what to run next."""
+    fake = tmp_path / "bin" / "python"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\nif [ \"$1\" = -c ]; then exit {0 if have else 1}; fi\necho \"RAN $*\"\n")
+    fake.chmod(0o755)
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "install.sh")], capture_output=True, text=True,
+                          env={"PATH": f"{fake.parent}:/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    steps = [line for line in lines if line.startswith("install.sh [")]
+    assert [s.split("]")[0] for s in steps] == [f"install.sh [{i}/5" for i in range(1, 6)]
+    for i, line in enumerate(lines):
+        if line.startswith("RAN"):
+            assert lines[i - 1].startswith("install.sh ["), (line, lines)
+    assert sum(line.startswith("RAN") for line in lines) == (2 if have else 4)
+    assert "pytest" in lines[-1]

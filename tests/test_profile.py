@@ -174,3 +174,21 @@ def test_ctrl_c_keeps_what_was_measured_and_gives_no_resume_advice(tiny_pkg, tmp
     data = json.loads((out / "profile.json").read_text())
     assert data["interrupted"] is True and [t["backend"] for t in data["trials"]] == ["raw"]
     assert data["trials"][0]["generated_per_row"] == [[4]] and (out / "profile.png").is_file()
+
+
+def test_a_package_og_cannot_run_is_profiled_on_raw_with_og_skipped(tiny_pkg, copy_pkg):
+    """Issue 49 item 15: a declared window the graph lacks stopped `profile` with og's advice `path=prefill and
+    gen_path=raw`, options profile does not have; now og is skipped with the reason and raw is measured."""
+    from ortevals.engine.profile import open_backends
+    from ortevals.package.loader import ModelPackage
+    from ortevals.runtime.providers import from_package
+    from tests.test_badinputs import edit_config
+
+    pkg = copy_pkg(tiny_pkg)
+    edit_config(pkg, lambda c: c["model"]["decoder"].update(
+        sliding_window={"window_size": 4, "slide_key_value_cache": False, "slide_inputs": False, "layers": [],
+                        "cache_slack": 0}))
+    package = ModelPackage.load(pkg)
+    backends, skipped = open_backends(package, from_package(package.decoder.session_options, None, {}, 1))
+    assert [b.name for b in backends] == ["raw"] and list(skipped) == ["og"]
+    assert "sizes its KV cache to that window" in skipped["og"] and "path=" not in skipped["og"]

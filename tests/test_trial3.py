@@ -95,7 +95,8 @@ NOTHING = [("search_n=8", "search_n=8 does nothing without --search"),
            ("passes=2,ep=cuda", "passes=2 does nothing with --ep cuda"),
            ("passes=2,path=incremental", "passes=2 does nothing with path=incremental"),
            ("passes=2,workers=2", "passes=2 does nothing with --workers"),
-           (f"passes={(os.cpu_count() or 1) + 1}", f"is more than the {os.cpu_count() or 1} CPU cores")]
+           (f"passes={(os.cpu_count() or 1) + 1}", f"is more than the {os.cpu_count() or 1} CPU cores"),
+           (f"passes=2,threads={os.cpu_count() or 1}", "intra-op threads at once on the")]  # issue 49 item 14
 
 
 @pytest.mark.parametrize("model_args, needle", NOTHING, ids=[a.split("=")[0] for a, _ in NOTHING])
@@ -311,3 +312,19 @@ def test_a_search_run_says_what_ran_and_what_it_cost(tiny_pkg, tiny_orm, tmp_pat
     assert line.startswith(f"search: particle filtering (n 3, at most 2 steps, step scores folded by min) guided by "
                            f"verifier {tiny_orm[1]}: 2 requests, {record['generated_tokens']} tokens generated")
     assert f"the verifier ran {record['verifier_tokens']} tokens" in line
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("--model-args", "allow_cpu_fallback=true"), "allow_cpu_fallback=true does nothing on the cpu execution provider"),
+    (("--model-args", "cascade=on"), "cascade=on does nothing on this run: leaderboard_mmlu_pro score log-likelihoods"),
+    (("--cot", "--samples", "2", "--self-eval", "--max-gen-toks", "4"), "--self-eval with --samples 2: P(True) is "
+                                                                         "asked about a question's one generated"),
+], ids=["allow_cpu_fallback", "cascade", "self_eval"])
+def test_settings_that_do_nothing_on_this_run_are_one_line_before_it(tiny_pkg, tmp_path, args, needle):
+    """Issue 49 item 14: allow_cpu_fallback=true on the CPU provider, cascade=on on a log-likelihood run, and
+    --self-eval with --samples (which warned after the run that no P(True) was reported) are one line before any
+    answer is computed: nothing is written."""
+    out = tmp_path / "out"
+    assert_one_line_error(run("mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--limit", "1", "--truncate",
+                              "left", "--no-resume", "--output", str(out), *args), needle)
+    assert not out.exists() or not any(out.iterdir())

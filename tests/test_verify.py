@@ -212,3 +212,73 @@ def test_bad_verifier_options_are_one_line_errors(tiny_pkg, extra, needle):
                    "--max-gen-toks", "4", "--no-resume", *extra])
     assert result.exit_code == 2 and needle in result.output and len(result.output.strip().splitlines()) == 1, \
         result.output
+
+
+def _wrapped(onnx_dir, tmp_path, name: str, ops: list[tuple[str, dict]], shape=None):
+    """A copy of the classifier folder whose first output is its logits through ``ops`` ((op_type, attributes),
+    each node's first input the previous output; Squeeze gets its axes input, Mul a constant 1), declared with
+    ``shape``."""
+    import shutil
+
+    import onnx
+    from onnx import TensorProto, helper
+
+    out = tmp_path / name
+    shutil.copytree(onnx_dir, out)
+    proto = onnx.load(str(out / "model.onnx"))
+    graph = proto.graph
+    prev = graph.output[0].name
+    for i, (op, attrs) in enumerate(ops):
+        inputs = [prev]
+        if op == "Squeeze":
+            graph.initializer.append(helper.make_tensor(f"axes{i}", TensorProto.INT64, [1], [-1]))
+            inputs.append(f"axes{i}")
+        if op == "Mul":
+            graph.initializer.append(helper.make_tensor(f"one{i}", TensorProto.FLOAT, [], [1.0]))
+            inputs.append(f"one{i}")
+        graph.node.append(helper.make_node(op, inputs, [f"out{i}"], **attrs))
+        prev = f"out{i}"
+    del graph.output[:]
+    graph.output.append(helper.make_tensor_value_info(prev, TensorProto.FLOAT, shape))
+    onnx.save(proto, str(out / "model.onnx"))
+    return out
+
+
+def test_a_probability_through_shape_only_ops_is_not_squashed_again(tiny_orm, tiny_orm2, tmp_path):
+    """Issue 49 item 1: `torch.sigmoid(logits).squeeze(-1)` exports Sigmoid → Squeeze, and a two-label head may
+    end Softmax → Cast → Identity. Both are probabilities already: the scores equal transformers' pipeline on
+    the same weights (today the second sigmoid/softmax put every score in (0.5, 0.73))."""
+    hf_dir, onnx_dir = tiny_orm
+    texts = [CONTEXT + a for a in ANSWERS]
+    squeezed = RewardModel.open(_wrapped(onnx_dir, tmp_path, "sq", [("Sigmoid", {}), ("Squeeze", {})]))
+    np.testing.assert_allclose(squeezed.score(texts), pipeline_scores(hf_dir, texts, "LABEL_0"), rtol=1e-4,
+                               atol=1e-5)
+    assert squeezed.head.mapping == "as is"
+    hf2, onnx2 = tiny_orm2
+    soft = RewardModel.open(_wrapped(onnx2, tmp_path, "sm", [("Softmax", {"axis": -1}),
+                                                              ("Cast", {"to": 1}), ("Identity", {})],
+                                        ["batch", 2]))
+    np.testing.assert_allclose(soft.score(texts), pipeline_scores(hf2, texts, "LABEL_1"), rtol=1e-4, atol=1e-5)
+
+
+def test_probabilities_the_graph_walk_cannot_see_are_refused_on_the_first_text(tiny_orm2, tmp_path):
+    """A Softmax behind an op that changes values (here Mul by 1) is not seen by the walk: the first output, a
+    probability vector, is refused in one line instead of squashed again."""
+    _, onnx2 = tiny_orm2
+    model = RewardModel.open(_wrapped(onnx2, tmp_path, "mul", [("Softmax", {"axis": -1}), ("Mul", {})],
+                                          ["batch", 2]))
+    with pytest.raises(PackageError, match=r"model.onnx: the first output looks like probabilities already"):
+        model.score([CONTEXT + ANSWERS[0]])
+
+
+def test_a_transformers_checkpoint_as_verifier_says_how_to_make_one(tiny, tiny_orm):
+    """Issue 49 item 15: `--verifier <a transformers checkpoint>` said "expected an ONNX sequence classifier folder
+    … model.onnx is missing" even for a causal LM; now it names the checkpoint and how to make a verifier of it."""
+    from ortevals.integrations.verify import open_verifier
+
+    with pytest.raises(PackageError, match=r"a transformers checkpoint \(LlamaForCausalLM\), not an ONNX model; .*"
+                                           r"onnxruntime_genai.models.builder -i .* then --verifier OUT"):
+        open_verifier(str(tiny[0]), None)
+    with pytest.raises(PackageError, match=r"\(LlamaForSequenceClassification\), not an ONNX model; .*export the "
+                                           r"classifier to ONNX"):
+        open_verifier(str(tiny_orm[0]), None)

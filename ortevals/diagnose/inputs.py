@@ -26,6 +26,7 @@ DEFAULT_TOKENS = 2048
 DEFAULT_CANDIDATES = 12
 DEFAULT_QUESTIONS = 50
 DEFAULT_BUDGET = 10.0  # percent of the candidate package's size
+MAX_BUDGET = 1000.0  # percent of the candidate's size
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class Inputs:
     ref: ModelPackage | None  # None: built from ``ref_checkpoint``
     ref_checkpoint: Path | None
     checkpoint: Path | None  # for --verify (the reference's checkpoint when it is one)
+    quantized: bool = True  # the candidate holds quantized weights (MatMulNBits, …): groups to keep to measure
 
 
 def _check_numbers(o: DiagnoseOptions) -> None:
@@ -67,8 +69,9 @@ def _check_numbers(o: DiagnoseOptions) -> None:
             raise OrtEvalsError(f"{flag} must be >= {low}, got {value}")
     if o.ctx is not None and (o.ctx < 4 or o.ctx % 2):
         raise OrtEvalsError(f"--ctx must be an even number >= 4, got {o.ctx}")
-    if not 0 < o.budget <= 1000:
-        raise OrtEvalsError(f"--budget must be a percentage of the candidate's size above 0, got {o.budget:g}")
+    if not 0 < o.budget <= MAX_BUDGET:
+        raise OrtEvalsError(f"--budget must be a percentage of the candidate's size above 0 and at most "
+                            f"{MAX_BUDGET:g}, got {o.budget:g}")
     if o.text is not None:
         try:
             Path(o.text).expanduser().read_text(encoding="utf-8")
@@ -89,19 +92,26 @@ def _checkpoint_config(path: Path, flag: str) -> dict:
 def check_inputs(o: DiagnoseOptions) -> Inputs:
     """Every check that needs no model run; the first problem is one line (:class:`OrtEvalsError`)."""
     from ortevals.fidelity.run import reference_kind
-    from ortevals.files import cache_root, check_writable_folder
+    from ortevals.files import MIN_FREE, cache_root, check_writable_folder
+    from ortevals.runtime.roles import quantized_ops
 
     _check_numbers(o)
     check_writable_folder(Path(o.output), "--output")
     cache_root()
     cand = ModelPackage.load(Path(o.pkg).expanduser())
+    if o.verify:  # --verify builds the recommended package into --output: about the candidate's size more
+        check_writable_folder(Path(o.output), "--output",
+                              need=MIN_FREE + sum(f.stat().st_size for f in cand.model_files()))
+    if not Path(o.ref).expanduser().exists():
+        raise OrtEvalsError(f"--ref {o.ref}: no such folder; expected the same model in higher precision (a GenAI "
+                            "package folder or a transformers checkpoint folder)")
     kind = reference_kind(o.ref)
     if kind == "file":
         raise OrtEvalsError(f"--ref {o.ref}: a saved fidelity reference holds only top-k log-probs; diagnose needs "
                             "the reference model itself (a GenAI package or a transformers checkpoint folder)")
     checkpoint = Path(o.checkpoint).expanduser() if o.checkpoint is not None else None
-    if checkpoint is not None:
-        _checkpoint_config(checkpoint, "--checkpoint")
+    if checkpoint is not None:  # --verify builds from it: another model is refused now, not after the build
+        _check_against_config(cand, _checkpoint_config(checkpoint, "--checkpoint"), checkpoint, "--checkpoint")
     ref_path = Path(o.ref).expanduser()
     _check_candidate(cand)
     if kind == "package":
@@ -110,12 +120,16 @@ def check_inputs(o: DiagnoseOptions) -> Inputs:
         ref_checkpoint = None
     else:
         ref, ref_checkpoint = None, ref_path
-        _check_against_config(cand, _checkpoint_config(ref_path, "--ref"), ref_path)
+        _check_against_config(cand, _checkpoint_config(ref_path, "--ref"), ref_path, "--ref")
         checkpoint = checkpoint or ref_path
     if o.verify and checkpoint is None:
         raise OrtEvalsError("--verify builds the recommended package with the onnxruntime-genai builder: pass "
                             "--checkpoint HF_DIR (the transformers checkpoint the candidate was built from)")
-    return Inputs(cand, ref, ref_checkpoint, checkpoint)
+    quantized = bool(quantized_ops(decoder_graph(cand)))
+    if o.verify and not quantized:
+        raise OrtEvalsError(f"--verify: the candidate {cand.root} holds no quantized weights, so there is nothing to "
+                            "keep in higher precision and no recommendation to build; drop --verify")
+    return Inputs(cand, ref, ref_checkpoint, checkpoint, quantized)
 
 
 def decoder_graph(package: ModelPackage):
@@ -127,6 +141,12 @@ def decoder_graph(package: ModelPackage):
 
 def _check_candidate(cand: ModelPackage) -> None:
     from ortevals.runtime.roles import named_layers
+
+    if cand.recurrent:  # its convolution / linear-attention layers have no attention block to tap
+        raise OrtEvalsError(f"--pkg {cand.root}: a hybrid decoder with recurrent state ({len(cand.states)} "
+                            "convolution or linear-attention state inputs); diagnose compares each layer's attention "
+                            "and MLP blocks, which its recurrent layers do not have; ortevals fidelity measures its "
+                            "token KL against the reference")
 
     if not named_layers(decoder_graph(cand)):
         raise OrtEvalsError(f"--pkg {cand.root}: no node of {cand.decoder.path.name} carries the builder's layer names "
@@ -158,13 +178,19 @@ def check_pair(cand: ModelPackage, ref: ModelPackage) -> None:
                             f"{ref.root} has {b[:12]}; diagnose needs the same tokens on both sides")
 
 
-def _check_against_config(cand: ModelPackage, cfg: dict, path: Path) -> None:
-    """A checkpoint reference against the candidate, by its config.json (before it is built)."""
-    for what, ours, theirs in (("vocabularies", cand.vocab_size, cfg.get("vocab_size")),
-                               ("layer counts", len(cand.kv), cfg.get("num_hidden_layers"))):
-        if theirs is not None and ours != theirs:
-            raise OrtEvalsError(f"different {what}: candidate {cand.root} has {ours}, the checkpoint {path} "
-                                f"(config.json) has {theirs}")
+def _check_against_config(cand: ModelPackage, cfg: dict, path: Path, flag: str) -> None:
+    """A checkpoint (``--ref`` or ``--checkpoint``) against the candidate, by its config.json, before it is built:
+    the vocabulary, the layer count, and the hidden size and head counts the candidate's genai_config.json
+    declares."""
+    decoder = (cand.config.get("model") or {}).get("decoder") or {}
+    fields = [("vocabularies", cand.vocab_size, cfg.get("vocab_size")),
+              ("layer counts", decoder.get("num_hidden_layers", len(cand.kv)), cfg.get("num_hidden_layers"))]
+    fields += [(f"{key.replace('_', ' ')}s", decoder.get(key), cfg.get(key))
+               for key in ("hidden_size", "num_attention_heads", "num_key_value_heads")]
+    for what, ours, theirs in fields:
+        if ours is not None and theirs is not None and ours != theirs:
+            raise OrtEvalsError(f"{flag} {path}: different {what}: candidate {cand.root} has {ours}, the checkpoint "
+                                f"(config.json) has {theirs}; expected the checkpoint the candidate was built from")
 
 
 def reference_package(checkpoint: Path, cache: Path) -> ModelPackage:

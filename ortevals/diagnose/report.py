@@ -18,6 +18,7 @@ from ortevals.diagnose.stats import ranked, recovered_share
 from ortevals.package.graph import graph_facts
 
 MB = 1e6
+FULL_ALREADY = "at full precision already"  # the end of runtime/swap.py's reason for a group not quantized
 
 
 def _choice(c) -> dict | None:
@@ -124,7 +125,12 @@ def _group_lines(s: dict) -> list[str]:
         per = f"{g['recovered_per_mb']:8.4f}" if g["recovered_per_mb"] is not None else f"{'-':>8}"
         rec = f"{_pm(g['recovered'], g['recovered_se'])} ({100 * g['recovered_share']:.1f}%)"
         lines.append(f"{g['label']:<18}{g['bytes_added'] / MB:>8.2f}  {_pm(g['kl'], g['kl_se']):<18}{rec:<28}{per}")
-    lines += [f"not measured: {k['unit']}: {k['reason']}" for k in s["sensitivity"]["skipped"]]
+    skipped = s["sensitivity"]["skipped"]
+    full = [k["unit"] for k in skipped if k["reason"].endswith(FULL_ALREADY)]
+    lines += [f"not measured: {k['unit']}: {k['reason']}" for k in skipped if not k["reason"].endswith(FULL_ALREADY)]
+    if full:  # one line for them all (a float candidate listed every group, one line each)
+        shown = ", ".join(full[:6]) + (f" and {len(full) - 6} more" if len(full) > 6 else "")
+        lines.append(f"not measured: {len(full)} groups at full precision in the candidate already ({shown})")
     return lines
 
 

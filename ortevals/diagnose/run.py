@@ -16,9 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ortevals.diagnose import resume
 from ortevals.diagnose.inputs import DEFAULT_TOKENS, DiagnoseOptions, Inputs, check_inputs, check_pair
 from ortevals.diagnose.layers import LayerStage, measure_layers, open_runners
-from ortevals.diagnose.measure import ChoiceKL, TokenKL, choice_kl, choice_run, save_reference
+from ortevals.diagnose.measure import ChoiceKL, TokenKL, choice_kl, choice_run, save_reference, token_kl
 from ortevals.diagnose.recommend import BuildSettings, build_settings
 from ortevals.diagnose.sensitivity import Bench, Candidate, Skipped, best, choose, with_choices
 from ortevals.diagnose.stats import ranked
@@ -27,6 +28,9 @@ from ortevals.fidelity.windows import WindowPlan
 from ortevals.package.loader import ModelPackage
 
 log = logging.getLogger(__name__)
+RESUMES = "interrupted: the measurements finished so far are kept in the cache; the same command resumes from them"
+NOT_QUANTIZED = ("the candidate holds no quantized weights, so no group can be kept in higher precision: the "
+                 "per-layer stage, the token KL and the choice sample only (no sensitivity stage)")
 
 
 @dataclass(frozen=True)
@@ -62,30 +66,98 @@ def windows(cand: ModelPackage, ref: ModelPackage, o: DiagnoseOptions):
 
 
 def run_diagnose(o: DiagnoseOptions, say: Callable[[str], None] = log.info) -> DiagnoseReport:
-    """Diagnose ``o.pkg`` against ``o.ref``; write ``diagnose.json`` and ``diagnose.png`` into ``o.output``."""
+    """Diagnose ``o.pkg`` against ``o.ref``; write ``diagnose.json`` and ``diagnose.png`` into ``o.output``.
+    Every measurement is kept in the cache as it is made (diagnose/resume.py): a rerun resumes from them."""
     from ortevals.files import cache_root
 
     inputs = check_inputs(o)
+    if not inputs.quantized:
+        say(NOT_QUANTIZED)
     cache = cache_root()
+    try:
+        report, capped = _first_stages(inputs, o, cache, say)
+    except KeyboardInterrupt:
+        say(RESUMES)
+        raise
+    notes = ((NOT_QUANTIZED,) if not inputs.quantized else ()) + ((capped,) if capped else ())
+    report = replace(report, notes=report.notes + notes)
+    stages = [("sensitivity", lambda r: _sensitivity(r, cache, say))] if inputs.quantized else []
+    stages += [("choice sample", lambda r: _choices(r, say))] if o.questions else []
+    stages += [("--verify", lambda r: _verify(r, say) if r.recommended is not None else r)] if o.verify else []
+    for name, stage_fn in stages:
+        try:
+            report = stage_fn(report)
+        except (Exception, KeyboardInterrupt) as e:  # keep what was measured, then stop as the error says
+            _write_partial(report, name, e, say)
+            raise
+    return _write(report)
+
+
+def _first_stages(inputs: Inputs, o: DiagnoseOptions, cache: Path, say) -> tuple[DiagnoseReport, str | None]:
+    """The reference, the text's windows, the per-layer stage and the candidate's token KL (each kept from an
+    earlier run where its scope matches); the report so far and the line saying --tokens was capped."""
     ref = _reference(inputs, cache, say)
     cand, out = inputs.cand, Path(o.output).expanduser()
     ids, plan = windows(cand, ref, o)
+    capped = (f"--tokens {o.tokens}: the text holds {plan.n_scored} tokens to score ({plan.n_windows} windows of "
+              f"{plan.n_ctx}), so {plan.n_scored} are scored; a longer --text gives more") \
+        if o.tokens and plan.n_scored < o.tokens else None
+    if capped:
+        say(capped)
     say(f"per-layer stage: {plan.n_windows} windows of {plan.n_ctx} tokens through both packages")
-    runners = open_runners(cand, ref, o.ep, cache)
-    stage = measure_layers(*runners, ids, plan, len(cand.kv))
-    del runners
-    say(f"token KL of the candidate ({plan.n_scored} tokens), the reference saved to {out / 'reference.npz'}")
-    baseline = save_reference(cand.root, ref.root, out / "reference.npz",
-                              replace(o, ctx=plan.n_ctx, tokens=plan.n_scored))
+    stage, kept = resume.layers(cand.root, ref.root, ids, plan, o.ep, cache, lambda: measure_layers(
+        *open_runners(cand, ref, o.ep, cache), ids, plan, len(cand.kv), _bar(plan.n_windows, "per layer")))
+    if kept:
+        say("  kept from an earlier run (the same packages, text and windows)")
+    baseline = _baseline(cand, ref, out / "reference.npz", ids, plan, replace(o, ctx=plan.n_ctx, tokens=plan.n_scored),
+                         cache, say)
     size = package_size(cand)
-    report = DiagnoseReport(cand, ref, size, size * o.budget / 100, plan, stage, baseline, build_settings(cand),
-                            inputs.checkpoint, o, files=(out / "reference.npz",))
-    report = _sensitivity(report, cache, say)
-    if o.questions:
-        report = _choices(report, say)
-    if o.verify and report.recommended is not None:
-        report = _verify(report, say)
-    return _write(report)
+    return DiagnoseReport(cand, ref, size, size * o.budget / 100, plan, stage, baseline, build_settings(cand),
+                          inputs.checkpoint, o, files=(out / "reference.npz",)), capped
+
+
+def _baseline(cand: ModelPackage, ref: ModelPackage, path: Path, ids, plan, o: DiagnoseOptions, cache: Path,
+              say) -> TokenKL:
+    """The candidate's token KL, and the reference saved to ``path`` for every later measurement: an earlier
+    run's file and measurement where both were made from the same reference, text and windows."""
+    key = resume.reference_key(ref.root, ids, plan, o.ep)
+    if resume.reference_kept(path, key):
+        say(f"token KL of the candidate ({plan.n_scored} tokens) against the reference kept in {path}")
+        return resume.token_kl(cand.root, path, o.ep, cache, lambda: token_kl(cand.root, path, o.ep))
+    say(f"token KL of the candidate ({plan.n_scored} tokens), the reference saved to {path}")
+    baseline = save_reference(cand.root, ref.root, path, o)
+    resume.mark_reference(path, key)
+    return resume.token_kl(cand.root, path, o.ep, cache, lambda: baseline)
+
+
+def _write_partial(r: DiagnoseReport, stage: str, e: BaseException, say) -> None:
+    """``diagnose.json`` and ``diagnose.png`` of the stages finished before ``stage`` stopped, with a note
+    saying where and why; a failure to write them is said, not raised over ``e``."""
+    from ortevals.errors import first_line
+
+    why = "interrupted" if isinstance(e, KeyboardInterrupt) else f"failed ({first_line(e)})"
+    try:
+        written = _write(replace(r, notes=r.notes + (f"stopped: the {stage} stage {why}; the stages before it "
+                                                     "are complete",)))
+    except (Exception, KeyboardInterrupt) as again:
+        say(f"the {stage} stage {why}; what was measured could not be written ({first_line(again)})")
+        return
+    say(f"the {stage} stage {why}: kept what was measured before it in {written.files[-2]}; every measurement "
+        "finished is kept in the cache, and the same command resumes from them")
+
+
+def _bar(total: int, desc: str) -> Callable[[int], None]:
+    """A progress bar over ``total`` windows (tqdm's, shown on a terminal only), closed after the last."""
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total, desc=desc, unit="window", disable=None, leave=False)
+
+    def step(w: int) -> None:
+        bar.update(1)
+        if w == total - 1:
+            bar.close()
+
+    return step
 
 
 def _reference(inputs: Inputs, cache: Path, say) -> ModelPackage:

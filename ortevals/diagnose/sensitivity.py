@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ortevals.diagnose import resume
 from ortevals.diagnose.inputs import decoder_graph
 from ortevals.diagnose.measure import ChoiceKL, TokenKL, choice_kl, choice_run, token_kl
 from ortevals.diagnose.stats import BlockRow, Gain, greedy_steps
@@ -102,7 +103,8 @@ class Bench:
     def measure(self, label: str, units: tuple[Unit, ...], size: int) -> Candidate:
         nodes = tuple(n for u in units for n in u.nodes)
         package = swapped_package(self.cand, self.ref, nodes, self.cache)
-        tk = token_kl(package, self.reference_file, self.ep)
+        tk = resume.token_kl(package, self.reference_file, self.ep, self.cache,
+                             lambda: token_kl(package, self.reference_file, self.ep))
         rec, se = tk.recovered(self.baseline)
         return Candidate(label, tuple(u.name for u in units), nodes, size, tk, rec, se, package)
 

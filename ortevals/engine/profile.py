@@ -328,7 +328,10 @@ def open_backends(package, provider, wanted: Sequence[str] = BACKENDS) -> tuple[
             out.append(RawBackend(DecoderRunner.open(package, provider, cache=None), package.eos_token_ids))
         else:
             skipped["raw"] = why
-    if "og" in wanted:
+    if "og" in wanted and package.unwindowed:  # og sizes its KV cache to a window the graph lacks (runtime/genai.py)
+        skipped["og"] = (f"{package.unwindowed}; onnxruntime-genai sizes its KV cache to that window and fails "
+                         "past it (the raw backend runs the graph as it is)")
+    elif "og" in wanted:
         out.append(OgBackend(GenaiRunner.open(package, provider)))
     return out, skipped
 

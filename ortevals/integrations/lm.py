@@ -59,6 +59,17 @@ def lm_eval_settings(arg_dict: dict, additional_config: dict | None) -> dict:
     return extra
 
 
+def lm_eval_model_args(arg_dict: dict, additional_config: dict | None) -> ModelArgs:
+    """lm-eval's ``model_args`` (and its own settings) as ortevals' checked arguments; the store, by default the
+    package's result store in the ortevals cache (``store=none``: none)."""
+    merged = {**lm_eval_settings(arg_dict, additional_config), **arg_dict}  # model_args win
+    off = "store" in merged and (merged["store"] in (None, False) or str(merged["store"]).lower() in NO_STORE)
+    args = parse_model_args({k: v for k, v in merged.items() if not (off and k == "store")})
+    if args.store is None and not off:
+        args = dataclasses.replace(args, store=str(store_path(args.pkg)))
+    return args
+
+
 class OrtLM(TemplateLM):
     """lm-eval model backed by ONNX Runtime; see the module docstring."""
 
@@ -126,12 +137,7 @@ class OrtLM(TemplateLM):
         """lm-eval's (and lmms-eval's) route. It resumes like the CLI: the package's result store in the
         ortevals cache (the same file, the same scope for the same settings: :func:`lm_eval_settings`) unless
         ``store=PATH`` names another or ``store=none`` turns it off."""
-        merged = {**lm_eval_settings(arg_dict, additional_config), **arg_dict}  # model_args win
-        off = "store" in merged and (merged["store"] in (None, False) or str(merged["store"]).lower() in NO_STORE)
-        args = parse_model_args({k: v for k, v in merged.items() if not (off and k == "store")})
-        if args.store is None and not off:
-            args = dataclasses.replace(args, store=str(store_path(args.pkg)))
-        return cls.from_package(args)
+        return cls.from_package(lm_eval_model_args(arg_dict, additional_config))
 
     def get_model_info(self) -> dict:
         """What lm-eval writes into ``results["config"]``: the package, its precision, provider and every model

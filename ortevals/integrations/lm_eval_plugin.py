@@ -7,7 +7,10 @@ the registry is empty; registering first would hide ``hf`` and friends, so the
 built-ins are imported before ``ortevals`` is added.
 
 ``python -m ortevals.integrations.lm_eval_plugin ARGS`` is the stock ``lm_eval`` CLI with
-``--model ortevals`` available.
+``--model ortevals`` available. lm-eval builds the model inside ``simple_evaluate``, after it has indexed and
+loaded the tasks, and lets the model's error through as a traceback; the wrapper parses the command line with
+lm-eval's own parser, checks ``--model_args`` and the package before lm-eval starts (:func:`preflight`), and
+prints any ortevals error, then or later, as one line (``Error: …``, exit 2), as the ``ortevals`` command does.
 """
 
 from __future__ import annotations
@@ -28,12 +31,31 @@ def register() -> None:
         register_model(*missing)(OrtLM)
 
 
-def main() -> None:
-    """The stock lm_eval CLI, with ``--model ortevals`` registered."""
-    register()
-    from lm_eval.__main__ import cli_evaluate
+def preflight(model_args: dict | None, batch_size) -> None:
+    """What lm-eval would hand ``OrtLM.create_from_arg_obj``, checked now: the model arguments and the package
+    folder (its config and graphs' declarations, no session)."""
+    from ortevals.integrations.lm import lm_eval_model_args
+    from ortevals.package.loader import ModelPackage
 
-    cli_evaluate()
+    ModelPackage.load(lm_eval_model_args(dict(model_args or {}), {"batch_size": batch_size}).pkg)
+
+
+def main() -> None:
+    """The stock lm_eval CLI (lm-eval's own parser and ``execute``, as its ``cli_evaluate``), with ``--model
+    ortevals`` registered; ortevals' errors as one line, exit 2."""
+    from ortevals.errors import exit_in_one_line
+
+    register()
+    from lm_eval._cli import HarnessCLI  # what lm_eval.__main__.cli_evaluate runs (0.4.13)
+    from lm_eval.utils import setup_logging
+
+    setup_logging()
+    parser = HarnessCLI()
+    args = parser.parse_args()
+    with exit_in_one_line():
+        if getattr(args, "model", None) in NAMES:
+            preflight(getattr(args, "model_args", None), getattr(args, "batch_size", None))
+        parser.execute(args)
 
 
 if __name__ == "__main__":

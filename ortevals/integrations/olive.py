@@ -14,19 +14,24 @@ lm-eval's higher-is-better flags and stderr. Any failure is raised as a
 ``ValueError`` (an :class:`~ortevals.errors.OrtEvalsError`): Olive re-raises
 those instead of logging "Failed to run Olive" and carrying on.
 
-Importing this module changes nothing in Olive or onnxruntime-genai beyond the evaluator registry: the
-builder shim that Olive 0.13's ModelBuilder needs lives in :mod:`ortevals.integrations.olive_builder` and applies
-only while that pass runs.
+Importing this module changes nothing in Olive or onnxruntime-genai beyond the evaluator registry, and
+the process's ``sys.excepthook`` (``olive_workflow.one_line_errors``: an ortevals error that ends ``olive run``, or
+Olive's own "Model path … does not exist" for the input model, is printed as one line instead of a
+traceback; every other exception goes to the previous hook). The builder shim that Olive 0.13's
+ModelBuilder needs lives in :mod:`ortevals.integrations.olive_builder` and applies only while that pass runs.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
-from ortevals.errors import OrtEvalsError, did_you_mean
+from ortevals.errors import OrtEvalsError
+from ortevals.integrations.olive_workflow import NAME, check_evaluator, one_line_errors
+from ortevals.integrations.olive_workflow import model_args as evaluator_model_args
 
 try:
     from olive.evaluator.metric_result import MetricResult, SubMetricResult, flatten_metric_result
@@ -36,7 +41,10 @@ except ImportError as e:  # pragma: no cover - exercised without olive-ai
     raise OrtEvalsError(f"the Olive evaluator needs olive-ai ({e}); install it with: pip install olive-ai") from None
 
 log = logging.getLogger(__name__)
-NAME = "OrtEvalsEvaluator"
+
+
+if not getattr(sys.excepthook, "ortevals", False):
+    sys.excepthook = one_line_errors(sys.excepthook)
 
 
 def package_dir(model) -> Path:
@@ -77,12 +85,14 @@ class OrtEvalsEvaluator(OliveEvaluator):
                  num_fewshot: int | None = None, max_gen_toks: int | None = None,
                  truncate: str | None = None, model_args: str | dict | None = None,
                  reference: str | None = None, **kwargs) -> None:
-        if kwargs:  # Olive hands every key it does not know itself to the evaluator: a typo would be ignored
-            valid = [p for p in inspect.signature(OrtEvalsEvaluator.__init__).parameters if p not in ("self", "kwargs")]
-            key = sorted(kwargs)[0]
-            raise OrtEvalsError(f"{NAME}: unknown key {key!r} in the evaluator config{did_you_mean(key, valid)}; "
-                                f"expected some of {valid}")
+        # Olive hands every key it does not know itself to the evaluator (a typo would be ignored); every key and
+        # value is checked here, before ortevals opens the package or lm-eval its tasks
+        given = {k: v for k, v in inspect.signature(OrtEvalsEvaluator.__init__).bind(
+            self, tasks, limit, batch_size, execution_provider, provider_options, data, path, max_length, num_fewshot,
+            max_gen_toks, truncate, model_args, reference).arguments.items() if k != "self"}
+        check_evaluator({**given, **kwargs})
         super().__init__()
+        self.settings = {k: v for k, v in given.items() if v is not None}
         self.model_args = model_args
         self.reference = reference  # a run folder: adds flip_rate and kl_mean per task (issue 12)
         self.tasks = [tasks] if isinstance(tasks, str) else list(tasks)
@@ -108,17 +118,11 @@ class OrtEvalsEvaluator(OliveEvaluator):
     def _evaluate(self, model, execution_providers) -> MetricResult:
         from ortevals.evaluate import RunSpec, evaluate
         from ortevals.integrations.lm import OrtLM
-        from ortevals.options import parse_arg_string, parse_model_args
+        from ortevals.options import parse_model_args
 
         pkg = package_dir(model)
         ep = self.execution_provider or _provider(execution_providers)
-        raw = parse_arg_string(self.model_args) if isinstance(self.model_args, str) else dict(self.model_args or {})
-        raw.update({k: v for k, v in {"pkg": str(pkg), "ep": ep, "batch_size": self.batch_size, "path": self.path,
-                                      "max_length": self.max_length,
-                                      "truncate": self.truncate}.items() if v is not None})
-        if self.provider_options:
-            raw["provider_options"] = self.provider_options
-        args = parse_model_args(raw)
+        args = parse_model_args(evaluator_model_args(self.settings, str(pkg), ep))
         log.info("%s: %s on %s with %s", NAME, pkg, ep or "the package's provider", self.tasks)
         lm = OrtLM.from_package(args)
         spec = RunSpec(tasks=tuple(self._task_specs()), limit=self.limit, num_fewshot=self.num_fewshot,

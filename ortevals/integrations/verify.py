@@ -148,11 +148,33 @@ def open_verifier(spec: str, lm) -> Verifier:
     root = Path(spec)
     if (root / "genai_config.json").is_file():
         return SelfVerifier(open_judge(root, lm).ptrue_model(), str(root), "genai")
+    if not (root / "model.onnx").is_file() and (root / "config.json").is_file():
+        raise PackageError(f"--verifier {root}: {_checkpoint_advice(root)}")
     if (root / "model.onnx").is_file() or (root / "tokenizer.json").is_file():
         return OrmVerifier(RewardModel.open(root))
     what = "no such folder" if not root.exists() else "not a folder" if not root.is_dir() else \
         "neither genai_config.json nor model.onnx there"
     raise PackageError(f"--verifier {root}: {what}; expected {EXPECTED}")
+
+
+def _checkpoint_advice(root: Path) -> str:
+    """What a transformers checkpoint folder given as ``--verifier`` is, and how to make a verifier of it: a causal
+    LM becomes a judge package with the onnxruntime-genai builder, a sequence classifier an ONNX classifier."""
+    import json
+
+    try:
+        architectures = json.loads((root / "config.json").read_text(encoding="utf-8")).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        architectures = []
+    names = ", ".join(map(str, architectures)) or "no architectures in config.json"
+    if any(str(a).endswith("ForSequenceClassification") for a in architectures):
+        how = ("export the classifier to ONNX (model.onnx with inputs input_ids and attention_mask, first output its "
+               "logits) beside its tokenizer.json, and give that folder")
+    else:
+        how = (f"build a GenAI package of it to judge by P(True): python -m onnxruntime_genai.models.builder -i {root} "
+               "-o OUT -p fp32 -e cpu, then --verifier OUT")
+    return (f"a transformers checkpoint ({names}), not an ONNX model; ortevals runs verifiers on ONNX Runtime: "
+            f"{how}")
 
 
 def open_judge(root: Path, lm):

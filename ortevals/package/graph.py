@@ -193,15 +193,40 @@ def _precision(graph, bits: set[int], ops: set[str]) -> str:
 
 def tensor_array(tensor, folder: Path):
     """An initializer's values as numpy, its external data read from ``folder``. onnx refuses external data in a
-    file with several hard links (its guard against hard-link attacks): one line naming the file and the fix."""
+    file with several hard links (a package copied with ``cp -al``), which onnxruntime, and so every scoring
+    command, reads: such a file is read here directly (its location inside ``folder``, offset and length as the
+    tensor names them), so diagnose accepts what the scoring commands accept."""
     from onnx import numpy_helper
     from onnx.checker import ValidationError
 
     try:
         return numpy_helper.to_array(tensor, base_dir=str(folder))
     except ValidationError as e:
-        raise PackageError(f"{folder}: onnx refuses to read the weights of {tensor.name!r} ({e}); expected an "
-                           "external-data file with one hard link: copy the package (cp -a, not cp -al)") from None
+        if "hard link" not in str(e).lower() and "hardlink" not in str(e).lower():
+            raise PackageError(f"{folder}: onnx refuses to read the weights of {tensor.name!r} ({e})") from None
+        return numpy_helper.to_array(_inline(tensor, folder))
+
+
+def _inline(tensor, folder: Path):
+    """A copy of ``tensor`` holding its external data in ``raw_data``, read from a file inside ``folder``."""
+    import onnx
+
+    info = {e.key: e.value for e in tensor.external_data}
+    root = Path(folder).resolve()
+    path = (root / info.get("location", "")).resolve()
+    if root not in path.parents:
+        raise PackageError(f"{folder}: the weights of {tensor.name!r} are in {info.get('location')!r}, outside the "
+                           "package folder; expected a file inside it")
+    offset, length = int(info.get("offset") or 0), int(info.get("length") or 0)
+    with open(path, "rb") as f:
+        f.seek(offset)
+        raw = f.read(length) if length else f.read()
+    inline = onnx.TensorProto()
+    inline.CopyFrom(tensor)
+    del inline.external_data[:]
+    inline.data_location = onnx.TensorProto.DEFAULT
+    inline.raw_data = raw
+    return inline
 
 
 def external_data_files(path: Path) -> frozenset[Path]:

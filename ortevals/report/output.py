@@ -206,7 +206,7 @@ def compare_paths(ref: str | Path, runs: list[str | Path], echo, json_path: Path
     if report_dir is not None:
         from ortevals.report.html import write_report
 
-        with staged(Path(report_dir)) as stage:  # report.md, report.html and the PNGs as one set
+        with staged(Path(report_dir), "--report") as stage:  # report.md, report.html and the PNGs as one set
             names = [p.name for p in write_report(cmp, stage)]
             publish(stage, Path(report_dir), "--report", last="report.html")
         for name in names[:2]:

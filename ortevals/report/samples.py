@@ -61,8 +61,12 @@ def sample_answers(cfg: dict, texts: Sequence[str], doc: dict) -> dict[str, list
             kwargs = {k: v for k, v in step.items() if k != "function"}
             if step["function"] in SELECTORS:
                 continue
-            fallback = kwargs.get("fallback", "[invalid]") if step["function"] == "regex" else fallback
-            resps = [list(r) for r in get_filter(step["function"])(**kwargs).apply(resps, [doc])]
+            applied = get_filter(step["function"])(**kwargs)
+            # what an extracting filter (regex, multi_choice_regex: "[invalid]" by default) leaves where it
+            # found no answer: no answer, not a vote
+            own = getattr(applied, "fallback", None)
+            fallback = own if isinstance(own, str) else fallback
+            resps = [list(r) for r in applied.apply(resps, [doc])]
         out[entry["name"]] = [None if a == fallback else a for a in resps[0]]
     return out
 

@@ -193,12 +193,16 @@ def flips(ref_correct: np.ndarray, run_correct: np.ndarray, ref_answer, run_answ
 
 def kl(logp: np.ndarray, logq: np.ndarray, axis: int = -1) -> np.ndarray:
     """KL(p‖q) in nats along ``axis`` from log-probabilities (``-inf`` where a distribution has no mass):
-    ``scipy.special.rel_entr`` of the probabilities, summed (0 where p is 0, inf where q is 0 and p is not),
-    never below 0 (a negative sum is rounding: KL ≥ 0); [N, C] -> [N] for ``compare``'s choice distributions,
-    [n, k+1] -> [n] for ``fidelity``'s top-k with its tail."""
-    from scipy.special import rel_entr
-
-    return np.maximum(np.sum(rel_entr(np.exp(logp), np.exp(logq)), axis=axis), 0.0)
+    Σ p·(log p − log q), each term as ``scipy.special.rel_entr`` defines it (0 where p is 0, inf where q is 0
+    and p is not) but computed from the log-probabilities, so a log q below −745 (exp underflows to 0) is a
+    tiny term, not inf; never below 0 (a negative sum is rounding: KL ≥ 0); [N, C] -> [N] for ``compare``'s
+    choice distributions, [n, k+1] -> [n] for ``fidelity``'s top-k with its tail."""
+    logp, logq = np.asarray(logp, dtype=np.float64), np.asarray(logq, dtype=np.float64)
+    some = logp > -np.inf  # p has mass here (however little)
+    with np.errstate(invalid="ignore", over="ignore"):
+        terms = np.where(some, np.exp(logp) * (logp - logq), 0.0)
+    terms = np.where(some & (logq == -np.inf), np.inf, terms)  # mass where q has none
+    return np.maximum(np.sum(terms, axis=axis), 0.0)
 
 
 def distribution(x: np.ndarray) -> Distribution:

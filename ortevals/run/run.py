@@ -26,7 +26,7 @@ from ortevals.engine.score.prefill import EngineSettings, Score, TokenRequest
 from ortevals.engine.score.scoring import context_limit, effective_max_length
 from ortevals.errors import OrtEvalsError
 from ortevals.files import cache_root
-from ortevals.options import ModelArgs, scoped_settings
+from ortevals.options import ModelArgs, check_provider, scoped_settings
 from ortevals.package.graph import graph_facts
 from ortevals.package.loader import CONFIG_NAME, ModelPackage
 from ortevals.package.multimodal import check_media_tokens
@@ -97,6 +97,7 @@ class Run:
             args = dataclasses.replace(args, threads=worker_threads())
             provider = from_package(package.decoder.session_options, args.ep, parse_options(args.provider_options),
                                     args.threads, allow_cpu_fallback=args.allow_cpu_fallback)
+        check_provider(args, provider.on_device, provider.name)  # allow_cpu_fallback on the CPU: one line
         args = resolve_passes(args, package, provider)
         if args.threads != provider.intra_op_threads and args.threads is not None:  # passes: one thread each
             provider = from_package(package.decoder.session_options, args.ep, parse_options(args.provider_options),

@@ -19,7 +19,6 @@ from ortevals.package.loader import ModelPackage
 from ortevals.runtime.buffers import KVCache, KVView, bind_shared, device_buffer, host_float32
 from ortevals.runtime.cascade import PromptBinding
 from ortevals.runtime.derive import GREEDY, LOGPROBS
-from ortevals.runtime.meter import boot_clock
 
 
 class InplacePasses:
@@ -56,7 +55,7 @@ class InplacePasses:
             binding.bind_output(name, "cpu")
         bind_feeds(binding, feeds)
         _bind_past(binding, self.package, past)
-        started, clock = boot_clock(), time.perf_counter()
+        started, clock = self.meter.start(), time.perf_counter()
         try:  # a pass over shared prompts reads their KV: a decode step even where the rows hold no token yet
             self.decoder.run_with_iobinding(binding)
             self.meter.record(*input_ids.shape, past_length(past) > 0 or bool(prompts), started,

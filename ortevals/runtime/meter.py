@@ -6,12 +6,14 @@ first pass (no past); a **decode** pass runs one new token per row on a past (ge
 steps). Each pass counts ``rows × new tokens`` (the tokens the hardware computed, padding of a
 right-padded batch included) and its wall seconds around ``session.run``; a kind's seconds are the time at
 least one of its passes was running (passes that run at once, engine/score/parallel.py, count their
-overlap once), its row-seconds each pass's own. ``first_pass_at`` is the
-``CLOCK_BOOTTIME`` instant the run began computing: its first metered pass, or the first request it handed
-to a path whose passes are not metered here (onnxruntime-genai, the media paths, Ray workers: :meth:`begin`),
-whichever came first; start-up ends there (report/efficiency.py). Start-up begins at :data:`CODE_STARTED`,
-when ortevals' own code started (this module is the package's first import), not at the process's start: a
-shell's ``sleep 20 && ortevals …`` or ``pip install … && ortevals …`` in one process is not ortevals' start-up.
+overlap once: each pass's interval is merged into the kind's busy intervals, which are kept back to the start
+of the earliest pass still running, known from :meth:`PassMeter.start`), its row-seconds each pass's own.
+``first_pass_at`` is the ``CLOCK_BOOTTIME`` instant the run began computing: its first metered pass, or the first
+request it handed to a path whose passes are not metered here (onnxruntime-genai, the media paths, Ray workers:
+:meth:`begin`), whichever came first; start-up ends there (report/efficiency.py). Start-up begins at
+:data:`CODE_STARTED`, when ortevals' own code started (this module is the package's first import), not at the
+process's start: a shell's ``sleep 20 && ortevals …`` or ``pip install … && ortevals …`` in one process is not
+ortevals' start-up.
 The arithmetic on these counts lives in report/efficiency.py.
 """
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 
 
@@ -60,19 +63,33 @@ class PassCounts:
 
 
 class PassMeter:
-    """Running totals of a runner's passes (thread-safe: Ray-less runs use one thread, the opener another)."""
+    """Running totals of a runner's passes (thread-safe: Ray-less runs use one thread, the opener another).
+
+    A pass is timed as ``started = meter.start()`` before it runs and ``meter.record(..., started, seconds)``
+    after, on the thread that ran it: ``start`` marks the pass as running, so busy intervals that may still
+    overlap it are kept until it is recorded (a long pass recorded after many short ones with gaps: each
+    second counted once)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._totals: dict[str, float] = {}
         self._first: float | None = None
-        self._spans: dict[str, list[tuple[float, float]]] = {}  # per kind: recent busy intervals, disjoint
-        self._longest = 0.0  # the longest pass so far: older intervals cannot overlap a pass still to come
+        # per kind: the busy intervals since the earliest running pass began, disjoint and sorted (starts, ends)
+        self._spans: dict[str, tuple[list[float], list[float]]] = {}
+        self._running: dict[int, float] = {}  # thread -> when its pass now running began (start())
+
+    def start(self, at: float | None = None) -> float:
+        """A pass begins on this thread now (or ``at``, boot_clock()); returns that instant for :meth:`record`."""
+        at = boot_clock() if at is None else at
+        with self._lock:
+            self._running[threading.get_ident()] = at
+        return at
 
     def record(self, rows: int, new_tokens: int, has_past: bool, started: float, seconds: float) -> None:
         """One pass: ``rows`` rows of ``new_tokens`` tokens each, begun at ``started`` (boot_clock())."""
         kind = "decode" if has_past and new_tokens == 1 else "prefill"
         with self._lock:
+            self._running.pop(threading.get_ident(), None)
             if self._first is None:
                 self._first = started
             t = self._totals
@@ -85,16 +102,16 @@ class PassMeter:
 
     def _busy(self, kind: str, start: float, end: float) -> float:
         """The seconds of [start, end] not already counted as ``kind``'s busy time; the interval joins it."""
-        self._longest = max(self._longest, end - start)
-        spans = [(a, b) for a, b in self._spans.get(kind, []) if b >= start - 2 * self._longest]
-        added = (end - start) - sum(max(0.0, min(b, end) - max(a, start)) for a, b in spans)
-        merged: list[tuple[float, float]] = []
-        for a, b in sorted([*spans, (start, end)]):
-            if merged and a <= merged[-1][1]:
-                merged[-1] = (merged[-1][0], max(merged[-1][1], b))
-            else:
-                merged.append((a, b))
-        self._spans[kind] = merged
+        starts, ends = self._spans.setdefault(kind, ([], []))
+        i, j = bisect_left(ends, start), bisect_right(starts, end)  # [i, j): the intervals that meet it
+        added = (end - start) - sum(max(0.0, min(ends[k], end) - max(starts[k], start)) for k in range(i, j))
+        if i < j:
+            start, end = min(start, starts[i]), max(end, ends[j - 1])
+        starts[i:j], ends[i:j] = [start], [end]
+        # a pass still to be recorded began at or after the earliest running one's start (or now, after this
+        # pass's end, when none runs): intervals that ended before then cannot meet it
+        drop = bisect_left(ends, min(self._running.values(), default=ends[-1]))
+        del starts[:drop], ends[:drop]
         return added
 
     def begin(self, at: float) -> None:
@@ -110,4 +127,4 @@ class PassMeter:
 
     def reset(self) -> None:
         with self._lock:
-            self._totals, self._first, self._spans, self._longest = {}, None, {}, 0.0
+            self._totals, self._first, self._spans, self._running = {}, None, {}, {}

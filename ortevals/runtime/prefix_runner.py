@@ -27,7 +27,6 @@ from ortevals.runtime.buffers import KVCache, KVView, host_float32
 from ortevals.runtime.cascade import Refused
 from ortevals.runtime.derive import GREEDY, LOGPROBS
 from ortevals.runtime.inplace import bind_feeds
-from ortevals.runtime.meter import boot_clock
 from ortevals.runtime.opening import open_session
 from ortevals.runtime.prefix_graph import (
     PREFIX_KEY,
@@ -102,7 +101,7 @@ class PrefixRunner:
         # the prefix's length, and the rows of a windowed layer's buffer that hold its last tokens (package/reuse.py)
         feeds[PREFIX_LENGTH] = np.array([prefix.length], np.int64)
         feeds[PREFIX_RESIDENT] = np.array([self.reuse.resident(prefix.length)], np.int64)
-        started, clock = boot_clock(), time.perf_counter()
+        started, clock = parent.meter.start(), time.perf_counter()
         try:
             binding = self.session.io_binding()
             bind_feeds(binding, feeds)

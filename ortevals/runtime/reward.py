@@ -11,8 +11,12 @@ scores (weighted_maj@k, a PRM's ``prod``) as search-and-learn does with probabil
 classifier's logits mapped as transformers' text-classification pipeline maps them (one label: sigmoid;
 several: softmax, or sigmoid per label for ``problem_type: multi_label_classification``), then the
 positive label's probability (a label named as one, else the second of two: ``LABEL_1``); a graph whose
-output comes out of a Sigmoid or Softmax node is already a probability and is taken as it is. A
-regression head (``problem_type: regression``) has no probability and is a one-line error.
+output comes out of a Sigmoid or Softmax node, through any ops that only move or select values (``SHAPE_ONLY``:
+``torch.sigmoid(logits).squeeze(-1)`` exports Sigmoid → Squeeze), is already a probability and is taken as it
+is. The first text's output is checked against that reading: a probability outside [0, 1], or several labels'
+"logits" that are already a probability vector (each in [0, 1], summing to 1), is a one-line error rather
+than a score squashed twice. A regression head (``problem_type: regression``) has no probability and is a
+one-line error.
 Each text runs as its own unpadded row, so no padding convention of the exporter (which token a
 classifier reads on a padded row) is assumed. Counts the tokens it runs (``tokens_run``) and the
 weights it holds (``params``: package/graph.py's ``parameter_count`` on the proto the session is
@@ -38,6 +42,10 @@ from ortevals.package.scope import Reads
 INPUTS = ("input_ids", "attention_mask")
 POSITIVE = frozenset({"positive", "pos", "correct", "right", "true", "yes", "good", "+", "label_1"})
 MAPPINGS = ("sigmoid", "softmax", "as is")
+# ops that move, select or re-type values without changing them: a Sigmoid's or Softmax's output through them
+# is still a probability
+SHAPE_ONLY = frozenset({"Squeeze", "Unsqueeze", "Reshape", "Flatten", "Identity", "Cast", "Gather",
+                        "GatherElements", "GatherND", "Slice", "Transpose", "Expand", "Split"})
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,19 @@ class Head:
             return float(x[self.label])
         return float((expit(x) if self.mapping == "sigmoid" else softmax(x))[self.label])
 
+    def check(self, logits: np.ndarray, where: Path) -> None:
+        """One sequence's first output against the mapping: a probability must lie in [0, 1]; logits of several
+        labels that form a probability vector are the output of a softmax the graph walk did not see."""
+        x = np.asarray(logits, dtype=np.float64).reshape(-1)
+        if self.mapping == "as is" and not np.all((x >= 0) & (x <= 1)):
+            raise PackageError(f"--verifier {where}: the first output comes from a Sigmoid or Softmax, so it should "
+                               f"be a probability in [0, 1]; the first text gave {np.round(x, 4).tolist()}")
+        if self.mapping != "as is" and x.size > 1 and np.all((x >= 0) & (x <= 1)) and abs(x.sum() - 1) < 1e-4:
+            raise PackageError(f"--verifier {where}: the first output looks like probabilities already (the first "
+                               f"text gave {np.round(x, 4).tolist()}, summing to 1), but no Sigmoid or Softmax "
+                               "was found making it; expected the classifier's logits, or a graph ending in "
+                               "Softmax (through shape-only ops)")
+
 
 class RewardModel:
     """One ONNX sequence classifier and its tokenizer; :meth:`open` reads the folder, the constructor does no I/O."""
@@ -74,6 +95,7 @@ class RewardModel:
         self.session, self.tokenizer, self.path, self.params, self.head = session, tokenizer, path, params, head
         self.reads = reads or Reads("reward model")
         self.tokens_run = 0
+        self.checked = False  # the first output checked against the head (Head.check)
 
     @classmethod
     def open(cls, path: str | Path, providers: Sequence[str] = ("CPUExecutionProvider",)) -> RewardModel:
@@ -107,6 +129,9 @@ class RewardModel:
         for i, text in enumerate(texts):
             ids = np.asarray([self.tokenizer.encode(text).ids], dtype=np.int64)
             first = self.session.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})[0]
+            if not self.checked:
+                self.head.check(first, self.path / "model.onnx")
+                self.checked = True
             out[i] = self.head.probabilities(first, self.path / "model.onnx")
             self.tokens_run += ids.shape[1]
         return out
@@ -165,6 +190,20 @@ def reward_reads(root: Path, external: Sequence[Path], providers: Sequence[str])
                  ("onnxruntime", "tokenizers", "scipy"))
 
 
+def _making_op(graph, name: str) -> str:
+    """The op that computes the values of ``name``: its producer, walked back through ``SHAPE_ONLY`` ops (their
+    first input carries the values); "" for a graph input or initializer."""
+    producer = {out: node for node in graph.node for out in node.output}
+    seen = set()
+    while name in producer and name not in seen:
+        seen.add(name)
+        node = producer[name]
+        if node.op_type not in SHAPE_ONLY or not node.input:
+            return node.op_type
+        name = node.input[0]
+    return ""
+
+
 def _read(model: Path) -> tuple[bytes | str, int, set[Path], str, int | None]:
     """(what the session opens, the weights the graph holds, its external data files, the op that makes the first
     output, that output's last dimension when static): the file's bytes, parsed once; a model with external data
@@ -180,7 +219,7 @@ def _read(model: Path) -> tuple[bytes | str, int, set[Path], str, int | None]:
     external = {model.parent / e.value for t in proto.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL
                 for e in t.external_data if e.key == "location"}
     first = proto.graph.output[0] if proto.graph.output else None
-    last_op = next((n.op_type for n in proto.graph.node if first is not None and first.name in n.output), "")
+    last_op = _making_op(proto.graph, first.name) if first is not None else ""
     dims = first.type.tensor_type.shape.dim if first is not None else ()
     width = dims[-1].dim_value if len(dims) >= 2 and dims[-1].HasField("dim_value") else None
     return (str(model) if external else data), parameter_count(proto.graph), external, last_op, width

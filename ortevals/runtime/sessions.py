@@ -35,7 +35,7 @@ from ortevals.runtime.cascade import PromptBinding, cascade_decoder
 from ortevals.runtime.checks import check_dtypes, package_dtypes
 from ortevals.runtime.derive import GREEDY, LOGPROBS, POSITIONS, TARGETS, derived_decoder
 from ortevals.runtime.inplace import InplacePasses, past_length
-from ortevals.runtime.meter import PassMeter, boot_clock
+from ortevals.runtime.meter import PassMeter
 from ortevals.runtime.opening import open_session
 from ortevals.runtime.pass_errors import kernel_limit, symbolic_mismatch
 from ortevals.runtime.providers import ProviderConfig
@@ -176,7 +176,7 @@ class DecoderRunner(InplacePasses):
         feeds = self._token_feeds(input_ids) | self._gather_feeds(input_ids, positions, targets)
         feeds.update(self._mask_feeds(input_ids.shape, attention_mask, past))
         feeds.update(self._past_feeds(input_ids.shape[0], past))
-        started, clock = boot_clock(), time.perf_counter()
+        started, clock = self.meter.start(), time.perf_counter()
         try:
             if self.bind_device:
                 outs = self._run_bound(names, host, feeds)
