@@ -55,7 +55,7 @@ def load_tokenizer(folder):
     from ortevals.package.tokenizer import Tokenizer
 
     base = ModelPackage.load(json.loads((folder / "base.json").read_text())["package"])
-    return Tokenizer.load(dataclasses.replace(base, root=folder))
+    return Tokenizer.load(dataclasses.replace(base, root=folder, tokenizer_dir=folder))
 
 
 def both(pkg, messages, add_generation_prompt):
