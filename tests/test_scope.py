@@ -172,6 +172,12 @@ def base_store(tiny_pkg, tmp_path_factory) -> tuple[Path, str]:
 def test_each_model_argument_changes_the_scope(field, base_store, tiny_pkg):
     store, base = base_store
     assert CHANGED[field] != getattr(ModelArgs(pkg="x"), field)
+    if field == "allow_cpu_fallback":  # refused on the CPU provider (it does nothing there): its settings part
+        from ortevals.options import scoped_settings
+
+        changed = scoped_settings(ModelArgs(pkg="x", allow_cpu_fallback=True))
+        assert changed != scoped_settings(ModelArgs(pkg="x")) and changed[field] is True
+        return
     _, lm = score(tiny_pkg, store, **{field: CHANGED[field]})
     assert lm.store.scope.digest != base and lm.store.hits == 0
     settings = json.loads(lm.store.scope.settings)
