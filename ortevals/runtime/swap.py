@@ -107,6 +107,8 @@ def swapped_package(cand: ModelPackage, ref: ModelPackage, nodes: tuple[str, ...
 
 def _swap(model, ref_model, nodes: tuple[str, ...], ref_dir: Path | None) -> int:
     """Rewrite ``model`` in place; ``ref_dir`` None: shapes only (no data). Returns the inline bytes."""
+    from ortevals.runtime.graph_nodes import prune
+
     graph, ref = model.graph, ref_model.graph
     theirs = nodes_by_base(ref)
     ref_inits = {t.name: t for t in ref.initializer}
@@ -126,7 +128,7 @@ def _swap(model, ref_model, nodes: tuple[str, ...], ref_dir: Path | None) -> int
     for tensor in {name: (src, name) for src, name in added}.values():  # a tied table once
         graph.initializer.append(_tensor(tensor, io_type, ref_dir))
         inline += _tensor_bytes(graph.initializer[-1])
-    _prune(graph)
+    prune(graph)
     return inline
 
 
@@ -228,27 +230,3 @@ def _bytes(graph) -> int:
     return sum(_tensor_bytes(t) for t in graph.initializer)
 
 
-def _prune(graph) -> None:
-    """Drop the nodes no graph output needs, then the initializers no node reads."""
-    needed = {o.name for o in graph.output}
-    keep = []
-    for node in reversed(graph.node):
-        if any(o in needed for o in node.output if o):
-            keep.append(node)
-            needed.update(_reads(node))
-    keep.reverse()
-    del graph.node[:]
-    graph.node.extend(keep)
-    kept = [t for t in graph.initializer if t.name in needed]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
-
-
-def _reads(node) -> set[str]:
-    """The tensors a node reads, those its subgraphs (If, Loop) read from outside included."""
-    names = {i for i in node.input if i}
-    for attr in node.attribute:
-        for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
-            for inner in sub.node:
-                names |= _reads(inner)
-    return names
