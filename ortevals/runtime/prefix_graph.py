@@ -107,6 +107,8 @@ def rewrite(model, package: ModelPackage) -> None:
     """Replace every GroupQueryAttention of ``model`` (the derived graph, in place) by the shared-prefix form."""
     from onnx import TensorProto, helper
 
+    from ortevals.runtime.graph_nodes import prune
+
     graph = model.graph
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 21)
     if opset < 13:
@@ -139,7 +141,7 @@ def rewrite(model, package: ModelPackage) -> None:
     graph.node.extend(kept)
     present = {n for s in package.kv for n in (s.present_key_name, s.present_value_name)}
     _keep_outputs(graph, [o for o in graph.output if o.name not in present])
-    _prune(graph)
+    prune(graph)
     mask = package.decoder.inputs.get("attention_mask", "attention_mask")
     if any(mask in n.input for n in graph.node):
         raise Refused(f"{mask} feeds more than the attention's lengths")
@@ -343,40 +345,6 @@ def _keep_inputs(graph, inputs) -> None:
     kept = list(inputs)
     del graph.input[:]
     graph.input.extend(kept)
-
-
-def _prune(graph) -> None:
-    """Nodes no graph output needs removed (the attention mask's length subgraph, the present KV's), and the
-    initializers only they read."""
-    producer = {o: n for n in graph.node for o in n.output if o}
-    needed, stack = set(), [o.name for o in graph.output]
-    alive: set[int] = set()
-    while stack:
-        name = stack.pop()
-        if name in needed:
-            continue
-        needed.add(name)
-        node = producer.get(name)
-        if node is not None and id(node) not in alive:
-            alive.add(id(node))
-            stack.extend(_reads(node))
-    kept = [n for n in graph.node if id(n) in alive]
-    del graph.node[:]
-    graph.node.extend(kept)
-    used = {i for n in kept for i in _reads(n)}
-    inits = [i for i in graph.initializer if i.name in used]
-    del graph.initializer[:]
-    graph.initializer.extend(inits)
-
-
-def _reads(node) -> set[str]:
-    """Every name a node reads: its inputs and, for control flow (If, Loop), what its subgraphs read."""
-    names = {i for i in node.input if i}
-    for attr in node.attribute:
-        for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
-            for inner in sub.node:
-                names |= _reads(inner)
-    return names
 
 
 def _elem_type(dtype: str) -> int:
