@@ -33,7 +33,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("run", ("ortevals.options", "ortevals.run")),
     ("integrations", ("ortevals.integrations",)),
     ("front", ("ortevals", "ortevals.tasks", "ortevals.presets", "ortevals.evaluate", "ortevals.fidelity",
-               "ortevals.diagnose", "ortevals.integrations.olive", "ortevals.cli")),
+               "ortevals.diagnose", "ortevals.integrations.olive", "ortevals.cli", "ortevals.bench")),
 )
 MAX_FILE_LINES = 440  # "about 400"
 MAX_FUNCTION_LINES = 50
