@@ -169,6 +169,11 @@ def test_refusals_before_any_run(tmp_path, monkeypatch, no_run):
         (["--pkg", f"{pkg}:store=/tmp/x"], "store is set by the bench"),
         (["--pkg", f"{pkg}:prefix_cache=maybe"], "prefix_cache"),
         (["--pkg", str(pkg), "--samples", "4"], "--samples 4 needs generation"),
+        (["--pkg", str(pkg), "--max-gen-toks", "64"], "--max-gen-toks 64 applies to generation"),
+        (["--pkg", str(pkg), "--tasks", "arc_easy", "--cot"], "give --tasks or --cot, not both"),
+        (["--pkg", str(pkg), "--backends", "ortevals,ortevals"], "a backend named twice"),
+        (["--pkg", str(pkg), "--hf", str(tmp_path / "none")], "--hf"),
+        (["--pkg", str(pkg), "--backends", "hf", "--hf", str(hf)], "no backend runs it"),
     ]
     for args, needle in cases:
         assert_one_line_error(bench(*args), needle)
