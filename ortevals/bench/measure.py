@@ -5,12 +5,13 @@ growing busier weighs on every row alike), the ortevals cache state each orteval
 new empty cache folder for each run; warm: derived graphs and the invariance check's verdict from an
 untimed one-question run, every answer scored again; stored: every answer already in the result store from
 an untimed full run), each run's command (workload.py) and output folder, and :class:`RunRecord`, what a
-run left. The user's own ortevals cache is never read or written: the states live in a folder of the
-benchmark's own.
+run left. ortevals' own modules are compiled to bytecode first, as an installed package holds them. The
+user's own ortevals cache is never read or written: the states live in a folder of the benchmark's own.
 """
 
 from __future__ import annotations
 
+import compileall
 import json
 import os
 import re
@@ -42,6 +43,9 @@ def measure(plan: Plan, work: Work, folder: Path, repeat: int, timeout: float | 
     holds the runs' outputs (``runs/``) and the cache states (``cache/``)."""
     records: dict[str, list[RunRecord]] = {r.label: [] for r in plan.rows}
     rows = [r for r in plan.rows if r.missing is None]
+    # ortevals' bytecode compiled first, as `pip install` leaves it (and lm-eval, torch…): a checkout run with
+    # PYTHONDONTWRITEBYTECODE would compile every module it imports in every row's process
+    compileall.compile_dir(str(Path(ortevals.__file__).parent), quiet=2)
     names = {r.label: f"{i:02d}-{_slug(r.label)}" for i, r in enumerate(plan.rows, 1)}  # folder names
     _prepare(rows, names, work, folder, progress)
     for n in range(1, repeat + 1):
