@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -208,6 +209,24 @@ def test_watch_times_launch_to_exit_peak_memory_and_the_first_result():
 def test_watch_kills_a_run_at_its_timeout():
     w = watch([sys.executable, "-c", "import time; time.sleep(60)"], {"PATH": "/usr/bin:/bin"}, timeout=1.0)
     assert w.timed_out and w.wall_s < 20 and w.failure(1.0) == "timed out after 1 s"
+
+
+def test_ctrl_c_while_a_run_is_watched_ends_its_process(tmp_path):
+    """The child runs in a session of its own (so a time-out kills its whole group), which Ctrl-C at the terminal
+    does not reach: watch ends it before the interrupt goes on (a bench interrupted left hf running before)."""
+    import os
+    import signal
+    import threading
+
+    pid_file = tmp_path / "pid"
+    start = time.perf_counter()
+    code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+    with pytest.raises(KeyboardInterrupt):
+        watch([sys.executable, "-c", code], {"PATH": "/usr/bin:/bin"})
+    assert time.perf_counter() - start < 30
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pid_file.read_text()), 0)
 
 
 # ---- end to end on the tiny package ---------------------------------------------------------------------------------

@@ -69,7 +69,12 @@ def watch(cmd: list[str], env: dict[str, str], timeout: float | None = None) -> 
     timer = threading.Timer(timeout, _kill, (proc, expired)) if timeout else None
     if timer:
         timer.start()
-    _, status, usage = os.wait4(proc.pid, 0)
+    try:
+        _, status, usage = os.wait4(proc.pid, 0)
+    except BaseException:  # Ctrl-C reaches only this process's group: the child's own session goes too
+        _kill(proc, expired)
+        proc.wait()
+        raise
     wall = time.perf_counter() - start
     if timer:
         timer.cancel()
