@@ -5,6 +5,7 @@ to end on the tiny package (ortevals twice and lm-eval's onnxruntime-genai, each
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -99,6 +100,18 @@ def test_counts_requests_once_per_filter_and_generated_tokens(tmp_path, tiny_pkg
     tok = Tokenizer.load(ModelPackage.load(tiny_pkg))
     assert counts(tmp_path, _counter(str(tiny_pkg))) == (4, sum(len(tok.encode(t, False)) for q in texts for t in q))
     assert counts(tmp_path) == (4, None)
+
+
+def test_markdown_table_keeps_one_column_count():
+    """The header's ``max |Δ ll|`` and a failed row's message hold pipes: escaped, every line has the columns."""
+    from ortevals.bench.rows import Row
+    from ortevals.bench.write import markdown_table
+
+    base = dict(backend="ortevals", target="/p", args="", cache="warm", is_ref=False, runs=0)
+    rows = [Row(label="a", status="failed", note="Error: x | y", **base),
+            Row(label="b", status="not installed", note="not installed (pip install vllm)", **base)]
+    table = markdown_table(rows, "requests").splitlines()
+    assert len({len(re.findall(r"(?<!\\)\|", ln)) for ln in table}) == 1
 
 
 # ---- the candidate syntax -----------------------------------------------------------------------------------------

@@ -69,10 +69,12 @@ def text_table(rows: list[Row], rate: str) -> str:
 
 def markdown_table(rows: list[Row], rate: str) -> str:
     head = header(rate)
-    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
-    for r in rows:
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells(r)) + " |")
+    lines = [_md_row(head), "|---|" + "---:|" * (len(head) - 1)] + [_md_row(cells(r)) for r in rows]
     return "\n".join(lines)
+
+
+def _md_row(cells: list[str]) -> str:
+    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
 
 
 def notes(rows: list[Row], rate: str, machine: dict[str, Any]) -> list[str]:
@@ -112,6 +114,9 @@ def plot(rows: list[Row], rate: str) -> bytes:
     colors = ["#1f77b4" if r.backend == "ortevals" else "#999999" for r in ok]
     left.barh(names, [r.rate for r in ok], color=colors)
     left.set_xscale("log")
+    positive = [r.rate for r in ok if r.rate]
+    if positive:
+        left.set_xlim(min(positive) / 2, max(positive) * 4)  # room for the labels
     left.set_xlabel(f"{RATE[rate]} (log scale, launch to exit)")
     for i, r in enumerate(ok):
         left.text(r.rate, i, f" {_sig(r.rate)}", va="center", fontsize=8)
