@@ -68,8 +68,13 @@ class Row:
     repeat_same: bool | None = None  # every later run gave the first run's answers (None: one run)
 
 
-def table_rows(plan: Plan, records: dict[str, list[RunRecord]], rate: str) -> list[Row]:
-    """The table, in the plan's order; comparisons need the reference row to have run."""
+SAMPLES_NOTE = ("not compared with the reference: with --samples each backend keeps its own draws (ortevals every "
+                "sample's answer, lm-eval the first's)")
+
+
+def table_rows(plan: Plan, records: dict[str, list[RunRecord]], rate: str, samples: bool = False) -> list[Row]:
+    """The table, in the plan's order; comparisons need the reference row to have run (``samples``: K samples a
+    question were drawn, so no row's answers are compared)."""
     rows = [_row(spec, records[spec.label], spec.label == plan.ref) for spec in plan.rows]
     by_label = {r.label: r for r in rows}
     ref = by_label[plan.ref]
@@ -83,7 +88,9 @@ def table_rows(plan: Plan, records: dict[str, list[RunRecord]], rate: str) -> li
         requests, tokens = counts(records[spec.label][0].folder, count)
         row = replace(row, requests=requests, generated_tokens=tokens,
                       rate=(tokens if rate == "tokens" else requests) / row.wall_s)
-        if ref_run is not None and not row.is_ref:
+        if samples and not row.is_ref:
+            row = replace(row, note=SAMPLES_NOTE)
+        elif ref_run is not None and not row.is_ref:
             try:
                 row = replace(row, paired=paired(ref_run, _first_run(records[spec.label])))
             except OrtEvalsError as e:  # another prompt or document: said, never compared
