@@ -85,6 +85,8 @@ def test_table_rows_rate_ratio_medians_and_wilson_against_scipy(tmp_path):
     ci = binomtest(k, len(run_ll)).proportion_ci(confidence_level=0.95, method="wilson")
     assert (b.accuracy.estimate, b.accuracy.low, b.accuracy.high) == pytest.approx((k / len(run_ll), ci.low, ci.high))
     assert a.paired is None and b.paired.n == len(run_ll) and b.repeat_same is True
+    _, b = table_rows(bench, records, "requests", samples=True)  # --samples K: each backend's own draws
+    assert b.paired is None and b.note.startswith("not compared with the reference: with --samples")
 
 
 def test_counts_requests_once_per_filter_and_generated_tokens(tmp_path, tiny_pkg):
