@@ -87,7 +87,8 @@ def notes(rows: list[Row], rate: str, machine: dict[str, Any]) -> list[str]:
            f"medians over {' or '.join(map(str, runs)) or 0} run(s) a row (wall: fastest–slowest).",
            f"Against the reference ({ref.label}), on the questions both ran: flips correct→wrong/wrong→correct, "
            "McNemar's exact p, choice-KL = mean KL(ref‖row) over each question's choices (nats), answers equal, "
-           "the largest |Δ log-likelihood| of a choice."]
+           "the largest |Δ log-likelihood| of a choice." if ref.status == "ok" else
+           f"The reference ({ref.label}) did not run: no row is compared with it."]
     fewer = [r for r in rows if r.status == "ok" and ref.questions and r.questions < ref.questions]
     if fewer:
         out.append("On fewer questions (--peer-limit): " + ", ".join(f"{r.label} ({r.questions})" for r in fewer)
