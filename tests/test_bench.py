@@ -198,6 +198,15 @@ def test_refusals_before_any_run(tmp_path, monkeypatch, no_run):
     assert_one_line_error(bench("--pkg", str(pkg), "--hf", str(hf)), "pip install 'ortevals[torch]'")
 
 
+def test_the_python_api_refuses_the_same_inputs_before_any_run(tmp_path, no_run):
+    import ortevals.bench
+    from ortevals.errors import OrtEvalsError
+
+    pkg = fake_package(tmp_path / "p")
+    with pytest.raises(OrtEvalsError, match="--ref nosuch: not among the rows"):
+        ortevals.bench.run(pkgs=(str(pkg),), ref="nosuch")
+
+
 # ---- one process, watched ------------------------------------------------------------------------------------------
 
 CHILD = """
