@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 
-from ortevals import cli_help
+from ortevals import cli_bench, cli_help
 from ortevals.errors import OrtEvalsError, first_line
 
 RESUMABLE = ("mmlu-pro", "run")  # the commands whose answers go to the result store (Ctrl-C: resume advice)
@@ -165,7 +165,7 @@ def _load_lm(kw: dict):
     return OrtLM.from_package(parse_model_args(raw), open_soon=True)  # sessions open while lm-eval loads data
 
 
-@click.group(cls=Cli, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=Cli, commands=[cli_bench.bench], context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="ortevals")
 def cli() -> None:
     """Fast, exact lm-eval benchmarks for ONNX Runtime GenAI model packages."""

@@ -34,7 +34,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("integrations", ("ortevals.integrations",)),
     ("front", ("ortevals", "ortevals.tasks", "ortevals.presets", "ortevals.evaluate", "ortevals.fidelity",
                "ortevals.diagnose", "ortevals.integrations.olive", "ortevals.integrations.olive_workflow",
-               "ortevals.cli")),
+               "ortevals.cli", "ortevals.bench")),
 )
 MAX_FILE_LINES = 440  # "about 400"
 MAX_FUNCTION_LINES = 50

@@ -1,0 +1,218 @@
+"""Before any run: every input of a benchmark checked, and the rows it will run.
+
+Owns :func:`plan`: :class:`~ortevals.bench.spec.BenchOptions` to a :class:`Plan` (the rows in table order,
+the reference row, the rate's unit), raising one :class:`~ortevals.errors.OrtEvalsError` line for each bad
+input before any process starts (docs/bad-inputs.md): an unknown backend or cache state, a candidate that is
+no package or transformers folder, model args ortevals refuses, a reference not among the rows, rows of
+different tokenizers compared per generated token, a backend whose extra is not installed. A backend outside
+ortevals' extras (vllm) that is not installed is a row that says so instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import util
+from pathlib import Path
+
+from ortevals.bench.spec import (
+    BACKENDS,
+    CACHE_STATES,
+    CHECKPOINT_BACKENDS,
+    DEFAULT_PEER_LIMIT,
+    ONNX_PEERS,
+    RATES,
+    BenchOptions,
+    Candidate,
+    RowSpec,
+    default_rate,
+    parse_candidate,
+)
+from ortevals.errors import OrtEvalsError, PackageError, RuntimeMissingError, did_you_mean
+from ortevals.fidelity.reference import tokenizer_hash
+from ortevals.files import check_writable_folder
+from ortevals.options import parse_arg_string, parse_model_args
+
+OUTPUT_FILES = ("bench.json", "bench.md", "bench.png", "runs")
+EXTRAS = {  # backend -> (modules it imports, the extra that installs them)
+    "ortevals": (("onnxruntime", "onnxruntime_genai"), "cpu"),
+    "onnxruntime-genai": (("onnxruntime_genai",), "cpu"),
+    "onnxruntime": (("onnxruntime",), "cpu"),
+    "hf": (("torch", "transformers"), "torch"),
+}
+RESERVED_ARGS = ("store", "resume", "samples")  # set by the bench itself (--cache, --samples)
+
+
+@dataclass(frozen=True)
+class Plan:
+    rows: tuple[RowSpec, ...]
+    ref: str  # the reference row's label
+    rate: str  # "requests" or "tokens"
+
+
+def plan(options: BenchOptions) -> Plan:
+    """The rows of ``options`` and their reference, every input checked (one line each, nothing run)."""
+    _check_numbers(options)
+    backends = _backends(options)
+    pkgs = [_package(parse_candidate(p)) for p in options.pkgs]
+    hf = _checkpoint(parse_candidate(options.hf)) if options.hf else None
+    _check_targets(backends, pkgs, hf, options)
+    _check_extras(backends)
+    if options.output is not None:
+        check_writable_folder(options.output, "--output", OUTPUT_FILES)
+    rows = _label(_rows(backends, pkgs, hf, options))
+    ref = _reference(rows, options.ref)
+    rate = default_rate(options)
+    if rate == "tokens":
+        _check_tokenizers(rows)
+    return Plan(tuple(rows), ref, rate)
+
+
+def _check_numbers(o: BenchOptions) -> None:
+    for flag, value in (("--limit", o.limit), ("--peer-limit", o.peer_limit), ("--samples", o.samples),
+                        ("--max-gen-toks", o.max_gen_toks), ("--repeat", o.repeat)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise OrtEvalsError(f"{flag} {value}: expected a whole number >= 1")
+    if o.timeout is not None and not o.timeout > 0:
+        raise OrtEvalsError(f"--timeout {o.timeout}: expected seconds > 0")
+    for state in o.cache:
+        if state not in CACHE_STATES:
+            raise OrtEvalsError(f"--cache {state}: unknown cache state; expected some of {', '.join(CACHE_STATES)}"
+                                f"{did_you_mean(state, CACHE_STATES)}")
+    if not o.cache:
+        raise OrtEvalsError(f"--cache: expected some of {', '.join(CACHE_STATES)}")
+    if o.rate is not None and o.rate not in RATES:
+        raise OrtEvalsError(f"--rate {o.rate}: expected requests or tokens")
+    if not o.tasks and o.max_gen_toks is not None and not o.cot:
+        raise OrtEvalsError(f"--max-gen-toks {o.max_gen_toks} applies to generation; MMLU-Pro without --cot scores "
+                            "log-likelihoods (add --cot, or drop --max-gen-toks)")
+    if not o.tasks and o.samples is not None and not o.cot:
+        raise OrtEvalsError(f"--samples {o.samples} needs generation; MMLU-Pro without --cot scores "
+                            "log-likelihoods (add --cot)")
+    if o.tasks and o.cot:
+        raise OrtEvalsError("--cot chooses MMLU-Pro's chain-of-thought tasks; give --tasks or --cot, not both")
+
+
+def _backends(o: BenchOptions) -> tuple[str, ...]:
+    given = o.backends or (("ortevals", "hf") if o.hf else ("ortevals",))
+    for name in given:
+        if name not in BACKENDS:
+            raise OrtEvalsError(f"--backends {name}: unknown backend{did_you_mean(name, BACKENDS)}; expected some "
+                                f"of {', '.join(BACKENDS)}")
+    if len(set(given)) != len(given):
+        raise OrtEvalsError(f"--backends {','.join(given)}: a backend named twice (to run one twice, give its "
+                            "--pkg twice or --repeat)")
+    return tuple(given)
+
+
+def _package(c: Candidate) -> Candidate:
+    path = Path(c.path).expanduser()
+    if not (path / "genai_config.json").is_file():
+        what = "not found" if not path.exists() else "has no genai_config.json"
+        raise PackageError(f"--pkg {c.path}: {what}; expected a GenAI package folder ([LABEL=]PATH[:K=V,…])")
+    args = parse_arg_string(c.args)
+    reserved = [k for k in args if k in RESERVED_ARGS]
+    if reserved:
+        raise OrtEvalsError(f"--pkg {c.path}:{c.args}: {reserved[0]} is set by the bench (--cache states, --samples); "
+                            "drop it from the row's model args")
+    parse_model_args({"pkg": str(path), **args})  # ortevals' own checks of the row's options, before any run
+    return Candidate(str(path), c.args, c.label)
+
+
+def _checkpoint(c: Candidate) -> Candidate:
+    path = Path(c.path).expanduser()
+    if not (path / "config.json").is_file():
+        what = "not found" if not path.exists() else "has no config.json"
+        raise OrtEvalsError(f"--hf {c.path}: {what}; expected a transformers model folder ([LABEL=]PATH[:K=V,…])")
+    parse_arg_string(c.args)
+    return Candidate(str(path), c.args, c.label)
+
+
+def _check_targets(backends, pkgs, hf, o: BenchOptions) -> None:
+    needs_pkg = [b for b in backends if b == "ortevals" or b in ONNX_PEERS]
+    if needs_pkg and not pkgs:
+        raise OrtEvalsError(f"--backends {needs_pkg[0]} runs a GenAI package: give --pkg PATH")
+    wants_hf = [b for b in backends if b in CHECKPOINT_BACKENDS]
+    if wants_hf and hf is None:
+        raise OrtEvalsError(f"--backends {wants_hf[0]} runs a transformers folder: give --hf PATH")
+    if hf is not None and not wants_hf:
+        raise OrtEvalsError(f"--hf {o.hf}: no backend runs it; add hf (or vllm) to --backends")
+    if pkgs and not needs_pkg:
+        raise OrtEvalsError(f"--pkg {o.pkgs[0]}: no backend runs it; add ortevals (or onnxruntime-genai, "
+                            "onnxruntime) to --backends")
+
+
+def _check_extras(backends) -> None:
+    for name in backends:
+        if name not in EXTRAS:
+            continue
+        modules, extra = EXTRAS[name]
+        missing = [m for m in modules if util.find_spec(m) is None]
+        if missing:
+            raise RuntimeMissingError(f"--backends {name} needs {missing[0]}, which is not installed: "
+                                      f"pip install 'ortevals[{extra}]'")
+
+
+def _rows(backends, pkgs: list[Candidate], hf: Candidate | None, o: BenchOptions) -> list[RowSpec]:
+    peer_limit = min(o.peer_limit or DEFAULT_PEER_LIMIT, o.limit) if o.limit else o.peer_limit or DEFAULT_PEER_LIMIT
+    rows: list[RowSpec] = []
+    for backend in backends:
+        if backend == "ortevals":
+            for p in pkgs:
+                for state in o.cache:
+                    name = p.label or _name("ortevals", p.path, p.args)
+                    suffix = f" ({state})" if len(o.cache) > 1 or state != "warm" else ""
+                    rows.append(RowSpec(name + suffix, backend, p.path, p.args, state, o.limit))
+        elif backend in ONNX_PEERS:
+            for path in dict.fromkeys(p.path for p in pkgs):  # each package once: the options are ortevals'
+                rows.append(RowSpec(_name(backend, path), backend, path, "", None, peer_limit))
+        else:
+            missing = None if backend in EXTRAS or util.find_spec(backend) else f"not installed (pip install {backend})"
+            rows.append(RowSpec(hf.label if hf.label and backend == "hf" else _name(backend, hf.path, hf.args),
+                                backend, hf.path, hf.args, None, o.limit, missing))
+    return rows
+
+
+def _name(backend: str, path: str, args: str = "") -> str:
+    return f"{backend} {Path(path).name}" + (f" [{args}]" if args else "")
+
+
+def _label(rows: list[RowSpec]) -> list[RowSpec]:
+    """Labels made unique: the second row of a label gets ``#2`` (the same package given twice)."""
+    seen: dict[str, int] = {}
+    out = []
+    for r in rows:
+        seen[r.label] = seen.get(r.label, 0) + 1
+        label = r.label if seen[r.label] == 1 else f"{r.label} #{seen[r.label]}"
+        out.append(RowSpec(label, r.backend, r.target, r.args, r.cache, r.limit, r.missing))
+    return out
+
+
+def _reference(rows: list[RowSpec], ref: str | None) -> str:
+    runnable = [r for r in rows if r.missing is None]
+    if ref is None:
+        return next((r.label for r in runnable if r.backend == "hf"), runnable[0].label if runnable else rows[0].label)
+    by_label = [r for r in rows if r.label == ref]
+    by_backend = [r for r in rows if r.backend == ref]
+    found = by_label or (by_backend if len(by_backend) == 1 else [])
+    if not found:
+        many = f" ({len(by_backend)} rows run {ref}: give one's label)" if len(by_backend) > 1 else ""
+        raise OrtEvalsError(f"--ref {ref}: not among the rows{many}; expected one of: "
+                            + "; ".join(r.label for r in rows))
+    if found[0].missing:
+        raise OrtEvalsError(f"--ref {ref}: that row is not run ({found[0].missing})")
+    return found[0].label
+
+
+def _check_tokenizers(rows: list[RowSpec]) -> None:
+    """Generated tokens/s is counted with one tokenizer: every row's target must hold the same one."""
+    first: tuple[str, str] | None = None
+    for r in rows:
+        if r.missing:
+            continue
+        digest = tokenizer_hash(Path(r.target))
+        if first is None:
+            first = (r.label, digest)
+        elif digest != first[1]:
+            raise OrtEvalsError(f"rows {first[0]!r} and {r.label!r} have different tokenizers (tokenizer.json): "
+                                "generated tokens/s would count different units; compare them per request "
+                                "(--rate requests) or bench packages of one tokenizer")

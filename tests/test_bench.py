@@ -1,0 +1,288 @@
+"""``ortevals bench`` (ortevals/bench/): the table's statistics against scipy, the one-line refusals before any
+run, the candidate syntax, one process watched (time, memory, first result, time-out), and one benchmark end
+to end on the tiny package (ortevals twice and lm-eval's onnxruntime-genai, each its own process)."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+from scipy.special import softmax
+from scipy.stats import binomtest, entropy
+
+from ortevals.bench import BenchOptions, parse_candidate
+from ortevals.bench import plan as plan_module
+from ortevals.bench.measure import RunRecord
+from ortevals.bench.plan import plan
+from ortevals.bench.rows import counts, paired, table_rows
+from ortevals.bench.spec import Candidate
+from ortevals.bench.watch import Watched, first_count, watch
+from ortevals.cli import cli
+from ortevals.presets import BUNDLED
+from ortevals.report.runs import load_run
+from tests.test_cli import assert_one_line_error
+from tests.test_compare import record, write_ortevals_run
+
+# ---- the statistics against scipy, on hand-made runs --------------------------------------------------------------
+
+
+def hand_made(tmp_path: Path, n_ref: int = 12, n_run: int = 9) -> tuple[Path, Path, list, list]:
+    """A reference of ``n_ref`` questions (3 choices, but 2 in the last ones the row runs) and a row on its first
+    ``n_run``, log-likelihoods drawn from a seeded generator, gold always A."""
+    rng = np.random.default_rng(7)
+    widths = [2 if i < n_run else 3 for i in range(n_ref)]  # the reference's widest questions are not the row's
+    ref_ll = [list(rng.normal(-2, 1, w)) for w in widths]
+    run_ll = [list(np.array(ll) + rng.normal(0, 0.8, len(ll))) for ll in ref_ll[:n_run]]
+    ref = write_ortevals_run(tmp_path / "ref", [record(i, ll) for i, ll in enumerate(ref_ll)])
+    run = write_ortevals_run(tmp_path / "run", [record(i, ll) for i, ll in enumerate(run_ll)])
+    return ref, run, ref_ll, run_ll
+
+
+def test_paired_statistics_against_scipy_on_the_questions_both_ran(tmp_path):
+    ref, run, ref_ll, run_ll = hand_made(tmp_path)
+    got = paired(load_run(ref), load_run(run))
+    n = len(run_ll)
+    ref_ok = np.array([int(np.argmax(x)) == 0 for x in ref_ll[:n]])
+    run_ok = np.array([int(np.argmax(x)) == 0 for x in run_ll])
+    b, c = int(np.sum(ref_ok & ~run_ok)), int(np.sum(~ref_ok & run_ok))
+    assert got.n == n and (got.flips.correct_to_wrong, got.flips.wrong_to_correct) == (b, c) and b + c > 0
+    assert got.mcnemar_p == pytest.approx(binomtest(min(b, c), b + c, 0.5).pvalue, rel=1e-12)
+    kl = np.mean([entropy(softmax(p), softmax(q)) for p, q in zip(ref_ll[:n], run_ll)])  # KL(ref‖row), nats
+    assert got.choice_kl == pytest.approx(kl, rel=1e-9)
+    assert got.max_abs_dll == pytest.approx(max(abs(x - y) for p, q in zip(ref_ll, run_ll) for x, y in zip(p, q)))
+    same = sum(int(np.argmax(p)) == int(np.argmax(q)) for p, q in zip(ref_ll, run_ll))
+    assert got.n - got.flips.answer_changes == same
+
+
+def watched(wall: float, first: float | None = 1.0, rss: float = 100.0) -> Watched:
+    return Watched(0, wall, rss, first, False, "", ())
+
+
+def test_table_rows_rate_ratio_medians_and_wilson_against_scipy(tmp_path):
+    ref, run, ref_ll, run_ll = hand_made(tmp_path)
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "genai_config.json").write_text("{}")
+    (pkg / "model.onnx.data").write_bytes(b"\0" * 2**20)
+    bench = plan_module.Plan((plan_module.RowSpec("a", "ortevals", str(pkg)),
+                              plan_module.RowSpec("b", "onnxruntime-genai", str(pkg))), "a", "requests")
+    records = {"a": [RunRecord("a", 1, ref, watched(10.0, 4.0, 300), None)],
+               "b": [RunRecord("b", k, run, watched(w, 2.0 + k), None) for k, w in ((1, 30.0), (2, 20.0), (3, 50.0))]}
+    a, b = table_rows(bench, records, "requests")
+    req_a, req_b = sum(len(x) for x in ref_ll), sum(len(x) for x in run_ll)
+    assert (a.requests, b.requests, b.runs, b.wall_s, b.wall_min_s, b.wall_max_s) == (req_a, req_b, 3, 30.0, 20.0, 50.0)
+    assert a.rate == pytest.approx(req_a / 10.0) and b.rate == pytest.approx(req_b / 30.0)
+    assert b.x_ref == pytest.approx((req_b / 30.0) / (req_a / 10.0)) and a.x_ref == pytest.approx(1.0)
+    assert b.first_result_s == 4.0 and a.peak_rss_mib == 300 and a.size_mib == pytest.approx(1.0, abs=1e-3)
+    k = sum(int(np.argmax(x)) == 0 for x in run_ll)
+    ci = binomtest(k, len(run_ll)).proportion_ci(confidence_level=0.95, method="wilson")
+    assert (b.accuracy.estimate, b.accuracy.low, b.accuracy.high) == pytest.approx((k / len(run_ll), ci.low, ci.high))
+    assert a.paired is None and b.paired.n == len(run_ll) and b.repeat_same is True
+    _, b = table_rows(bench, records, "requests", samples=True)  # --samples K: each backend's own draws
+    assert b.paired is None and b.note.startswith("not compared with the reference: with --samples")
+
+
+def test_counts_requests_once_per_filter_and_generated_tokens(tmp_path, tiny_pkg):
+    from ortevals.bench.rows import _counter
+
+    texts = [["The answer is (A).", "I think B"], ["C", ""]]
+    recs = [{"doc_id": i, "filter": f, "resps": [t], "arguments": [["ctx", {}]], "filtered_resps": ["A"]}
+            for f in ("strict", "flexible") for i, t in enumerate(texts)]
+    (tmp_path / "samples_gen.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    from ortevals.package.loader import ModelPackage
+    from ortevals.package.tokenizer import Tokenizer
+
+    tok = Tokenizer.load(ModelPackage.load(tiny_pkg))
+    assert counts(tmp_path, _counter(str(tiny_pkg))) == (4, sum(len(tok.encode(t, False)) for q in texts for t in q))
+    assert counts(tmp_path) == (4, None)
+
+
+def test_markdown_table_keeps_one_column_count():
+    """The header's ``max |Δ ll|`` and a failed row's message hold pipes: escaped, every line has the columns."""
+    from ortevals.bench.rows import Row
+    from ortevals.bench.write import markdown_table
+
+    base = dict(backend="ortevals", target="/p", args="", cache="warm", is_ref=False, runs=0)
+    rows = [Row(label="a", status="failed", note="Error: x | y", **base),
+            Row(label="b", status="not installed", note="not installed (pip install vllm)", **base)]
+    table = markdown_table(rows, "requests").splitlines()
+    assert len({len(re.findall(r"(?<!\\)\|", ln)) for ln in table}) == 1
+
+
+# ---- the candidate syntax -----------------------------------------------------------------------------------------
+
+
+def test_candidate_syntax(tmp_path):
+    odd = tmp_path / "a:b=c"  # a path that exists as given is never split
+    odd.mkdir()
+    assert parse_candidate(str(odd)) == Candidate(str(odd))
+    assert parse_candidate("/m/fp32") == Candidate("/m/fp32")
+    assert parse_candidate("/m/fp32:prefix_cache=false,batch_size=2") == Candidate("/m/fp32",
+                                                                                   "prefix_cache=false,batch_size=2")
+    assert parse_candidate("nocache=/m/fp32:prefix_cache=false") == Candidate("/m/fp32", "prefix_cache=false",
+                                                                              "nocache")
+
+
+def fake_package(folder: Path, tokenizer: dict | None = None) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "genai_config.json").write_text("{}")
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer or {"model": {"vocab": {"a": 0}}}))
+    return folder
+
+
+def test_rows_labels_reference_and_a_backend_not_installed(tmp_path, monkeypatch):
+    pkg, hf = fake_package(tmp_path / "fp32"), tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    real = plan_module.util.find_spec
+    monkeypatch.setattr(plan_module.util, "find_spec", lambda m: None if m == "vllm" else real(m))
+    got = plan(BenchOptions(pkgs=(str(pkg), str(pkg), f"{pkg}:prefix_cache=false"), hf=str(hf),
+                            backends=("ortevals", "hf", "onnxruntime-genai", "vllm"), limit=20))
+    assert [(r.label, r.backend, r.limit, r.missing) for r in got.rows] == [
+        ("ortevals fp32", "ortevals", 20, None), ("ortevals fp32 #2", "ortevals", 20, None),
+        ("ortevals fp32 [prefix_cache=false]", "ortevals", 20, None), ("hf hf", "hf", 20, None),
+        ("onnxruntime-genai fp32", "onnxruntime-genai", 3, None),
+        ("vllm hf", "vllm", 20, "not installed (pip install vllm)")]
+    assert got.ref == "hf hf" and got.rate == "requests"
+
+
+# ---- one line and exit 2 for each bad input, before any run -------------------------------------------------------
+
+
+@pytest.fixture
+def no_run(monkeypatch):
+    """Any run starting fails the test: every refusal comes first."""
+    def refuse(*a, **k):
+        raise AssertionError("a run started")
+    monkeypatch.setattr("ortevals.bench.api.measure", refuse)
+
+
+def bench(*args: str):
+    return CliRunner().invoke(cli, ["bench", *args])
+
+
+def test_refusals_before_any_run(tmp_path, monkeypatch, no_run):
+    pkg, other = fake_package(tmp_path / "p"), fake_package(tmp_path / "q", {"model": {"vocab": {"b": 0}}})
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    cases = [
+        (["--pkg", str(pkg), "--backends", "ortevals,hff"], "--backends hff: unknown backend (did you mean 'hf'?)"),
+        (["--pkg", str(pkg), "--ref", "nosuch"], "--ref nosuch: not among the rows"),
+        (["--pkg", str(pkg), "--pkg", str(other), "--cot"], "have different tokenizers"),
+        (["--pkg", str(tmp_path / "none")], "not found; expected a GenAI package folder"),
+        (["--pkg", str(pkg), "--hf", str(hf), "--backends", "ortevals"], "no backend runs it"),
+        (["--pkg", str(pkg), "--backends", "ortevals,hf"], "--backends hf runs a transformers folder: give --hf"),
+        (["--pkg", str(pkg), "--cache", "luke"], "--cache luke: unknown cache state"),
+        (["--pkg", str(pkg), "--cold", "--cache", "warm"], "give one (--cold is --cache cold)"),
+        (["--pkg", f"{pkg}:store=/tmp/x"], "store is set by the bench"),
+        (["--pkg", f"{pkg}:prefix_cache=maybe"], "prefix_cache"),
+        (["--pkg", str(pkg), "--samples", "4"], "--samples 4 needs generation"),
+        (["--pkg", str(pkg), "--max-gen-toks", "64"], "--max-gen-toks 64 applies to generation"),
+        (["--pkg", str(pkg), "--tasks", "arc_easy", "--cot"], "give --tasks or --cot, not both"),
+        (["--pkg", str(pkg), "--backends", "ortevals,ortevals"], "a backend named twice"),
+        (["--pkg", str(pkg), "--hf", str(tmp_path / "none")], "--hf"),
+        (["--pkg", str(pkg), "--backends", "hf", "--hf", str(hf)], "no backend runs it"),
+    ]
+    for args, needle in cases:
+        assert_one_line_error(bench(*args), needle)
+    real = plan_module.util.find_spec
+    monkeypatch.setattr(plan_module.util, "find_spec", lambda m: None if m == "torch" else real(m))
+    assert_one_line_error(bench("--pkg", str(pkg), "--hf", str(hf)), "pip install 'ortevals[torch]'")
+
+
+def test_the_python_api_refuses_the_same_inputs_before_any_run(tmp_path, no_run):
+    import ortevals.bench
+    from ortevals.errors import OrtEvalsError
+
+    pkg = fake_package(tmp_path / "p")
+    with pytest.raises(OrtEvalsError, match="--ref nosuch: not among the rows"):
+        ortevals.bench.run(pkgs=(str(pkg),), ref="nosuch")
+
+
+# ---- one process, watched ------------------------------------------------------------------------------------------
+
+CHILD = """
+import sys, time
+x = b"x" * (200 * 2**20)  # 200 MiB written: resident
+print("Building contexts:  50%|#    | 1/2 [00:00<00:00]", file=sys.stderr, flush=True)
+time.sleep(0.6)
+print("Running loglikelihood requests:   0%|     | 0/4 [00:00<?]", end="\\r", file=sys.stderr, flush=True)
+print("Running loglikelihood requests:  25%|#    | 1/4 [00:00<00:01]", end="\\r", file=sys.stderr, flush=True)
+time.sleep(0.3)
+print("done")
+"""
+
+
+def test_watch_times_launch_to_exit_peak_memory_and_the_first_result():
+    w = watch([sys.executable, "-c", CHILD], {"PATH": "/usr/bin:/bin"})
+    assert w.exit_code == 0 and w.stdout == "done\n" and not w.timed_out
+    assert w.peak_rss_mib >= 200
+    assert 0.6 <= w.first_result_s < w.wall_s and w.wall_s >= 0.9
+    assert first_count("ortevals:  70%|███████   | 12/20 questions [00:35<00:14]") == 12
+    assert first_count("Building contexts:  50%|#    | 1/2 [00:00<00:00]") is None
+
+
+def test_watch_kills_a_run_at_its_timeout():
+    w = watch([sys.executable, "-c", "import time; time.sleep(60)"], {"PATH": "/usr/bin:/bin"}, timeout=1.0)
+    assert w.timed_out and w.wall_s < 20 and w.failure(1.0) == "timed out after 1 s"
+
+
+def test_ctrl_c_while_a_run_is_watched_ends_its_process(tmp_path):
+    """The child runs in a session of its own (so a time-out kills its whole group), which Ctrl-C at the terminal
+    does not reach: watch ends it before the interrupt goes on (a bench interrupted left hf running before)."""
+    import os
+    import signal
+    import threading
+
+    pid_file = tmp_path / "pid"
+    start = time.perf_counter()
+    code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+    with pytest.raises(KeyboardInterrupt):
+        watch([sys.executable, "-c", code], {"PATH": "/usr/bin:/bin"})
+    assert time.perf_counter() - start < 30
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pid_file.read_text()), 0)
+
+
+# ---- end to end on the tiny package ---------------------------------------------------------------------------------
+
+
+def test_bench_end_to_end_on_the_tiny_package(tiny, tmp_path):
+    """Four processes: ortevals twice (the second without prefix reuse), lm-eval hf (the reference: PyTorch on the
+    same weights) and lm-eval onnxruntime-genai on its first 2 questions; every answer equal, log-likelihoods
+    within float32 rounding of PyTorch's, requests counted from the data itself."""
+    hf, pkg = tiny
+    out = tmp_path / "bench"
+    # the tiny model's context is 1024 tokens and a 5-shot prompt is longer: ortevals keeps the last 1024 as lm-eval
+    # hf does (tests/test_compare.py); lm-eval's onnxruntime-genai cuts its own way, so only its counts are checked
+    fit = "max_length=1024,truncate=left"
+    args = ["--pkg", f"{pkg}:{fit}", "--pkg", f"plain={pkg}:{fit},prefix_cache=false", "--hf", f"{hf}:max_length=1024",
+            "--backends", "ortevals,hf,onnxruntime-genai", "--limit", "3", "--peer-limit", "2", "--output", str(out)]
+    result = CliRunner().invoke(cli, ["bench", *args])
+    assert result.exit_code == 0, result.output
+    body = json.loads((out / "bench.json").read_text())
+    first, plain, ref, og = body["rows"]
+    assert [r["label"] for r in body["rows"]] == [f"ortevals {pkg.name} [{fit}]", "plain",
+                                                  f"hf {hf.name} [max_length=1024]", f"onnxruntime-genai {pkg.name}"]
+    assert body["reference"] == ref["label"] and all(r["status"] == "ok" for r in body["rows"])
+    options = pq.read_table(BUNDLED / "mmlu_pro" / "data" / "test-00000-of-00001.parquet").column("options")
+    choices = [len(o) for o in options.to_pylist()]
+    assert [(r["questions"], r["requests"]) for r in body["rows"]] == [(3, sum(choices[:3]))] * 3 + [
+        (2, sum(choices[:2]))]
+    for row in (first, plain):
+        assert row["paired"]["n"] == 3 and row["paired"]["flips"]["answer_changes"] == 0
+        assert row["paired"]["max_abs_dll"] < 1e-4 and row["paired"]["choice_kl"] < 1e-8
+    assert og["paired"]["n"] == 2
+    assert ref["paired"] is None and ref["x_ref"] == 1.0 and all(r["wall_s"] > 0 for r in body["rows"])
+    md = (out / "bench.md").read_text()
+    assert md.startswith("`ortevals bench --pkg") and (out / "bench.png").stat().st_size > 1000
+    assert (out / "runs").is_dir() and not (out / "cache").exists()
