@@ -179,8 +179,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("shared_prefix_batch", choice("shared_prefix_batch", ("auto", "on", "off")), "auto",
            "Inputs that share a cached prefix (a few-shot header): on (many in one pass, each row reading the "
            "one copy of the prefix's KV through a second, derived session of the decoder; a package it cannot "
-           "serve falls back in one logged line), off (one input a pass on the prefix), auto (on with a GPU, off "
-           "on CPU, where one input a pass was measured faster). Needs prefix_cache and scoring_graph."),
+           "serve falls back in one logged line), off (one input a pass on the prefix: no second session), auto "
+           "(on with a GPU unless that second copy of the weights would take more than half of the memory it "
+           "holds beside the first; off on CPU, where on is 10% faster but holds the weights twice and makes "
+           "resumed runs equal within float32 rounding, not bit for bit). Needs prefix_cache and scoring_graph."),
     Option("prefix_budget_mb", positive_int("prefix_budget_mb"), 1024, "KV held for shared prefixes at once."),
     Option("scoring_graph", boolean("scoring_graph"), True, "Derived decoder: LM head only at scored positions."),
     Option("path", choice("path", ("auto", "prefill", "incremental")), "auto",

@@ -273,3 +273,26 @@ def test_windowed_layers_see_their_window_of_the_prefix(fixture_cache, tmp_path,
     exact = np.array([s.logprob for s in _engine(pkg, tmp_path, False, exact=True).score(reqs)])
     assert engine.shared_stats["rows"] == 6 and engine.shared_stats["passes"] == 1
     _assert_float32(ours, exact)
+
+
+def test_auto_is_on_with_a_gpu_that_holds_a_second_copy_and_off_on_cpu(tiny_pkg, monkeypatch):
+    """shared_prefix_batch=auto, resolved when the run opens (run.shared_prefix_plan): on for a device provider
+    unless a second session of the decoder would take more than half of what the device holds beside the
+    first; off on CPU; off wherever prefix_cache or scoring_graph is off; on and off as given."""
+    from ortevals.options import parse_model_args
+    from ortevals.run import run as run_module
+    from ortevals.runtime.providers import ProviderConfig
+
+    pkg = ModelPackage.load(tiny_pkg)
+    weights = run_module.decoder_bytes(pkg)
+
+    def plan(provider, total=None, **given):
+        monkeypatch.setattr(run_module, "total_bytes", lambda device, device_id=0: total)
+        return run_module.shared_prefix_plan(parse_model_args({"pkg": str(tiny_pkg), **given}), pkg,
+                                             provider).shared_prefix_batch
+
+    cuda, cpu = ProviderConfig("cuda"), ProviderConfig("cpu")
+    assert plan(cuda, 3 * weights) == "on" and plan(cuda, 3 * weights - 1) == "off" and plan(cuda, None) == "on"
+    assert plan(cpu, 10**12) == "off" and plan(cpu, 10**12, shared_prefix_batch="on") == "on"
+    assert plan(cuda, 10**12, shared_prefix_batch="off") == "off"
+    assert plan(cuda, 10**12, prefix_cache="false") == "off" and plan(cuda, 10**12, scoring_graph="false") == "off"

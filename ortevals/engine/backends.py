@@ -131,7 +131,7 @@ class Backends:
             return None
         try:
             return PrefixRunner.open(runner, self.provider, self.derived_cache)
-        except Refused as e:
+        except (Refused, OrtEvalsError) as e:  # onnxruntime refusing the derived graph too: the plain path serves
             self.shared_refused = str(e)
             log.info("shared-prefix batches: not for this package (%s); one input a pass on shared prefixes", e)
             return None

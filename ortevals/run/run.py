@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ortevals.engine.backends import Backends, capability, loglikelihood_path
 from ortevals.engine.generate.choice.settings import SEARCH_POLICY
+from ortevals.engine.generate.rows.cascade_kv import decoder_bytes
 from ortevals.engine.score.prefill import EngineSettings, Score, TokenRequest
 from ortevals.engine.score.scoring import context_limit, effective_max_length
 from ortevals.errors import OrtEvalsError
@@ -40,8 +41,10 @@ from ortevals.report.store import ResultStore
 from ortevals.run.generate import Generation, decode_plan
 from ortevals.run.progress import Progress
 from ortevals.runtime.buffers import kv_bytes_per_token
+from ortevals.runtime.memory import total_bytes
 from ortevals.runtime.meter import boot_clock
 from ortevals.runtime.providers import ProviderConfig, from_package, parse_options, provider_mode
+from ortevals.runtime.sessions import BIND_DEVICES
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_LENGTH = 2048
@@ -102,7 +105,7 @@ class Run:
         if args.threads != provider.intra_op_threads and args.threads is not None:  # passes: one thread each
             provider = from_package(package.decoder.session_options, args.ep, parse_options(args.provider_options),
                                     args.threads, allow_cpu_fallback=args.allow_cpu_fallback)
-        args = decode_plan(args, package, provider)
+        args = shared_prefix_plan(decode_plan(args, package, provider), package, provider)
         settings = engine_settings(package, provider, args)
         backends = Backends(package, provider, settings, args.path, cache_root() if args.scoring_graph else None,
                             args.gen_path, args.media_path, args.cascade)
@@ -339,7 +342,7 @@ def engine_settings(package: ModelPackage, provider: ProviderConfig, args: Model
         # alike (group_query_attention_helper.h CheckInputs, docs/runtime-facts.md): never tried; inputs under one
         # prefix are batched by the shared-prefix graph instead (issue 46)
         prefix_batch=1,
-        shared_prefix_batch=shared_prefix_batch(args, provider),
+        shared_prefix_batch=args.shared_prefix_batch == "on",  # resolved by shared_prefix_plan
         shared_buffer=True,  # one input a pass writes into the held prefix's buffer (bit-identical; no copy a pass)
         shape_bucket=DEVICE_SHAPE_BUCKET if provider.on_device else 1,
         shared_token_budget=DEVICE_SHARED_TOKENS if provider.on_device else CPU_TOKEN_BUDGET,
@@ -350,13 +353,28 @@ def engine_settings(package: ModelPackage, provider: ProviderConfig, args: Model
     )
 
 
-def shared_prefix_batch(args: ModelArgs, provider: ProviderConfig) -> bool:
-    """Whether inputs under one cached prefix are scored many a pass (``shared_prefix_batch``): on/off as given;
-    auto: on a device provider (one input a pass leaves it idle), off on CPU (measured slower there:
-    docs/benchmarks.md)."""
+def shared_prefix_plan(args: ModelArgs, package: ModelPackage, provider: ProviderConfig) -> ModelArgs:
+    """``args`` with ``shared_prefix_batch`` resolved to on or off: off where the options leave it nothing to do
+    (no prefix reuse, no scoring graph, exact mode); ``auto`` is on for a device provider unless its second
+    session of the decoder would take more than half of the memory the device holds beside the first, and off
+    on CPU (docs/benchmarks.md: 10% faster there, but the weights twice in memory, a later first result, and a
+    question's numbers move by float32 rounding with the prefix it was batched under, so a resumed run equals
+    a whole one within 1e-5, not bit for bit). The same on every run on one machine, and recorded in the
+    run's scope (the resolved value, and the shared-prefix graph's reads where on)."""
     if not (args.prefix_cache and args.scoring_graph) or args.exact:
-        return False
-    return args.shared_prefix_batch == "on" or (args.shared_prefix_batch == "auto" and provider.on_device)
+        return dataclasses.replace(args, shared_prefix_batch="off")
+    if args.shared_prefix_batch != "auto":
+        return args
+    if not provider.on_device:
+        return dataclasses.replace(args, shared_prefix_batch="off")
+    device = BIND_DEVICES.get(provider.name, "cpu")
+    total = total_bytes(device, int(provider.raw_options.get("device_id", 0) or 0))
+    weights = decoder_bytes(package)
+    if total is not None and 3 * weights > total:
+        log.info("shared-prefix batches off: a second session of the decoder (%.1f MiB of weights) would take more "
+                 "than half of the %.1f MiB the %s holds beside the first", weights / 2**20, total / 2**20, device)
+        return dataclasses.replace(args, shared_prefix_batch="off")
+    return dataclasses.replace(args, shared_prefix_batch="on")
 
 
 def run_reads(package: ModelPackage, tokenizer: Tokenizer, backends: Backends) -> list[Reads]:
