@@ -2,7 +2,7 @@
 """The CPU speed tables of docs/benchmarks.md, each one ``ortevals bench`` (``ortevals.bench.run``).
 
     ortevals example && ortevals example --precision int4      # the SmolLM2-135M packages, once
-    python scripts/bench_docs.py accept honest startup verdict checks modes paths cot
+    python scripts/bench_docs.py accept honest startup verdict checks modes paths shared cot
 
 Each name is a table (:data:`TABLES`); it runs in the examples folder of the ortevals cache (so the printed
 command names the packages by their folder names), its runs go to ``bench-data/<name>/`` (not tracked) and its
@@ -35,6 +35,9 @@ TABLES = {
                                 f"incremental={FP32}:path=incremental"), hf=HF,
                           backends=("ortevals", "hf", "onnxruntime-genai", "onnxruntime"), limit=30),
     "paths": BenchOptions(pkgs=(FP32, f"incremental={FP32}:path=incremental"), limit=30, repeat=3),
+    "shared": BenchOptions(pkgs=(f"one-a-pass={FP32}:shared_prefix_batch=off",
+                                 f"shared-batches={FP32}:shared_prefix_batch=on"), limit=100, repeat=2,
+                           ref="one-a-pass"),
     "cot": BenchOptions(pkgs=(FP32, f"og={FP32}:gen_path=og"),
                         hf=HF, backends=("ortevals", "hf", "onnxruntime-genai"), cot=True, max_gen_toks=64, limit=14,
                         peer_limit=14),
