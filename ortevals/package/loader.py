@@ -341,11 +341,18 @@ def _check_layers(specs: list[KVSpec], section: dict, decoder: ModelFile, where:
         raise PackageError(f"{where}: model.decoder.num_attention_heads={query_heads} but {decoder.path.name}'s "
                            f"attention nodes have num_heads {sorted(attention)}; config and graph must agree")
     size = section.get("head_size")
-    if isinstance(size, int) and specs and all(s.head_size != size for s in specs):
+    if isinstance(size, int) and specs and all(s.head_size != size and s.head_size != _packed(s, size) for s in specs):
         raise PackageError(f"{where}: model.decoder.head_size={size} but {decoder.path.name} declares "
                            f"head sizes {sorted({s.head_size for s in specs})}; config and graph must agree")
 
 
+def _packed(spec: KVSpec, size: int) -> int | None:
+    """The last dim of an int4 KV cache of head size ``size``: two values a byte (the builder's int4 KV schemes
+    store ``uint8 [B, H, past, ceil(size / 2)]``); None for any other cache type."""
+    return (size + 1) // 2 if spec.dtype == "uint8" else None
+
+
+SCALE_INPUTS = ("past_key_scale_names", "past_value_scale_names")  # per-token KV scales (CUDA PagedAttention)
 FED_INPUTS = ("input_ids", "inputs_embeds", "attention_mask", "position_ids")  # what the decoder is fed by name
 LAYER_INPUTS = (("past_key_names", "past_key_values.%d.key"), ("past_value_names", "past_key_values.%d.value"),
                 *((key, None) for _, key, _ in STATE_KINDS))  # per-layer inputs ortevals feeds (state: if named)
@@ -358,6 +365,11 @@ def _check_decoder_inputs(decoder: ModelFile, where: Path) -> None:
     refused naming that key."""
     names = {decoder.inputs.get(k, k): k for k in FED_INPUTS}
     patterns = [p for p in (decoder.inputs.get(k, d) for k, d in LAYER_INPUTS) if p is not None]
+    scales = next((k for k in SCALE_INPUTS if k in decoder.inputs), None)
+    if scales is not None:  # the builder writes them for per-token KV schemes, which need CUDA PagedAttention
+        raise PackageError(f"{where}: model.decoder.inputs.{scales}: KV-cache scales as graph inputs (a per-token "
+                           "quantized KV cache) are not fed by ortevals; build the KV cache per channel or per "
+                           "tensor (scales inside the graph), e.g. kv_cache_quant_scheme=int8_per_channel")
     for inp in decoder.graph_inputs:
         if inp.name in names or any(layer_of(inp.name, p) is not None for p in patterns):
             continue
