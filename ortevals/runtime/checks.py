@@ -1,8 +1,8 @@
 """The element types a decoder's raw sessions hold, checked before they open.
 
 Owns the decoder's KV and logits element types (``package_dtypes``: numpy has no bfloat16, so such KV stays
-in OrtValues) and the refusal of those the provider has no kernels for (bfloat16 on CPU, an fp8 KV cache on CPU). What a failed pass
-means is runtime/pass_errors.py's.
+in OrtValues) and the refusal of those the provider has no kernels for (bfloat16 on CPU, an fp8 KV cache on
+CPU). What a failed pass means is runtime/pass_errors.py's.
 """
 
 from __future__ import annotations
