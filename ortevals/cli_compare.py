@@ -49,13 +49,22 @@ def compare(ref, runs, json_path, report_dir, changed_path, max_flip_rate, max_k
 @click.option("--save-ref", type=click.Path(path_type=Path), default=None, help="Write the reference to FILE (.npz).")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the summary as JSON.")
 @click.option("--ep", default=None, help="Execution provider for the packages (default: the package's).")
+@click.option("--by-position", is_flag=True, help="Score every position and break the numbers down by context "
+              "length (default --ctx 4096).")
+@click.option("--buckets", default=None, help="With --by-position: the context lengths between buckets, e.g. "
+              "512,2048 (default 128,512,1024,2048,4096,… below --ctx).")
+@click.option("--kl-threshold", type=float, default=None, help="With --by-position: name the context length where "
+              "the mean KL first exceeds this (nats).")
+@click.option("--plot", type=click.Path(path_type=Path), default=None, help="With --by-position: write the plot "
+              "by context length (PNG).")
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
-def fidelity(verbose: int, json_path: Path | None, **kw) -> None:
+def fidelity(verbose: int, json_path: Path | None, buckets: str | None, **kw) -> None:
     """Token-level distance of a package from a reference on real text: KL, top-1, Δp, PPL ratio."""
+    from ortevals.fidelity.positions import parse_buckets
     from ortevals.fidelity.run import FidelityOptions, format_report, run_fidelity
 
     setup_logging(verbose)
-    report = run_fidelity(FidelityOptions(json=json_path, **kw))
+    report = run_fidelity(FidelityOptions(json=json_path, buckets=parse_buckets(buckets), **kw))
     click.echo(format_report(report.summary))
     for path in report.files:
         click.echo(f"wrote {path}")

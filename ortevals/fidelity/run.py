@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ortevals.errors import OrtEvalsError
+from ortevals.fidelity.positions import bucket_edges, check_threshold, format_lines, position_summary
 from ortevals.fidelity.reference import SavedReference, load_reference, save_reference, tokenizer_hash
 from ortevals.fidelity.stats import RefTokens, TokenStats, concat_stats, summarize
 from ortevals.fidelity.windows import OrtSource, WindowPlan, compare_windows, plan_windows, reference_windows
@@ -24,6 +25,7 @@ from ortevals.files import check_writable_file
 log = logging.getLogger(__name__)
 DEFAULT_TOKENS = 32768
 DEFAULT_CTX = 512  # llama.cpp's perplexity default
+POSITION_CTX = 4096  # --by-position's default window (at most the models' context)
 DEFAULT_TOP_K = 128
 
 
@@ -39,6 +41,10 @@ class FidelityOptions:
     save_ref: Path | None = None
     json: Path | None = None
     ep: str | None = None
+    by_position: bool = False  # every position scored, the breakdown by context length (fidelity/positions.py)
+    buckets: tuple[int, ...] | None = None  # the buckets' inner edges (None: positions.DEFAULT_EDGES)
+    kl_threshold: float | None = None  # the verdict's threshold, nats
+    plot: Path | None = None  # the by-context-length plot (PNG)
 
 
 @dataclass(frozen=True)
@@ -64,7 +70,12 @@ def _check_options(o: FidelityOptions) -> None:
         raise OrtEvalsError(f"--tokens must be >= 1, got {o.tokens}")
     if o.top_k is not None and not 64 <= o.top_k <= 256:
         raise OrtEvalsError(f"--top-k must be between 64 and 256, got {o.top_k}")
-    for path, flag in ((o.json, "--json"), (o.save_ref, "--save-ref")):  # before the work, not after it
+    for flag, value in (("--buckets", o.buckets), ("--kl-threshold", o.kl_threshold), ("--plot", o.plot)):
+        if value is not None and not o.by_position:
+            raise OrtEvalsError(f"{flag} needs --by-position (the breakdown by context length)")
+    check_threshold(o.kl_threshold)
+    outputs = ((o.json, "--json"), (o.save_ref, "--save-ref"), (o.plot, "--plot"))
+    for path, flag in outputs:  # before the work, not after it
         if path is not None:
             check_writable_file(Path(path), flag)
 
@@ -125,6 +136,10 @@ def _saved_side(o, package, tok, cand_hash):
     if o.tokens is not None:  # a prefix of the saved windows: what a direct run with --tokens scores
         saved = saved.first(o.tokens)
     p = saved.plan
+    if p.every != o.by_position:
+        said = "with" if p.every else "without"
+        raise OrtEvalsError(f"{saved.path}: saved {said} --by-position; pass {'' if p.every else 'no '}--by-position "
+                            "(it scores every position of a window, not only the second half)")
     for name, given, stored in (("--ctx", o.ctx, p.n_ctx), ("--top-k", o.top_k, saved.tokens.topk_ids.shape[1])):
         if given is not None and given != stored:
             raise OrtEvalsError(f"{saved.path}: saved with {name} {stored}; got {name} {given}")
@@ -167,21 +182,22 @@ def _model_side(o, package, tok, cand_hash):
     """Reference from a model: the plan, the text ids and a lazy stream of per-window reference statistics."""
     source, max_pos, desc = _open_reference(o, package, cand_hash)
     limits = [n for n in (package.context_length, max_pos) if n]
-    ids, plan = text_windows(tok, o, limits, o.ctx, o.tokens or DEFAULT_TOKENS)
+    ids, plan = text_windows(tok, o, limits, o.ctx, o.tokens or DEFAULT_TOKENS, o.by_position)
     return None, plan, ids, reference_windows(source, ids, plan, o.top_k or DEFAULT_TOP_K), desc
 
 
 def text_windows(tok, o: FidelityOptions, limits: list[int], ctx: int | None,
-                 tokens: int) -> tuple[np.ndarray, WindowPlan]:
+                 tokens: int, every: bool = False) -> tuple[np.ndarray, WindowPlan]:
     """The text's token ids cut to whole windows, and the window plan: ``ctx`` tokens a window (default
-    :data:`DEFAULT_CTX`, at most the models' context ``limits``), about ``tokens`` scored."""
-    n_ctx = ctx or min([DEFAULT_CTX, *limits])
+    :data:`DEFAULT_CTX`, :data:`POSITION_CTX` with ``every``, at most the models' context ``limits``), about
+    ``tokens`` scored (``every``: at every position of a window)."""
+    n_ctx = ctx or min([POSITION_CTX if every else DEFAULT_CTX, *limits])
     if limits and n_ctx > min(limits):
         raise OrtEvalsError(f"--ctx {n_ctx} is longer than the models' context ({min(limits)} tokens)")
     bos = bos_for_windows(tok)
-    probe = WindowPlan(n_ctx, -1 if bos is None else bos, 0, 0)
+    probe = WindowPlan(n_ctx, -1 if bos is None else bos, 0, 0, every)
     ids = text_ids(tok, o, math.ceil(tokens / max(probe.scored_per_window, 1)) * probe.text_per_window)
-    plan = plan_windows(len(ids), n_ctx, bos, tokens)
+    plan = plan_windows(len(ids), n_ctx, bos, tokens, every)
     return ids[:plan.n_windows * plan.text_per_window], plan
 
 
@@ -208,7 +224,11 @@ def run_fidelity(o: FidelityOptions) -> FidelityReport:
                "top_k": int(saved.tokens.topk_ids.shape[1]) if saved else (o.top_k or DEFAULT_TOP_K),
                **summarize(stats, clusters)}
     summary["ppl"]["diff"], summary["ppl"]["diff_se"] = ppl_difference(summary["ppl"])  # llama.cpp's PPL(Q)-PPL(base)
+    summary["scored"] = "every position" if plan.every else "second half of each window"
     files = []
+    if plan.every:
+        summary["by_position"] = position_summary(stats, clusters, plan.positions(),
+                                                  bucket_edges(plan.n_ctx, o.buckets), o.kl_threshold)
     if o.save_ref is not None:
         tokens = RefTokens(*(np.concatenate([getattr(r, f) for r in kept]) for f in
                              ("topk_ids", "topk_logp", "tail_logp", "actual_logp")))
@@ -222,6 +242,11 @@ def run_fidelity(o: FidelityOptions) -> FidelityReport:
 
         atomic_write(Path(o.json), json_text(summary, indent=2) + "\n")  # strict: no SE is null, not NaN
         files.append(Path(o.json))
+    if o.plot is not None:
+        from ortevals.fidelity.plot import plot_positions
+
+        plot_positions(summary, Path(o.plot))
+        files.append(Path(o.plot))
     return FidelityReport(summary, stats, clusters, plan, ids, tuple(files))
 
 
@@ -274,7 +299,8 @@ def format_report(s: dict) -> str:
     interval = f"95% CI {lo:.6f} … {hi:.6f}, paired" if math.isfinite(lo) and math.isfinite(hi) else "no interval"
     lines = [
         f"candidate: {s['candidate']}", f"reference: {s['reference']}",
-        f"{s['tokens']} tokens scored in {s['windows']} windows of {s['n_ctx']} (second half of each window); "
+        f"{s['tokens']} tokens scored in {s['windows']} windows of {s['n_ctx']} "
+        f"({s.get('scored', 'second half of each window')}); "
         f"top-k {s['top_k']}; ± is a standard error clustered by window",
         *([f"one window gives no standard error or interval (n/a below): errors are clustered by window, so at "
            f"least two are needed; raise --tokens above {s['tokens']} (or lower --ctx)"] if one else []),
@@ -300,6 +326,8 @@ def format_report(s: dict) -> str:
         f"Same top p: {_percent(s['same_top1']['mean'], s['same_top1']['se'])}",
         f"Top-k overlap: {_percent(s['topk_overlap']['mean'], s['topk_overlap']['se'])}",
     ]
+    if "by_position" in s:
+        lines += format_lines(s)
     if "reference_file" in s:
         f = s["reference_file"]
         lines += ["", f"reference file: {f['path']}, {f['bytes']} bytes, {f['bytes_per_token']:.0f} bytes per token "
