@@ -23,16 +23,25 @@ from ortevals.cli_common import fail_gates, setup_logging
 @click.option("--max-flip-rate", type=float, help="Gate: fail when a flip rate exceeds this.")
 @click.option("--max-kl", type=float, help="Gate: fail when a kl_mean (nats) exceeds this.")
 @click.option("--margin", type=float, help="Gate: fail unless Δ accuracy's 95% lower bound is above -MARGIN.")
-def compare(ref, runs, json_path, report_dir, changed_path, max_flip_rate, max_kl, margin) -> None:
+@click.option("--by-length", is_flag=True, help="Accuracy and choice-KL by prompt length.")
+@click.option("--length-buckets", default=None, help="With --by-length: the lengths between buckets, e.g. 512,2048.")
+@click.option("--kl-threshold", type=float, help="With --by-length: name the prompt length where the mean "
+              "choice-KL first exceeds this (nats).")
+@click.option("--tokenizer", type=click.Path(path_type=Path), help="A tokenizer.json (or a package folder): "
+              "lengths in its tokens (default: characters, or the runs' own token counts of generations).")
+def compare(ref, runs, json_path, report_dir, changed_path, max_flip_rate, max_kl, margin, by_length,
+            length_buckets, kl_threshold, tokenizer) -> None:
     """Runs against a reference, question by question: flips, McNemar, KL, intervals; exit 1 on a failed gate.
 
     A RUN is an ortevals --output folder, an lm-eval --output_path folder (with --log_samples) or one
     samples_*.jsonl file."""
     from ortevals.report.compare import Gates
+    from ortevals.report.lengths import length_options
     from ortevals.report.output import compare_paths
 
     gates = Gates(max_flip_rate, max_kl, margin)  # a threshold that can never fire or always fires: one line
-    fail_gates(compare_paths(ref, list(runs), click.echo, json_path, report_dir, changed_path, gates))
+    fail_gates(compare_paths(ref, list(runs), click.echo, json_path, report_dir, changed_path, gates,
+                             length_options=length_options(by_length, length_buckets, kl_threshold, tokenizer)))
 
 
 # --- fidelity (issue 12 §2): all logic lives in ortevals/fidelity/ ---
