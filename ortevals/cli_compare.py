@@ -66,6 +66,10 @@ def compare(ref, runs, json_path, report_dir, changed_path, max_flip_rate, max_k
               "the mean KL first exceeds this (nats).")
 @click.option("--plot", type=click.Path(path_type=Path), default=None, help="With --by-position: write the plot "
               "by context length (PNG).")
+@click.option("--trajectories", type=click.Path(path_type=Path), default=None, help="A generation run of the "
+              "reference (chain of thought): the KL along its outputs, teacher-forced, by generated token.")
+@click.option("--first", type=int, default=None, help="With --trajectories: the first N generated tokens of each "
+              "output (default 256).")
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
 def fidelity(verbose: int, json_path: Path | None, buckets: str | None, **kw) -> None:
     """Token-level distance of a package from a reference on real text: KL, top-1, Δp, PPL ratio."""

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from ortevals.cli import cli
 from ortevals.engine.score.scoring import log_softmax
 from ortevals.errors import OrtEvalsError
-from ortevals.fidelity import positions, windows
+from ortevals.fidelity import positions, trajectories, windows
 from ortevals.fidelity.run import FidelityOptions, run_fidelity
 
 CTX = 64
@@ -164,3 +164,71 @@ def test_the_command_prints_the_table_and_writes_json_and_plot(tiny, tiny_int4, 
     s = json.loads(out.read_text())
     assert [b["low"] for b in s["by_position"]["buckets"]] == [1, 16] and s["by_position"]["verdict"]["bucket"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ---------------------------------------------------------------- --trajectories (issue 51 item 3)
+
+def generation_run(folder, outputs: list[str]):
+    folder.mkdir(parents=True, exist_ok=True)
+    records = [{"doc_id": i, "doc": {}, "target": "A", "arguments": [[f"Question {i}: the capital of france?\nAnswer:",
+                                                                        {"until": ["\n\n"], "max_gen_toks": 64}]],
+                "resps": [[o]], "filtered_resps": ["A"], "filter": "none", "metrics": ["exact_match"],
+                "exact_match": 1.0, "doc_hash": f"d{i}", "prompt_hash": f"p{i}"} for i, o in enumerate(outputs)]
+    (folder / "results.json").write_text(json.dumps({"results": {"cot": {}}}))
+    (folder / "samples_cot.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return folder
+
+
+def test_trajectories_follow_the_reference_outputs_as_plain_passes(tiny, tiny_int4, tmp_path):
+    from transformers import AutoTokenizer
+
+    from tests.test_fidelity import kl_full, ort_session
+
+    outputs = ["The river of the city is a number one two three. " * 6, "Paris is the capital of france. " * 5,
+               "Berlin rome madrid. " * 8]
+    run = generation_run(tmp_path / "ref-run", outputs)
+    report = run_fidelity(FidelityOptions(pkg=tiny_int4, ref=str(tiny[1]), trajectories=run, first=40,
+                                          buckets=(8, 16), kl_threshold=0.0))
+    tok = AutoTokenizer.from_pretrained(tiny[0])
+    ref_logits, cand_logits = ort_session(tiny[1]), ort_session(tiny_int4)
+    lp_ref, lp_cand, kl = [], [], []
+    for i, text in enumerate(outputs):
+        prompt = [1] + tok(f"Question {i}: the capital of france?\nAnswer:", add_special_tokens=False)["input_ids"]
+        gen = tok(text, add_special_tokens=False)["input_ids"][:40]
+        ids, rows = prompt + gen, np.arange(len(prompt) - 1, len(prompt) + len(gen) - 1)
+        r, c = (log_softmax(f(ids), np.float64)[rows] for f in (ref_logits, cand_logits))
+        lp_ref.append(r[np.arange(len(gen)), gen])
+        lp_cand.append(c[np.arange(len(gen)), gen])
+        kl.append(kl_full(r, c))
+    np.testing.assert_allclose(report.stats.lp_ref, np.concatenate(lp_ref), atol=1e-5)
+    np.testing.assert_allclose(report.stats.lp_cand, np.concatenate(lp_cand), atol=1e-5)
+    assert (report.stats.kl <= np.concatenate(kl) + 1e-9).all()  # top-128 of 512 + tail: a lower bound
+    s = report.summary
+    assert s["windows"] == 3 and s["tokens"] == 120 and s["first"] == 40
+    assert [(b["low"], b["high"], b["tokens"], b["windows"]) for b in s["by_position"]["buckets"]] == \
+        [(1, 8, 21, 3), (8, 16, 24, 3), (16, 41, 75, 3)]
+    assert s["by_position"]["verdict"]["line"].startswith("KL first exceeds 0 nats at generated tokens 1-7: ")
+    text = "\n".join(trajectories.format_lines(s))
+    assert "By generated token" in text and "clustered by question" in text
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--ctx", "64"], "--trajectories follows the reference run's outputs: --ctx does not apply"),
+    (["--by-position"], "--by-position does not apply"),
+])
+def test_trajectory_options_are_one_line(tiny, tmp_path, extra, message):
+    run = generation_run(tmp_path / "r", ["a b c"])
+    result = CliRunner().invoke(cli, ["fidelity", "--pkg", str(tiny[1]), "--ref", str(tiny[1]), "--trajectories",
+                                      str(run), *extra])
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert result.exit_code == 2 and len(lines) == 1 and message in lines[0], result.output
+
+
+def test_a_run_without_generations_is_one_line(tiny, tmp_path):
+    from tests.test_compare import loglik, record, write_ortevals_run
+
+    run = write_ortevals_run(tmp_path / "mc", [record(0, loglik("A"))])
+    result = CliRunner().invoke(cli, ["fidelity", "--pkg", str(tiny[1]), "--ref", str(tiny[1]), "--trajectories",
+                                      str(run)])
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert result.exit_code == 2 and len(lines) == 1 and "no generation task in this run" in lines[0]

@@ -109,19 +109,20 @@ def t_interval(d: np.ndarray) -> Interval:
     return Interval(mean, mean - half, mean + half, se)
 
 
-def verdict(buckets: list[dict], threshold: float) -> dict:
-    """Where the mean KL first exceeds ``threshold`` nats (module docstring): ``line`` and the bucket or None."""
+def verdict(buckets: list[dict], threshold: float, where: str = "context {} tokens") -> dict:
+    """Where the mean KL first exceeds ``threshold`` nats (module docstring): ``line`` and the bucket or None;
+    ``where`` names a bucket's span in the line."""
     for b in buckets:
         kl = b["kl"]
         if kl["mean"] > threshold:
             lo, hi = kl["ci95"]
             above = "the whole 95% interval above it" if lo > threshold else "its 95% interval reaches below it"
-            line = (f"KL first exceeds {threshold:g} nats at context {_span(b)} tokens: {kl['mean']:.4g} "
+            line = (f"KL first exceeds {threshold:g} nats at {where.format(_span(b))}: {kl['mean']:.4g} "
                     f"[{lo:.4g}, {hi:.4g}] ({above})")
             return {"threshold": threshold, "bucket": [b["low"], b["high"]], "significant": bool(lo > threshold),
                     "line": line}
     worst = max(buckets, key=lambda b: b["kl"]["mean"])
-    line = (f"KL stays at or under {threshold:g} nats up to context {buckets[-1]['high'] - 1} tokens (highest: "
+    line = (f"KL stays at or under {threshold:g} nats up to {where.format(buckets[-1]['high'] - 1)} (highest: "
             f"{worst['kl']['mean']:.4g} at {_span(worst)})")
     return {"threshold": threshold, "bucket": None, "significant": False, "line": line}
 
@@ -144,20 +145,21 @@ def check_threshold(value: float | None) -> None:
         raise OrtEvalsError(f"--kl-threshold {value:g}: expected a finite KL divergence >= 0 in nats")
 
 
-def format_lines(s: dict) -> list[str]:
+def format_lines(s: dict, title: str = "By context length (tokens before the predicted token)",
+                 column: str = "context") -> list[str]:
     """The printed table of a summary's ``by_position`` (and its growth and verdict lines)."""
     bp = s["by_position"]
-    lines = ["", "====== By context length (tokens before the predicted token; [95% interval, clustered by "
-                 "window]) ======",
-             f"{'context':>13} {'tokens':>7} {'KL (nats)':>28} {'same top-1':>26} {'Δ log p':>28}"]
+    lines = ["", f"====== {title}; [95% interval, clustered by {'window' if column == 'context' else 'question'}]) "
+                 "======", f"{column:>13} {'tokens':>7} {'KL (nats)':>28} {'same top-1':>26} {'Δ log p':>28}"]
     for b in bp["buckets"]:
         cells = [f"{_cell(b[m], 100 if m == 'same_top1' else 1)}" for m in METRICS]
         lines.append(f"{_span(b):>13} {b['tokens']:>7} {cells[0]:>28} {cells[1]:>26} {cells[2]:>28}")
     g = bp.get("growth")
     if g:
-        lines.append(f"KL growth from context {g['from'][0]}-{g['from'][1] - 1} to {g['to'][0]}-{g['to'][1] - 1}: "
-                     f"{g['mean']:+.4g} [{g['ci95'][0]:+.4g}, {g['ci95'][1]:+.4g}] nats (paired by window, "
-                     f"{g['windows']} windows)")
+        unit = "windows" if column == "context" else "questions"
+        lines.append(f"KL growth from {column} {g['from'][0]}-{g['from'][1] - 1} to {g['to'][0]}-{g['to'][1] - 1}: "
+                     f"{g['mean']:+.4g} [{g['ci95'][0]:+.4g}, {g['ci95'][1]:+.4g}] nats (paired by {unit[:-1]}, "
+                     f"{g['windows']} {unit})")
     if bp.get("verdict"):
         lines.append(bp["verdict"]["line"])
     return lines

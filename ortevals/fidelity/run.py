@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ortevals.errors import OrtEvalsError
+from ortevals.fidelity import trajectories as tr
 from ortevals.fidelity.positions import bucket_edges, check_threshold, format_lines, position_summary
 from ortevals.fidelity.reference import SavedReference, load_reference, save_reference, tokenizer_hash
 from ortevals.fidelity.stats import RefTokens, TokenStats, concat_stats, summarize
@@ -45,6 +46,8 @@ class FidelityOptions:
     buckets: tuple[int, ...] | None = None  # the buckets' inner edges (None: positions.DEFAULT_EDGES)
     kl_threshold: float | None = None  # the verdict's threshold, nats
     plot: Path | None = None  # the by-context-length plot (PNG)
+    trajectories: Path | None = None  # a reference run whose generated outputs are followed (fidelity/trajectories.py)
+    first: int | None = None  # --trajectories: the first N generated tokens of each output
 
 
 @dataclass(frozen=True)
@@ -71,13 +74,27 @@ def _check_options(o: FidelityOptions) -> None:
     if o.top_k is not None and not 64 <= o.top_k <= 256:
         raise OrtEvalsError(f"--top-k must be between 64 and 256, got {o.top_k}")
     for flag, value in (("--buckets", o.buckets), ("--kl-threshold", o.kl_threshold), ("--plot", o.plot)):
-        if value is not None and not o.by_position:
-            raise OrtEvalsError(f"{flag} needs --by-position (the breakdown by context length)")
+        if value is not None and not o.by_position and o.trajectories is None:
+            raise OrtEvalsError(f"{flag} needs --by-position (the breakdown by context length) or --trajectories")
+    _check_trajectories(o)
     check_threshold(o.kl_threshold)
     outputs = ((o.json, "--json"), (o.save_ref, "--save-ref"), (o.plot, "--plot"))
     for path, flag in outputs:  # before the work, not after it
         if path is not None:
             check_writable_file(Path(path), flag)
+
+
+def _check_trajectories(o: FidelityOptions) -> None:
+    if o.first is not None and (o.trajectories is None or o.first < 1):
+        raise OrtEvalsError(f"--first {o.first}: expected a number of generated tokens >= 1, with --trajectories")
+    if o.trajectories is None:
+        return
+    given = [f for f, v in (("--text", o.text), ("--data", o.data), ("--ctx", o.ctx), ("--save-ref", o.save_ref),
+                            ("--by-position", o.by_position or None)) if v is not None]
+    if given:
+        raise OrtEvalsError(f"--trajectories follows the reference run's outputs: {given[0]} does not apply")
+    if reference_kind(o.ref) == "file":
+        raise OrtEvalsError("--trajectories needs a model as --ref (a package or a checkpoint), not a reference file")
 
 
 def reference_kind(ref: str) -> str:
@@ -210,6 +227,8 @@ def run_fidelity(o: FidelityOptions) -> FidelityReport:
     package = ModelPackage.load(Path(o.pkg).expanduser())
     tok = Tokenizer.load(package)
     cand_hash = tokenizer_hash(package.root)
+    if o.trajectories is not None:
+        return _follow(o, package, tok, cand_hash)
     side = _saved_side if reference_kind(o.ref) == "file" else _model_side
     saved, plan, ids, refs, desc = side(o, package, tok, cand_hash)
     if saved is not None and o.save_ref is not None:
@@ -237,6 +256,25 @@ def run_fidelity(o: FidelityOptions) -> FidelityReport:
         summary["reference_file"] = {"path": str(o.save_ref), "bytes": size, "bytes_per_token": size / plan.n_scored,
                                      "llama_cpp_bytes_per_token": 2 * package.vocab_size}
         files.append(Path(o.save_ref))
+    files += _write_files(o, summary)
+    return FidelityReport(summary, stats, clusters, plan, ids, tuple(files))
+
+
+def _follow(o: FidelityOptions, package, tok, cand_hash: str) -> FidelityReport:
+    """``--trajectories``: both models teacher-forced on the reference run's outputs (fidelity/trajectories.py)."""
+    source, _, desc = _open_reference(o, package, cand_hash)
+    first = o.first or tr.DEFAULT_FIRST
+    seqs = tr.sequences(Path(o.trajectories), tok, bos_for_windows(tok), first, o.tokens)
+    stats, clusters, index = tr.follow(source, OrtSource.open(package, o.ep), seqs, o.top_k or DEFAULT_TOP_K)
+    summary = {"candidate": str(o.pkg), "reference": desc, "trajectories": str(o.trajectories),
+               "top_k": o.top_k or DEFAULT_TOP_K, **tr.trajectory_summary(stats, clusters, index, first, o.buckets,
+                                                                           o.kl_threshold)}
+    return FidelityReport(summary, stats, clusters, files=_write_files(o, summary))
+
+
+def _write_files(o: FidelityOptions, summary: dict) -> tuple[Path, ...]:
+    """--json and --plot of a summary."""
+    files = []
     if o.json is not None:
         from ortevals.files import atomic_write, json_text
 
@@ -247,7 +285,7 @@ def run_fidelity(o: FidelityOptions) -> FidelityReport:
 
         plot_positions(summary, Path(o.plot))
         files.append(Path(o.plot))
-    return FidelityReport(summary, stats, clusters, plan, ids, tuple(files))
+    return tuple(files)
 
 
 def _tee(refs, kept: list):
@@ -291,6 +329,8 @@ def _pm(value: float, se: float, width: int = 10, digits: int = 6) -> str:
 
 def format_report(s: dict) -> str:
     """The printed report: llama.cpp's ``--kl-divergence`` layout; every ± is a window-clustered SE."""
+    if "trajectories" in s:
+        return "\n".join(tr.format_lines(s))
     kl, dp, ppl = s["kl"], s["delta_p"], s["ppl"]
     lo, hi = ppl["ratio_ci95"]
     diff, diff_se = ppl_difference(ppl)
