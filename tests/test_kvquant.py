@@ -58,9 +58,16 @@ def one_pass_logprobs(pkg: Path, ids: list[int]) -> np.ndarray:
 
 
 def one_pass_scores(lm, pkg: Path) -> list[float]:
+    """Each pair's log-likelihood from :func:`one_pass_logprobs`, tokenized as lm-eval's ``TemplateLM`` does (an
+    empty context is the prefix token: the tiny tokenizer adds it to every text, SmolLM2's to none)."""
     out = []
     for ctx, cont in PAIRS:
-        whole, n = lm.tok_encode(ctx + cont), len(lm.tok_encode(ctx + cont)) - len(lm.tok_encode(ctx))
+        if ctx:
+            whole, n = lm.tok_encode(ctx + cont), len(lm.tok_encode(ctx + cont)) - len(lm.tok_encode(ctx))
+        else:  # lm-eval 0.4.13's TemplateLM: the continuation without special tokens after the prefix token
+            ids = lm.tok_encode(cont, add_special_tokens=False)
+            whole, n = ([lm.prefix_token_id] if ids[0] != lm.prefix_token_id else []) + ids, len(ids) - \
+                (ids[0] == lm.prefix_token_id)
         lp = one_pass_logprobs(pkg, whole)
         out.append(sum(lp[len(whole) - n - 1 + j, whole[len(whole) - n + j]] for j in range(n)))
     return out
