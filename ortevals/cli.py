@@ -296,6 +296,8 @@ def _compare_outcome(ref: Path, outcome, kw: dict) -> None:
 @click.option("--questions", type=int, default=50, show_default=True,
               help="MMLU-Pro questions for choice-KL and flips (0: token KL only).")
 @click.option("--verify", is_flag=True, help="Build the recommendation with the builder and measure it.")
+@click.option("--int8", type=click.Path(path_type=Path), default=None, help="The builder's int8 export of the model "
+              "(-p int8): each group is also tried at int8, a cheaper choice than the reference's precision.")
 @click.option("--output", type=click.Path(path_type=Path), default=Path("ortevals-diagnose"), show_default=True,
               help="Folder for diagnose.json, diagnose.png, reference.npz, recommended/.")
 @click.option("--ep", default=None, help="Execution provider for the packages (default: each package's).")

@@ -9,6 +9,11 @@ the provider from its ``genai_config.json``, and writing them with the excluded 
   ``python -m onnxruntime_genai.models.builder -i HF_DIR -o OUT -p int4 -e cpu --extra_options
   nodes_to_exclude=A,B …`` (the builder splits the value on commas; a setting the candidate was
   built with at the builder's default is left out);
+* with groups at int8 (``diagnose --int8``), every per-node choice goes in the builder's ``--target_options``
+  instead: ``{"quant_config": {"weights": {"overrides": [{"match": {"name": A}, "exclude": true}, {"match":
+  {"name": B}, "type": "int8"}]}}}`` (builder 0.18 drops ``nodes_to_exclude`` when ``--target_options``
+  carries overrides, so both kinds are given there); no Olive pass is written for such a set (ortevals' pass
+  hands the builder ``extra_options`` only);
 * Olive's pass: ``{"type": "OrtEvalsModelBuilder", "precision": "int4", "extra_options":
   {"nodes_to_exclude": "A,B", …}}``. Olive's ``ModelBuilder`` hands ``extra_options`` to the
   builder as they are; ortevals' mended pass (:mod:`ortevals.integrations.olive_builder`) turns
@@ -18,9 +23,11 @@ the provider from its ``genai_config.json``, and writing them with the excluded 
 
 from __future__ import annotations
 
+import json
 import shlex
 from dataclasses import dataclass
 
+from ortevals.diagnose.int8 import split
 from ortevals.package.loader import ModelPackage
 
 BUILDER = ("python", "-m", "onnxruntime_genai.models.builder")
@@ -69,15 +76,28 @@ def build_settings(package: ModelPackage) -> BuildSettings:
 
 
 def extra_options(settings: BuildSettings, nodes: tuple[str, ...]) -> list[str]:
-    """The builder's ``--extra_options`` values: ``nodes_to_exclude=A,B`` first, then the settings."""
-    return ([f"nodes_to_exclude={','.join(nodes)}"] if nodes else []) + list(settings.extra)
+    """The builder's ``--extra_options`` values: ``nodes_to_exclude=A,B`` first (none where groups are at int8:
+    :func:`target_options` carries them), then the settings."""
+    full, eight = split(nodes)
+    return ([f"nodes_to_exclude={','.join(full)}"] if full and not eight else []) + list(settings.extra)
+
+
+def target_options(nodes: tuple[str, ...]) -> list[str]:
+    """``["--target_options", JSON]`` where groups are at int8 (module docstring), else ``[]``."""
+    full, eight = split(nodes)
+    if not eight:
+        return []
+    overrides = [{"match": {"name": n}, "exclude": True} for n in full] + \
+        [{"match": {"name": n}, "type": "int8"} for n in eight]
+    return ["--target_options", json.dumps({"quant_config": {"weights": {"overrides": overrides}}},
+                                            separators=(",", ":"))]
 
 
 def builder_command(settings: BuildSettings, nodes: tuple[str, ...], checkpoint: str | None, out: str) -> list[str]:
     """The builder's command line as a list of arguments."""
     cmd = [*BUILDER, "-i", checkpoint or "HF_DIR", "-o", out, "-p", settings.precision, "-e", settings.ep]
     extra = extra_options(settings, nodes)
-    return cmd + (["--extra_options", *extra] if extra else [])
+    return cmd + (["--extra_options", *extra] if extra else []) + target_options(nodes)
 
 
 def shell(cmd: list[str]) -> str:
@@ -85,8 +105,10 @@ def shell(cmd: list[str]) -> str:
     return " ".join(shlex.quote(c) for c in cmd)
 
 
-def olive_pass(settings: BuildSettings, nodes: tuple[str, ...]) -> dict:
-    """The Olive pass (``passes.<name>`` of a workflow) that builds the same package."""
+def olive_pass(settings: BuildSettings, nodes: tuple[str, ...]) -> dict | None:
+    """The Olive pass (``passes.<name>`` of a workflow) that builds the same package; None with groups at int8."""
+    if split(nodes)[1]:
+        return None
     options = dict(item.split("=", 1) for item in extra_options(settings, nodes))
     return {"type": "OrtEvalsModelBuilder", "precision": settings.precision,
             **({"extra_options": options} if options else {})}

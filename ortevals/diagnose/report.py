@@ -155,7 +155,9 @@ def _recommend_lines(s: dict) -> list[str]:
              f"  size +{r['bytes_added'] / MB:.2f} MB ({r['size_percent']:+.1f}%, {r['expected_size'] / MB:.1f} MB); "
              f"expected token KL {_pm(r['kl'], r['kl_se'])} (recovers {100 * r['recovered_share']:.1f}% of the "
              "candidate's)" + (f", choice-KL {_pm(r['choice']['kl'], r['choice']['kl_se'])}" if r["choice"] else ""),
-             f"  builder: {r['builder_command']}", f"  Olive pass: {json.dumps(r['olive_pass'])}"]
+             f"  builder: {r['builder_command']}",
+             f"  Olive pass: {json.dumps(r['olive_pass'])}" if r["olive_pass"] is not None else
+             "  Olive pass: none (groups at int8 need the builder's --target_options, which the pass does not hand on)"]
     lines += [f"  note: {n}" for n in s["notes"]]
     v = s["verify"]
     if v:
