@@ -232,3 +232,14 @@ def test_a_run_without_generations_is_one_line(tiny, tmp_path):
                                       str(run)])
     lines = [ln for ln in result.output.splitlines() if ln.strip()]
     assert result.exit_code == 2 and len(lines) == 1 and "no generation task in this run" in lines[0]
+
+
+def test_trajectory_buckets_end_at_the_last_generated_token():
+    """Default edges below --first only: with --first 64 the last bucket is 16-64, not a one-token 64-64."""
+    from ortevals.fidelity.stats import TokenStats
+
+    n = 64
+    t = TokenStats(np.linspace(0, 1, 2 * n), np.ones(2 * n, bool), np.ones(2 * n), np.zeros(2 * n), np.zeros(2 * n))
+    s = trajectories.trajectory_summary(t, np.repeat([0, 1], n), np.tile(np.arange(1, n + 1), 2), n, None, None)
+    assert s["by_position"]["edges"] == [1, 16, 65]
+    assert [(b["low"], b["high"], b["tokens"]) for b in s["by_position"]["buckets"]] == [(1, 16, 30), (16, 65, 98)]

@@ -74,7 +74,7 @@ def trajectory_summary(stats, clusters: np.ndarray, index: np.ndarray, first: in
                        threshold: float | None) -> dict:
     """The overall numbers and the breakdown by generated token (``by_position``; its ``low``/``high`` are
     generated-token indices)."""
-    inner = edges if edges is not None else tuple(e for e in EDGES if e <= first)
+    inner = edges if edges is not None else tuple(e for e in EDGES if e < first)  # no one-token last bucket
     cuts = (1, *[e for e in inner if 1 < e <= first], first + 1)
     buckets = by_position(stats.kl, stats.same_top1, stats.lp_cand - stats.lp_ref, clusters, index, cuts)
     return {**summarize(stats, clusters), "first": first,
