@@ -83,6 +83,7 @@ def test_bucket_intervals_equal_cr1_by_hand(int4_vs_fp32):
         m = (pos >= b["low"]) & (pos < b["high"])
         for key, x in (("kl", t.kl), ("same_top1", t.same_top1.astype(float)), ("delta_logp", t.lp_cand - t.lp_ref)):
             mean, lo, hi = cr1(x[m], win[m])
+            lo, hi = (max(lo, 0), min(hi, 1)) if key == "same_top1" else (lo, hi)  # a share's interval: in [0, 1]
             assert b[key]["mean"] == pytest.approx(mean, abs=1e-12)
             assert b[key]["ci95"] == pytest.approx([lo, hi], abs=1e-12)
     assert s["buckets"][0]["kl"]["mean"] > 0.001  # int4 against fp32: a loss to see
@@ -99,6 +100,14 @@ def test_growth_equals_scipys_one_sample_t_interval(int4_vs_fp32):
     assert g["from"] == [1, 8] and g["to"] == [32, 64] and g["windows"] == 6
     assert g["mean"] == pytest.approx(d.mean(), abs=1e-12)
     assert g["ci95"] == pytest.approx([ci.low, ci.high], abs=1e-12)
+
+
+def test_a_shares_interval_stays_within_0_and_1():
+    """Two windows, same top-1 in 19 of 20 tokens: t(1) makes the interval wider than the share's range."""
+    same = np.array([1.0] * 10 + [1.0] * 9 + [0.0])
+    (b,) = positions.by_position(np.zeros(20), same, np.zeros(20), np.repeat([0, 1], 10), np.arange(1, 21), (1, 21))
+    _, lo, hi = cr1(same, np.repeat([0, 1], 10))
+    assert hi > 1 and b["same_top1"]["ci95"] == [pytest.approx(lo), 1.0]
 
 
 def test_the_verdict_names_the_first_bucket_over_the_threshold():

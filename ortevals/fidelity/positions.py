@@ -11,7 +11,8 @@ tokens are clustered by window as the overall numbers are (CR1, Student's t with
 freedom, :func:`ortevals.report.stats.clustered_interval`). Per bucket:
 
 * ``kl``: mean KL_k(ref‖cand) in nats (the top-k + tail lower bound of :mod:`~ortevals.fidelity.stats`);
-* ``same_top1``: the share of tokens where both models' most likely token is the same;
+* ``same_top1``: the share of tokens where both models' most likely token is the same (its interval clipped
+  to [0, 1]);
 * ``delta_logp``: mean log p_cand − log p_ref of the actual next token (negative: the candidate gives
   the real text less probability; its mean is the bucket's log perplexity ratio, ln PPL_ref/PPL_cand).
 
@@ -61,9 +62,12 @@ def parse_buckets(text: str | None) -> tuple[int, ...] | None:
         raise OrtEvalsError(f"--buckets {text}: expected comma-separated context lengths, e.g. 512,2048") from None
 
 
-def _interval(x: np.ndarray, clusters: np.ndarray) -> dict:
+def _interval(x: np.ndarray, clusters: np.ndarray, share: bool = False) -> dict:
+    """Mean, CR1 standard error and t interval; a ``share``'s interval clipped to [0, 1] (with few windows the t
+    interval of a share near 1 passes it)."""
     iv = clustered_interval(x, clusters)
-    return {"mean": iv.estimate, "se": iv.se, "ci95": [iv.low, iv.high]}
+    low, high = (max(iv.low, 0.0), min(iv.high, 1.0)) if share else (iv.low, iv.high)
+    return {"mean": iv.estimate, "se": iv.se, "ci95": [low, high]}
 
 
 def by_position(kl: np.ndarray, same_top1: np.ndarray, delta_logp: np.ndarray, clusters: np.ndarray,
@@ -76,7 +80,7 @@ def by_position(kl: np.ndarray, same_top1: np.ndarray, delta_logp: np.ndarray, c
             continue
         g = clusters[m]
         out.append({"low": int(lo), "high": int(hi), "tokens": int(m.sum()), "windows": int(len(np.unique(g))),
-                    "kl": _interval(kl[m], g), "same_top1": _interval(same_top1[m].astype(np.float64), g),
+                    "kl": _interval(kl[m], g), "same_top1": _interval(same_top1[m].astype(np.float64), g, True),
                     "delta_logp": _interval(delta_logp[m], g)})
     return out
 
