@@ -10,10 +10,11 @@ the provider from its ``genai_config.json``, and writing them with the excluded 
   nodes_to_exclude=A,B …`` (the builder splits the value on commas; a setting the candidate was
   built with at the builder's default is left out);
 * with groups at int8 (``diagnose --int8``), every per-node choice goes in the builder's ``--target_options``
-  instead: ``{"quant_config": {"weights": {"overrides": [{"match": {"name": A}, "exclude": true}, {"match":
-  {"name": B}, "type": "int8"}]}}}`` (builder 0.18 drops ``nodes_to_exclude`` when ``--target_options``
-  carries overrides, so both kinds are given there); no Olive pass is written for such a set (ortevals' pass
-  hands the builder ``extra_options`` only);
+  instead: ``{"quant_config": {"weights": {"op_types": [...], "overrides": [{"match": {"name": A}, "exclude":
+  true}, {"match": {"name": B}, "type": "int8"}]}}}`` (builder 0.18 drops ``nodes_to_exclude`` when
+  ``--target_options`` carries overrides, so both kinds are given there, and quantizes only MatMul there unless
+  told the op types); no Olive pass is written for such a set (ortevals' pass hands the builder
+  ``extra_options`` only);
 * Olive's pass: ``{"type": "OrtEvalsModelBuilder", "precision": "int4", "extra_options":
   {"nodes_to_exclude": "A,B", …}}``. Olive's ``ModelBuilder`` hands ``extra_options`` to the
   builder as they are; ortevals' mended pass (:mod:`ortevals.integrations.olive_builder`) turns
@@ -43,6 +44,7 @@ class BuildSettings:
     ep: str  # the builder's -e
     extra: tuple[str, ...]  # KEY=VALUE beyond the builder's defaults
     notes: tuple[str, ...]  # what the graph cannot say
+    op_types: tuple[str, ...] = ("MatMul",)  # the ops quantized (Gather too: the tied int4 embedding table)
 
 
 def build_settings(package: ModelPackage) -> BuildSettings:
@@ -69,10 +71,11 @@ def build_settings(package: ModelPackage) -> BuildSettings:
     if any(len(n.input) > 3 and n.input[3] for n in quant):
         extra.append("is_symmetric=false")
     notes = []
+    ops = ("MatMul", "Gather") if any(n.op_type == "GatherBlockQuantized" for n in graph.node) else ("MatMul",)
     if any("G" in n.input[1].rsplit("_Q", 1)[-1] for n in quant if "_Q" in n.input[1]):
         notes.append("the weights are named by the rtn/k_quant quantizer: add algo_config=rtn or algo_config=k_quant "
                      "as the candidate was built (the graph does not say which)")
-    return BuildSettings(f"int{bits}", ep, tuple(extra), tuple(notes))
+    return BuildSettings(f"int{bits}", ep, tuple(extra), tuple(notes), ops)
 
 
 def extra_options(settings: BuildSettings, nodes: tuple[str, ...]) -> list[str]:
@@ -82,22 +85,24 @@ def extra_options(settings: BuildSettings, nodes: tuple[str, ...]) -> list[str]:
     return ([f"nodes_to_exclude={','.join(full)}"] if full and not eight else []) + list(settings.extra)
 
 
-def target_options(nodes: tuple[str, ...]) -> list[str]:
-    """``["--target_options", JSON]`` where groups are at int8 (module docstring), else ``[]``."""
+def target_options(settings: BuildSettings, nodes: tuple[str, ...]) -> list[str]:
+    """``["--target_options", JSON]`` where groups are at int8 (module docstring), else ``[]``. The candidate's
+    quantized op types go there too: without them the builder's structured path quantizes MatMul only, and a
+    tied int4 embedding table (GatherBlockQuantized) comes out in fp32 (SmolLM2: +118 MB)."""
     full, eight = split(nodes)
     if not eight:
         return []
     overrides = [{"match": {"name": n}, "exclude": True} for n in full] + \
         [{"match": {"name": n}, "type": "int8"} for n in eight]
-    return ["--target_options", json.dumps({"quant_config": {"weights": {"overrides": overrides}}},
-                                            separators=(",", ":"))]
+    weights = {"op_types": list(settings.op_types), "overrides": overrides}
+    return ["--target_options", json.dumps({"quant_config": {"weights": weights}}, separators=(",", ":"))]
 
 
 def builder_command(settings: BuildSettings, nodes: tuple[str, ...], checkpoint: str | None, out: str) -> list[str]:
     """The builder's command line as a list of arguments."""
     cmd = [*BUILDER, "-i", checkpoint or "HF_DIR", "-o", out, "-p", settings.precision, "-e", settings.ep]
     extra = extra_options(settings, nodes)
-    return cmd + (["--extra_options", *extra] if extra else []) + target_options(nodes)
+    return cmd + (["--extra_options", *extra] if extra else []) + target_options(settings, nodes)
 
 
 def shell(cmd: list[str]) -> str:

@@ -151,7 +151,9 @@ def _recommend_lines(s: dict) -> list[str]:
     r = s["recommendation"]
     if r is None:
         return ["", "No recommendation: " + "; ".join(s["notes"] or ["nothing measured"])]
-    lines = ["", f"Recommended: keep {', '.join(r['units'])} at the reference's precision",
+    at = "at int8 (@int8) or the reference's precision" if any(u.endswith("@int8") for u in r["units"]) else \
+        "at the reference's precision"
+    lines = ["", f"Recommended: keep {', '.join(r['units'])} {at}",
              f"  size +{r['bytes_added'] / MB:.2f} MB ({r['size_percent']:+.1f}%, {r['expected_size'] / MB:.1f} MB); "
              f"expected token KL {_pm(r['kl'], r['kl_se'])} (recovers {100 * r['recovered_share']:.1f}% of the "
              "candidate's)" + (f", choice-KL {_pm(r['choice']['kl'], r['choice']['kl_se'])}" if r["choice"] else ""),
@@ -167,6 +169,10 @@ def _recommend_lines(s: dict) -> list[str]:
                   + (f"; choice-KL {_pm(v['choice']['kl'], v['choice']['kl_se'])}, {v['choice']['flips']}/"
                      f"{v['choice']['questions']} flips" if v["choice"] else ""),
                   f"  {v['same_weights']}"]
+        if abs(v["bytes"] - r["expected_size"]) > 0.01 * r["expected_size"]:  # the builder exported more than asked
+            lines.append(f"  warning: the build is {v['bytes'] / MB:.1f} MB, not the {r['expected_size'] / MB:.1f} MB "
+                         "predicted: the builder exported other weights otherwise; the measurement above is the one "
+                         "that counts")
     return lines
 
 

@@ -42,7 +42,8 @@ def build(settings: BuildSettings, nodes: tuple[str, ...], checkpoint: Path, out
     from ortevals.package.examples import build_genai_package
 
     build_genai_package(Path(checkpoint), out, settings.precision, cache / "builder-cache",
-                        extra=extra_options(settings, nodes) or None, ep=settings.ep, more=target_options(nodes))
+                        extra=extra_options(settings, nodes) or None, ep=settings.ep,
+                        more=target_options(settings, nodes))
     return tuple(builder_command(settings, nodes, str(checkpoint), str(out)))
 
 

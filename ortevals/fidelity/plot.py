@@ -4,7 +4,8 @@ Owns one figure drawn from fidelity summaries' ``by_position`` (:mod:`ortevals.f
 per context-length bucket, the mean KL (the verdict's threshold as a line), the same-top-1 share and
 the mean Δ log-prob of the actual token, each with its 95% interval clustered by window. Several
 summaries (one comparison each: int4 against fp32, a quantized KV cache against its float twin) share
-the axes. matplotlib through :mod:`ortevals.report.plots`.
+the axes; the KL's on a log scale where they differ by more than 20 times. matplotlib through
+:mod:`ortevals.report.plots`.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ def positions_png(series: list[tuple[str, dict]]) -> bytes:
         axes[0].axhline(s["by_position"]["verdict"]["threshold"], color="grey", lw=0.8, ls="--",
                         label=f"threshold {s['by_position']['verdict']['threshold']:g}")
         break
+    kls = [b["kl"]["mean"] for _, s in series for b in s["by_position"]["buckets"]]
+    if min(kls) > 0 and max(kls) / min(kls) > 20:  # comparisons of other sizes: each readable on a log axis
+        axes[0].set_yscale("log")
     axes[2].axhline(0, color="grey", lw=0.6)
     for ax, (_, title, _) in zip(axes, PANELS):
         ax.set_ylabel(title, fontsize=8)
