@@ -17,6 +17,8 @@ from pathlib import Path
 import click
 
 from ortevals import cli_bench, cli_help
+from ortevals.cli_common import fail_gates, setup_logging
+from ortevals.cli_compare import compare, fidelity
 from ortevals.errors import OrtEvalsError, first_line
 
 RESUMABLE = ("mmlu-pro", "run")  # the commands whose answers go to the result store (Ctrl-C: resume advice)
@@ -101,36 +103,6 @@ def run_options(fn):
     return functools.reduce(lambda f, opt: opt(f), reversed(opts), fn)
 
 
-# notices a user should see at the default verbosity, printed as plain lines (not "WARNING …")
-NOTICES = ("ortevals.report.resume", "ortevals.package.manifest")
-
-
-class _Format(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        if record.levelno in (logging.INFO, logging.WARNING) and record.name in NOTICES:
-            return record.getMessage()
-        return super().format(record)
-
-
-def _setup_logging(verbose: int) -> None:
-    import os
-
-    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
-    logging.basicConfig(level=level)
-    for handler in logging.getLogger().handlers:
-        handler.setFormatter(_Format("%(levelname)s %(name)s: %(message)s"))
-    for name in NOTICES:
-        logging.getLogger(name).setLevel(min(level, logging.INFO))
-    for name in ("lm_eval", "lm-eval", "datasets", "httpx", "urllib3"):
-        logging.getLogger(name).setLevel(max(level, logging.WARNING if verbose < 2 else logging.DEBUG))
-    if verbose == 0:  # datasets draws a bar per filter pass (28 "Filter:" bars for --cot): -v shows them
-        os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
-        if "datasets" in sys.modules:
-            sys.modules["datasets"].disable_progress_bars()
-    # huggingface_hub is left alone: it resets its own level when lm-eval imports it, after this call. The
-    # bundled data's "Repo card metadata block" warning is fixed at its source (its README has a card block).
-
-
 def _package_path(pkg: Path | None, example: bool) -> str:
     if example and pkg is not None:
         raise OrtEvalsError(f"pass --pkg {pkg} or --example, not both")
@@ -165,7 +137,8 @@ def _load_lm(kw: dict):
     return OrtLM.from_package(parse_model_args(raw), open_soon=True)  # sessions open while lm-eval loads data
 
 
-@click.group(cls=Cli, commands=[cli_bench.bench], context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=Cli, commands=[cli_bench.bench, compare, fidelity],
+             context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="ortevals")
 def cli() -> None:
     """Fast, exact lm-eval benchmarks for ONNX Runtime GenAI model packages."""
@@ -210,7 +183,7 @@ def mmlu_pro(cot: bool, max_gen_toks: int | None, compare_to: Path | None, **kw)
     """MMLU-Pro: 5-shot log-likelihood (leaderboard_mmlu_pro), or --cot generation (mmlu_pro)."""
     from ortevals.presets import PRESETS, resolve_data
 
-    _setup_logging(kw["verbose"])
+    setup_logging(kw["verbose"])
     if max_gen_toks is not None and not cot:
         raise OrtEvalsError(f"--max-gen-toks {max_gen_toks} applies to --cot generation; mmlu-pro without --cot "
                             "scores log-likelihoods and generates nothing (add --cot, or drop --max-gen-toks)")
@@ -236,7 +209,7 @@ def run(tasks: str, num_fewshot, include_path, apply_chat_template, gen_kwargs, 
 
     from ortevals.presets import resolve_local
 
-    _setup_logging(kw["verbose"])
+    setup_logging(kw["verbose"])
     names = tuple(t.strip() for t in tasks.split(",") if t.strip())
     if not names:
         raise OrtEvalsError(f"--tasks {tasks!r}: expected comma-separated lm-eval task or group names "
@@ -300,68 +273,12 @@ def cache_clear(runs: bool, derived: bool, examples: bool, everything: bool) -> 
         click.echo(line)
 
 
-# --- ortevals compare (issue 12): glue only; the logic is in ortevals/report/ ---
-@cli.command("compare", epilog=cli_help.EPILOG_COMPARE)
-@click.option("--ref", required=True, type=click.Path(path_type=Path), help="The reference run.")
-@click.argument("runs", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--json", "json_path", type=click.Path(path_type=Path), help="One object per run and task.")
-@click.option("--report", "report_dir", type=click.Path(path_type=Path), help="Write report.md and report.html.")
-@click.option("--changed", "changed_path", type=click.Path(path_type=Path), help="The changed questions, JSONL.")
-@click.option("--max-flip-rate", type=float, help="Gate: fail when a flip rate exceeds this.")
-@click.option("--max-kl", type=float, help="Gate: fail when a kl_mean (nats) exceeds this.")
-@click.option("--margin", type=float, help="Gate: fail unless Δ accuracy's 95% lower bound is above -MARGIN.")
-def compare(ref, runs, json_path, report_dir, changed_path, max_flip_rate, max_kl, margin) -> None:
-    """Runs against a reference, question by question: flips, McNemar, KL, intervals; exit 1 on a failed gate.
-
-    A RUN is an ortevals --output folder, an lm-eval --output_path folder (with --log_samples) or one
-    samples_*.jsonl file."""
-    from ortevals.report.compare import Gates
-    from ortevals.report.output import compare_paths
-
-    gates = Gates(max_flip_rate, max_kl, margin)  # a threshold that can never fire or always fires: one line
-    _fail_gates(compare_paths(ref, list(runs), click.echo, json_path, report_dir, changed_path, gates))
-
-
-def _fail_gates(verdicts) -> None:
-    """Each gate's verdict (a failed one on stderr); exit 1 when one failed."""
-    for v in verdicts:
-        click.echo(v.line, err=not v.passed)
-    if any(not v.passed for v in verdicts):
-        sys.exit(1)
-
-
 def _compare_outcome(ref: Path, outcome, kw: dict) -> None:
     from ortevals.report.output import compare_paths
     from ortevals.report.runs import run_from_results
 
     name = kw["output"].name if kw.get("output") else "this run"
-    _fail_gates(compare_paths(ref, [], click.echo, loaded=[run_from_results(outcome.results, name)]))
-
-
-# --- fidelity (issue 12 §2): all logic lives in ortevals/fidelity/ ---
-@cli.command("fidelity", epilog=cli_help.EPILOG_FIDELITY)
-@click.option("--pkg", type=click.Path(path_type=Path), default=None, help="Candidate GenAI package folder.")
-@click.option("--ref", default=None, help="Reference: a GenAI package, a transformers checkpoint folder "
-              "(config.json; needs the torch extra) or a file from --save-ref.")
-@click.option("--text", type=click.Path(path_type=Path), default=None, help="UTF-8 text file to score.")
-@click.option("--data", default=None, help="'bundled' (default) or an MMLU-Pro folder: questions + worked answers.")
-@click.option("--tokens", type=int, default=None,
-              help="Cap on scored tokens (default 32768; with a reference file, at most what it holds).")
-@click.option("--ctx", type=int, default=None, help="Window length n_ctx (default 512); the second half is scored.")
-@click.option("--top-k", type=int, default=None, help="Reference top-k kept per token, 64-256 (default 128).")
-@click.option("--save-ref", type=click.Path(path_type=Path), default=None, help="Write the reference to FILE (.npz).")
-@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the summary as JSON.")
-@click.option("--ep", default=None, help="Execution provider for the packages (default: the package's).")
-@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
-def fidelity(verbose: int, json_path: Path | None, **kw) -> None:
-    """Token-level distance of a package from a reference on real text: KL, top-1, Δp, PPL ratio."""
-    from ortevals.fidelity.run import FidelityOptions, format_report, run_fidelity
-
-    _setup_logging(verbose)
-    report = run_fidelity(FidelityOptions(json=json_path, **kw))
-    click.echo(format_report(report.summary))
-    for path in report.files:
-        click.echo(f"wrote {path}")
+    fail_gates(compare_paths(ref, [], click.echo, loaded=[run_from_results(outcome.results, name)]))
 
 
 # --- diagnose (issue 41): all logic lives in ortevals/diagnose/ ---
@@ -380,6 +297,8 @@ def fidelity(verbose: int, json_path: Path | None, **kw) -> None:
 @click.option("--questions", type=int, default=50, show_default=True,
               help="MMLU-Pro questions for choice-KL and flips (0: token KL only).")
 @click.option("--verify", is_flag=True, help="Build the recommendation with the builder and measure it.")
+@click.option("--int8", type=click.Path(path_type=Path), default=None, help="The builder's int8 export of the model "
+              "(-p int8): each group is also tried at int8, a cheaper choice than the reference's precision.")
 @click.option("--output", type=click.Path(path_type=Path), default=Path("ortevals-diagnose"), show_default=True,
               help="Folder for diagnose.json, diagnose.png, reference.npz, recommended/.")
 @click.option("--ep", default=None, help="Execution provider for the packages (default: each package's).")
@@ -390,7 +309,7 @@ def diagnose(verbose: int, **kw) -> None:
     from ortevals.diagnose.report import format_text, summary
     from ortevals.diagnose.run import run_diagnose
 
-    _setup_logging(verbose)
+    setup_logging(verbose)
     report = run_diagnose(DiagnoseOptions(**kw), lambda line: click.echo(line, err=True))
     click.echo(format_text(summary(report)))
     for path in report.files:
@@ -416,7 +335,7 @@ def profile(pkg, example, verbose, **kw) -> None:
     benchmark_e2e.py times them (docs/benchmarks.md). A table, then profile.json and profile.png in --output."""
     from ortevals.run.profile import MODEL_ARGS, ProfileRequest, format_table, run_profile
 
-    _setup_logging(verbose)
+    setup_logging(verbose)
     model = {k: kw.pop(k) for k in MODEL_ARGS} | {"pkg": _package_path(pkg, example)}
     prof, files = run_profile(model, ProfileRequest(**kw), lambda t: click.echo(f"{t.label}: done", err=True))
     click.echo("\n".join([format_table(prof), *(f"wrote {path}" for path in files)]))

@@ -44,6 +44,7 @@ class DiagnoseOptions:
     verify: bool = False
     output: Path = Path("ortevals-diagnose")
     ep: str | None = None
+    int8: Path | None = None  # the builder's int8 export of the model: int8 as a choice per group (diagnose/int8.py)
 
 
 @dataclass(frozen=True)
@@ -153,13 +154,14 @@ def _check_candidate(cand: ModelPackage) -> None:
                             "(/model/layers.N/…); diagnose reads the layers of onnxruntime-genai builder graphs only")
 
 
-def check_pair(cand: ModelPackage, ref: ModelPackage) -> None:
-    """The two packages are the same model in two precisions, or one line saying how they differ."""
+def check_pair(cand: ModelPackage, ref: ModelPackage, quantized_ok: bool = False) -> None:
+    """The two packages are the same model in two precisions, or one line saying how they differ
+    (``quantized_ok``: ``ref`` may be quantized, as ``--int8``'s package is)."""
     from ortevals.fidelity.reference import tokenizer_hash
     from ortevals.runtime.roles import quantized_ops
 
     ops = quantized_ops(decoder_graph(ref))
-    if ops:
+    if ops and not quantized_ok:
         raise OrtEvalsError(f"--ref {ref.root}: the reference is itself quantized ({', '.join(sorted(ops))}); "
                             "diagnose needs it in higher precision (the builder's fp32/fp16/bf16 output, or the "
                             "transformers checkpoint)")

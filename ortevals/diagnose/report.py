@@ -157,11 +157,15 @@ def _recommend_lines(s: dict) -> list[str]:
     r = s["recommendation"]
     if r is None:
         return ["", "No recommendation: " + "; ".join(s["notes"] or ["nothing measured"])]
-    lines = ["", f"Recommended: keep {', '.join(r['units'])} at the reference's precision",
+    at = "at int8 (@int8) or the reference's precision" if any(u.endswith("@int8") for u in r["units"]) else \
+        "at the reference's precision"
+    lines = ["", f"Recommended: keep {', '.join(r['units'])} {at}",
              f"  size +{r['bytes_added'] / MB:.2f} MB ({r['size_percent']:+.1f}%, {r['expected_size'] / MB:.1f} MB); "
              f"expected token KL {_pm(r['kl'], r['kl_se'])} (recovers {100 * r['recovered_share']:.1f}% of the "
              "candidate's)" + (f", choice-KL {_pm(r['choice']['kl'], r['choice']['kl_se'])}" if r["choice"] else ""),
-             f"  builder: {r['builder_command']}", f"  Olive pass: {json.dumps(r['olive_pass'])}"]
+             f"  builder: {r['builder_command']}",
+             f"  Olive pass: {json.dumps(r['olive_pass'])}" if r["olive_pass"] is not None else
+             "  Olive pass: none (groups at int8 need the builder's --target_options, which the pass does not hand on)"]
     lines += [f"  note: {n}" for n in s["notes"]]
     v = s["verify"]
     if v:
@@ -171,6 +175,10 @@ def _recommend_lines(s: dict) -> list[str]:
                   + (f"; choice-KL {_pm(v['choice']['kl'], v['choice']['kl_se'])}, {v['choice']['flips']}/"
                      f"{v['choice']['questions']} flips" if v["choice"] else ""),
                   f"  {v['same_weights']}"]
+        if abs(v["bytes"] - r["expected_size"]) > 0.01 * r["expected_size"]:  # the builder exported more than asked
+            lines.append(f"  warning: the build is {v['bytes'] / MB:.1f} MB, not the {r['expected_size'] / MB:.1f} MB "
+                         "predicted: the builder exported other weights otherwise; the measurement above is the one "
+                         "that counts")
     return lines
 
 

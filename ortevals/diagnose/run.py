@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ortevals.diagnose import resume
 from ortevals.diagnose.inputs import DEFAULT_TOKENS, DiagnoseOptions, Inputs, check_inputs, check_pair
+from ortevals.diagnose.int8 import check_donor
 from ortevals.diagnose.layers import LayerStage, measure_layers, open_runners
 from ortevals.diagnose.measure import ChoiceKL, TokenKL, choice_kl, choice_run, save_reference, token_kl
 from ortevals.diagnose.recommend import BuildSettings, build_settings
@@ -53,6 +54,7 @@ class DiagnoseReport:
     verified: Verified | None = None
     notes: tuple[str, ...] = ()
     files: tuple[Path, ...] = field(default=())
+    int8: ModelPackage | None = None  # --int8: the builder's int8 export (diagnose/int8.py)
 
 
 def windows(cand: ModelPackage, ref: ModelPackage, o: DiagnoseOptions):
@@ -73,9 +75,10 @@ def run_diagnose(o: DiagnoseOptions, say: Callable[[str], None] = log.info) -> D
     inputs = check_inputs(o)
     if not inputs.quantized:
         say(NOT_QUANTIZED)
+    int8 = check_donor(inputs.cand, o.int8) if o.int8 is not None else None
     cache = cache_root()
     try:
-        report, capped = _first_stages(inputs, o, cache, say)
+        report, capped = _first_stages(inputs, o, cache, say, int8)
     except KeyboardInterrupt:
         say(RESUMES)
         raise
@@ -93,7 +96,8 @@ def run_diagnose(o: DiagnoseOptions, say: Callable[[str], None] = log.info) -> D
     return _write(report)
 
 
-def _first_stages(inputs: Inputs, o: DiagnoseOptions, cache: Path, say) -> tuple[DiagnoseReport, str | None]:
+def _first_stages(inputs: Inputs, o: DiagnoseOptions, cache: Path, say,
+                  int8=None) -> tuple[DiagnoseReport, str | None]:
     """The reference, the text's windows, the per-layer stage and the candidate's token KL (each kept from an
     earlier run where its scope matches); the report so far and the line saying --tokens was capped."""
     ref = _reference(inputs, cache, say)
@@ -113,7 +117,7 @@ def _first_stages(inputs: Inputs, o: DiagnoseOptions, cache: Path, say) -> tuple
                          cache, say)
     size = package_size(cand)
     return DiagnoseReport(cand, ref, size, size * o.budget / 100, plan, stage, baseline, build_settings(cand),
-                          inputs.checkpoint, o, files=(out / "reference.npz",)), capped
+                          inputs.checkpoint, o, files=(out / "reference.npz",), int8=int8), capped
 
 
 def _baseline(cand: ModelPackage, ref: ModelPackage, path: Path, ids, plan, o: DiagnoseOptions, cache: Path,
@@ -176,9 +180,11 @@ def _sensitivity(r: DiagnoseReport, cache: Path, say) -> DiagnoseReport:
     from ortevals.runtime.roles import weight_units
 
     units = weight_units(decoder_graph(r.cand))
-    todo, skipped = choose(r.cand, r.ref, ranked(list(r.layers.rows)), units, r.options.candidates, r.budget_bytes)
-    bench = Bench(r.cand, r.ref, r.baseline, r.files[0], cache, r.options.ep, say)
-    say(f"sensitivity stage: {len(todo)} groups, each alone at the reference's precision")
+    todo, skipped = choose(r.cand, r.ref, ranked(list(r.layers.rows)), units, r.options.candidates, r.budget_bytes,
+                           r.int8)
+    bench = Bench(r.cand, r.ref, r.baseline, r.files[0], cache, r.options.ep, say, r.int8)
+    say(f"sensitivity stage: {len(todo)} groups, each alone at the reference's precision"
+        + (" or at int8" if r.int8 is not None else ""))
     singles = bench.singles(todo)
     say("greedy: cumulative sets by KL recovered per MB, each measured")
     steps = bench.steps(singles, r.budget_bytes)
@@ -202,7 +208,7 @@ def _verify(r: DiagnoseReport, say) -> DiagnoseReport:
 
     o, out = r.options, Path(r.options.output).expanduser() / "recommended"
     say(f"--verify: building the recommended package into {out} with the onnxruntime-genai builder")
-    bench = Bench(r.cand, r.ref, r.baseline, r.files[0], cache_root(), o.ep, say)
+    bench = Bench(r.cand, r.ref, r.baseline, r.files[0], cache_root(), o.ep, say, r.int8)
     v = verify(bench, r.settings, r.recommended.nodes, r.checkpoint, out)
     if o.questions:
         ref_run = choice_run(r.ref.root, o.questions, o.data, o.ep, "reference")  # answers from the result store

@@ -18,11 +18,12 @@ from pathlib import Path
 
 from ortevals.diagnose import resume
 from ortevals.diagnose.inputs import decoder_graph
+from ortevals.diagnose.int8 import MARK, at_int8, base, bytes_added, mixed_package
 from ortevals.diagnose.measure import ChoiceKL, TokenKL, choice_kl, choice_run, token_kl
 from ortevals.diagnose.stats import BlockRow, Gain, greedy_steps
 from ortevals.package.loader import ModelPackage
 from ortevals.runtime.roles import Unit, unit_sort_key, weight_units
-from ortevals.runtime.swap import Refused, size_delta, swapped_package
+from ortevals.runtime.swap import Refused, size_delta
 
 ATTN_GROUPS, MLP_GROUPS = ("qkv", "o"), ("gate_up", "down")
 
@@ -68,22 +69,24 @@ def in_order(ranked_rows: list[BlockRow], units: dict[str, Unit]) -> list[Unit]:
 
 
 def choose(cand, ref, ranked_rows: list[BlockRow], units: dict[str, Unit], limit: int,
-           budget: float) -> tuple[list[tuple[Unit, int]], list[Skipped]]:
+           budget: float, int8: ModelPackage | None = None) -> tuple[list[tuple[Unit, int]], list[Skipped]]:
     """Up to ``limit`` groups to measure, in :func:`in_order`'s order, each with its bytes added, and the LM head
-    besides; a group already at full precision (or unmatched) or over the budget is skipped and listed."""
+    besides (with an ``int8`` package, each group also at int8); a group already at full precision (or
+    unmatched) or over the budget is skipped and listed."""
     kept, skipped = [], []
     for u in in_order(ranked_rows, units):
-        if len([k for k, _ in kept if k.group != "lm_head"]) >= limit and u.group != "lm_head":
+        if len({base(k.name) for k, _ in kept if k.group != "lm_head"}) >= limit and u.group != "lm_head":
             continue
-        try:
-            size = size_delta(cand, ref, u.nodes)
-        except Refused as e:
-            skipped.append(Skipped(u.name, str(e)))
-            continue
-        if size > budget:
-            skipped.append(Skipped(u.name, f"+{size / 1e6:.1f} MB, over the budget of +{budget / 1e6:.1f} MB"))
-        else:
-            kept.append((u, size))
+        for option, donor in ((u, ref), (at_int8(u), int8)) if int8 is not None else ((u, ref),):
+            try:
+                size = size_delta(cand, donor, tuple(n.removesuffix(MARK) for n in option.nodes))
+            except Refused as e:
+                skipped.append(Skipped(option.name, str(e)))
+                continue
+            if size > budget:
+                skipped.append(Skipped(option.name, f"+{size / 1e6:.1f} MB, over the budget of +{budget / 1e6:.1f} MB"))
+            else:
+                kept.append((option, size))
     return kept, skipped
 
 
@@ -99,10 +102,11 @@ class Bench:
     cache: Path
     ep: str | None
     say: Callable[[str], None]
+    int8: ModelPackage | None = None  # --int8: the builder's int8 export, a cheaper choice per group
 
     def measure(self, label: str, units: tuple[Unit, ...], size: int) -> Candidate:
         nodes = tuple(n for u in units for n in u.nodes)
-        package = swapped_package(self.cand, self.ref, nodes, self.cache)
+        package = mixed_package(self.cand, self.ref, self.int8, nodes, self.cache)
         tk = resume.token_kl(package, self.reference_file, self.ep, self.cache,
                              lambda: token_kl(package, self.reference_file, self.ep))
         rec, se = tk.recovered(self.baseline)
@@ -123,13 +127,14 @@ class Bench:
         order = greedy_steps(self.baseline.kl, [Gain(c.units[0], c.token.kl, c.bytes_added) for c in singles],
                              budget)
         units = weight_units(decoder_graph(self.cand))
+        units.update({u.name: u for u in map(at_int8, list(units.values()))})
         steps = []
         for k, name in enumerate(order, 1):
             if k == 1:
                 steps.append(replace(by_name[name], label="step 1"))
                 continue
             chosen = tuple(units[n] for n in order[:k])
-            size = size_delta(self.cand, self.ref, tuple(n for u in chosen for n in u.nodes))
+            size = bytes_added(self.cand, self.ref, self.int8, tuple(n for u in chosen for n in u.nodes))
             c = self.measure(f"step {k}", chosen, size)
             self.say(f"  step {k} (+{name}): token KL {c.token.kl:.4g}, +{c.bytes_added / 1e6:.2f} MB")
             steps.append(c)

@@ -100,17 +100,20 @@ class Gain:
 
 def greedy_steps(baseline_kl: float, gains: list[Gain], budget_bytes: float) -> list[str]:
     """Units in the order the greedy adds them: KL recovered (``baseline_kl − kl``) per megabyte, best first;
-    a unit that recovers nothing is never added, one that would pass the budget is passed over."""
+    a unit that recovers nothing is never added, one that would pass the budget is passed over, and a group
+    is taken once (``name`` or ``name@int8``, whichever comes first)."""
     def per_mb(g: Gain) -> float:
         recovered = baseline_kl - g.kl
         if g.bytes_added <= 0:  # free (or smaller): first if it helps at all
             return np.inf if recovered > 0 else -np.inf
         return recovered / (g.bytes_added / MB)
 
-    chosen, total = [], 0
+    chosen, groups, total = [], set(), 0
     for g in sorted(gains, key=lambda g: (-per_mb(g), g.bytes_added, g.unit)):
-        if baseline_kl - g.kl > 0 and total + g.bytes_added <= budget_bytes:
+        group = g.unit.split("@")[0]
+        if baseline_kl - g.kl > 0 and total + g.bytes_added <= budget_bytes and group not in groups:
             chosen.append(g.unit)
+            groups.add(group)
             total += g.bytes_added
     return chosen
 

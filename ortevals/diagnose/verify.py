@@ -13,8 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ortevals.diagnose.int8 import split
 from ortevals.diagnose.measure import ChoiceKL, TokenKL, choice_kl, choice_run, token_kl
-from ortevals.diagnose.recommend import BuildSettings, builder_command, extra_options
+from ortevals.diagnose.recommend import BuildSettings, builder_command, extra_options, target_options
 from ortevals.package.graph import tensor_array
 from ortevals.package.loader import ModelPackage
 
@@ -41,18 +42,23 @@ def build(settings: BuildSettings, nodes: tuple[str, ...], checkpoint: Path, out
     from ortevals.package.examples import build_genai_package
 
     build_genai_package(Path(checkpoint), out, settings.precision, cache / "builder-cache",
-                        extra=extra_options(settings, nodes) or None, ep=settings.ep)
+                        extra=extra_options(settings, nodes) or None, ep=settings.ep,
+                        more=target_options(settings, nodes))
     return tuple(builder_command(settings, nodes, str(checkpoint), str(out)))
 
 
-def same_weights(cand: ModelPackage, built: ModelPackage) -> str:
-    """Whether every initializer both decoders name holds the same bytes (read one tensor at a time)."""
+def same_weights(cand: ModelPackage, built: ModelPackage, changed: tuple[str, ...] = ()) -> str:
+    """Whether every initializer both decoders name holds the same bytes (read one tensor at a time), those of the
+    ``changed`` nodes (base names: the groups put at int8, whose weights keep their int4 names) left out."""
     import numpy as np
     import onnx
 
-    a = {t.name: t for t in onnx.load(str(cand.decoder.path), load_external_data=False).graph.initializer}
-    b = {t.name: t for t in onnx.load(str(built.decoder.path), load_external_data=False).graph.initializer}
-    shared = sorted(set(a) & set(b))
+    from ortevals.runtime.roles import base_name
+
+    graphs = [onnx.load(str(p.decoder.path), load_external_data=False).graph for p in (cand, built)]
+    a, b = ({t.name: t for t in g.initializer} for g in graphs)
+    moved = {i for g in graphs for n in g.node if base_name(n) in changed for i in n.input}
+    shared = sorted((set(a) & set(b)) - moved)
     differ = [n for n in shared if not np.array_equal(tensor_array(a[n], cand.decoder.path.parent),
                                                       tensor_array(b[n], built.decoder.path.parent))]
     if not differ:
@@ -68,7 +74,7 @@ def verify(bench, settings: BuildSettings, nodes: tuple[str, ...], checkpoint: P
     built = ModelPackage.load(out)
     tk = token_kl(out, bench.reference_file, bench.ep)
     rec, se = tk.recovered(bench.baseline)
-    return Verified(out, command, package_size(built), tk, rec, se, same_weights(bench.cand, built))
+    return Verified(out, command, package_size(built), tk, rec, se, same_weights(bench.cand, built, split(nodes)[1]))
 
 
 def with_choice(v: Verified, ref_run, questions: int, data: str | None, ep: str | None) -> Verified:

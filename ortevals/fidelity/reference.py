@@ -13,6 +13,7 @@ Reference file, one entry per name (N scored tokens, top-k of k):
 ``tokenizer_sha256`` str         :func:`tokenizer_hash` of the reference's tokenizer
 ``text_ids``        int32 [T]    the text's token ids the windows cover (no BOS)
 ``n_ctx``, ``bos_id``, ``n_windows``, ``n_scored``, ``vocab_size``   int64 scalars
+``every``           int64        1: every position of a window scored (``--by-position``); absent: 0
 ``topk_ids``        int32 [N,k]  the reference's k most likely tokens, most likely first
 ``topk_logp``       float32 [N,k] their log-probs
 ``tail_logp``       float32 [N]  log of 1 − top-k mass (−inf when k = V)
@@ -45,7 +46,7 @@ from ortevals.fidelity.windows import WindowPlan
 
 log = logging.getLogger(__name__)
 FORMAT = "ortevals-fidelity-reference/1"
-ARRAYS = ("topk_ids", "topk_logp", "tail_logp", "actual_logp")
+ARRAYS = RefTokens.FIELDS
 SCALARS = ("n_ctx", "bos_id", "n_windows", "n_scored", "vocab_size")
 
 
@@ -83,7 +84,7 @@ class SavedReference:
     def first(self, n: int) -> SavedReference:
         """The first ``n`` scored tokens (what a direct run with ``--tokens n`` scores)."""
         p = self.plan
-        plan = WindowPlan(p.n_ctx, p.bos_id, -(-n // p.scored_per_window), n)
+        plan = WindowPlan(p.n_ctx, p.bos_id, -(-n // p.scored_per_window), n, p.every)
         tokens = RefTokens(*(getattr(self.tokens, f)[:n] for f in ARRAYS))
         return SavedReference(self.path, self.description, self.tokenizer_sha256, plan, self.vocab_size,
                               self.text_ids[:plan.n_windows * plan.text_per_window], tokens)
@@ -110,6 +111,7 @@ def save_reference(path: Path, ref: SavedReference) -> int:
     p = ref.plan
     for name, value in zip(SCALARS, (p.n_ctx, p.bos_id, p.n_windows, p.n_scored, ref.vocab_size)):
         arrays[name] = np.array(value, np.int64)
+    arrays["every"] = np.array(int(p.every), np.int64)
     buf = io.BytesIO()
     np.savez_compressed(buf, **arrays)
     atomic_write_bytes(Path(path), buf.getvalue())
@@ -130,7 +132,7 @@ def load_reference(path: Path) -> SavedReference:
     if missing:
         raise OrtEvalsError(f"{path}: missing {', '.join(missing)}")
     n_ctx, bos, n_windows, n_scored, vocab = (int(data[n]) for n in SCALARS)
-    plan = WindowPlan(n_ctx, bos, n_windows, n_scored)
+    plan = WindowPlan(n_ctx, bos, n_windows, n_scored, bool(int(data.get("every", 0))))
     tokens = RefTokens(*(data[n] for n in ARRAYS))
     shapes_ok = (tokens.topk_ids.shape == tokens.topk_logp.shape and tokens.topk_ids.ndim == 2
                  and all(len(getattr(tokens, n)) == n_scored for n in ARRAYS)

@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from ortevals.errors import OrtEvalsError
+from ortevals.fidelity import trajectories as tr
+from ortevals.fidelity.positions import bucket_edges, check_threshold, format_lines, position_summary
 from ortevals.fidelity.reference import SavedReference, load_reference, save_reference, tokenizer_hash
 from ortevals.fidelity.stats import RefTokens, TokenStats, concat_stats, summarize
 from ortevals.fidelity.windows import OrtSource, WindowPlan, compare_windows, plan_windows, reference_windows
@@ -24,6 +26,7 @@ from ortevals.files import check_writable_file
 log = logging.getLogger(__name__)
 DEFAULT_TOKENS = 32768
 DEFAULT_CTX = 512  # llama.cpp's perplexity default
+POSITION_CTX = 4096  # --by-position's default window (at most the models' context)
 DEFAULT_TOP_K = 128
 
 
@@ -39,6 +42,12 @@ class FidelityOptions:
     save_ref: Path | None = None
     json: Path | None = None
     ep: str | None = None
+    by_position: bool = False  # every position scored, the breakdown by context length (fidelity/positions.py)
+    buckets: tuple[int, ...] | None = None  # the buckets' inner edges (None: positions.DEFAULT_EDGES)
+    kl_threshold: float | None = None  # the verdict's threshold, nats
+    plot: Path | None = None  # the by-context-length plot (PNG)
+    trajectories: Path | None = None  # a reference run whose generated outputs are followed (fidelity/trajectories.py)
+    first: int | None = None  # --trajectories: the first N generated tokens of each output
 
 
 @dataclass(frozen=True)
@@ -64,9 +73,28 @@ def _check_options(o: FidelityOptions) -> None:
         raise OrtEvalsError(f"--tokens must be >= 1, got {o.tokens}")
     if o.top_k is not None and not 64 <= o.top_k <= 256:
         raise OrtEvalsError(f"--top-k must be between 64 and 256, got {o.top_k}")
-    for path, flag in ((o.json, "--json"), (o.save_ref, "--save-ref")):  # before the work, not after it
+    for flag, value in (("--buckets", o.buckets), ("--kl-threshold", o.kl_threshold), ("--plot", o.plot)):
+        if value is not None and not o.by_position and o.trajectories is None:
+            raise OrtEvalsError(f"{flag} needs --by-position (the breakdown by context length) or --trajectories")
+    _check_trajectories(o)
+    check_threshold(o.kl_threshold)
+    outputs = ((o.json, "--json"), (o.save_ref, "--save-ref"), (o.plot, "--plot"))
+    for path, flag in outputs:  # before the work, not after it
         if path is not None:
             check_writable_file(Path(path), flag)
+
+
+def _check_trajectories(o: FidelityOptions) -> None:
+    if o.first is not None and (o.trajectories is None or o.first < 1):
+        raise OrtEvalsError(f"--first {o.first}: expected a number of generated tokens >= 1, with --trajectories")
+    if o.trajectories is None:
+        return
+    given = [f for f, v in (("--text", o.text), ("--data", o.data), ("--ctx", o.ctx), ("--save-ref", o.save_ref),
+                            ("--by-position", o.by_position or None)) if v is not None]
+    if given:
+        raise OrtEvalsError(f"--trajectories follows the reference run's outputs: {given[0]} does not apply")
+    if reference_kind(o.ref) == "file":
+        raise OrtEvalsError("--trajectories needs a model as --ref (a package or a checkpoint), not a reference file")
 
 
 def reference_kind(ref: str) -> str:
@@ -125,6 +153,10 @@ def _saved_side(o, package, tok, cand_hash):
     if o.tokens is not None:  # a prefix of the saved windows: what a direct run with --tokens scores
         saved = saved.first(o.tokens)
     p = saved.plan
+    if p.every != o.by_position:
+        said = "with" if p.every else "without"
+        raise OrtEvalsError(f"{saved.path}: saved {said} --by-position; pass {'' if p.every else 'no '}--by-position "
+                            "(it scores every position of a window, not only the second half)")
     for name, given, stored in (("--ctx", o.ctx, p.n_ctx), ("--top-k", o.top_k, saved.tokens.topk_ids.shape[1])):
         if given is not None and given != stored:
             raise OrtEvalsError(f"{saved.path}: saved with {name} {stored}; got {name} {given}")
@@ -168,21 +200,22 @@ def _model_side(o, package, tok, cand_hash):
     """Reference from a model: the plan, the text ids and a lazy stream of per-window reference statistics."""
     source, max_pos, desc = _open_reference(o, package, cand_hash)
     limits = [n for n in (package.context_length, max_pos) if n]
-    ids, plan = text_windows(tok, o, limits, o.ctx, o.tokens or DEFAULT_TOKENS)
+    ids, plan = text_windows(tok, o, limits, o.ctx, o.tokens or DEFAULT_TOKENS, o.by_position)
     return None, plan, ids, reference_windows(source, ids, plan, o.top_k or DEFAULT_TOP_K), desc
 
 
 def text_windows(tok, o: FidelityOptions, limits: list[int], ctx: int | None,
-                 tokens: int) -> tuple[np.ndarray, WindowPlan]:
+                 tokens: int, every: bool = False) -> tuple[np.ndarray, WindowPlan]:
     """The text's token ids cut to whole windows, and the window plan: ``ctx`` tokens a window (default
-    :data:`DEFAULT_CTX`, at most the models' context ``limits``), about ``tokens`` scored."""
-    n_ctx = ctx or min([DEFAULT_CTX, *limits])
+    :data:`DEFAULT_CTX`, :data:`POSITION_CTX` with ``every``, at most the models' context ``limits``), about
+    ``tokens`` scored (``every``: at every position of a window)."""
+    n_ctx = ctx or min([POSITION_CTX if every else DEFAULT_CTX, *limits])
     if limits and n_ctx > min(limits):
         raise OrtEvalsError(f"--ctx {n_ctx} is longer than the models' context ({min(limits)} tokens)")
     bos = bos_for_windows(tok)
-    probe = WindowPlan(n_ctx, -1 if bos is None else bos, 0, 0)
+    probe = WindowPlan(n_ctx, -1 if bos is None else bos, 0, 0, every)
     ids = text_ids(tok, o, math.ceil(tokens / max(probe.scored_per_window, 1)) * probe.text_per_window)
-    plan = plan_windows(len(ids), n_ctx, bos, tokens)
+    plan = plan_windows(len(ids), n_ctx, bos, tokens, every)
     return ids[:plan.n_windows * plan.text_per_window], plan
 
 
@@ -195,6 +228,8 @@ def run_fidelity(o: FidelityOptions) -> FidelityReport:
     package = ModelPackage.load(Path(o.pkg).expanduser(), o.ep)
     tok = Tokenizer.load(package)
     cand_hash = tokenizer_hash(package.tokenizer_root)
+    if o.trajectories is not None:
+        return _follow(o, package, tok, cand_hash)
     side = _saved_side if reference_kind(o.ref) == "file" else _model_side
     saved, plan, ids, refs, desc = side(o, package, tok, cand_hash)
     if saved is not None and o.save_ref is not None:
@@ -209,7 +244,11 @@ def run_fidelity(o: FidelityOptions) -> FidelityReport:
                "top_k": int(saved.tokens.topk_ids.shape[1]) if saved else (o.top_k or DEFAULT_TOP_K),
                **summarize(stats, clusters)}
     summary["ppl"]["diff"], summary["ppl"]["diff_se"] = ppl_difference(summary["ppl"])  # llama.cpp's PPL(Q)-PPL(base)
+    summary["scored"] = "every position" if plan.every else "second half of each window"
     files = []
+    if plan.every:
+        summary["by_position"] = position_summary(stats, clusters, plan.positions(),
+                                                  bucket_edges(plan.n_ctx, o.buckets), o.kl_threshold)
     if o.save_ref is not None:
         tokens = RefTokens(*(np.concatenate([getattr(r, f) for r in kept]) for f in
                              ("topk_ids", "topk_logp", "tail_logp", "actual_logp")))
@@ -218,12 +257,36 @@ def run_fidelity(o: FidelityOptions) -> FidelityReport:
         summary["reference_file"] = {"path": str(o.save_ref), "bytes": size, "bytes_per_token": size / plan.n_scored,
                                      "llama_cpp_bytes_per_token": 2 * package.vocab_size}
         files.append(Path(o.save_ref))
+    files += _write_files(o, summary)
+    return FidelityReport(summary, stats, clusters, plan, ids, tuple(files))
+
+
+def _follow(o: FidelityOptions, package, tok, cand_hash: str) -> FidelityReport:
+    """``--trajectories``: both models teacher-forced on the reference run's outputs (fidelity/trajectories.py)."""
+    source, _, desc = _open_reference(o, package, cand_hash)
+    first = o.first or tr.DEFAULT_FIRST
+    seqs = tr.sequences(Path(o.trajectories), tok, bos_for_windows(tok), first, o.tokens)
+    stats, clusters, index = tr.follow(source, OrtSource.open(package, o.ep), seqs, o.top_k or DEFAULT_TOP_K)
+    summary = {"candidate": str(o.pkg), "reference": desc, "trajectories": str(o.trajectories),
+               "top_k": o.top_k or DEFAULT_TOP_K, **tr.trajectory_summary(stats, clusters, index, first, o.buckets,
+                                                                           o.kl_threshold)}
+    return FidelityReport(summary, stats, clusters, files=_write_files(o, summary))
+
+
+def _write_files(o: FidelityOptions, summary: dict) -> tuple[Path, ...]:
+    """--json and --plot of a summary."""
+    files = []
     if o.json is not None:
         from ortevals.files import atomic_write, json_text
 
         atomic_write(Path(o.json), json_text(summary, indent=2) + "\n")  # strict: no SE is null, not NaN
         files.append(Path(o.json))
-    return FidelityReport(summary, stats, clusters, plan, ids, tuple(files))
+    if o.plot is not None:
+        from ortevals.fidelity.plot import plot_positions
+
+        plot_positions(summary, Path(o.plot))
+        files.append(Path(o.plot))
+    return tuple(files)
 
 
 def _tee(refs, kept: list):
@@ -267,6 +330,8 @@ def _pm(value: float, se: float, width: int = 10, digits: int = 6) -> str:
 
 def format_report(s: dict) -> str:
     """The printed report: llama.cpp's ``--kl-divergence`` layout; every ± is a window-clustered SE."""
+    if "trajectories" in s:
+        return "\n".join(tr.format_lines(s))
     kl, dp, ppl = s["kl"], s["delta_p"], s["ppl"]
     lo, hi = ppl["ratio_ci95"]
     diff, diff_se = ppl_difference(ppl)
@@ -275,7 +340,8 @@ def format_report(s: dict) -> str:
     interval = f"95% CI {lo:.6f} … {hi:.6f}, paired" if math.isfinite(lo) and math.isfinite(hi) else "no interval"
     lines = [
         f"candidate: {s['candidate']}", f"reference: {s['reference']}",
-        f"{s['tokens']} tokens scored in {s['windows']} windows of {s['n_ctx']} (second half of each window); "
+        f"{s['tokens']} tokens scored in {s['windows']} windows of {s['n_ctx']} "
+        f"({s.get('scored', 'second half of each window')}); "
         f"top-k {s['top_k']}; ± is a standard error clustered by window",
         *([f"one window gives no standard error or interval (n/a below): errors are clustered by window, so at "
            f"least two are needed; raise --tokens above {s['tokens']} (or lower --ctx)"] if one else []),
@@ -301,6 +367,8 @@ def format_report(s: dict) -> str:
         f"Same top p: {_percent(s['same_top1']['mean'], s['same_top1']['se'])}",
         f"Top-k overlap: {_percent(s['topk_overlap']['mean'], s['topk_overlap']['se'])}",
     ]
+    if "by_position" in s:
+        lines += format_lines(s)
     if "reference_file" in s:
         f = s["reference_file"]
         lines += ["", f"reference file: {f['path']}, {f['bytes']} bytes, {f['bytes_per_token']:.0f} bytes per token "

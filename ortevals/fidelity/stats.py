@@ -76,8 +76,14 @@ class RefTokens:
     tail_logp: np.ndarray
     actual_logp: np.ndarray
 
+    FIELDS = ("topk_ids", "topk_logp", "tail_logp", "actual_logp")
+
     def __len__(self) -> int:
         return int(self.actual_logp.shape[0])
+
+    def rows(self, rows: slice) -> RefTokens:
+        """The tokens ``rows`` of these."""
+        return RefTokens(*(getattr(self, f)[rows] for f in self.FIELDS))
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,13 @@ front and the window takes ``n_ctx − 1`` text tokens, so no text token is
 lost). Window ``w`` at positions ``j ∈ [n_ctx/2, n_ctx − 1)`` scores the
 prediction of token ``j+1`` from the logits at ``j``: ``n_ctx/2 − 1`` tokens
 per window, as llama.cpp.
+
+Every position (``--by-position``, :attr:`WindowPlan.every`): window ``w`` scores the predictions from
+every position ``j ∈ [0, n_ctx − 1)``, so each token is also tagged with its context length ``j + 1``
+(the tokens before it in the window, BOS included) for the breakdown by context length
+(:mod:`~ortevals.fidelity.positions`). A window's log-probs are reduced :data:`CHUNK_ROWS` rows at a
+time (row-wise operations: the numbers do not depend on the chunking), so a 4096-token window of a
+49152-token vocabulary holds 0.4 GB of float64 log-probs at a time, not 1.6 GB.
 """
 
 from __future__ import annotations
@@ -27,12 +34,13 @@ import numpy as np
 
 from ortevals.engine.score.scoring import log_softmax
 from ortevals.errors import OrtEvalsError
-from ortevals.fidelity.stats import RefTokens, TokenStats, compare_window, reduce_reference
+from ortevals.fidelity.stats import RefTokens, TokenStats, compare_window, concat_stats, reduce_reference
 
 log = logging.getLogger(__name__)
 
 # ids [S] int64 → logits [S,V]; one forward pass, batch 1
 LogitSource = Callable[[np.ndarray], np.ndarray]
+CHUNK_ROWS = 1024  # scored rows reduced at once
 
 
 @dataclass(frozen=True)
@@ -43,10 +51,11 @@ class WindowPlan:
     bos_id: int  # put at position 0 of every window; -1: none
     n_windows: int
     n_scored: int
+    every: bool = False  # score every position (--by-position), not only the second half
 
     @property
     def first(self) -> int:
-        return self.n_ctx // 2
+        return 0 if self.every else self.n_ctx // 2
 
     @property
     def text_per_window(self) -> int:
@@ -72,15 +81,23 @@ class WindowPlan:
         """The window index of every scored token ``[n_scored]`` int32."""
         return np.concatenate([np.full(self.scored_in(w), w, np.int32) for w in range(self.n_windows)])
 
+    def positions(self) -> np.ndarray:
+        """The context length of every scored prediction ``[n_scored]`` int64: the tokens before the predicted
+        token in its window (BOS included), ``j + 1`` for the logits at position ``j``."""
+        return np.concatenate([np.arange(self.scored_in(w), dtype=np.int64) + self.first + 1
+                               for w in range(self.n_windows)])
 
-def plan_windows(n_text: int, n_ctx: int, bos_id: int | None, max_scored: int | None) -> WindowPlan:
-    """Plan over ``n_text`` text tokens; ``max_scored`` caps the scored tokens (None: the whole text)."""
+
+def plan_windows(n_text: int, n_ctx: int, bos_id: int | None, max_scored: int | None,
+                 every: bool = False) -> WindowPlan:
+    """Plan over ``n_text`` text tokens; ``max_scored`` caps the scored tokens (None: the whole text); ``every``:
+    every position of a window is scored."""
     if n_ctx < 4 or n_ctx % 2:
         raise OrtEvalsError(f"--ctx must be an even number >= 4, got {n_ctx}")
     if max_scored is not None and max_scored < 1:
         raise OrtEvalsError(f"--tokens must be >= 1, got {max_scored}")
     bos = -1 if bos_id is None else int(bos_id)
-    probe = WindowPlan(n_ctx, bos, 0, 0)
+    probe = WindowPlan(n_ctx, bos, 0, 0, every)
     available = n_text // probe.text_per_window
     if available == 0:
         raise OrtEvalsError(f"the text has {n_text} tokens; one window of --ctx {n_ctx} needs "
@@ -91,28 +108,33 @@ def plan_windows(n_text: int, n_ctx: int, bos_id: int | None, max_scored: int | 
     n_scored = n_windows * probe.scored_per_window
     if max_scored is not None:
         n_scored = min(n_scored, max_scored)
-    return WindowPlan(n_ctx, bos, n_windows, n_scored)
+    return WindowPlan(n_ctx, bos, n_windows, n_scored, every)
 
 
-def _scored_logp(source: LogitSource, plan: WindowPlan, text_ids: np.ndarray, w: int):
+def _scored_logp(source: LogitSource, plan: WindowPlan, text_ids: np.ndarray,
+                 w: int) -> Iterator[tuple[slice, np.ndarray, np.ndarray]]:
+    """Window ``w``'s scored rows, :data:`CHUNK_ROWS` at a time: (rows of the window's scored tokens,
+    float64 log-probs ``[r,V]``, next tokens ``[r]``)."""
     ids, targets = plan.window(text_ids, w)
     logits = source(ids)
     if logits.ndim != 2 or logits.shape[0] != len(ids):
         raise OrtEvalsError(f"a model returned logits of shape {tuple(logits.shape)} for {len(ids)} tokens; "
                             "expected [tokens, vocab]")
-    # only the scored half is converted: float64 log-softmax of [n, V]
-    logp = log_softmax(logits[plan.first:plan.first + len(targets)], np.float64)
-    if not np.isfinite(logp).all():
-        raise OrtEvalsError(f"a model returned non-finite logits in window {w}")
-    return logp, targets
+    for start in range(0, len(targets), CHUNK_ROWS):
+        rows = slice(start, min(start + CHUNK_ROWS, len(targets)))
+        # only the scored rows are converted: float64 log-softmax of [r, V]
+        logp = log_softmax(logits[plan.first + rows.start:plan.first + rows.stop], np.float64)
+        if not np.isfinite(logp).all():
+            raise OrtEvalsError(f"a model returned non-finite logits in window {w}")
+        yield rows, logp, targets[rows]
 
 
 def reference_windows(source: LogitSource, text_ids: np.ndarray, plan: WindowPlan, k: int,
                       progress=None) -> Iterator[RefTokens]:
     """The reference model's top-k statistics, one :class:`RefTokens` per window."""
     for w in range(plan.n_windows):
-        logp, targets = _scored_logp(source, plan, text_ids, w)
-        yield reduce_reference(logp, targets, k)
+        parts = [reduce_reference(logp, targets, k) for _, logp, targets in _scored_logp(source, plan, text_ids, w)]
+        yield RefTokens(*(np.concatenate([getattr(p, f) for p in parts]) for f in RefTokens.FIELDS))
         if progress is not None:
             progress(w)
 
@@ -121,13 +143,16 @@ def compare_windows(source: LogitSource, text_ids: np.ndarray, plan: WindowPlan,
                     refs: Iterable[RefTokens], progress=None) -> Iterator[TokenStats]:
     """The candidate against each window's reference statistics, one :class:`TokenStats` per window."""
     for w, ref in zip(range(plan.n_windows), refs):
-        logp, targets = _scored_logp(source, plan, text_ids, w)
-        if len(ref) != len(targets):
-            raise OrtEvalsError(f"window {w}: the reference has {len(ref)} scored tokens, the plan {len(targets)}")
-        if logp.shape[1] <= int(ref.topk_ids.max()):
-            raise OrtEvalsError(f"the candidate's vocabulary ({logp.shape[1]}) is smaller than the reference's "
-                                f"token ids (up to {int(ref.topk_ids.max())})")
-        yield compare_window(ref, logp, targets)
+        if len(ref) != plan.scored_in(w):
+            raise OrtEvalsError(f"window {w}: the reference has {len(ref)} scored tokens, the plan "
+                                f"{plan.scored_in(w)}")
+        parts = []
+        for rows, logp, targets in _scored_logp(source, plan, text_ids, w):
+            if logp.shape[1] <= int(ref.topk_ids.max()):
+                raise OrtEvalsError(f"the candidate's vocabulary ({logp.shape[1]}) is smaller than the reference's "
+                                    f"token ids (up to {int(ref.topk_ids.max())})")
+            parts.append(compare_window(ref.rows(rows), logp, targets))
+        yield concat_stats(parts)
         if progress is not None:
             progress(w)
 

@@ -74,12 +74,14 @@ def smollm2_package(precision: str = "fp32", root: Path | None = None) -> Path:
 
 
 def build_genai_package(hf_dir: Path, out: Path, precision: str, cache: Path, extra: list[str] | None = None,
-                        ep: str = "cpu") -> Path:
-    """Run the onnxruntime-genai model builder on ``hf_dir`` into ``out`` (atomically)."""
+                        ep: str = "cpu", more: list[str] | None = None) -> Path:
+    """Run the onnxruntime-genai model builder on ``hf_dir`` into ``out`` (atomically); ``more``: other builder
+    arguments (``--target_options JSON``)."""
     cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir),
            "-p", precision, "-e", ep, "-c", str(cache)]
     if extra:
         cmd += ["--extra_options", *extra]
+    cmd += list(more or [])
     _atomic_build(out, cmd, out_flag="-o")
     return out
 

@@ -51,6 +51,12 @@ def check_layers(specs: list, section: dict, decoder, where: Path,
         raise PackageError(f"{where}: model.decoder.num_attention_heads={query_heads} but {decoder.path.name}'s "
                            f"attention nodes have num_heads {sorted(attention)}; config and graph must agree")
     size = section.get("head_size")
-    if isinstance(size, int) and specs and all(s.head_size != size for s in specs):
+    if isinstance(size, int) and specs and all(s.head_size != size and s.head_size != _packed(s, size) for s in specs):
         raise PackageError(f"{where}: model.decoder.head_size={size} but {decoder.path.name} declares "
                            f"head sizes {sorted({s.head_size for s in specs})}; config and graph must agree")
+
+
+def _packed(spec, size: int) -> int | None:
+    """The last dim of an int4 KV cache of head size ``size``: two values a byte (the builder's int4 KV schemes
+    store ``uint8 [B, H, past, ceil(size / 2)]``); None for any other cache type."""
+    return (size + 1) // 2 if spec.dtype == "uint8" else None

@@ -347,6 +347,7 @@ def _concrete(dim: Dim, section: dict, key: str, name: str, model: Path, where: 
     return value
 
 
+SCALE_INPUTS = ("past_key_scale_names", "past_value_scale_names")  # per-token KV scales (CUDA PagedAttention)
 FED_INPUTS = ("input_ids", "inputs_embeds", "attention_mask", "position_ids")  # what the decoder is fed by name
 LAYER_INPUTS = (("past_key_names", "past_key_values.%d.key"), ("past_value_names", "past_key_values.%d.value"),
                 *((key, None) for _, key, _ in STATE_KINDS))  # per-layer inputs ortevals feeds (state: if named)
@@ -360,6 +361,11 @@ def _check_decoder_inputs(decoder: ModelFile, embedding: ModelFile | None, where
     ``per_layer_inputs``: per-token, like ``inputs_embeds``) is fed from that model's pass over the same tokens."""
     names = {decoder.inputs.get(k, k): k for k in FED_INPUTS}
     patterns = [p for p in (decoder.inputs.get(k, d) for k, d in LAYER_INPUTS) if p is not None]
+    scales = next((k for k in SCALE_INPUTS if k in decoder.inputs), None)
+    if scales is not None:  # the builder writes them for per-token KV schemes, which need CUDA PagedAttention
+        raise PackageError(f"{where}: model.decoder.inputs.{scales}: KV-cache scales as graph inputs (a per-token "
+                           "quantized KV cache) are not fed by ortevals; build the KV cache per channel or per "
+                           "tensor (scales inside the graph), e.g. kv_cache_quant_scheme=int8_per_channel")
     for inp in decoder.graph_inputs:
         if inp.name in names or any(layer_of(inp.name, p) is not None for p in patterns) \
                 or _from_embedding(inp.name, decoder, embedding, where):

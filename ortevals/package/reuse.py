@@ -29,6 +29,10 @@ weights), says where that holds; the engines ask it and decide nothing of their 
   bit-identical to the same positions inside one pass (about 1e-7 in a layer's output; 2e-6 in fp32 logits
   on a tiny Gemma 3), and the next layer's int8 rounding turns that into a different quantization step now
   and then: 0.017 nats off one pass on the tiny Gemma 3 int4 of the parity matrix, with the canary clean;
+* **quantized KV caches** (the builder's ``kv_cache_quant_scheme``: int8 or int4, per channel or per tensor,
+  scales inside the graph): GroupQueryAttention attends to the quantized cache in the pass that writes it as
+  in every later one, so a reused quantized past is the one-pass state and is reused as any other
+  (tests/test_kvquant.py: every path equals one plain pass within 1e-5 with the shared prefix reused);
 * **recurrent and convolution state** (hybrid decoders: LFM2's short convolutions, Qwen3.5's gated
   delta-net layers; package/state.py): the state after a token summarises every token before it, so it is
   the state of exactly the position where it was made and is never cut (:meth:`ReusePolicy.cut_exact`: only

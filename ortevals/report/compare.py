@@ -22,6 +22,8 @@ from ortevals.engine.score.scoring import log_softmax
 from ortevals.errors import OrtEvalsError
 from ortevals.report import stats
 from ortevals.report.calibration_delta import CalibrationDelta, calibration_delta
+from ortevals.report.drift import Drift, drift
+from ortevals.report.lengths import LengthBreakdown, LengthOptions, task_breakdown
 from ortevals.report.ptrue_delta import PTrueDelta, ptrue_delta
 from ortevals.report.runs import Run, TaskRun
 
@@ -74,6 +76,8 @@ class TaskComparison:
     generation: GenerationStats | None
     calibration: CalibrationDelta | None = None  # issue 24: choice tasks with a known gold
     p_true: PTrueDelta | None = None  # both runs with --self-eval: P(True) drift
+    by_length: LengthBreakdown | None = None  # --by-length: by prompt length
+    drift: Drift | None = None  # generation tasks: lengths, limits, loops, extraction failures
 
     @property
     def flip_rate(self) -> float:
@@ -141,8 +145,9 @@ class Verdict:
     line: str
 
 
-def compare(ref: Run, runs: list[Run]) -> Comparison:
-    """Every run against ``ref`` on the tasks they share; misaligned runs raise OrtEvalsError."""
+def compare(ref: Run, runs: list[Run], lengths: LengthOptions | None = None) -> Comparison:
+    """Every run against ``ref`` on the tasks they share; misaligned runs raise OrtEvalsError. ``lengths``: how
+    lengths are counted and whether to break the comparison down by prompt length."""
     names = [ref.name] + [r.name for r in runs]
     if len(set(names)) != len(names):  # two folders with one name: label by position
         runs = [Run(f"{r.name}#{i + 1}", r.path, r.tasks, r.model) for i, r in enumerate(runs)]
@@ -161,7 +166,7 @@ def compare(ref: Run, runs: list[Run]) -> Comparison:
     if not tasks:
         raise OrtEvalsError(f"no comparable task: {'; '.join(skipped)}")
     for r in runs:
-        per_run = [compare_task(ref.tasks[t], r.tasks[t], ref.name, r.name) for t in tasks]
+        per_run = [compare_task(ref.tasks[t], r.tasks[t], ref.name, r.name, lengths) for t in tasks]
         adjusted = stats.holm([c.mcnemar_p for c in per_run])
         results += [_replace(c, mcnemar_p_holm=float(p)) for c, p in zip(per_run, adjusted)]
         for t in tasks:
@@ -199,7 +204,8 @@ def align(ref: Run, run: Run, task: str) -> None:
             raise OrtEvalsError(f"{where}: the {what} differs at doc_id {a.doc_id[bad]} ({hint})")
 
 
-def compare_task(a: TaskRun, b: TaskRun, ref_name: str, run_name: str) -> TaskComparison:
+def compare_task(a: TaskRun, b: TaskRun, ref_name: str, run_name: str,
+                 lengths: LengthOptions | None = None) -> TaskComparison:
     """One aligned task: ``a`` the reference, ``b`` the run."""
     n = a.n
     ra, rb = np.nan_to_num(a.correct), np.nan_to_num(b.correct)
@@ -207,6 +213,8 @@ def compare_task(a: TaskRun, b: TaskRun, ref_name: str, run_name: str) -> TaskCo
     clustered = all(a.category) and len(set(a.category)) > 1
     fl = stats.flips(ra, rb, a.answer, b.answer)
     mde = stats.min_detectable(ra, rb)
+    choice = _choice_stats(a, b) if a.kind == "choice" else None
+    counter = lengths.counter if lengths and lengths.counter.unit == "tokens" else None
     return TaskComparison(
         run=run_name, ref=ref_name, task=a.task, kind=a.kind, n=n,
         accuracy=stats.wilson(int(rb.sum()), n), ref_accuracy=stats.wilson(int(ra.sum()), n),
@@ -215,12 +223,15 @@ def compare_task(a: TaskRun, b: TaskRun, ref_name: str, run_name: str) -> TaskCo
         flips=fl, mcnemar_p=stats.mcnemar_p(fl.correct_to_wrong, fl.wrong_to_correct), mcnemar_p_holm=float("nan"),
         min_detectable=mde, power=stats.power_line(n, mde),
         categories=_categories(cats, ra, rb) if all(a.category) else (),
-        choice=_choice_stats(a, b) if a.kind == "choice" else None,
+        choice=choice,
         generation=_generation_stats(a, b) if a.kind == "generation" else None,
         calibration=calibration_delta(a.loglik, b.loglik, a.gold) if a.kind == "choice" and (a.gold >= 0).any()
         else None,
         p_true=ptrue_delta(a.p_true, a.correct, b.p_true, b.correct) if a.p_true is not None and b.p_true is not None
-        else None)
+        else None,
+        by_length=task_breakdown(a, b, choice.kl_values if choice else None, lengths)
+        if lengths and lengths.by_length else None,
+        drift=drift(a, b, counter) if a.kind == "generation" else None)
 
 
 def _categories(cats: np.ndarray, ra: np.ndarray, rb: np.ndarray) -> tuple[CategoryDelta, ...]:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ortevals.files import atomic_write, check_writable_file, check_writable_folder, publish, staged
+from ortevals.report import drift, lengths
 from ortevals.report.compare import Comparison, TaskComparison
 
 REPORT_FILES = ("report.md", "report.html", "*.png")  # what --report writes (report/html.py)
@@ -46,6 +47,10 @@ def task_record(c: TaskComparison) -> dict[str, Any]:
         g = c.generation
         rec.update({"text_agreement": g.text_agreement,
                     "first_divergence_char": asdict(g.first_divergence) if g.first_divergence else None})
+    if c.drift is not None:
+        rec["drift"] = drift.record(c.drift)
+    if c.by_length is not None:
+        rec["by_length"] = lengths.record(c.by_length)
     return _finite(rec)
 
 
@@ -143,6 +148,10 @@ def task_lines(c: TaskComparison) -> list[str]:
         lines.append(f"  identical text {g.text_agreement:.4f}; extracted-answer agreement {f.agreement:.4f}"
                      + (f"; first differing character median {g.first_divergence.p50:.0f}"
                         if g.first_divergence else ""))
+    if c.drift is not None:
+        lines += drift.format_lines(c.drift)
+    if c.by_length is not None:
+        lines += lengths.format_lines(c.by_length)
     lines.append(f"  power: {c.power}")
     return lines
 
@@ -180,10 +189,11 @@ def ptrue_line(d) -> str:
 
 def compare_paths(ref: str | Path, runs: list[str | Path], echo, json_path: Path | None = None,
                   report_dir: Path | None = None, changed_path: Path | None = None, gates=None,
-                  loaded: list | None = None) -> list[str]:
+                  loaded: list | None = None, length_options=None) -> list[str]:
     """What ``ortevals compare`` does: load, compare, print with ``echo``, write the files asked for.
 
-    ``loaded``: runs already in memory (``--compare-to``), compared after ``runs``. Returns each gate's
+    ``loaded``: runs already in memory (``--compare-to``), compared after ``runs``; ``length_options``:
+    :class:`~ortevals.report.lengths.LengthOptions` (``--by-length``, ``--tokenizer``). Returns each gate's
     verdict (report/compare.py ``Verdict``: passing ones too; empty without gates).
     """
     from ortevals.report.compare import Gates, check_gates, compare
@@ -194,7 +204,7 @@ def compare_paths(ref: str | Path, runs: list[str | Path], echo, json_path: Path
             check_writable_file(Path(path), flag)
     if report_dir is not None:
         check_writable_folder(Path(report_dir), "--report", REPORT_FILES)
-    cmp = compare(load_run(ref), [load_run(r) for r in runs] + list(loaded or []))
+    cmp = compare(load_run(ref), [load_run(r) for r in runs] + list(loaded or []), length_options)
     verdicts = check_gates(cmp, gates or Gates())
     echo(format_text(cmp))
     if json_path is not None:

@@ -13,6 +13,7 @@ gold choice", or the file is refused.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import logging
@@ -33,6 +34,16 @@ DATE_SUFFIX = re.compile(r"_\d{4}-\d{2}-\d{2}T[\d\-.]+$")  # lm-eval's date_id: 
 
 
 @dataclass(frozen=True)
+class Generations:
+    """A generation task's outputs, per question ``[N]``: every sample (``--samples K``: K of them)."""
+
+    outputs: tuple[tuple[str, ...], ...]  # [N][K] raw generated texts (``resps``)
+    answers: tuple[tuple[str | None, ...], ...]  # [N][K] extracted answers (``filtered_resps``)
+    tokens: tuple[tuple[int, ...], ...] | None  # [N][K] generated tokens where the run kept them (sample_tokens)
+    max_gen_toks: np.ndarray  # [N] float64 the request's max_gen_toks, NaN where the arguments do not say
+
+
+@dataclass(frozen=True)
 class TaskRun:
     """One task of one run, sorted by doc_id. N questions, C = the most choices of any question."""
 
@@ -50,6 +61,8 @@ class TaskRun:
     category: tuple[str | None, ...]  # [N]
     text: tuple[str, ...]  # [N] a generation's raw output, "" otherwise
     p_true: np.ndarray | None = None  # [N] --self-eval's P(True) of the proposed answer, NaN where none; None: none
+    prompt: tuple[str, ...] = ()  # [N] the first request's context (the prompt's length: report/lengths.py)
+    generations: Generations | None = None  # generation tasks
 
     @property
     def n(self) -> int:
@@ -170,7 +183,9 @@ def _task_run(task: str, records: list[dict[str, Any]], source: str) -> TaskRun:
         correct=np.array([_score(r) for r in records], dtype=np.float64),
         answer=tuple(p[0] for p in parsed), gold=np.array([p[1] for p in parsed], dtype=np.int64),
         loglik=loglik, labels=tuple(p[3] for p in parsed), category=tuple(_category(r) for r in records),
-        text=tuple(p[4] for p in parsed), p_true=_p_true(records, loglik, kind))
+        text=tuple(p[4] for p in parsed), p_true=_p_true(records, loglik, kind),
+        prompt=tuple(a[0][0] if a and a[0] else "" for a in args),
+        generations=_generations(records) if kind == "generation" else None)
 
 
 def _p_true(records: list[dict[str, Any]], loglik: np.ndarray, kind: str) -> np.ndarray | None:
@@ -200,7 +215,8 @@ def _kind(records: list[dict[str, Any]], args: list[list[tuple[str, ...]]]) -> s
         return isinstance(x, (list, tuple)) and len(x) == 2
     if all(len(a) >= 2 and all(pair(x) for x in r["filtered_resps"]) for r, a in zip(records, args)):
         return "choice"
-    if all(isinstance(x, str) for r in records for x in r["filtered_resps"]) and not any(
+    # ortevals' --samples writes null for an answer its filter could not extract (report/samples.py)
+    if all(isinstance(x, str) or x is None for r in records for x in r["filtered_resps"]) and not any(
             pair(x) for r in records for x in r["filtered_resps"]):
         return "generation"
     return "other"
@@ -246,10 +262,39 @@ def _gold(target: Any, labels: tuple[str, ...], pick: int, score: float) -> int:
 
 def _other(r: dict[str, Any], kind: str):
     resps = r["filtered_resps"]
-    answer = str(resps[0]) if resps else ""
+    answer = str(resps[0]) if resps and resps[0] is not None else ""
     raw = r.get("resps") or [[""]]
     text = raw[0][0] if isinstance(raw[0], (list, tuple)) and raw[0] else raw[0]
     return answer, -1, [], (), str(text) if kind == "generation" else ""
+
+
+def _generations(records: list[dict[str, Any]]) -> Generations:
+    """Every output of each question, its extracted answers, its token counts (all records: sample_tokens) and the
+    request's max_gen_toks (its gen_kwargs: a dict, or the dict's text)."""
+    outputs, answers, limits = [], [], []
+    for r in records:
+        raw = (r.get("resps") or [[""]])[0]
+        outputs.append(tuple(str(x) for x in (raw if isinstance(raw, (list, tuple)) else [raw])))
+        answers.append(tuple(None if a is None else str(a) for a in r["filtered_resps"]))
+        limits.append(_max_gen_toks(r["arguments"]))
+    counts = [r.get("sample_tokens") for r in records]
+    tokens = tuple(tuple(int(x) for x in c) for c in counts) if all(
+        isinstance(c, list) and len(c) == len(o) for c, o in zip(counts, outputs)) else None
+    return Generations(tuple(outputs), tuple(answers), tokens, np.array(limits, np.float64))
+
+
+def _max_gen_toks(raw: Any) -> float:
+    """The first request's ``max_gen_toks`` (lm-eval's gen_kwargs, the second argument), NaN where not given."""
+    first = next(iter(raw.values()), {}) if isinstance(raw, dict) else (raw[0] if raw else [])
+    kwargs = (list(first.values()) if isinstance(first, dict) else list(first))[1:2]
+    kw = kwargs[0] if kwargs else None
+    if isinstance(kw, str):
+        try:
+            kw = ast.literal_eval(kw)
+        except (ValueError, SyntaxError):
+            kw = None
+    value = kw.get("max_gen_toks") if isinstance(kw, dict) else None
+    return float(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else float("nan")
 
 
 def _score(r: dict[str, Any]) -> float:

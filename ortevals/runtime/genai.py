@@ -157,6 +157,8 @@ def rewind_is_exact(package: ModelPackage) -> tuple[bool, str]:
         return False, "a windowed sliding KV cache is silently wrong after rewinding past the window"
     if package.embedding is not None or package.skipped_models:
         return False, "multimodal rewind is a no-op on some onnxruntime-genai versions"
+    if any(s.dtype == "uint8" for s in package.kv):  # og 0.18: "Requested length of rewind is greater than ..."
+        return False, "onnxruntime-genai refuses to rewind an int4 (two values a byte) KV cache"
     return True, ""
 
 

@@ -8,6 +8,11 @@ would have exported, made without re-exporting. Per node (matched by role: the q
 
 * a ``MatMulNBits`` node becomes a ``MatMul`` of its own activation input and the reference's
   weight; a QDQ ``MatMul`` gets the reference's weight in place of its ``DequantizeLinear``;
+* where the "reference" is itself the builder's int8 export of the same model (``diagnose --int8``: a
+  ``MatMulNBits`` of 8 bits), the candidate's ``MatMulNBits`` becomes a copy of that node (its
+  attributes, its packed weight, scales and zero points) on the candidate's activation: the group at
+  int8, as the builder's per-node int8 override exports it (int8 embeddings: refused, the builder's
+  ``GatherBlockQuantized`` is int4 only);
 * the embeddings (``/model/embed_tokens/Gather``): the reference's nodes that compute the
   embeddings from ``input_ids`` (its ``Gather``, and the ``Transpose`` of a tied table) replace
   the candidate's (``GatherBlockQuantized`` …), writing the same tensor;
@@ -120,6 +125,9 @@ def _swap(model, ref_model, nodes: tuple[str, ...], ref_dir: Path | None) -> int
             raise Refused(f"{name}: not in the reference's graph")
         if name not in ours:
             raise Refused(f"{name}: not in the candidate's graph")
+        if name == EMBED_NODE and any(n.op_type == "MatMulNBits" for n in ref.node):  # an int8 donor
+            raise Refused(f"{EMBED_NODE}: no int8 embeddings (the builder exports int4 GatherBlockQuantized only); "
+                          "put them back at the reference's precision instead")
         if name == EMBED_NODE:
             added += _swap_embeddings(graph, ref, ref_inits, io_type)
         else:
@@ -134,6 +142,8 @@ def _swap(model, ref_model, nodes: tuple[str, ...], ref_dir: Path | None) -> int
 
 def _swap_matmul(graph, node, ref_node, ref_inits: dict, io_type: int) -> list:
     name = ref_node.name
+    if ref_node.op_type == "MatMulNBits":
+        return _swap_nbits(graph, node, ref_node, ref_inits)
     if ref_node.op_type != "MatMul" or ref_node.input[1] not in ref_inits:
         raise Refused(f"{name}: the reference's node is {ref_node.op_type} without a weight initializer")
     producers = {o: n for n in graph.node for o in n.output}
@@ -152,6 +162,28 @@ def _swap_matmul(graph, node, ref_node, ref_inits: dict, io_type: int) -> list:
     else:
         raise Refused(f"{name}: not quantized in the candidate ({node.op_type}); it is at full precision already")
     return [(ref_inits[ref_node.input[1]], weight)]
+
+
+def _swap_nbits(graph, node, donor, donor_inits: dict) -> list:
+    """The candidate's ``MatMulNBits`` ``node`` replaced by a copy of the donor's (another bit width): the donor's
+    attributes and weight, scales and zero points (inline, renamed) on the candidate's activation and output."""
+    from onnx import helper
+
+    base = donor.name
+    if node.op_type != "MatMulNBits":
+        raise Refused(f"{base}: the candidate's node is {node.op_type}, not a MatMulNBits to change the bits of")
+    if len(donor.input) > 4 and any(donor.input[4:]) or len(node.input) > 4 and any(node.input[4:]):
+        raise Refused(f"{base}: a MatMulNBits with g_idx or bias is not swapped")
+    weights = [i for i in donor.input[1:4] if i]
+    if any(i not in donor_inits for i in weights):
+        raise Refused(f"{base}: the donor's MatMulNBits reads a weight that is not an initializer")
+    i = list(graph.node).index(node)
+    new = helper.make_node("MatMulNBits", [node.input[0], *[PREFIX + w if w else "" for w in donor.input[1:4]]],
+                           [node.output[0]], name=base, domain=donor.domain)
+    new.attribute.extend(donor.attribute)
+    del graph.node[i]
+    graph.node.insert(i, new)
+    return [(donor_inits[w], PREFIX + w) for w in weights]
 
 
 def _swap_embeddings(graph, ref, ref_inits: dict, io_type: int) -> list:
