@@ -68,7 +68,7 @@ def test_scores_equal_the_variant_run_as_a_plain_package(package, tiny_int4, pat
 
 
 def test_the_cli_prints_and_records_the_variant(package, tmp_path, caplog):
-    from ortevals.cli import NOTICES
+    from ortevals.cli_common import NOTICES
 
     root, _ = package
     out = tmp_path / "run"
