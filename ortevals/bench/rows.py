@@ -25,6 +25,7 @@ from ortevals.bench.plan import Plan
 from ortevals.bench.spec import RowSpec
 from ortevals.engine.score.scoring import log_softmax
 from ortevals.errors import OrtEvalsError
+from ortevals.package.loader import ModelPackage
 from ortevals.report import stats
 from ortevals.report.compare import align
 from ortevals.report.runs import Run, TaskRun, load_run, read_jsonl
@@ -226,8 +227,6 @@ def mfu(target: str, folder: Path, peak_flops: float) -> float | None:
     embedding table, which is gathered, not multiplied) x the tokens its passes ran over the seconds inside them
     (its results.json efficiency), against ``peak_flops``; attention's and the LM head's extra FLOPs at the
     scored positions are not counted. None where the run metered no pass."""
-    from ortevals.package.loader import ModelPackage
-
     eff = _efficiency(_results(folder))
     tokens = (eff.get("prefill_tokens") or 0) + (eff.get("decode_tokens") or 0)
     seconds = (eff.get("prefill_s") or 0) + (eff.get("decode_s") or 0)
