@@ -51,6 +51,8 @@ CANDIDATE = "[LABEL=]PATH[:K=V,…]"
               help="Per request (default) or per generated token (default with --cot).")
 @click.option("--ep", default=None, help="Execution provider for every backend (hf: cuda:0 with cuda).")
 @click.option("--timeout", type=float, default=None, help="Seconds a run may take before it is killed.")
+@click.option("--peak-tflops", type=float, default=None,
+              help="The device's dense peak TFLOP/s (989 for fp16 on an H100/H200): each ortevals row's MFU.")
 @click.option("--output", type=click.Path(path_type=Path), default=None,
               help="Folder for bench.json, bench.md, bench.png and each run's output (runs/).")
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")

@@ -48,7 +48,7 @@ PYTHON = [sys.executable, *(["-S"] if sys.flags.no_site else [])]  # children se
 # ---- the parent: models, children, comparisons, files ---------------------------------------------------
 def run_child(kind: str, spec: dict, timeout: float | None = None) -> dict:
     """One worker in a child process, its peak device memory sampled from here; {"failed": …} on error."""
-    from devmem import PeakSampler
+    from ortevals.bench.devmem import PeakSampler
 
     cmd = [*PYTHON, __file__, "--worker", kind, "--spec", json.dumps(spec)]
     print(f"== {kind} {spec.get('backend')} {spec.get('model', '')} …", flush=True)
@@ -200,7 +200,7 @@ def mfu(r: dict, args) -> dict:
     """The scoring passes' share of the device's fp16 peak: 2 x the matrix weights x the tokens run over the
     seconds in the engine (the embedding table, gathered, not counted; the attention's and the LM head's FLOPs at
     the scored positions not counted either: a few percent more)."""
-    from devmem import device_info
+    from ortevals.bench.devmem import device_info
 
     name = device_info().get("name") or ""
     peak = next((v for k, v in PEAK_FP16.items() if k in name), None)
@@ -302,8 +302,9 @@ def run_cot(built: dict, m: dict, args) -> dict:
 def header(args) -> dict:
     from importlib import metadata
 
-    from devmem import device_info
     from oracle import TOLERANCE
+
+    from ortevals.bench.devmem import device_info
 
     def version(name):
         try:

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent  # scripts/olive_capabilities.py reads it
+REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 

@@ -4,7 +4,9 @@ to end on the tiny package (ortevals twice and lm-eval's onnxruntime-genai, each
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import re
 import sys
 import time
@@ -190,6 +192,7 @@ def test_refusals_before_any_run(tmp_path, monkeypatch, no_run):
         (["--pkg", str(pkg), "--backends", "ortevals,ortevals"], "a backend named twice"),
         (["--pkg", str(pkg), "--hf", str(tmp_path / "none")], "--hf"),
         (["--pkg", str(pkg), "--backends", "hf", "--hf", str(hf)], "no backend runs it"),
+        (["--pkg", str(pkg), "--peak-tflops", "-3"], "--peak-tflops -3: expected the device's peak TFLOP/s > 0"),
     ]
     for args, needle in cases:
         assert_one_line_error(bench(*args), needle)
@@ -253,6 +256,92 @@ def test_ctrl_c_while_a_run_is_watched_ends_its_process(tmp_path):
         os.kill(int(pid_file.read_text()), 0)
 
 
+class FakeNvml:
+    """pynvml as the parent sees it on a GPU: the device's used memory and the processes on it, each reading the
+    next of ``used`` MiB (then the last); ``per_process``: False where NVML refuses per-process queries."""
+
+    def __init__(self, used: list[int], per_process: bool = True, pid: int | None = None):
+        self.used, self.per_process, self.pid, self.calls = used, per_process, pid, 0
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return index
+
+    def _mib(self) -> int:
+        value = self.used[min(self.calls, len(self.used) - 1)]
+        return value * 2**20
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        self.calls += 1
+        return type("Memory", (), {"used": self._mib(), "total": 80 * 2**30})()
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        if not self.per_process:
+            raise RuntimeError("not supported in this VM")
+        child = os.listdir(f"/proc/{os.getpid()}/task")  # the watched process: this process's newest child
+        pids = [int(c) for tid in child for c in Path(f"/proc/{os.getpid()}/task/{tid}/children").read_text().split()]
+        return [type("Proc", (), {"pid": max(pids), "usedGpuMemory": self._mib()})()] if pids else []
+
+
+SLEEP = [sys.executable, "-c", "import time; time.sleep(0.8)"]
+
+
+def test_watch_samples_the_childs_peak_device_memory_from_the_parent(monkeypatch):
+    """NVML's count for the watched process, its peak over the run; the device's used memory less what was used at
+    the start where per-process queries are refused; nothing (``n/a`` in the table) without NVML."""
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([100, 100, 700, 300]))
+    w = watch(SLEEP, {"PATH": "/usr/bin:/bin"})
+    assert (w.device_mib, w.device_source) == (700, "nvml-process")
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([100, 100, 400, 250], per_process=False))
+    w = watch(SLEEP, {"PATH": "/usr/bin:/bin"})
+    assert (w.device_mib, w.device_source) == (400 - 100, "nvml-device-delta")
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed
+    w = watch(SLEEP, {"PATH": "/usr/bin:/bin"})
+    assert (w.device_mib, w.device_source) == (None, None)
+
+
+def test_a_rows_device_memory_is_the_median_of_its_runs_or_na(tmp_path):
+    from ortevals.bench.write import cells
+
+    ref, run, _, _ = hand_made(tmp_path)
+    bench = plan_module.Plan((plan_module.RowSpec("a", "ortevals", str(run)),
+                              plan_module.RowSpec("b", "onnxruntime-genai", str(run))), "a", "requests")
+    sampled = [Watched(0, 5.0, 100.0, None, False, "", (), mib, "nvml-process") for mib in (900, 500, 700)]
+    records = {"a": [RunRecord("a", k, ref, w, None) for k, w in enumerate(sampled, 1)],
+               "b": [RunRecord("b", 1, run, watched(5.0), None)]}
+    a, b = table_rows(bench, records, "requests")
+    assert (a.device_mib, a.device_source) == (700, "nvml-process")
+    assert (b.device_mib, b.device_source) == (None, None)
+    assert cells(a)[8] == "700" and cells(b)[8] == "n/a"
+
+
+def test_mfu_of_an_ortevals_row_from_its_engine_time_and_the_packages_weights(tmp_path, tiny_pkg):
+    """--peak-tflops: 2 x the matrix weights (the decoder's initializers but its rotary caches, less the gathered
+    embedding table) x the tokens run over the seconds in the engine, against the peak; rows without engine figures
+    get none."""
+    import onnx
+
+    from ortevals.bench.rows import mfu
+
+    (tmp_path / "results.json").write_text(json.dumps({"efficiency": {"overall": {
+        "prefill_tokens": 3000, "prefill_s": 1.5, "decode_tokens": 200, "decode_s": 0.5}}}))
+    config = json.loads((tiny_pkg / "genai_config.json").read_text())["model"]
+    decoder = onnx.load(str(tiny_pkg / config["decoder"]["filename"]))
+    rotary = {n.input[i] for n in decoder.graph.node if n.op_type == "GroupQueryAttention" for i in (7, 8)}
+    assert rotary  # the cos/sin caches are tables, not weights
+    weights = sum(int(np.prod(i.dims)) for i in decoder.graph.initializer if i.name not in rotary)
+    matrix = weights - config["vocab_size"] * config["decoder"]["hidden_size"]
+    assert mfu(str(tiny_pkg), tmp_path, 1e12) == pytest.approx(2 * matrix * 3200 / 2.0 / 1e12)
+    (tmp_path / "results.json").write_text(json.dumps({"results": {}}))  # lm-eval's row: no engine time
+    assert mfu(str(tiny_pkg), tmp_path, 1e12) is None
+    from ortevals.errors import OrtEvalsError
+
+    with pytest.raises(OrtEvalsError, match=r"^--peak-tflops 0: expected the device's peak TFLOP/s > 0"):
+        plan(BenchOptions(pkgs=(str(tiny_pkg),), peak_tflops=0))
+
+
 # ---- end to end on the tiny package ---------------------------------------------------------------------------------
 
 
@@ -266,7 +355,8 @@ def test_bench_end_to_end_on_the_tiny_package(tiny, tmp_path):
     # hf does (tests/test_compare.py); lm-eval's onnxruntime-genai cuts its own way, so only its counts are checked
     fit = "max_length=1024,truncate=left"
     args = ["--pkg", f"{pkg}:{fit}", "--pkg", f"plain={pkg}:{fit},prefix_cache=false", "--hf", f"{hf}:max_length=1024",
-            "--backends", "ortevals,hf,onnxruntime-genai", "--limit", "3", "--peer-limit", "2", "--output", str(out)]
+            "--backends", "ortevals,hf,onnxruntime-genai", "--limit", "3", "--peer-limit", "2", "--output", str(out),
+            "--peak-tflops", "0.5"]
     result = CliRunner().invoke(cli, ["bench", *args])
     assert result.exit_code == 0, result.output
     body = json.loads((out / "bench.json").read_text())
@@ -283,6 +373,11 @@ def test_bench_end_to_end_on_the_tiny_package(tiny, tmp_path):
         assert row["paired"]["max_abs_dll"] < 1e-4 and row["paired"]["choice_kl"] < 1e-8
     assert og["paired"]["n"] == 2
     assert ref["paired"] is None and ref["x_ref"] == 1.0 and all(r["wall_s"] > 0 for r in body["rows"])
+    assert first["mfu"] > 0 and plain["mfu"] > 0 and ref["mfu"] is None and og["mfu"] is None  # ortevals rows only
+    assert "MFU (2 x the matrix weights" in result.output and "--peak-tflops 0.5" in body["command"]
+    if importlib.util.find_spec("pynvml") is None:  # no NVML here: nothing measured device memory on the CPU
+        assert all(r["device_mib"] is None and r["device_source"] is None for r in body["rows"])
+        assert "device MiB n/a" in result.output
     md = (out / "bench.md").read_text()
     assert md.startswith("`ortevals bench --pkg") and (out / "bench.png").stat().st_size > 1000
     assert (out / "runs").is_dir() and not (out / "cache").exists()

@@ -15,8 +15,6 @@ LIMIT = 4
 
 
 def olive_run(work: Path, name: str, cfg: dict, *extra: str) -> tuple[subprocess.CompletedProcess, dict | None]:
-    from scripts.bench_olive import read_metrics
-
     path = work / f"{name}.json"
     cfg["cache_dir"] = str(work / ".olive-cache")
     cfg["output_dir"] = str(work / f"out-{name}")
@@ -26,6 +24,35 @@ def olive_run(work: Path, name: str, cfg: dict, *extra: str) -> tuple[subprocess
     proc = subprocess.run([sys.executable, "-m", "olive", "run", "--config", str(path), *extra], cwd=work,
                           capture_output=True, text=True, timeout=900, env=env)
     return proc, read_metrics(Path(cfg["output_dir"]))
+
+
+def read_metrics(out: Path) -> dict | None:
+    """The input model's metrics from Olive's output folder."""
+    for f in sorted(out.rglob("*.json")):
+        try:
+            body = json.loads(f.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue
+        found = _find_metrics(body)
+        if found:
+            return found
+    return None
+
+
+def _find_metrics(node) -> dict | None:
+    if isinstance(node, dict):
+        flat = {k: v.get("value") for k, v in node.items()
+                if isinstance(v, dict) and isinstance(v.get("value"), (int, float)) and "higher_is_better" in v}
+        if flat:
+            return flat
+        for v in node.values():
+            if (hit := _find_metrics(v)) is not None:
+                return hit
+    elif isinstance(node, list):
+        for v in node:
+            if (hit := _find_metrics(v)) is not None:
+                return hit
+    return None
 
 
 @pytest.fixture()

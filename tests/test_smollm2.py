@@ -73,10 +73,10 @@ def test_cli_example_end_to_end(tmp_path):
 
 
 def test_gsm8k_style_chat_generation_equals_lm_eval_hf(smollm2):
-    """Issue 22's acceptance on a few questions (scripts/accept_hf_text.py runs 24: 24/24 equal): a
+    """Issue 22's acceptance on a few questions (24 gave 24/24 equal, docs/decoding.md): a
     gsm8k-style task, 3-shot as multi-turn chat with the chat template, greedy, special-token stops,
     through lm_eval.simple_evaluate with HFLM and with OrtLM: the same prompts and the same texts."""
-    from scripts.accept_hf_text import compare
+    from tests.fixtures.gsm8k_chat import compare
 
     out = compare(questions=4, max_gen_toks=48)
     assert out["questions"] == 4 and out["same_prompt"] == 4

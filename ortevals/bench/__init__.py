@@ -6,8 +6,9 @@ the same way; the table gives each row's speed, memory and accuracy, and its ans
 reference row (docs/bench.md). ``run`` is the Python API: the same rows the command prints.
 
 Modules: spec.py (options, candidate syntax), plan.py (checks, rows), workload.py (what every row
-runs), child.py (a non-ortevals row's process), watch.py (one process timed), measure.py (the
-rounds, cache states), rows.py (figures, statistics), write.py (table, files, plot), api.py.
+runs), child.py (a non-ortevals row's process), watch.py (one process timed), devmem.py (NVML: the
+device, a process's peak device memory), measure.py (the rounds, cache states), rows.py (figures,
+statistics), write.py (table, files, plot), api.py.
 """
 
 from __future__ import annotations

@@ -60,7 +60,8 @@ def run(options: BenchOptions, progress: Callable[[str], None] | None = None) ->
     try:
         records = measure(bench, Work.of(options), folder, options.repeat, options.timeout, say)
         machine["load_end"] = os.getloadavg()[0]
-        rows = tuple(table_rows(bench, records, bench.rate, options.samples is not None))  # from the runs' folders
+        peak = options.peak_tflops * 1e12 if options.peak_tflops else None
+        rows = tuple(table_rows(bench, records, bench.rate, options.samples is not None, peak))  # from the runs
     finally:
         shutil.rmtree(folder / "cache", ignore_errors=True)
         shutil.rmtree(folder / "prepare", ignore_errors=True)

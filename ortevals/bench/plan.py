@@ -74,6 +74,9 @@ def _check_numbers(o: BenchOptions) -> None:
             raise OrtEvalsError(f"{flag} {value}: expected a whole number >= 1")
     if o.timeout is not None and not o.timeout > 0:
         raise OrtEvalsError(f"--timeout {o.timeout}: expected seconds > 0")
+    if o.peak_tflops is not None and not o.peak_tflops > 0:
+        raise OrtEvalsError(f"--peak-tflops {o.peak_tflops:g}: expected the device's peak TFLOP/s > 0 "
+                            "(dense fp16: 989 on an H100 or H200)")
     for state in o.cache:
         if state not in CACHE_STATES:
             raise OrtEvalsError(f"--cache {state}: unknown cache state; expected some of {', '.join(CACHE_STATES)}"

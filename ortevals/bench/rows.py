@@ -3,7 +3,8 @@
 Owns :class:`Row` (frozen: what the table, ``bench.json`` and ``ortevals.bench.run`` give) and
 :func:`table_rows`. Timings are medians over a row's runs (with the fastest and slowest wall time); the
 rate is the requests (or generated tokens, counted with the reference row's tokenizer) of one run over its
-median wall time from launch to exit. Answers come from the row's first run; the statistics against the
+median wall time from launch to exit; peak device memory is the median of NVML's peaks (watch.py), else
+what the backend reported itself. Answers come from the row's first run; the statistics against the
 reference row are those of ``ortevals compare`` (report/compare.py's alignment and report/stats.py's
 functions) pooled over the tasks, on the questions both rows ran: Wilson's interval for accuracy,
 correctness flips, McNemar's exact p, the mean KL(reference‖row) of each question's distribution over its
@@ -24,6 +25,7 @@ from ortevals.bench.plan import Plan
 from ortevals.bench.spec import RowSpec
 from ortevals.engine.score.scoring import log_softmax
 from ortevals.errors import OrtEvalsError
+from ortevals.package.loader import ModelPackage
 from ortevals.report import stats
 from ortevals.report.compare import align
 from ortevals.report.runs import Run, TaskRun, load_run, read_jsonl
@@ -61,20 +63,23 @@ class Row:
     x_ref: float | None = None  # rate over the reference row's
     first_result_s: float | None = None  # median: launch to the first finished item on its progress bar
     peak_rss_mib: float | None = None  # median of each run's peak
-    device_mib: float | None = None  # peak device memory where the backend reports it
+    device_mib: float | None = None  # peak device memory: median of NVML's per run, else the backend's own report
+    device_source: str | None = None  # "nvml-process", "nvml-device-delta", "ortevals", "torch"; None: not measured
     size_mib: float | None = None  # the target folder on disk
     accuracy: stats.Interval | None = None  # Wilson 95% over the row's own questions
     paired: Paired | None = None  # against the reference (None for it, and when not comparable)
     repeat_same: bool | None = None  # every later run gave the first run's answers (None: one run)
+    mfu: float | None = None  # ortevals rows with --peak-tflops: the engine's share of the device's peak (mfu())
 
 
 SAMPLES_NOTE = ("not compared with the reference: with --samples each backend keeps its own draws (ortevals every "
                 "sample's answer, lm-eval the first's)")
 
 
-def table_rows(plan: Plan, records: dict[str, list[RunRecord]], rate: str, samples: bool = False) -> list[Row]:
+def table_rows(plan: Plan, records: dict[str, list[RunRecord]], rate: str, samples: bool = False,
+               peak_flops: float | None = None) -> list[Row]:
     """The table, in the plan's order; comparisons need the reference row to have run (``samples``: K samples a
-    question were drawn, so no row's answers are compared)."""
+    question were drawn, so no row's answers are compared; ``peak_flops``: each ortevals row's :func:`mfu`)."""
     rows = [_row(spec, records[spec.label], spec.label == plan.ref) for spec in plan.rows]
     by_label = {r.label: r for r in rows}
     ref = by_label[plan.ref]
@@ -87,7 +92,9 @@ def table_rows(plan: Plan, records: dict[str, list[RunRecord]], rate: str, sampl
             continue
         requests, tokens = counts(records[spec.label][0].folder, count)
         row = replace(row, requests=requests, generated_tokens=tokens,
-                      rate=(tokens if rate == "tokens" else requests) / row.wall_s)
+                      rate=(tokens if rate == "tokens" else requests) / row.wall_s,
+                      mfu=mfu(spec.target, records[spec.label][0].folder, peak_flops)
+                      if peak_flops and spec.backend == "ortevals" else None)
         if samples and not row.is_ref:
             row = replace(row, note=SAMPLES_NOTE)
         elif ref_run is not None and not row.is_ref:
@@ -116,7 +123,7 @@ def _row(spec: RowSpec, recs: list[RunRecord], is_ref: bool) -> Row:
                wall_s=statistics.median(walls), wall_min_s=min(walls), wall_max_s=max(walls),
                first_result_s=statistics.median(firsts) if firsts else None,
                peak_rss_mib=statistics.median(r.watched.peak_rss_mib for r in recs),
-               device_mib=_device_mib(recs[0].folder), accuracy=stats.wilson(int(correct.sum()), len(correct)),
+               **_device(recs), accuracy=stats.wilson(int(correct.sum()), len(correct)),
                repeat_same=_same_answers(recs) if len(recs) > 1 else None, **base)
 
 
@@ -200,14 +207,46 @@ def _same_answers(recs: list[RunRecord]) -> bool:
     return True
 
 
-def _device_mib(folder: Path) -> float | None:
-    """The run's peak device memory: ortevals' results.json efficiency, or the child's torch reading."""
-    try:
-        body = json.loads((folder / "results.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+def _device(recs: list[RunRecord]) -> dict:
+    """A row's peak device memory: the median of what NVML saw for each run's process, else what the first run
+    reported itself (ortevals' results.json efficiency, or the child's torch reading)."""
+    sampled = [r.watched for r in recs if r.watched.device_mib is not None]
+    if sampled:
+        return {"device_mib": statistics.median(w.device_mib for w in sampled),
+                "device_source": sampled[0].device_source}
+    body = _results(recs[0].folder)
+    own = _efficiency(body).get("peak_device_mib")
+    torch = (body.get("bench") or {}).get("peak_device_mib")
+    if own is not None:
+        return {"device_mib": own, "device_source": "ortevals"}
+    return {"device_mib": torch, "device_source": "torch"} if torch is not None else {}
+
+
+def mfu(target: str, folder: Path, peak_flops: float) -> float | None:
+    """Model FLOPs utilisation of an ortevals run: 2 x the matrix weights (the package's parameters less the
+    embedding table, which is gathered, not multiplied) x the tokens its passes ran over the seconds inside them
+    (its results.json efficiency), against ``peak_flops``; attention's and the LM head's extra FLOPs at the
+    scored positions are not counted. None where the run metered no pass."""
+    eff = _efficiency(_results(folder))
+    tokens = (eff.get("prefill_tokens") or 0) + (eff.get("decode_tokens") or 0)
+    seconds = (eff.get("prefill_s") or 0) + (eff.get("decode_s") or 0)
+    if not tokens or not seconds:
         return None
-    eff = (body.get("efficiency") or {}).get("overall") or {}
-    return eff.get("peak_device_mib", (body.get("bench") or {}).get("peak_device_mib"))
+    package = ModelPackage.load(target)
+    config = json.loads((package.root / "genai_config.json").read_text(encoding="utf-8"))["model"]
+    matrix = package.parameters - package.vocab_size * (config["decoder"].get("hidden_size") or 0)
+    return 2 * matrix * tokens / seconds / peak_flops
+
+
+def _results(folder: Path) -> dict:
+    try:
+        return json.loads((folder / "results.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def _efficiency(body: dict) -> dict:
+    return (body.get("efficiency") or {}).get("overall") or {}
 
 
 def folder_mib(path: Path) -> float | None:

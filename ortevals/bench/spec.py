@@ -54,6 +54,7 @@ class BenchOptions:
     ep: str | None = None  # execution provider for every backend (hf: cuda:0 on "cuda")
     output: Path | None = None
     timeout: float | None = None  # seconds a run may take before it is killed
+    peak_tflops: float | None = None  # the device's dense peak, TFLOP/s: each ortevals row's MFU against it
 
 
 @dataclass(frozen=True)
@@ -98,5 +99,5 @@ def command_line(o: BenchOptions) -> str:
     values = (("--data", o.data), ("--limit", o.limit), ("--peer-limit", o.peer_limit), ("--samples", o.samples),
               ("--max-gen-toks", o.max_gen_toks), ("--ref", o.ref), ("--repeat", o.repeat if o.repeat != 1 else None),
               ("--cache", ",".join(o.cache) if tuple(o.cache) != ("warm",) else None), ("--rate", o.rate),
-              ("--ep", o.ep), ("--timeout", o.timeout), ("--output", o.output))
+              ("--ep", o.ep), ("--timeout", o.timeout), ("--peak-tflops", o.peak_tflops), ("--output", o.output))
     return shlex.join(words + [str(w) for flag, v in values if v is not None for w in (flag, v)])

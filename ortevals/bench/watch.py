@@ -2,7 +2,8 @@
 
 Owns :func:`watch`: start a command, time it from launch to exit (``time.perf_counter`` around
 ``Popen`` and ``os.wait4``), read its peak resident memory from the kernel (``wait4``'s ``ru_maxrss``:
-the high-water mark of the largest process in its tree, exact where sampling would miss a peak), read its
+the high-water mark of the largest process in its tree, exact where sampling would miss a peak), sample its
+peak device memory from here through NVML where the parent can (devmem.py: ``n/a`` without it), read its
 stderr line by line (tqdm's ``\\r`` updates included) with the time each arrived, note the first moment a
 scoring progress bar shows a finished item (:data:`SCORING_BARS`: ortevals' bars and lm-eval's backends'),
 and kill it after ``timeout`` seconds. Nothing is imported that the child would not see.
@@ -17,6 +18,8 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass
+
+from ortevals.bench.devmem import PeakSampler
 
 # the progress bars that count answers (each backend's own unit): ortevals' questions and generations, lm-eval
 # hf's and vllm's requests, lm-eval onnxruntime(-genai)'s requests
@@ -38,6 +41,8 @@ class Watched:
     timed_out: bool
     stdout: str
     tail: tuple[str, ...]  # the last stderr lines
+    device_mib: float | None = None  # peak device memory NVML saw (None: no NVML here, or no GPU)
+    device_source: str | None = None  # "nvml-process" (its own count) or "nvml-device-delta" (the device's rise)
 
     def failure(self, timeout: float | None = None) -> str:
         """The one line that says why the run failed: a time-out, else the last line reading like an error."""
@@ -65,6 +70,7 @@ def watch(cmd: list[str], env: dict[str, str], timeout: float | None = None) -> 
                threading.Thread(target=_read_stdout, args=(proc, state), daemon=True)]
     for t in readers:
         t.start()
+    sampler = PeakSampler(proc.pid).__enter__()  # a thread polling NVML, only where NVML answers
     expired = threading.Event()
     timer = threading.Timer(timeout, _kill, (proc, expired)) if timeout else None
     if timer:
@@ -75,14 +81,18 @@ def watch(cmd: list[str], env: dict[str, str], timeout: float | None = None) -> 
         _kill(proc, expired)
         proc.wait()
         raise
+    finally:
+        sampler.__exit__(None, None, None)
     wall = time.perf_counter() - start
     if timer:
         timer.cancel()
     proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
     for t in readers:
         t.join()
+    device = sampler.result()
     return Watched(proc.returncode, wall, usage.ru_maxrss / 1024, state["first"], expired.is_set(),
-                   state["out"].decode(errors="replace"), tuple(state["tail"]))
+                   state["out"].decode(errors="replace"), tuple(state["tail"]), device["peak_device_mib"],
+                   device["peak_device_source"])
 
 
 def _kill(proc: subprocess.Popen, expired: threading.Event) -> None:

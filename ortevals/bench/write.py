@@ -34,11 +34,15 @@ def cells(row: Row) -> list[str]:
     acc = row.accuracy
     p = row.paired
     return [row.label + (" (ref)" if row.is_ref else ""), str(row.questions), str(row.runs), wall, _sig(row.rate),
-            _num(row.x_ref, 2), _num(row.first_result_s, 1), _num(row.peak_rss_mib, 0), _num(row.device_mib, 0),
+            _num(row.x_ref, 2), _num(row.first_result_s, 1), _num(row.peak_rss_mib, 0), _device_cell(row),
             _num(row.size_mib, 0), f"{acc.estimate:.3f} [{acc.low:.3f}, {acc.high:.3f}]",
             f"{p.flips.correct_to_wrong}/{p.flips.wrong_to_correct}" if p else "—",
             f"{p.mcnemar_p:.3g}" if p else "—", _exp(p.choice_kl) if p else "—",
             f"{p.n - p.flips.answer_changes}/{p.n}" if p else "—", _exp(p.max_abs_dll) if p else "—"]
+
+
+def _device_cell(row: Row) -> str:
+    return "n/a" if row.device_mib is None else _num(row.device_mib, 0)
 
 
 def _num(x: float | None, digits: int) -> str:
@@ -94,6 +98,13 @@ def notes(rows: list[Row], rate: str, machine: dict[str, Any]) -> list[str]:
         out.append("On fewer questions (--peer-limit): " + ", ".join(f"{r.label} ({r.questions})" for r in fewer)
                    + "; its rate spreads its start-up over fewer requests.")
     out += [f"{r.label}: {r.note}" for r in rows if r.status == "ok" and r.note]
+    mfus = [f"{r.label} {r.mfu:.3g}" for r in rows if r.mfu is not None]
+    if mfus:
+        out.append("MFU (2 x the matrix weights x the tokens the engine ran over its seconds in the passes, against "
+                   "--peak-tflops): " + ", ".join(mfus) + ".")
+    measured = sorted({r.device_source for r in rows if r.device_source})
+    out.append(f"device MiB: peak, measured by {', '.join(measured)} (docs/bench.md)." if measured else
+               "device MiB n/a: no GPU seen through NVML (nvidia-ml-py) and no backend reported its own.")
     out += [f"{r.label}: its later runs gave other answers than its first" for r in rows if r.repeat_same is False]
     out.append(f"Machine: {machine['cores']} CPU cores, load average {machine['load_start']:.1f} at the start and "
                f"{machine['load_end']:.1f} at the end; compare rows within one invocation.")
@@ -103,6 +114,7 @@ def notes(rows: list[Row], rate: str, machine: dict[str, Any]) -> list[str]:
 def to_json(rows: list[Row], records: dict[str, list[RunRecord]], meta: dict[str, Any]) -> dict[str, Any]:
     runs = {label: [{"round": r.round, "exit_code": r.watched.exit_code, "wall_s": r.watched.wall_s,
                      "first_result_s": r.watched.first_result_s, "peak_rss_mib": r.watched.peak_rss_mib,
+                     "device_mib": r.watched.device_mib, "device_source": r.watched.device_source,
                      "failure": r.failure, "output": str(r.folder)} for r in recs] for label, recs in records.items()}
     return {**meta, "rows": [asdict(r) for r in rows], "runs": runs}
 

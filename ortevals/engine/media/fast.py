@@ -22,7 +22,7 @@ token) from an empty cache, as if run alone.
 This path serves ``loglikelihood``. ``generate`` stays on og's Generator (inherited):
 its decode loop keeps KV in place, where a raw-ORT step copies the growing past
 each token; measured on the fixture, 6.1 req/s on og's loop against 4.1 req/s
-stepping raw ORT (scripts/bench_multimodal.py, 24 prompts x 16 tokens).
+stepping raw ORT (24 prompts x 16 tokens, docs/multimodal.md).
 
 Available where :func:`fast_layout` holds (no windowed KV cache, an embedding
 model taking the features, image/audio token ids in genai_config.json); the og

@@ -1,7 +1,8 @@
 """The GPU as NVML sees it, from outside the measured process: its name and a peak-memory sampler.
 
-The benchmark's backends each run in a child process; the parent samples NVML every 20 ms while the child
-runs, so nothing (no torch, no CUDA context) is added to the measured process. The peak is the child's own
+Owns :func:`device_info` and :class:`PeakSampler`. The benchmark's backends each run in a child process;
+the parent samples NVML every 20 ms while the child runs, so nothing (no torch, no CUDA context) is added
+to the measured process. The peak is the child's own
 ``usedGpuMemory`` where NVML lists processes (per-process accounting), else the device's used memory minus
 what was used before the child started (``source`` says which). Without NVML (no GPU, or no
 nvidia-ml-py) every figure is None.
