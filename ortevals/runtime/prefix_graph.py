@@ -46,7 +46,7 @@ from ortevals.files import atomic_write, atomic_write_bytes
 from ortevals.package.graph import graph_facts
 from ortevals.package.loader import ModelPackage
 from ortevals.package.scope import Reads, Scope
-from ortevals.runtime.cascade import ATTENTION_OPS, MS, Refused, _check_consumers, _max
+from ortevals.runtime.cascade import ATTENTION_OPS, MS, Refused, _check_consumers, _elem_type, _softmax
 from ortevals.runtime.derive import REWRITE as DERIVE_REWRITE
 from ortevals.runtime.derive import derived_model, derived_path
 
@@ -301,8 +301,7 @@ def _prefix_part(g, q: str, spec, heads: tuple, scaling: tuple, mask: str | None
         five = g.op("Concat", g.const([nk]), _dims(g, q5, 0, 2), g.const([groups, -1]), axis=0)
         scores = g.op("Reshape", g.op("Where", mask, g.op("Reshape", scores, five), g.const(-1e30, np.float32)),
                       g.op("Shape", scores))
-    probs = g.op("Softmax", scores, axis=-1)
-    lse = g.op("Sub", _max(g, scores, opset), g.op("Log", _max(g, probs, opset)))  # [H_kv,M,1]
+    probs, lse = _softmax(g, scores, opset)  # lse [H_kv,M,1]
     out = g.op("MatMul", probs, values)  # [H_kv,M,D]
     shape = g.op("Concat", g.const([nk]), _dims(g, q5, 0, 2), g.const([groups, -1]), axis=0)
 
@@ -323,8 +322,7 @@ def _own_part(g, q: str, k: str, v: str, nk: int, groups: int, d: int, scaling: 
     five = g.op("Reshape", scores, g.op("Concat", lead, g.const([-1]), axis=0))  # [B,H_kv,S,g,S]
     masked = g.op("Where", seen, five, g.const(-np.inf, np.float32))
     flat = g.op("Reshape", masked, g.op("Shape", scores))
-    probs = g.op("Softmax", flat, axis=-1)
-    lse = g.op("Sub", _max(g, flat, opset), g.op("Log", _max(g, probs, opset)))  # [B,H_kv,S*g,1]
+    probs, lse = _softmax(g, flat, opset)  # lse [B,H_kv,S*g,1]
     out = g.op("MatMul", probs, vals)  # [B,H_kv,S*g,D]
     return (g.op("Reshape", out, g.op("Concat", lead, g.const([d]), axis=0)),
             g.op("Reshape", lse, g.op("Concat", lead, g.const([1]), axis=0)))
@@ -346,8 +344,3 @@ def _keep_inputs(graph, inputs) -> None:
     del graph.input[:]
     graph.input.extend(kept)
 
-
-def _elem_type(dtype: str) -> int:
-    from ortevals.runtime.buffers import ONNX_TYPES
-
-    return ONNX_TYPES[dtype]
