@@ -41,20 +41,15 @@ version), weights left in the package folder.
 
 from __future__ import annotations
 
-import json
-import logging
 import math
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from ortevals.files import atomic_write, atomic_write_bytes
 from ortevals.package.loader import ModelPackage
 from ortevals.package.scope import Reads, Scope
-from ortevals.runtime.derive import derived_path
-
-log = logging.getLogger(__name__)
+from ortevals.runtime.derive import written_once
 
 PROMPT_KEY = "ortevals_prompt.%d.key"
 PROMPT_VALUE = "ortevals_prompt.%d.value"
@@ -93,13 +88,7 @@ def cascade_decoder(package: ModelPackage, cache: Path) -> Path:
     if package.recurrent:
         raise Refused(f"the decoder carries recurrent state ({package.states[0].name}, ...): each row needs its own")
     scope = Scope.build("cascade", package.root, [cascade_reads(package)])
-    target = derived_path(package, cache, scope)
-    if target.is_file():
-        return target
-    atomic_write_bytes(target, _rewrite(package))
-    atomic_write(target.parent / "scope.json", json.dumps(scope.describe(), indent=1))
-    log.info("cascade decode graph written to %s", target)
-    return target
+    return written_once(package, cache, scope, lambda: _rewrite(package), "cascade decode graph")
 
 
 class PromptBinding:

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from ortevals.files import atomic_write, atomic_write_bytes
@@ -63,16 +64,23 @@ POINTWISE = {"Mul", "Div", "Tanh", "Cast", "Add", "Sub", "Identity"}
 
 def derived_decoder(package: ModelPackage, cache: Path) -> Path | None:
     """Path of the derived decoder (built once), or None when the head cannot be found."""
-    scope = derive_scope(package)
+    return written_once(package, cache, derive_scope(package), lambda: _derive(package), "derived scoring graph")
+
+
+def written_once(package: ModelPackage, cache: Path, scope: Scope, build: Callable[[], bytes | None],
+                 what: str) -> Path | None:
+    """The graph ``build`` serializes, written once under ``cache`` at ``scope``'s key with its ``scope.json``
+    beside it (what ``ortevals cache info`` reads); None where ``build`` gives None. Every derived decoder
+    (this module's, the cascade's, the shared-prefix one) is cached this way."""
     target = derived_path(package, cache, scope)
     if target.is_file():
         return target
-    data = _derive(package)
+    data = build()
     if data is None:
         return None
     atomic_write_bytes(target, data)
     atomic_write(target.parent / "scope.json", json.dumps(scope.describe(), indent=1))
-    log.info("derived scoring graph written to %s", target)
+    log.info("%s written to %s", what, target)
     return target
 
 

@@ -35,22 +35,17 @@ this one's version); weights stay in the package folder.
 
 from __future__ import annotations
 
-import json
-import logging
 import math
 from pathlib import Path
 
 import numpy as np
 
-from ortevals.files import atomic_write, atomic_write_bytes
 from ortevals.package.graph import graph_facts
 from ortevals.package.loader import ModelPackage
 from ortevals.package.scope import Reads, Scope
 from ortevals.runtime.cascade import ATTENTION_OPS, MS, Refused, _check_consumers, _elem_type, _softmax
 from ortevals.runtime.derive import REWRITE as DERIVE_REWRITE
-from ortevals.runtime.derive import derived_model, derived_path
-
-log = logging.getLogger(__name__)
+from ortevals.runtime.derive import derived_model, written_once
 
 PREFIX_KEY = "ortevals_prefix.%d.key"
 PREFIX_VALUE = "ortevals_prefix.%d.value"
@@ -79,17 +74,15 @@ def prefix_decoder(package: ModelPackage, cache: Path) -> Path:
     if why:
         raise Refused(why)
     scope = Scope.build("shared-prefix", package.root, [prefix_graph_reads(package)])
-    target = derived_path(package, cache, scope)
-    if target.is_file():
-        return target
+    return written_once(package, cache, scope, lambda: _built(package), "shared-prefix scoring graph")
+
+
+def _built(package: ModelPackage) -> bytes:
     model = derived_model(package)
     if model is None:
         raise Refused("no LM head was found to score at the chosen positions")
     rewrite(model, package)
-    atomic_write_bytes(target, model.SerializeToString())
-    atomic_write(target.parent / "scope.json", json.dumps(scope.describe(), indent=1))
-    log.info("shared-prefix scoring graph written to %s", target)
-    return target
+    return model.SerializeToString()
 
 
 def package_refusal(package: ModelPackage) -> str:
