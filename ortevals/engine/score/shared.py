@@ -134,15 +134,14 @@ class SharedPrefixes:
     def _shared_pass(self, chunk: list[Group], width: int, base: int, past, done: ScoreSink):
         """One shared-prefix pass over ``chunk`` (own tokens right-padded to ``width``), counted, as ``(run,
         report)`` for :class:`PassPool`."""
-        ids, _ = pad_right([g.tokens[base:] for g in chunk], self.settings.pad_token_id, width)
+        ids, tail = pad_right([g.tokens[base:] for g in chunk], self.settings.pad_token_id, width)
         lengths = [len(g.tokens) - base for g in chunk]
         stats = self.shared_stats
         stats["passes"] += 1
         stats["rows"] += len(chunk)
         stats["tokens"] += sum(lengths)
         stats["padded"] += ids.size - sum(lengths)
-        self.forward_passes += 1
-        self.tokens_run += sum(lengths)
+        self._count(ids, tail)
         k, positions = last_positions(chunk, lengths)
         targets = done.targets(chunk, k)
         return (lambda: self.shared_runner.score(ids, past, positions, targets),
