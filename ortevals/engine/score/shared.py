@@ -4,8 +4,10 @@ Owns :class:`SharedPrefixes`, the part of :class:`~ortevals.engine.score.prefill
 inputs on top of cached prefixes: depth-first over the radix plan (:mod:`ortevals.engine.score.prefix`),
 holding the KV of the prefixes on the current path within ``prefix_budget_mb`` (:meth:`_score_shared`),
 computing a prefix's KV on top of its deepest held ancestor (:meth:`_extend`), and running the inputs that
-wait on a prefix (:meth:`_continue`): one row per pass, or batched with the prefix's past replicated across
-the batch where the provider takes it.
+wait on a prefix (:meth:`_continue`): many rows a pass on the shared-prefix graph, every row reading the one
+prefix (``shared_prefix_batch``, :meth:`_continue_shared`); else one row a pass, writing its tokens after the
+prefix held once in a buffer (``shared_buffer``, :meth:`_continue_in_place`) or on its own copy; or batched
+with the prefix's past replicated across the batch where the provider takes it.
 """
 
 from __future__ import annotations
