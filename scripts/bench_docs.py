@@ -5,8 +5,9 @@
     python scripts/bench_docs.py accept honest startup verdict checks modes paths shared cot
 
 Each name is a table (:data:`TABLES`); it runs in the examples folder of the ortevals cache (so the printed
-command names the packages by their folder names), its runs go to ``bench-data/<name>/`` (not tracked) and its
-``bench.md``, ``bench.json`` and ``bench.png`` to ``docs/bench-<name>/``. One table at a time: they time
+command names the packages by their folder names and the same ``--output bench-data/<name>`` on every machine),
+its runs go to ``bench-data/<name>/`` there, and its ``bench.md``, ``bench.json`` and ``bench.png`` to
+``docs/bench-<name>/``. One table at a time: they time
 processes.
 """
 
@@ -52,7 +53,7 @@ def main(names: list[str]) -> None:
         raise SystemExit(f"expected some of {', '.join(TABLES)}; got {', '.join(unknown) or 'none'}")
     os.chdir(cache_root() / "examples")
     for name in names:
-        result = run(replace(TABLES[name], output=REPO / "bench-data" / name), progress=print)
+        result = run(replace(TABLES[name], output=Path("bench-data") / name), progress=print)  # in the examples folder
         print("\n".join([result.meta["command"], "", result.table, "", *result.notes]), flush=True)
         docs = REPO / "docs" / f"bench-{name}"
         docs.mkdir(exist_ok=True)
