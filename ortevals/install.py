@@ -13,11 +13,16 @@ onnxruntime.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
+import logging
 from importlib import metadata, util
 from pathlib import Path
 
-from ortevals.errors import RuntimeMissingError
+from ortevals.errors import RuntimeMissingError, first_line
+
+log = logging.getLogger(__name__)
 
 # ortevals' one list of runtime wheels: every wheel that installs the ``onnxruntime`` module (they overwrite
 # each other's files, so two in one folder is a mixed install) and every onnxruntime-genai wheel with the
@@ -99,6 +104,28 @@ def import_og():
             "(or 'ortevals[cuda]' for NVIDIA GPUs)"
         ) from None
     return onnxruntime_genai
+
+
+@functools.cache
+def load_cuda_libraries() -> None:
+    """``onnxruntime.preload_dlls()``, once a process, before the first CUDA session or Generator.
+
+    onnxruntime-gpu's CUDA and cuDNN come as the ``nvidia-*`` pip packages, which the dynamic loader does not
+    search: without this (or torch imported first, or LD_LIBRARY_PATH naming them) the CUDA provider fails to
+    load and the session would fall back to the CPU (runtime/opening.py stops there). onnxruntime-genai's CUDA
+    provider then finds the same libraries already loaded. A CPU onnxruntime returns at once; what it prints
+    goes to the log. Changes no number."""
+    ort = import_ort()
+    if not hasattr(ort, "preload_dlls"):  # onnxruntime < 1.21
+        return
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(said):
+            ort.preload_dlls()
+    except Exception as e:  # noqa: BLE001 - a failed preload leaves the loader's own search: the session says
+        log.warning("onnxruntime.preload_dlls() failed: %s", first_line(e))
+    for line in said.getvalue().splitlines():
+        log.info("onnxruntime.preload_dlls(): %s", line.strip())
 
 
 def available_providers() -> list[str]:

@@ -21,6 +21,7 @@ from onnx import TensorProto, helper
 
 from ortevals.engine.score.prefill import EngineSettings, PrefillEngine, TokenRequest
 from ortevals.errors import PackageError, ProviderError
+from ortevals.install import load_cuda_libraries
 from ortevals.package.loader import KVSpec, ModelPackage
 from ortevals.runtime.buffers import ONNX_TYPES, KVView, _nbytes, empty_past, host_float32
 from ortevals.runtime.providers import from_package, raw_session_options
@@ -48,6 +49,38 @@ def test_fallback_to_cpu_is_an_error_naming_provider_file_and_fix(tiny_pkg, cuda
     assert "onnxruntime-gpu" in msg and "preload_dlls" in msg
     # ORT's own warning (a [W:onnxruntime ...] line) is no longer hidden at fatal level
     assert "[W:onnxruntime" in capfd.readouterr().err
+
+
+@pytest.fixture()
+def preload_spy(monkeypatch):
+    """onnxruntime.preload_dlls replaced by a recorder that prints, as the real one does; the once-a-process cache
+    emptied before and after."""
+    calls = []
+
+    def preload():
+        calls.append(1)
+        print("loaded libcudart.so.13")
+
+    monkeypatch.setattr(ort, "preload_dlls", preload, raising=False)
+    load_cuda_libraries.cache_clear()
+    yield calls
+    load_cuda_libraries.cache_clear()
+
+
+def test_cuda_libraries_are_preloaded_once_before_the_first_cuda_session(tiny_pkg, cuda_claimed, preload_spy, caplog,
+                                                                         capsys):
+    """onnxruntime-gpu finds the CUDA and cuDNN of the nvidia pip packages only after preload_dlls() (or torch
+    imported first): the GPU bench's own workers called it and ortevals did not. Once a process, before the
+    first CUDA session, never for the CPU; its prints go to the log, not to the results on stdout."""
+    pkg = ModelPackage.load(tiny_pkg)
+    DecoderRunner.open(pkg, from_package({}, "cpu"))
+    assert preload_spy == []
+    with caplog.at_level(logging.INFO, logger="ortevals.install"):
+        for _ in range(2):
+            with pytest.raises(ProviderError):  # the CPU wheel: the real session falls back and is refused
+                DecoderRunner.open(pkg, from_package({}, "cuda"))
+    assert preload_spy == [1]
+    assert "loaded libcudart.so.13" in caplog.text and "libcudart" not in capsys.readouterr().out
 
 
 def test_embedding_session_is_checked_too(gemma4, cuda_claimed):

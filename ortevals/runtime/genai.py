@@ -30,7 +30,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from ortevals.errors import PackageError, ProviderError, first_line
-from ortevals.install import import_og
+from ortevals.install import import_og, load_cuda_libraries
 from ortevals.package.graph import external_data_files
 from ortevals.package.loader import CONFIG_NAME, ModelPackage, resolve_inside
 from ortevals.package.reuse import MIN_PASS_TOKENS, ReusePolicy, reuse_policy
@@ -240,6 +240,8 @@ class GenaiRunner:
             raise PackageError(f"{package.unwindowed}; onnxruntime-genai sizes its KV cache to that window and "
                                "fails past it: path=prefill and gen_path=raw run the graph as it is")
         og = import_og()
+        if provider.name == "cuda":
+            load_cuda_libraries()
         config = og_config(og, package, provider, TEXT_SECTIONS)
         mm_overlay, stubs = text_only(package)
         if mm_overlay:

@@ -17,7 +17,7 @@ import logging
 from pathlib import Path
 
 from ortevals.errors import PackageError, ProviderError, first_line
-from ortevals.install import import_ort
+from ortevals.install import import_ort, load_cuda_libraries
 from ortevals.package.graph import relocated
 from ortevals.package.loader import ModelFile
 from ortevals.runtime.placement import FALLBACK_KEY, RECORD_KEY, check_cpu_nodes, cpu_nodes, refused
@@ -59,6 +59,8 @@ def check_available(provider: ProviderConfig) -> list | None:
     """The provider is in this onnxruntime install (None), or an installed plugin package offers it here (the
     devices it offers, runtime/plugins.py), else one line naming the ones that are and what to install."""
     ort = import_ort()
+    if provider.name == "cuda":
+        load_cuda_libraries()
     available = ort.get_available_providers()
     if provider.ort_name not in available and provider.name in INSTALL_HINTS:
         raise ProviderError(
