@@ -238,6 +238,27 @@ def test_watch_kills_a_run_at_its_timeout():
     assert w.timed_out and w.wall_s < 20 and w.failure(1.0) == "timed out after 1 s"
 
 
+CUT_SHORT = {  # real bars, drawn by the libraries that draw them in a row's process, then a hang
+    "ortevals": "from ortevals.run.progress import Progress\n"
+                "p = Progress([(1, 2, q) for q in range(200)], units=list(range(200)))\n"
+                "for i in range(91): p.done(i)\n"
+                "p.bar.refresh()\n",
+    "lm-eval": "from tqdm import tqdm\n"
+               "bar = tqdm(total=200, desc='Running loglikelihood requests', mininterval=0)\n"
+               "bar.update(91)\n",
+}
+
+
+@pytest.mark.parametrize("bar", sorted(CUT_SHORT))
+def test_a_run_cut_at_its_timeout_says_how_far_its_progress_bar_got(bar):
+    """On the H200 a row cut at its time-out after 91 of 200 questions kept nothing but the time-out; its one
+    line now says where its last scoring bar stood (ortevals' own bar, and a tqdm bar as lm-eval's backends draw)."""
+    code = CUT_SHORT[bar] + "import sys, time\nsys.stderr.flush()\ntime.sleep(60)\n"
+    w = watch([sys.executable, "-c", code], dict(os.environ), timeout=8.0)
+    assert w.timed_out and w.last_bar == (91, 200)
+    assert w.failure(8.0) == "timed out after 8 s, its progress bar at 91/200"
+
+
 def test_ctrl_c_while_a_run_is_watched_ends_its_process(tmp_path):
     """The child runs in a session of its own (so a time-out kills its whole group), which Ctrl-C at the terminal
     does not reach: watch ends it before the interrupt goes on (a bench interrupted left hf running before)."""

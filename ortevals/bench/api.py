@@ -14,10 +14,12 @@ import platform
 import shutil
 import tempfile
 from collections.abc import Callable
+from importlib import metadata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ortevals.bench.devmem import device_info
 from ortevals.bench.measure import RunRecord, measure
 from ortevals.bench.plan import plan
 from ortevals.bench.rows import Row, table_rows
@@ -56,7 +58,7 @@ def run(options: BenchOptions, progress: Callable[[str], None] | None = None) ->
     say = progress or log.info
     folder = Path(options.output).expanduser() if options.output else Path(tempfile.mkdtemp(prefix="ortevals-bench-"))
     machine = {"cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-               "load_start": os.getloadavg()[0]}
+               "load_start": os.getloadavg()[0], "device": device_info(), "versions": _versions()}
     try:
         records = measure(bench, Work.of(options), folder, options.repeat, options.timeout, say)
         machine["load_end"] = os.getloadavg()[0]
@@ -73,6 +75,22 @@ def run(options: BenchOptions, progress: Callable[[str], None] | None = None) ->
     if options.output is None:
         return result
     return BenchResult(rows, bench.rate, bench.ref, meta, records, _write(result, folder))
+
+
+# the libraries whose versions can move a row's figures (bench.json's machine.versions)
+LIBRARIES = ("ortevals", "onnxruntime", "onnxruntime-gpu", "onnxruntime-genai", "onnxruntime-genai-cuda", "numpy",
+             "torch", "transformers", "lm_eval", "vllm")
+
+
+def _versions() -> dict[str, str]:
+    """The installed version of each of :data:`LIBRARIES` (those not installed left out)."""
+    found = {}
+    for name in LIBRARIES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
 
 
 def _write(result: BenchResult, folder: Path) -> tuple[Path, ...]:

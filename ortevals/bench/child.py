@@ -14,9 +14,11 @@ import json
 import sys
 from pathlib import Path
 
+from ortevals.bench.spec import ONNX_PEERS
 from ortevals.bench.workload import Work, lm_eval_model, lm_eval_tasks
 from ortevals.errors import first_line
 from ortevals.files import atomic_write, json_text
+from ortevals.install import load_cuda_libraries
 
 
 def main(argv: list[str]) -> int:
@@ -26,6 +28,8 @@ def main(argv: list[str]) -> int:
         import lm_eval
 
         work = Work(**{**spec["work"], "tasks": tuple(spec["work"]["tasks"])})
+        if work.ep == "cuda" and spec["backend"] in ONNX_PEERS:  # as ortevals' own sessions find CUDA
+            load_cuda_libraries()
         lm = lm_eval_model(spec["backend"], spec["target"], spec["args"], work.ep)
         results = lm_eval.simple_evaluate(model=lm, log_samples=True, **lm_eval_tasks(work, spec["limit"]))
     except Exception as e:  # the row's one line; lm-eval's backends raise many kinds

@@ -43,11 +43,13 @@ class Watched:
     tail: tuple[str, ...]  # the last stderr lines
     device_mib: float | None = None  # peak device memory NVML saw (None: no NVML here, or no GPU)
     device_source: str | None = None  # "nvml-process" (its own count) or "nvml-device-delta" (the device's rise)
+    last_bar: tuple[int, int] | None = None  # (done, total) of the last scoring bar seen: how far a cut run got
 
     def failure(self, timeout: float | None = None) -> str:
         """The one line that says why the run failed: a time-out, else the last line reading like an error."""
         if self.timed_out:
-            return f"timed out after {timeout:g} s" if timeout else "timed out"
+            said = f"timed out after {timeout:g} s" if timeout else "timed out"
+            return said + (f", its progress bar at {self.last_bar[0]}/{self.last_bar[1]}" if self.last_bar else "")
         lines = [ln.strip() for ln in (*self.stdout.splitlines(), *self.tail) if ln.strip()]
         errors = [found[0] for ln in lines if (found := _ERROR.search(ln))]  # a bar's text before it left out
         return (errors or lines or [f"exit code {self.exit_code}, no output"])[-1]
@@ -55,15 +57,21 @@ class Watched:
 
 def first_count(line: str) -> int | None:
     """The finished-item count a scoring progress bar shows on ``line``, else None."""
+    bar = scoring_bar(line)
+    return bar[0] if bar else None
+
+
+def scoring_bar(line: str) -> tuple[int, int] | None:
+    """(done, total) of the scoring progress bar on ``line``, else None."""
     found = _BAR.match(line)
     if found is None or found.group("desc").strip() not in SCORING_BARS:
         return None
-    return int(found.group("n"))
+    return int(found.group("n")), int(found.group("total"))
 
 
 def watch(cmd: list[str], env: dict[str, str], timeout: float | None = None) -> Watched:
     """Run ``cmd`` to its end (or kill its process group at ``timeout`` seconds) and report it."""
-    state = {"first": None, "tail": [], "out": b""}
+    state = {"first": None, "bar": None, "tail": [], "out": b""}
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     readers = [threading.Thread(target=_read_stderr, args=(proc, start, state), daemon=True),
@@ -92,7 +100,7 @@ def watch(cmd: list[str], env: dict[str, str], timeout: float | None = None) -> 
     device = sampler.result()
     return Watched(proc.returncode, wall, usage.ru_maxrss / 1024, state["first"], expired.is_set(),
                    state["out"].decode(errors="replace"), tuple(state["tail"]), device["peak_device_mib"],
-                   device["peak_device_source"])
+                   device["peak_device_source"], state["bar"])
 
 
 def _kill(proc: subprocess.Popen, expired: threading.Event) -> None:
@@ -121,5 +129,9 @@ def _line(text: str, at: float, state: dict) -> None:
     if not text.strip():
         return
     state["tail"] = (state["tail"] + [text])[-TAIL:]
-    if state["first"] is None and (first_count(text) or 0) > 0:
+    bar = scoring_bar(text)
+    if bar is None:
+        return
+    state["bar"] = bar
+    if state["first"] is None and bar[0] > 0:
         state["first"] = at

@@ -106,8 +106,10 @@ def notes(rows: list[Row], rate: str, machine: dict[str, Any]) -> list[str]:
     out.append(f"device MiB: peak, measured by {', '.join(measured)} (docs/bench.md)." if measured else
                "device MiB n/a: no GPU seen through NVML (nvidia-ml-py) and no backend reported its own.")
     out += [f"{r.label}: its later runs gave other answers than its first" for r in rows if r.repeat_same is False]
-    out.append(f"Machine: {machine['cores']} CPU cores, load average {machine['load_start']:.1f} at the start and "
-               f"{machine['load_end']:.1f} at the end; compare rows within one invocation.")
+    gpu = (machine.get("device") or {}).get("name")
+    out.append(f"Machine: {machine['cores']} CPU cores{f', {gpu}' if gpu else ''}, load average "
+               f"{machine['load_start']:.1f} at the start and {machine['load_end']:.1f} at the end; compare rows within "
+               "one invocation.")
     return out
 
 
