@@ -2,7 +2,7 @@
 """The CPU speed tables of docs/benchmarks.md, each one ``ortevals bench`` (``ortevals.bench.run``).
 
     ortevals example && ortevals example --precision int4      # the SmolLM2-135M packages, once
-    python scripts/bench_docs.py accept honest startup verdict checks modes paths shared cot
+    python scripts/bench_docs.py accept honest startup verdict checks modes paths shared cot samples
 
 Each name is a table (:data:`TABLES`); it runs in the examples folder of the ortevals cache (so the printed
 command names the packages by their folder names and the same ``--output bench-data/<name>`` on every machine),
@@ -42,6 +42,8 @@ TABLES = {
     "cot": BenchOptions(pkgs=(FP32, f"og={FP32}:gen_path=og"),
                         hf=HF, backends=("ortevals", "hf", "onnxruntime-genai"), cot=True, max_gen_toks=64, limit=14,
                         peer_limit=14),
+    "samples": BenchOptions(pkgs=(FP32,), hf=f"{HF}:batch_size=16", backends=("ortevals", "hf", "onnxruntime-genai"),
+                            cot=True, samples=16, max_gen_toks=128, limit=4, peer_limit=4),
 }
 
 

@@ -1,16 +1,21 @@
-"""onnxruntime's profiler on every session a benchmark worker opens, and the split of the time it reports.
+"""onnxruntime's profiler on every session one ortevals command opens, and the split of the time it reports.
 
-``enable(folder)`` makes each ``onnxruntime.InferenceSession`` created afterwards profile into ``folder``
-(ortevals looks the class up at call time, so nothing in ortevals changes); ``summarize`` reads the JSON
-traces: time inside ``session.run`` (``model_run``) against the worker's wall time (the rest is the host:
-tokenizing, Python, numpy, the copies ortevals makes), and inside it the node time by provider and by op.
-On CUDA a node's time is what the host spent launching it; ``kernel_time`` (torch.profiler's CUPTI trace of
-the same process, when torch with CUDA is there) gives the GPU's own kernel time.
+    python scripts/gpu/ortprofile.py OUT -- mmlu-pro --pkg PKG --ep cuda --limit 20 --data bundled
+
+Runs the ortevals command in this process with each ``onnxruntime.InferenceSession`` created profiling into
+OUT (``enable``: ortevals looks the class up at call time, so nothing in ortevals changes), then writes
+``OUT/profile.json`` (``summarize``): time inside ``session.run`` (``model_run``) against the command's wall
+time (the rest is the host: start-up, tokenizing, Python, numpy, the copies ortevals makes), and inside it the
+node time by provider and by op. On CUDA a node's time is what the host spent launching it; ``kernel_time``
+(torch.profiler's CUPTI trace of the same process, when torch with CUDA is there) gives the GPU's own kernel
+time. scripts/bench_gpu.py ``--profile N`` runs it.
 """
 
 from __future__ import annotations
 
 import json
+import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -65,3 +70,40 @@ def kernel_time(prof) -> dict:
     total = sum(kernels.values()) * 1e-6
     return {"gpu_kernel_s": total, "gpu_kernels": len(kernels),
             "top_kernels_s": {k[:80]: v * 1e-6 for k, v in kernels.most_common(8)}}
+
+
+def main(argv: list[str]) -> int:
+    if "--" not in argv or argv.index("--") != 1:
+        print("error: expected OUT -- ORTEVALS-ARGS…", file=sys.stderr)
+        return 2
+    out, command = Path(argv[0]), argv[2:]
+    out.mkdir(parents=True, exist_ok=True)
+    from ortevals.cli import cli
+
+    sessions = enable(out)
+    prof = None
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+            prof.__enter__()
+    except ImportError:
+        pass
+    t0 = time.perf_counter()
+    try:
+        cli.main(args=command, prog_name="ortevals", standalone_mode=False)
+        code = 0
+    except SystemExit as e:  # the command's own exit (an error is one line already said)
+        code = e.code or 0
+    seconds = time.perf_counter() - t0
+    if prof:
+        prof.__exit__(None, None, None)
+    files = [f for f in (s.end_profiling() for s in sessions) if f]
+    report = {"command": command, **summarize(files, seconds), **(kernel_time(prof) if prof else {})}
+    (out / "profile.json").write_text(json.dumps(report, indent=1) + "\n")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
