@@ -172,7 +172,7 @@ def test_install_shadows_the_box_onnxruntime_and_proves_the_provider(tmp_path):
     cannot give is a one-line error."""
     import json
 
-    from fakebox import link
+    from tests.fixtures.fakebox import link
     from pack import sha256, write_manifest
     from resolve import read_box
 
