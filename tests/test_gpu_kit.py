@@ -1,5 +1,5 @@
 """The GPU kit (scripts/gpu/): parts and manifest, install into a fresh target that shadows the
-site-packages' onnxruntime, its one-line errors, and the CPU run of scripts/bench_gpu.py."""
+site-packages' onnxruntime, its one-line errors, and the plan's call 6 run on CPU."""
 
 from __future__ import annotations
 
@@ -172,9 +172,10 @@ def test_install_shadows_the_box_onnxruntime_and_proves_the_provider(tmp_path):
     cannot give is a one-line error."""
     import json
 
-    from tests.fixtures.fakebox import link
     from pack import sha256, write_manifest
     from resolve import read_box
+
+    from tests.fixtures.fakebox import link
 
     box = tmp_path / "fakebox"
     linked, _ = link(box, read_box(REPO / "scripts" / "gpu" / "box_packages.txt"))
@@ -267,7 +268,7 @@ def test_make_model_gemma3_package_equals_pytorch_and_the_check_can_fail(fixture
     assert make_model.check(out / "hf", bad) > 1e-2
 
 
-# ---- scripts/bench_gpu.py end to end on CPU (the tiny package it builds itself) ----------------------------
+# ---- call 6 of the plan end to end on CPU (the tiny package make_model.py builds) ----------------------------
 def samples(folder: Path) -> dict[int, list[float]]:
     """doc_id -> each choice's log-likelihood, read straight from a run's lm-eval samples files."""
     import json
@@ -280,44 +281,54 @@ def samples(folder: Path) -> dict[int, list[float]]:
     return out
 
 
-def test_bench_gpu_runs_on_cpu_and_ortevals_answers_equal_hf(fixture_cache, tmp_path):
-    """``bench_gpu.py --ep cpu --limit 5 --generator 5 --profile 2 --row … --out DIR``: the model built, then
-    ``ortevals bench`` per model (two ortevals rows, hf as the reference, lm-eval's onnxruntime-genai), the same
-    package against onnxruntime-genai's Generator, onnxruntime's profiler on one run, and results.md over them.
-    ortevals' log-likelihoods, read back from the runs' samples (not from the bench's own comparison), equal hf's
-    on the same weights, and the Generator's."""
+def test_gpu_plan_runs_on_cpu_and_ortevals_answers_equal_hf(fixture_cache, tmp_path):
+    """Call 6 with ``cpu`` for ``cuda`` on a tiny model: make_model.py, ``ortevals bench`` (two ortevals rows, hf
+    as the reference, lm-eval's onnxruntime-genai), oracle.py on the first row's run (its requests through
+    onnxruntime-genai's Generator) and ortprofile.py on one ortevals command. ortevals' log-likelihoods, read back
+    from the runs' samples (not from the bench's own comparison), equal hf's on the same weights."""
     import json
 
-    cmd = [sys.executable, str(REPO / "scripts/bench_gpu.py"), "--ep", "cpu", "--limit", "5", "--out", str(tmp_path),
-           "--models-dir", str(fixture_cache / "gpu-kit-models"), "--backends", "ortevals,hf,onnxruntime-genai",
-           "--row", "batched=shared_prefix_batch=on", "--row", "batch1=shared_prefix_batch=off",
-           "--generator", "5", "--profile", "2"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    models = fixture_cache / "gpu-kit-models" / "llama-1e+06"  # the folder the earlier bench script built here
+    built = subprocess.run([sys.executable, str(REPO / "scripts/gpu/make_model.py"), str(models), "--arch", "llama",
+                            "--params", "1e6", "--precision", "fp32", "--ep", "cpu"], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr[-2000:]
+    pkg, hf, out = models / "fp32-cpu", models / "hf", tmp_path / "f32"
+    bench = [sys.executable, "-m", "ortevals.cli", "bench", "--pkg", f"batched={pkg}:shared_prefix_batch=on",
+             "--pkg", f"batch1={pkg}:shared_prefix_batch=off", "--hf", f"hf={hf}:dtype=float32,batch_size=8",
+             "--backends", "ortevals,hf,onnxruntime-genai", "--limit", "5", "--peer-limit", "5", "--output", str(out)]
+    proc = subprocess.run(bench, capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
-    bench = json.loads((tmp_path / "llama-1e6-fp32" / "bench.json").read_text())
-    assert bench["machine"]["versions"]["lm_eval"] and "device" in bench["machine"]
-    rows = {r["label"]: r for r in bench["rows"]}
-    assert list(rows) == ["batched", "batch1", "hf", "onnxruntime-genai"] and rows["hf"]["is_ref"]
+    result = json.loads((out / "bench.json").read_text())
+    assert result["machine"]["versions"]["lm_eval"] and "device" in result["machine"]
+    rows = {r["label"]: r for r in result["rows"]}
+    assert list(rows) == ["batched", "batch1", "hf", "onnxruntime-genai fp32-cpu"] and rows["hf"]["is_ref"]
     for label, row in rows.items():
         assert row["status"] == "ok", (label, row["note"])
-    runs = {label: Path(r[0]["output"]) for label, r in bench["runs"].items()}
-    hf = samples(runs["hf"])
-    assert len(hf) == 5
+    runs = {label: Path(r[0]["output"]) for label, r in result["runs"].items()}
+    assert runs["batched"] == out / "runs" / "01-batched" / "run1"  # the path the plan hands oracle.py
+    ref = samples(runs["hf"])
+    assert len(ref) == 5
     for label in ("batched", "batch1"):
         ours = samples(runs[label])
-        assert ours.keys() == hf.keys()
-        delta = max(abs(a - b) for q in hf for a, b in zip(ours[q], hf[q], strict=True))
+        assert ours.keys() == ref.keys()
+        delta = max(abs(a - b) for q in ref for a, b in zip(ours[q], ref[q], strict=True))
         assert delta <= 1e-4 and rows[label]["paired"]["max_abs_dll"] == pytest.approx(delta, abs=1e-9)
-    assert json.loads((runs["batched"] / "results.json").read_text())["ortevals"]["shared"]["passes"] > 0
-    gen = json.loads((tmp_path / "llama-1e6-fp32-generator" / "bench.json").read_text())
-    gen_runs = {label: Path(r[0]["output"]) for label, r in gen["runs"].items()}
-    ours, generator = samples(gen_runs["batched"]), samples(gen_runs["generator"])
-    assert ours.keys() == generator.keys() and len(ours) == 5
-    assert max(abs(a - b) for q in ours for a, b in zip(ours[q], generator[q], strict=True)) <= 1e-5
-    prof = json.loads((tmp_path / "llama-1e6-fp32-profile" / "profile.json").read_text())
+    modes = {label: json.loads((runs[label] / "results.json").read_text())["ortevals"]["mode"] for label in runs
+             if label in ("batched", "batch1")}
+    assert "shared-prefix batches: 5 inputs in" in modes["batched"] and "shared-prefix" not in modes["batch1"]
+    # the oracle: the batched row's first 30 requests, encoded as ortevals encodes them, through og's Generator
+    proc = subprocess.run([sys.executable, str(REPO / "scripts/gpu/oracle.py"), str(runs["batched"]), str(pkg),
+                           "--requests", "30"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    oracle = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert oracle["requests"] == 30 and oracle["within_tolerance"] == 30 and oracle["outside"] == []
+    assert 0 < oracle["max_abs_delta"] <= 1e-5 and oracle["activations"] == "float32"
+    proc = subprocess.run([sys.executable, str(REPO / "scripts/gpu/ortprofile.py"), str(tmp_path / "prof"), "--",
+                           "mmlu-pro", "--pkg", str(pkg), "--data", "bundled", "--limit", "2",
+                           "--output", str(tmp_path / "prof" / "run")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    prof = json.loads((tmp_path / "prof" / "profile.json").read_text())
     assert prof["session_runs"] > 0 and 0 < prof["inside_ort_run_s"] < prof["scored_s"]
-    md = (tmp_path / "results.md").read_text()
-    assert "## llama-1e6-fp32\n" in md and "## llama-1e6-fp32-generator" in md and "| batched |" in md
 
 
 # ---- transfer calls: stage on a fresh clone, and the measured kit against the tree as tracked ---------------
@@ -393,3 +404,17 @@ def test_the_measured_gpu_kit_takes_five_calls_once_raw_bench_outputs_leave_the_
     assert min(plain, packed) <= TARGET_CALLS, (tracked / 2**20, without_raw / 2**20, calls(tracked), plain, packed)
     proc = kit("calls", "--repo", str(clone))
     assert proc.returncode == 0 and f"= {calls(tracked)[0]} transfer calls" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_oracle_tolerance_is_the_stated_bound_and_requests_past_it_are_listed():
+    """2 * n * 16 * u * max(1, max|z|), by hand: fp16, 2 tokens, largest logit 10 -> 0.3125; bf16 8x that."""
+    from oracle import compare, tolerance
+
+    assert tolerance(2, 10.0, "float16") == 0.3125 and tolerance(2, 10.0, "bfloat16") == 2.5
+    assert tolerance(1, 0.25, "float16") == 2 * 16 * 2.0 ** -11  # logits below 1: the scale is 1
+    rows = [{"ll": -1.0, "oracle": -1.3, "cont": [1, 2], "zmax": 10.0},
+            {"ll": -2.0, "oracle": -2.4, "cont": [1, 2], "zmax": 10.0},
+            {"ll": float("nan"), "oracle": -1.0, "cont": [1], "zmax": 1.0}]
+    got = compare(rows, "float16")
+    assert got["within_tolerance"] == 1 and [o["request"] for o in got["outside"]] == [1, 2]
+    assert got["max_ratio"] == pytest.approx(0.4 / 0.3125)

@@ -127,22 +127,3 @@ def test_make_model_refuses_the_fp32_cuda_package_before_any_work(tmp_path, caps
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: --precision fp32 --ep cuda") and "--ep cpu" in err[0]
     assert not (tmp_path / "m").exists()
-
-
-def test_bench_gpu_builds_fp32_for_the_cpu_and_compares_hf_in_the_package_precision():
-    sys.path.insert(0, str(REPO / "scripts"))
-    import bench_gpu
-
-    assert bench_gpu.package_ep("fp32", "cuda") == "cpu" and bench_gpu.package_ep("fp16", "cuda") == "cuda"
-    assert [bench_gpu.hf_dtype(p, "cuda") for p in ("fp32", "fp16", "bf16", "int4")] == [
-        "float32", "float16", "bfloat16", "float16"]
-    assert bench_gpu.hf_dtype("bf16", "cpu") == "float32"
-    args = bench_gpu.parse_args(["--ep", "cuda", "--models", "qwen3:1.5e9:int4", "--limit", "300", "--row",
-                                 "b1=shared_prefix_batch=off", "--generator", "20", "--cot", "16", "--peak-tflops", "989"])
-    got = bench_gpu.benches(args.models[0], {"pkg": "/m/int4-cuda", "hf": "/m/hf"}, args)
-    assert list(got) == ["qwen3-1.5e9-int4", "qwen3-1.5e9-int4-generator", "qwen3-1.5e9-int4-cot"]
-    main, gen, cot = got.values()
-    assert main.pkgs == ("b1=/m/int4-cuda:shared_prefix_batch=off",) and main.ep == "cuda" and main.limit == 300
-    assert main.hf == "hf=/m/hf:dtype=float16,batch_size=auto" and main.peer_limit == 100 and main.peak_tflops == 989
-    assert gen.pkgs[1] == "generator=/m/int4-cuda:path=incremental" and gen.ref == "generator" and gen.limit == 20
-    assert cot.cot and cot.samples == 16 and cot.pkgs == main.pkgs

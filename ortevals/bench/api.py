@@ -14,8 +14,8 @@ import platform
 import shutil
 import tempfile
 from collections.abc import Callable
-from importlib import metadata
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 

@@ -108,8 +108,8 @@ def notes(rows: list[Row], rate: str, machine: dict[str, Any]) -> list[str]:
     out += [f"{r.label}: its later runs gave other answers than its first" for r in rows if r.repeat_same is False]
     gpu = (machine.get("device") or {}).get("name")
     out.append(f"Machine: {machine['cores']} CPU cores{f', {gpu}' if gpu else ''}, load average "
-               f"{machine['load_start']:.1f} at the start and {machine['load_end']:.1f} at the end; compare rows within "
-               "one invocation.")
+               f"{machine['load_start']:.1f} at the start and {machine['load_end']:.1f} at the end; compare rows "
+               "within one invocation.")
     return out
 
 

@@ -8,7 +8,7 @@ OUT (``enable``: ortevals looks the class up at call time, so nothing in orteval
 time (the rest is the host: start-up, tokenizing, Python, numpy, the copies ortevals makes), and inside it the
 node time by provider and by op. On CUDA a node's time is what the host spent launching it; ``kernel_time``
 (torch.profiler's CUPTI trace of the same process, when torch with CUDA is there) gives the GPU's own kernel
-time. scripts/bench_gpu.py ``--profile N`` runs it.
+time (scripts/gpu/README.md, call 6).
 """
 
 from __future__ import annotations
