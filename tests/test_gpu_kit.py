@@ -324,7 +324,7 @@ def test_gpu_plan_runs_on_cpu_and_ortevals_answers_equal_hf(fixture_cache, tmp_p
     assert oracle["requests"] == 30 and oracle["within_tolerance"] == 30 and oracle["outside"] == []
     assert 0 < oracle["max_abs_delta"] <= 1e-5 and oracle["activations"] == "float32"
     proc = subprocess.run([sys.executable, str(REPO / "scripts/gpu/ortprofile.py"), str(tmp_path / "prof"), "--",
-                           "mmlu-pro", "--pkg", str(pkg), "--data", "bundled", "--limit", "2",
+                           "mmlu-pro", "--pkg", str(pkg), "--data", "bundled", "--limit", "2", "--no-resume",
                            "--output", str(tmp_path / "prof" / "run")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     prof = json.loads((tmp_path / "prof" / "profile.json").read_text())
