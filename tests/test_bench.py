@@ -193,6 +193,7 @@ def test_refusals_before_any_run(tmp_path, monkeypatch, no_run):
         (["--pkg", str(pkg), "--hf", str(tmp_path / "none")], "--hf"),
         (["--pkg", str(pkg), "--backends", "hf", "--hf", str(hf)], "no backend runs it"),
         (["--pkg", str(pkg), "--peak-tflops", "-3"], "--peak-tflops -3: expected the device's peak TFLOP/s > 0"),
+        (["--pkg", str(pkg), "--ep", "cuda"], "execution provider 'cuda' (CUDAExecutionProvider) is not available"),
     ]
     for args, needle in cases:
         assert_one_line_error(bench(*args), needle)

@@ -4,8 +4,9 @@ Owns :func:`plan`: :class:`~ortevals.bench.spec.BenchOptions` to a :class:`Plan`
 the reference row, the rate's unit), raising one :class:`~ortevals.errors.OrtEvalsError` line for each bad
 input before any process starts (docs/bad-inputs.md): an unknown backend or cache state, a candidate that is
 no package or transformers folder, model args ortevals refuses, a reference not among the rows, rows of
-different tokenizers compared per generated token, a backend whose extra is not installed. A backend outside
-ortevals' extras (vllm) that is not installed is a row that says so instead.
+different tokenizers compared per generated token, a backend whose extra is not installed, an ``--ep`` this
+onnxruntime cannot give the rows that run it. A backend outside ortevals' extras (vllm) that is not installed is
+a row that says so instead.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from ortevals.errors import OrtEvalsError, PackageError, RuntimeMissingError, di
 from ortevals.fidelity.reference import tokenizer_hash
 from ortevals.files import check_writable_folder
 from ortevals.options import parse_arg_string, parse_model_args
+from ortevals.runtime.opening import check_available
+from ortevals.runtime.providers import from_package
 
 OUTPUT_FILES = ("bench.json", "bench.md", "bench.png", "runs")
 EXTRAS = {  # backend -> (modules it imports, the extra that installs them)
@@ -57,6 +60,7 @@ def plan(options: BenchOptions) -> Plan:
     hf = _checkpoint(parse_candidate(options.hf)) if options.hf else None
     _check_targets(backends, pkgs, hf, options)
     _check_extras(backends)
+    _check_provider(options.ep, backends)
     if options.output is not None:
         check_writable_folder(options.output, "--output", OUTPUT_FILES)
     rows = _label(_rows(backends, pkgs, hf, options))
@@ -153,6 +157,14 @@ def _check_extras(backends) -> None:
         if missing:
             raise RuntimeMissingError(f"--backends {name} needs {missing[0]}, which is not installed: "
                                       f"pip install 'ortevals[{extra}]'")
+
+
+def _check_provider(ep: str | None, backends) -> None:
+    """``--ep`` is a provider this onnxruntime offers (or an installed plugin's), where a row runs onnxruntime:
+    else every such row would fail the same way after the others had run (ortevals' own line: what to install)."""
+    if ep is None or ep == "cpu" or not any(b in ("ortevals", *ONNX_PEERS) for b in backends):
+        return
+    check_available(from_package({}, ep, where="--ep"))
 
 
 def _rows(backends, pkgs: list[Candidate], hf: Candidate | None, o: BenchOptions) -> list[RowSpec]:
