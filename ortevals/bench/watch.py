@@ -1,12 +1,13 @@
 """One benchmarked process, watched from outside, the same way for every backend.
 
-Owns :func:`watch`: start a command, time it from launch to exit (``time.perf_counter`` around
-``Popen`` and ``os.wait4``), read its peak resident memory from the kernel (``wait4``'s ``ru_maxrss``:
-the high-water mark of the largest process in its tree, exact where sampling would miss a peak), sample its
-peak device memory from here through NVML where the parent can (devmem.py: ``n/a`` without it), read its
-stderr line by line (tqdm's ``\\r`` updates included) with the time each arrived, note the first moment a
-scoring progress bar shows a finished item (:data:`SCORING_BARS`: ortevals' bars and lm-eval's backends'),
-and kill it after ``timeout`` seconds. Nothing is imported that the child would not see.
+Owns :func:`watch`: start a command, time it from launch to exit (``time.perf_counter`` around ``Popen``
+and ``os.wait4``, polled every 10 ms), read its peak resident memory from the kernel (``wait4``'s
+``ru_maxrss``: the high-water mark of the largest process in its tree, exact where sampling would miss a
+peak), sample its peak device memory from here through NVML where the parent can (devmem.py: ``n/a``
+without it), read its stderr line by line (tqdm's ``\\r`` updates included) with the time each arrived,
+note the first moment a scoring progress bar shows a finished item (:data:`SCORING_BARS`: ortevals' bars
+and lm-eval's backends'), and kill it after ``timeout`` seconds. Nothing is imported that the child would
+not see.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def watch(cmd: list[str], env: dict[str, str], timeout: float | None = None) -> 
     if timer:
         timer.start()
     try:
-        _, status, usage = os.wait4(proc.pid, 0)
+        status, usage = _reap(proc.pid)
     except BaseException:  # Ctrl-C reaches only this process's group: the child's own session goes too
         _kill(proc, expired)
         proc.wait()
@@ -101,6 +102,18 @@ def watch(cmd: list[str], env: dict[str, str], timeout: float | None = None) -> 
     return Watched(proc.returncode, wall, usage.ru_maxrss / 1024, state["first"], expired.is_set(),
                    state["out"].decode(errors="replace"), tuple(state["tail"]), device["peak_device_mib"],
                    device["peak_device_source"], state["bar"])
+
+
+def _reap(pid: int, every: float = 0.01) -> tuple[int, object]:
+    """``os.wait4`` on ``pid`` without blocking in it: Ctrl-C is delivered to whichever thread of this process the
+    kernel picks (the readers', the timer's, NVML's sampler), and a main thread blocked in ``wait4`` then sleeps on
+    to the child's end (seen: a minute) while Python's handler waits for it. Polled every ``every`` seconds, the
+    main thread runs the handler within that time; the exit is timed to within it too."""
+    while True:
+        done, status, usage = os.wait4(pid, os.WNOHANG)
+        if done:
+            return status, usage
+        time.sleep(every)
 
 
 def _kill(proc: subprocess.Popen, expired: threading.Event) -> None:
