@@ -260,12 +260,23 @@ def test_a_run_cut_at_its_timeout_says_how_far_its_progress_bar_got(bar):
     assert w.failure(8.0) == "timed out after 8 s, its progress bar at 91/200"
 
 
+@pytest.fixture
+def python_ctrl_c():
+    """Python's own SIGINT handler (KeyboardInterrupt) for the test, whatever this process inherited."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.parametrize("to", ["process", "another thread"])
-def test_ctrl_c_while_a_run_is_watched_ends_its_process(tmp_path, to):
+def test_ctrl_c_while_a_run_is_watched_ends_its_process(tmp_path, to, python_ctrl_c):
     """The child runs in a session of its own (so a time-out kills its whole group), which Ctrl-C at the terminal
     does not reach: watch ends it before the interrupt goes on (a bench interrupted left hf running before). The
-    kernel may hand the signal to any thread of the process: in the full suite it once went to one of watch's
-    own, and a main thread blocked in wait4 slept on to the child's end (60 s); here it is sent to one on purpose."""
+    kernel may hand the signal to any thread of the process: a main thread blocked in wait4 then slept on to the
+    child's end (60 s); here it is sent to another thread on purpose. Python's own Ctrl-C handler is installed for
+    the test: a suite started in the background (``cmd &``) inherits SIGINT ignored."""
     import os
     import signal
     import threading
