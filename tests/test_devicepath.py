@@ -83,6 +83,23 @@ def test_cuda_libraries_are_preloaded_once_before_the_first_cuda_session(tiny_pk
     assert "loaded libcudart.so.13" in caplog.text and "libcudart" not in capsys.readouterr().out
 
 
+def test_onnxruntime_genai_configs_for_cuda_preload_the_libraries_too(tiny_pkg, preload_spy):
+    """Every og.Model ortevals opens (the incremental path's and the media path's) is configured by og_config:
+    on CUDA it preloads first, as the raw sessions do; never on the CPU."""
+    import onnxruntime_genai as og
+
+    from ortevals.runtime.genai import TEXT_SECTIONS, og_config
+
+    pkg = ModelPackage.load(tiny_pkg)
+    og_config(og, pkg, from_package({}, "cpu"), TEXT_SECTIONS)
+    assert preload_spy == []
+    try:
+        og_config(og, pkg, from_package({}, "cuda"), TEXT_SECTIONS)
+    except ProviderError:  # a CPU onnxruntime-genai may refuse the provider: the libraries were loaded before
+        pass
+    assert preload_spy == [1]
+
+
 def test_embedding_session_is_checked_too(gemma4, cuda_claimed):
     pkg = ModelPackage.load(gemma4[1])
     with pytest.raises(ProviderError, match="embedding.*CUDAExecutionProvider requested|"

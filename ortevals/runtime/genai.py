@@ -201,6 +201,8 @@ def og_config(og, package: ModelPackage, provider: ProviderConfig, sections: tup
                            "checkpoint): set model.type to 'gemma4'; path=prefill and gen_path=raw run the package "
                            "as it is")
     settings = og_settings(package, provider, sections)
+    if provider.name == "cuda":  # before og's CUDA provider loads (every Generator's model, text or media)
+        load_cuda_libraries()
     config = og.Config(str(package.root))
     config.clear_providers()
     if settings["provider"] != "cpu":
@@ -240,8 +242,6 @@ class GenaiRunner:
             raise PackageError(f"{package.unwindowed}; onnxruntime-genai sizes its KV cache to that window and "
                                "fails past it: path=prefill and gen_path=raw run the graph as it is")
         og = import_og()
-        if provider.name == "cuda":
-            load_cuda_libraries()
         config = og_config(og, package, provider, TEXT_SECTIONS)
         mm_overlay, stubs = text_only(package)
         if mm_overlay:
