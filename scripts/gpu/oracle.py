@@ -23,11 +23,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from ortevals.install import import_og, load_cuda_libraries  # noqa: E402
+from ortevals.install import import_og  # noqa: E402
 from ortevals.integrations.lm import ModelArgs, OrtLM  # noqa: E402
-from ortevals.package.loader import ModelPackage  # noqa: E402
 from ortevals.report.runs import arguments, read_jsonl  # noqa: E402
-from ortevals.runtime.providers import CUDA_DEFAULTS  # noqa: E402
+from ortevals.runtime.genai import TEXT_SECTIONS, og_config  # noqa: E402
 
 UNIT_ROUNDOFF = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8, "float32": 2.0 ** -24}  # by the package's KV type
 ULPS = 16
@@ -45,9 +44,9 @@ def tolerance(n: int, zmax: float, dtype: str) -> float:
     return 2 * n * ULPS * UNIT_ROUNDOFF[dtype] * max(1.0, zmax)
 
 
-def requests(run: Path, pkg: str, limit: int) -> list[dict]:
-    """The first ``limit`` (context, continuation) requests of ``run``'s samples, as token ids, with ortevals' ll."""
-    lm = OrtLM.from_package(ModelArgs(pkg=pkg, ep="cpu", store="none"))  # only its tokenizer is used
+def requests(run: Path, lm: OrtLM, limit: int) -> list[dict]:
+    """The first ``limit`` (context, continuation) requests of ``run``'s samples, as ``lm`` encodes them (token
+    ids), with ortevals' log-likelihood."""
     out = []
     for f in sorted(run.glob("samples_*.jsonl")):
         for record in read_jsonl(f):
@@ -59,17 +58,12 @@ def requests(run: Path, pkg: str, limit: int) -> list[dict]:
     return out
 
 
-def run_oracle(pkg: str, ep: str, reqs: list[dict]) -> list[dict]:
-    """Each request through onnxruntime-genai's Generator on ``pkg`` and ``ep``."""
+def run_oracle(lm: OrtLM, reqs: list[dict]) -> list[dict]:
+    """Each request through onnxruntime-genai's Generator on ``lm``'s package and provider, configured as
+    ortevals configures its own Generators (runtime/genai.py ``og_config``: the provider options ortevals' sessions
+    get, the CUDA libraries preloaded)."""
     og = import_og()
-    config = og.Config(pkg)
-    config.clear_providers()
-    if ep != "cpu":
-        load_cuda_libraries()
-        config.append_provider(ep)
-        for key, value in (CUDA_DEFAULTS.items() if ep == "cuda" else ()):  # as ortevals' sessions
-            config.set_provider_option(ep, key, value)
-    model = og.Model(config)
+    model = og.Model(og_config(og, lm.run.package, lm.run.backends.provider, TEXT_SECTIONS))
     for r in reqs:
         params = og.GeneratorParams(model)
         params.set_search_options(max_length=len(r["ctx"]) + len(r["cont"]), do_sample=False)
@@ -103,8 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ep", default="cpu")
     ap.add_argument("--requests", type=int, default=100)
     args = ap.parse_args(argv)
-    dtype = ModelPackage.load(args.pkg).kv[0].dtype  # float16 for the CUDA int4 package, float32 on CPU
-    got = compare(run_oracle(args.pkg, args.ep, requests(args.run, args.pkg, args.requests)), dtype)
+    lm = OrtLM.from_package(ModelArgs(pkg=args.pkg, ep=args.ep, store="none"))  # opens no session
+    dtype = lm.run.package.kv[0].dtype  # float16 for the CUDA int4 package, float32 on CPU
+    got = compare(run_oracle(lm, requests(args.run, lm, args.requests)), dtype)
     (args.run / "oracle.json").write_text(json.dumps(got, indent=1) + "\n")
     print(json.dumps(got))
     return 0 if not got["outside"] else 1
