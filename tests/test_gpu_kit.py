@@ -299,7 +299,8 @@ def test_gpu_plan_runs_on_cpu_and_ortevals_answers_equal_hf(fixture_cache, tmp_p
     proc = subprocess.run(bench, capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     result = json.loads((out / "bench.json").read_text())
-    assert result["machine"]["versions"]["lm_eval"] and "device" in result["machine"]
+    assert result["machine"]["versions"]["lm_eval"] and "onnxruntime==" in result["machine"]["versions"]["onnxruntime"]
+    assert "device" in result["machine"]
     rows = {r["label"]: r for r in result["rows"]}
     assert list(rows) == ["batched", "batch1", "hf", "onnxruntime-genai fp32-cpu"] and rows["hf"]["is_ref"]
     for label, row in rows.items():

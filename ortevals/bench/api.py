@@ -15,7 +15,6 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from ortevals.bench.spec import BenchOptions, command_line
 from ortevals.bench.workload import Work
 from ortevals.bench.write import markdown_table, notes, plot, text_table, to_json
 from ortevals.files import atomic_write, atomic_write_bytes, json_text
+from ortevals.package.scope import versions
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def run(options: BenchOptions, progress: Callable[[str], None] | None = None) ->
     say = progress or log.info
     folder = Path(options.output).expanduser() if options.output else Path(tempfile.mkdtemp(prefix="ortevals-bench-"))
     machine = {"cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-               "load_start": os.getloadavg()[0], "device": device_info(), "versions": _versions()}
+               "load_start": os.getloadavg()[0], "device": device_info(), "versions": versions(LIBRARIES)}
     try:
         records = measure(bench, Work.of(options), folder, options.repeat, options.timeout, say)
         machine["load_end"] = os.getloadavg()[0]
@@ -77,20 +77,9 @@ def run(options: BenchOptions, progress: Callable[[str], None] | None = None) ->
     return BenchResult(rows, bench.rate, bench.ref, meta, records, _write(result, folder))
 
 
-# the libraries whose versions can move a row's figures (bench.json's machine.versions)
-LIBRARIES = ("ortevals", "onnxruntime", "onnxruntime-gpu", "onnxruntime-genai", "onnxruntime-genai-cuda", "numpy",
-             "torch", "transformers", "lm_eval", "vllm")
-
-
-def _versions() -> dict[str, str]:
-    """The installed version of each of :data:`LIBRARIES` (those not installed left out)."""
-    found = {}
-    for name in LIBRARIES:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return found
+# the libraries whose versions can move a row's figures (beside ortevals and its source digest; the runtimes as
+# the wheels installed: onnxruntime-gpu==…)
+LIBRARIES = ("onnxruntime", "onnxruntime-genai", "numpy", "torch", "transformers", "lm_eval", "vllm")
 
 
 def _write(result: BenchResult, folder: Path) -> tuple[Path, ...]:
