@@ -233,8 +233,7 @@ def mfu(target: str, folder: Path, peak_flops: float) -> float | None:
     if not tokens or not seconds:
         return None
     package = ModelPackage.load(target)
-    config = json.loads((package.root / "genai_config.json").read_text(encoding="utf-8"))["model"]
-    matrix = package.parameters - package.vocab_size * (config["decoder"].get("hidden_size") or 0)
+    matrix = package.parameters - package.vocab_size * (package.config["model"]["decoder"].get("hidden_size") or 0)
     return 2 * matrix * tokens / seconds / peak_flops
 
 
