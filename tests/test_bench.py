@@ -25,7 +25,7 @@ from ortevals.bench.measure import RunRecord
 from ortevals.bench.plan import plan
 from ortevals.bench.rows import counts, paired, table_rows
 from ortevals.bench.spec import Candidate
-from ortevals.bench.watch import Watched, first_count, watch
+from ortevals.bench.watch import Watched, scoring_bar, watch
 from ortevals.cli import cli
 from ortevals.presets import BUNDLED
 from ortevals.report.runs import load_run
@@ -230,8 +230,8 @@ def test_watch_times_launch_to_exit_peak_memory_and_the_first_result():
     assert w.exit_code == 0 and w.stdout == "done\n" and not w.timed_out
     assert w.peak_rss_mib >= 200
     assert 0.6 <= w.first_result_s < w.wall_s and w.wall_s >= 0.9
-    assert first_count("ortevals:  70%|███████   | 12/20 questions [00:35<00:14]") == 12
-    assert first_count("Building contexts:  50%|#    | 1/2 [00:00<00:00]") is None
+    assert scoring_bar("ortevals:  70%|███████   | 12/20 questions [00:35<00:14]") == (12, 20)
+    assert scoring_bar("Building contexts:  50%|#    | 1/2 [00:00<00:00]") is None
 
 
 def test_watch_kills_a_run_at_its_timeout():

@@ -56,12 +56,6 @@ class Watched:
         return (errors or lines or [f"exit code {self.exit_code}, no output"])[-1]
 
 
-def first_count(line: str) -> int | None:
-    """The finished-item count a scoring progress bar shows on ``line``, else None."""
-    bar = scoring_bar(line)
-    return bar[0] if bar else None
-
-
 def scoring_bar(line: str) -> tuple[int, int] | None:
     """(done, total) of the scoring progress bar on ``line``, else None."""
     found = _BAR.match(line)
