@@ -288,9 +288,10 @@ NEEDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "step_separator": (lambda a: a.prm or _searching(a), "prm=true or --search"),
     "cascade": (lambda a: a.gen_path != "og", "gen_path=auto or raw (cascade is a raw-path decoding; gen_path=og "
                 "generates on onnxruntime-genai)"),
-    "shared_prefix_batch": (lambda a: a.prefix_cache and a.scoring_graph and not a.exact,
-                            "prefix_cache=true, scoring_graph=true and exact=false (it batches the inputs that "
-                            "share a cached prefix)"),
+    "shared_prefix_batch": (lambda a: a.prefix_cache and a.scoring_graph and not a.exact and a.path != "incremental",
+                            "prefix_cache=true, scoring_graph=true, exact=false and path=auto or prefill (it batches "
+                            "the prefill path's inputs that share a cached prefix; path=incremental scores on "
+                            "onnxruntime-genai)"),
     "gen_batch_size": (lambda a: a.gen_path != "raw", "gen_path=auto or og (it batches onnxruntime-genai's "
                        "Generators; the raw path decodes a prompt's rows together by itself)"),
 }

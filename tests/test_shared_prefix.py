@@ -199,6 +199,27 @@ def test_the_option_is_refused_where_it_would_do_nothing():
         parse_model_args({"pkg": "x", "shared_prefix_batch": "yes"})
 
 
+@pytest.mark.parametrize("value", ["on", "off"])
+def test_the_option_with_path_incremental_is_one_line_before_any_work(value):
+    """path=incremental scores on onnxruntime-genai, which never runs a shared-prefix pass: on or off there is
+    refused in one line (the CLI: exit 2) before the package is read (it does not exist); auto is accepted."""
+    from click.testing import CliRunner
+
+    from ortevals.cli import cli
+    from ortevals.options import parse_model_args
+    from tests.test_cli import assert_one_line_error
+
+    needle = f"shared_prefix_batch={value!r} does nothing without prefix_cache=true, scoring_graph=true, exact=false " \
+             "and path=auto or prefill"
+    with pytest.raises(OrtEvalsError, match=needle):
+        parse_model_args({"pkg": "x", "shared_prefix_batch": value, "path": "incremental"})
+    result = CliRunner().invoke(cli, ["run", "--pkg", "/nonexistent/package", "--tasks", "gsm8k", "--model-args",
+                                      f"shared_prefix_batch={value},path=incremental"], catch_exceptions=False)
+    assert_one_line_error(result, needle)
+    assert parse_model_args({"pkg": "x", "path": "incremental"}).shared_prefix_batch == "auto"
+    assert parse_model_args({"pkg": "x", "shared_prefix_batch": value, "path": "prefill"}).path == "prefill"
+
+
 def _engine(pkg_dir, cache, io_binding: bool, **settings):
     """A prefill engine on ``pkg_dir`` (``io_binding``: KV left as OrtValues, as on a device), with a shared-prefix
     runner when ``shared_prefix_batch`` is set."""
