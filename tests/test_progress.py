@@ -4,11 +4,11 @@ lm-eval's own tokenizing), the progress bar's questions and work-weighted ETA, t
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 from lm_eval.api.instance import Instance
 from lm_eval.api.model import TemplateLM
-from tqdm import tqdm
 
 from ortevals.integrations.lm import ENCODE_AHEAD, ModelArgs, OrtLM
 from ortevals.package.loader import ModelPackage
@@ -116,25 +116,36 @@ def test_request_work_counts_new_tokens_once_per_input():
     assert request_work([list(a), tuple(a)]) == pytest.approx([(103 + PASS_TOKENS) / 2] * 2)
 
 
+def _shown(bar: Progress, elapsed: float) -> str:
+    """The line the bar draws ``elapsed`` seconds after it started."""
+    bar.bar.start_t = bar.bar._time() - elapsed
+    return str(bar.bar)
+
+
 def test_progress_counts_questions_and_its_eta_is_the_work_left_at_the_average_rate():
-    """A question is done when its last request is; the bar advances by work, so the ETA it shows is
-    elapsed × work left / work done (tqdm's average rate, smoothing 0), whatever the order."""
+    """A question is done when its last request is; the percentage and the bar are the questions' (the count
+    shown), and the ETA is elapsed × work left / work done (the average rate over work), whatever the order. The
+    README's own run showed ``22%| 6/50 questions``: the percentage was the work's."""
     header = tuple(range(50))
-    inputs = [header + (q,) * (10 + 30 * (q % 2)) for q in range(4) for _ in range(3)]
+    inputs = [header + (q,) * (10 + 300 * (q % 2)) for q in range(4) for _ in range(3)]
     units = [("task", q) for q in range(4) for _ in range(3)]
     bar = Progress(inputs, units)
-    order = [3, 0, 6, 9, 1, 4, 2, 7, 10, 5, 8, 11]
-    for i in order[:7]:
-        bar.done(i)
-    assert bar.done_units == 1 and bar.bar.units == "1/4 questions"
-    fmt = bar.bar.format_dict
-    total, done = sum(request_work(inputs)), sum(request_work(inputs)[i] for i in order[:7])
-    assert fmt["rate"] is None and fmt["total"] == pytest.approx(total) and fmt["n"] == pytest.approx(done)
-    shown = tqdm.format_meter(**{**fmt, "elapsed": 600})  # as the bar would print it 10 minutes in
-    eta = 600 * (total - done) / done
-    assert shown.endswith(f"1/4 questions [10:00<{int(eta // 60):02d}:{int(eta % 60):02d}]"), shown
-    for i in order[7:]:
-        bar.done(i)
+    order = [3, 4, 5, 9, 0, 6, 10, 1, 7, 2, 8, 11]  # question 1 (a long one) first; then parts of 3, 0, 2
+    work = request_work(inputs)
+    total = sum(work)
+    for k in range(1, len(order) + 1):
+        bar.done(order[k - 1])
+        finished = [q for q in range(4) if {3 * q, 3 * q + 1, 3 * q + 2} <= set(order[:k])]  # the oracle
+        done = sum(work[i] for i in order[:k])
+        line = _shown(bar, 600)  # as the bar would print it 10 minutes in
+        shown = re.match(r"ortevals: +(\d+)%\|[^|]*\| (\d+)/(\d+) questions \[10:00<(\d\d):(\d\d)\]$", line)
+        assert shown, line
+        pct, n, of, minutes, seconds = map(int, shown.groups())
+        assert (n, of) == (len(finished), 4) and pct == round(100 * len(finished) / 4), line
+        eta = round(600 * (total - done) / done)
+        assert abs(60 * minutes + seconds - eta) <= 1, (line, eta)
+        if k == 3:  # question 1 done, 44% of the work: the old bar drew the work's percentage with 1/4
+            assert line.startswith("ortevals:  25%|") and round(100 * done / total) == 44
     assert bar.done_units == 4
     bar.close()
 
