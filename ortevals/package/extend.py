@@ -16,10 +16,17 @@ in both and every token before k too. A normalizer or post-processor that acts o
 space, a stripped start, an end-of-sequence token) makes the check fail on C, and the extension is then encoded
 whole. An added token (matched on the raw text before pre-tokenizing) that holds a newline could span k in T
 and not in C: a tokenizer with one is never split. Texts with no such prefix are encoded whole.
+
+That argument needs a pre-tokenizer that ends a pre-token at such a newline (:func:`bounds_at_newlines`: GPT-2's
+byte-level regex, a regular-expression split as Llama 3's and Qwen's, the whitespace splitters). Without one
+(no pre-tokenizer, as Gemma's and Llama 2's tokenizer.json; SentencePiece's metaspace, which splits at spaces
+only) the text around k is one pre-token, and the byte-pair merges the extension's characters start can reach
+back across k although C passes its check: such a tokenizer is never split either.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 
 Batch = Callable[[list[str], bool], list]  # texts, add_special_tokens -> encodings (.ids, and .offsets when asked)
@@ -42,6 +49,34 @@ def extensions(texts: Sequence[str]) -> list[int | None]:
     return base
 
 
+SPLITTERS = ("Whitespace", "WhitespaceSplit", "BertPreTokenizer")  # pre-tokenizers that split at every whitespace
+
+
+def bounds_at_newlines(pre_tokenizer: dict | None) -> bool:
+    """Whether ``pre_tokenizer`` (tokenizer.json's entry) is known to end a pre-token before a newline that
+    follows a character that is not whitespace: a byte-level one with its regex, a regular-expression split, a
+    whitespace splitter, or a sequence holding one (a sequence's members only split further)."""
+    if not isinstance(pre_tokenizer, dict):
+        return False
+    kind = pre_tokenizer.get("type")
+    if kind == "Sequence":
+        return any(bounds_at_newlines(p) for p in pre_tokenizer.get("pretokenizers") or ())
+    if kind == "ByteLevel":
+        return bool(pre_tokenizer.get("use_regex", True))
+    if kind == "Split":
+        return isinstance(pre_tokenizer.get("pattern"), dict) and "Regex" in pre_tokenizer["pattern"]
+    return kind in SPLITTERS
+
+
+def may_split(backend) -> bool:
+    """Whether :func:`encode_extending` may split for a ``tokenizers.Tokenizer``: its pre-tokenizer bounds tokens
+    at the split (:func:`bounds_at_newlines`) and no added token holds a newline (module docstring)."""
+    if any("\n" in t.content for t in backend.get_added_tokens_decoder().values()):
+        return False
+    pre = backend.pre_tokenizer
+    return pre is not None and bounds_at_newlines(json.loads(pre.__getstate__()))
+
+
 def split_point(text: str) -> int | None:
     """k: the last newline of ``text`` after a character that is not whitespace, at least two characters before
     its end (None where there is none)."""
@@ -55,7 +90,7 @@ def encode_extending(texts: list[str], special: bool, whole: Batch, with_offsets
                      splittable: bool = True) -> list[list[int]]:
     """The ids of each text as ``whole(texts, special)`` gives them (``with_offsets`` is the same encoder
     returning offsets), extensions of a text of the batch encoded by their tails where the split is proven on
-    the prefix (module docstring). ``splittable``: False where an added token of the tokenizer holds a newline."""
+    the prefix (module docstring). ``splittable``: False where the tokenizer may not be split (:func:`may_split`)."""
     base = extensions(texts) if splittable else [None] * len(texts)
     prefixes = sorted({b for b in base if b is not None})
     ids: list[list[int] | None] = [None] * len(texts)

@@ -11,6 +11,7 @@ decides, and never twice when the text already starts with BOS.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -21,8 +22,10 @@ from typing import Any
 
 from ortevals.errors import PackageError
 from ortevals.package.chat import choose_template, render, special_token_vars
+from ortevals.package.config import CONFIG_NAME, load_json_config
 from ortevals.package.extend import encode_extending
 from ortevals.package.loader import ModelPackage
+from ortevals.package.manifest import locate, tokenizer_folder
 from ortevals.package.scope import Reads
 
 log = logging.getLogger(__name__)
@@ -50,6 +53,26 @@ class TokenizerFiles:
 
 def tokenizer_files(root: Path) -> TokenizerFiles:
     return TokenizerFiles(root / "tokenizer.json", root / "tokenizer_config.json", root / "chat_template.jinja")
+
+
+def package_tokenizer_root(folder: Path) -> Path:
+    """The folder a GenAI package's tokenizer files are in (``model.tokenizer_dir`` resolved as
+    :attr:`ModelPackage.tokenizer_root` resolves it), from its ``genai_config.json`` alone: no model is read."""
+    root, manifest, _ = locate(Path(folder), None)
+    model = load_json_config(root).get("model")
+    return tokenizer_folder(root, model.get("tokenizer_dir") if isinstance(model, dict) else None, manifest,
+                            root / CONFIG_NAME)
+
+
+def tokenizer_digest(path: Path) -> str:
+    """sha256 of a ``tokenizer.json`` re-serialized with sorted keys (its formatting does not count): two files
+    with one digest split every text into the same tokens."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PackageError(f"{path}: not a readable tokenizer.json ({e})") from None
+    canonical = json.dumps(data, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
 def tokenizer_reads(package: ModelPackage) -> Reads:
