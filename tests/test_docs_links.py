@@ -100,3 +100,17 @@ def test_the_checker_sees_broken_links(tmp_path):
                                            ("[Link](x.md) and *more*", "link-and-more")])
 def test_heading_ids_as_github_makes_them(heading, want):
     assert slug(heading) == want
+
+
+DOCS_LIMIT = 2 * 1024 * 1024  # user pages, their plots and tables; raw bench data belongs elsewhere
+
+
+def test_docs_stay_within_two_mib():
+    files = tracked()
+    if files is None:
+        pytest.skip("not a git checkout")
+    docs = [ROOT / p for p in files if p.startswith("docs/")]
+    size = sum(p.stat().st_size for p in docs if p.is_file())
+    largest = sorted(docs, key=lambda p: p.stat().st_size if p.is_file() else 0)[-3:]
+    assert size <= DOCS_LIMIT, (f"docs/ is {size / 2**20:.2f} MiB tracked (limit 2 MiB); largest: "
+                                + ", ".join(f"{p.relative_to(ROOT)} {p.stat().st_size // 1024} KiB" for p in largest))
