@@ -9,8 +9,9 @@ built-ins are imported before ``ortevals`` is added.
 ``python -m ortevals.integrations.lm_eval_plugin ARGS`` is the stock ``lm_eval`` CLI with
 ``--model ortevals`` available. lm-eval builds the model inside ``simple_evaluate``, after it has indexed and
 loaded the tasks, and lets the model's error through as a traceback; the wrapper parses the command line with
-lm-eval's own parser, checks ``--model_args`` and the package before lm-eval starts (:func:`preflight`), and
-prints any ortevals error, then or later, as one line (``Error: …``, exit 2), as the ``ortevals`` command does.
+lm-eval's own parser, checks ``--model_args``, the package and its execution provider before lm-eval starts
+(:func:`preflight`), and prints any ortevals error, then or later, as one line (``Error: …``, exit 2), as the
+``ortevals`` command does.
 """
 
 from __future__ import annotations
@@ -32,12 +33,18 @@ def register() -> None:
 
 
 def preflight(model_args: dict | None, batch_size) -> None:
-    """What lm-eval would hand ``OrtLM.create_from_arg_obj``, checked now: the model arguments and the package
-    folder (its config and graphs' declarations, no session)."""
+    """What lm-eval would hand ``OrtLM.create_from_arg_obj``, checked now: the model arguments, the package
+    folder (its config and graphs' declarations, no session) and the execution provider the run would open it on
+    (``ep=cuda`` on an install without CUDA: one line here, not after lm-eval has loaded the tasks)."""
     from ortevals.integrations.lm import lm_eval_model_args
     from ortevals.package.loader import ModelPackage
+    from ortevals.runtime.opening import check_available
+    from ortevals.runtime.providers import from_package, parse_options
 
-    ModelPackage.load(lm_eval_model_args(dict(model_args or {}), {"batch_size": batch_size}).pkg)
+    args = lm_eval_model_args(dict(model_args or {}), {"batch_size": batch_size})
+    package = ModelPackage.load(args.pkg, args.ep)
+    check_available(from_package(package.decoder.session_options, args.ep, parse_options(args.provider_options),
+                                 args.threads, allow_cpu_fallback=args.allow_cpu_fallback))
 
 
 def main() -> None:

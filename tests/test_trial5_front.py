@@ -1,0 +1,35 @@
+"""Issue 55 (trust, round 5), the front doors: inputs refused in one line before the work they would waste (lm-eval's
+command line with a provider this install lacks, a task whose data is nowhere offline, a verifier whose context is
+too short for the answers, an Olive evaluator's misspelt ``data``), and messages that point the right way (no
+did-you-mean for a name nothing is close to; ``--data`` with a name that is no task)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ortevals.errors import OrtEvalsError
+from tests.test_trial4 import lm_eval_cli, one_line
+
+
+def _cuda_available() -> bool:
+    import onnxruntime
+
+    return "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+
+
+# --- item 11: lm-eval's route, ep=cuda without CUDA ------------------------------------------------------------
+@pytest.mark.skipif(_cuda_available(), reason="this onnxruntime has CUDA")
+def test_lm_eval_route_refuses_a_missing_provider_before_lm_eval_starts(tiny_pkg):
+    """`--model_args ep=cuda` on a CPU-only install was refused by the model's constructor, after lm-eval had indexed
+    and loaded the tasks (27 s); the wrapper's preflight now resolves the provider too: the only line of output."""
+    import onnxruntime
+
+    from ortevals.integrations.lm_eval_plugin import preflight
+
+    with pytest.raises(OrtEvalsError, match=r"execution provider 'cuda' \(CUDAExecutionProvider\) is not available"):
+        preflight({"pkg": str(tiny_pkg), "ep": "cuda"}, None)
+    out = one_line(lm_eval_cli("--model_args", f"pkg={tiny_pkg},ep=cuda", "--tasks", "arc_easy", "--limit", "1"),
+                   "execution provider 'cuda' (CUDAExecutionProvider) is not available",
+                   *onnxruntime.get_available_providers())
+    assert len(out.splitlines()) == 1 and "Selected Tasks" not in out
+
