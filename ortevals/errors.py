@@ -54,11 +54,15 @@ def first_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
+CLOSE = 0.8  # difflib's ratio of a typo to the name meant: one letter off a short name ('hff'/'hf') is 0.8
+
+
 def did_you_mean(name: str, known) -> str:
-    """`` (did you mean 'x'?)`` for the nearest of ``known`` (difflib), or an empty string."""
+    """`` (did you mean 'x'?)`` for the nearest of ``known`` (difflib) where it is close (:data:`CLOSE`), else an
+    empty string: difflib's default cutoff, 0.6, offered 'injongointent_tasks' for 'nonexistent_task' (0.74)."""
     import difflib
 
-    match = difflib.get_close_matches(name, sorted(known), n=1)
+    match = difflib.get_close_matches(name, sorted(known), n=1, cutoff=CLOSE)
     return f" (did you mean {match[0]!r}?)" if match else ""
 
 

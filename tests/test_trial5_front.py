@@ -5,9 +5,11 @@ did-you-mean for a name nothing is close to; ``--data`` with a name that is no t
 
 from __future__ import annotations
 
+import difflib
+
 import pytest
 
-from ortevals.errors import OrtEvalsError
+from ortevals.errors import OrtEvalsError, did_you_mean
 from tests.test_trial4 import lm_eval_cli, one_line
 
 
@@ -33,3 +35,25 @@ def test_lm_eval_route_refuses_a_missing_provider_before_lm_eval_starts(tiny_pkg
                    *onnxruntime.get_available_providers())
     assert len(out.splitlines()) == 1 and "Selected Tasks" not in out
 
+
+# --- item 13: did-you-mean only for close names --------------------------------------------------------------------
+def test_did_you_mean_suggests_only_close_names():
+    """`nonexistent_task` was offered 'injongointent_tasks' (difflib ratio 0.74, over the default cutoff 0.6); a
+    typo's ratio to the name meant stays high (one letter off: 'hff'/'hf' 0.8, 'limt'/'limit' 0.89)."""
+    ratio = difflib.SequenceMatcher(None, "nonexistent_task", "injongointent_tasks").ratio()
+    assert 0.7 < ratio < 0.8
+    assert did_you_mean("nonexistent_task", ["injongointent_tasks", "noor_stem_tasks"]) == ""
+    for typo, meant in (("hff", "hf"), ("limt", "limit"), ("pkgg", "pkg"), ("mmlu-pr", "mmlu-pro"),
+                        ("bundeld", "bundled")):
+        assert did_you_mean(typo, [meant, "nonexistent_task"]) == f" (did you mean {meant!r}?)"
+
+
+def test_an_unknown_task_far_from_every_name_gets_no_suggestion(tiny_pkg):
+    from click.testing import CliRunner
+
+    from ortevals.cli import cli
+    from tests.test_cli import assert_one_line_error
+
+    result = CliRunner().invoke(cli, ["run", "--pkg", str(tiny_pkg), "--tasks", "nonexistent_task", "--limit", "1"])
+    assert_one_line_error(result, "--tasks: unknown task 'nonexistent_task'; expected an lm-eval task")
+    assert "did you mean" not in result.output
