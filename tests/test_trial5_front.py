@@ -57,3 +57,26 @@ def test_an_unknown_task_far_from_every_name_gets_no_suggestion(tiny_pkg):
     result = CliRunner().invoke(cli, ["run", "--pkg", str(tiny_pkg), "--tasks", "nonexistent_task", "--limit", "1"])
     assert_one_line_error(result, "--tasks: unknown task 'nonexistent_task'; expected an lm-eval task")
     assert "did you mean" not in result.output
+
+
+# --- item 11: an Olive evaluator's misspelt data ----------------------------------------------------------------
+def test_olive_data_typo_names_the_key_and_the_close_value(tmp_path, tiny_pkg):
+    """`"data": "bundeld"` said `bundeld: data folder not found` after Olive had started (42 s), naming neither the
+    JSON key nor "bundled"; the wrapper's check now names both, the only line, before Olive is imported."""
+    from ortevals.integrations.olive_workflow import check_evaluator
+    from tests.test_trial4 import olive_workflow, set_evaluator
+
+    with pytest.raises(OrtEvalsError, match=r"^OrtEvalsEvaluator: data 'bundeld': data folder not found \(did you "
+                                            r"mean 'bundled'\?\); expected \"bundled\""):
+        check_evaluator({"data": "bundeld"})
+    with pytest.raises(OrtEvalsError, match=r"^OrtEvalsEvaluator: data '.*/elsewhere': data folder not found; "):
+        check_evaluator({"data": str(tmp_path / "elsewhere")})
+    (tmp_path / "one.parquet").write_bytes(b"")
+    with pytest.raises(OrtEvalsError, match=r"^OrtEvalsEvaluator: data '.*one.parquet': is a file; expected the "
+                                            r"folder of the data set"):
+        check_evaluator({"data": str(tmp_path / "one.parquet")})
+    check_evaluator({"data": "bundled"})
+    check_evaluator({"data": str(tmp_path)})
+    out = one_line(olive_workflow(tmp_path / "wf", edit=set_evaluator(tiny_pkg, data="bundeld")),
+                   "OrtEvalsEvaluator: data 'bundeld'", "(did you mean 'bundled'?)")
+    assert len(out.splitlines()) == 1

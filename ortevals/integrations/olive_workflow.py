@@ -2,14 +2,15 @@
 
 Owns what an ``OrtEvalsEvaluator`` entry may hold (:data:`KEYS`) and its check (:func:`check_evaluator`: unknown
 keys with the closest valid one; each task an ortevals preset or an lm-eval task, with a did-you-mean; ``limit``,
-``num_fewshot`` and ``max_gen_toks`` in range, named by their JSON key; ``data`` ``bundled`` or a folder;
-``reference`` a run folder; the model arguments through the options table), which the evaluator's constructor
-runs, and the workflow file's (:func:`check_workflow`: the input model's folder, which must hold a GenAI
-package, and each ortevals evaluator). ``python -m ortevals.integrations.olive_workflow run --config FILE …``
-runs :func:`check_workflow` before Olive is imported (Olive's own start-up, before it builds an evaluator, takes
-15 to 30 s), then Olive's command line with the same arguments; ortevals' errors, then or during the run, end
-the output as one line (``Error: …``, exit 2). Without the wrapper, :func:`one_line_errors` (the excepthook the
-evaluator's module installs when Olive imports it) prints them, and Olive's missing input model, as one line.
+``num_fewshot`` and ``max_gen_toks`` in range, named by their JSON key; ``data`` ``bundled`` or a folder, named by
+its key, a near miss of ``bundled`` getting it suggested; ``reference`` a run folder; the model arguments through
+the options table), which the evaluator's constructor runs, and the workflow file's (:func:`check_workflow`: the
+input model's folder, which must hold a GenAI package, and each ortevals evaluator). ``python -m
+ortevals.integrations.olive_workflow run --config FILE …`` runs :func:`check_workflow` before Olive is imported
+(Olive's own start-up, before it builds an evaluator, takes 15 to 30 s), then Olive's command line with the same
+arguments; ortevals' errors, then or during the run, end the output as one line (``Error: …``, exit 2). Without the
+wrapper, :func:`one_line_errors` (the excepthook the evaluator's module installs when Olive imports it) prints
+them, and Olive's missing input model, as one line.
 This module imports no Olive until Olive runs.
 """
 
@@ -47,7 +48,6 @@ def model_args(settings: dict[str, Any], pkg: str, ep: str | None = None) -> dic
 def check_evaluator(settings: dict[str, Any]) -> None:
     """An ``OrtEvalsEvaluator`` entry's keys and values, before any model or data is opened."""
     from ortevals.options import parse_model_args
-    from ortevals.presets import resolve_local
 
     unknown = sorted(set(settings) - set(KEYS))
     if unknown:
@@ -58,12 +58,29 @@ def check_evaluator(settings: dict[str, Any]) -> None:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
             raise OrtEvalsError(f"{NAME}: {key} must be an integer >= {low} in the evaluator config, got {value!r}")
     check_tasks(settings.get("tasks", ("mmlu-pro",)))
-    resolve_local(settings.get("data"))
+    check_data(settings.get("data"))
     reference = settings.get("reference")
     if reference is not None and not Path(reference).expanduser().exists():
         raise OrtEvalsError(f"{NAME}: reference {reference}: not found; expected an ortevals --output folder or an "
                             "lm-eval --log_samples folder")
     parse_model_args(model_args(settings, "(the input model)"))
+
+
+def check_data(data) -> None:
+    """``data``: ``bundled`` or a folder, named by its JSON key (a near miss of ``bundled`` gets it suggested)."""
+    if data is None or data == "bundled":
+        return
+    expected = ('expected "bundled" (the MMLU-Pro copy shipped with ortevals) or the folder of a local copy of the '
+                "data set, in the Hugging Face hub's layout")
+    if not isinstance(data, str) or not data.strip():
+        raise OrtEvalsError(f"{NAME}: data must be a string in the evaluator config, got {data!r}; {expected}")
+    path = Path(data).expanduser()
+    if not path.exists():
+        raise OrtEvalsError(f"{NAME}: data {data!r}: data folder not found{did_you_mean(data, ('bundled',))}; "
+                            f"{expected}")
+    if not path.is_dir():
+        raise OrtEvalsError(f"{NAME}: data {data!r}: is a file; expected the folder of the data set (the hub's "
+                            "layout: the folder above data/test-….parquet)")
 
 
 def check_tasks(tasks) -> None:
