@@ -422,3 +422,34 @@ def test_bench_end_to_end_on_the_tiny_package(tiny, tmp_path):
     md = (out / "bench.md").read_text()
     assert md.startswith("`ortevals bench --pkg") and (out / "bench.png").stat().st_size > 1000
     assert (out / "runs").is_dir() and not (out / "cache").exists()
+
+
+# ---- bench.png ------------------------------------------------------------------------------------------------------
+
+
+def ok_row(label: str, rate: float, backend: str = "ortevals"):
+    from ortevals.bench.rows import Row
+    from ortevals.report import stats
+
+    return Row(label=label, backend=backend, target="/p", args="", cache=None, status="ok", note="", is_ref=False,
+               runs=1, rate=rate, accuracy=stats.wilson(3, 10))
+
+
+@pytest.mark.parametrize("rates", [(3.0, 6.0), (50.0, 120.0, 250.0), (4.53, 5.3), (0.108, 4.53, 0.591), (0.012, 3.1e3)],
+                         ids=["twofold", "fivefold", "narrow", "docs-table", "five-decades"])
+def test_bench_png_log_axis_labels_never_overlap(monkeypatch, rates):
+    """bench.png's rate axis (log scale): matplotlib labelled every minor tick of a range under a decade or two, and
+    the labels ran into one string; checked as drawn, by matplotlib's renderer, before it becomes a PNG."""
+    from ortevals.bench import write
+    from tests.test_trial3_report import _overlaps
+
+    seen = []
+
+    def check(plt, fig, dpi=110):
+        seen.append(_overlaps(fig))
+        plt.close(fig)
+        return b""
+
+    monkeypatch.setattr(write, "png", check)
+    write.plot([ok_row(f"row {i}", r) for i, r in enumerate(rates)], "requests")
+    assert seen == [[]]

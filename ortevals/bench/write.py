@@ -14,7 +14,7 @@ from typing import Any
 
 from ortevals.bench.measure import RunRecord
 from ortevals.bench.rows import Row
-from ortevals.report.plots import figure, png
+from ortevals.report.plots import figure, log_ticks, png
 
 HEADER = ("row", "questions", "runs", "wall s", "{rate}", "× ref", "first result s", "peak RSS MiB", "device MiB",
           "size MiB", "accuracy [95% CI]", "flips −/+", "McNemar p", "choice-KL", "same answers", "max |Δ ll|")
@@ -128,10 +128,11 @@ def plot(rows: list[Row], rate: str) -> bytes:
     names = [r.label for r in ok]
     colors = ["#1f77b4" if r.backend == "ortevals" else "#999999" for r in ok]
     left.barh(names, [r.rate for r in ok], color=colors)
-    left.set_xscale("log")
     positive = [r.rate for r in ok if r.rate]
-    if positive:
-        left.set_xlim(min(positive) / 2, max(positive) * 4)  # room for the labels
+    span = (min(positive) / 2, max(positive) * 4) if positive else ()  # room for the bars' own labels
+    log_ticks(left, span)  # labelled ticks that never run into each other (minor ticks unlabelled)
+    if span:
+        left.set_xlim(*span)
     left.set_xlabel(f"{RATE[rate]} (log scale, launch to exit)")
     for i, r in enumerate(ok):
         left.text(r.rate, i, f" {_sig(r.rate)}", va="center", fontsize=8)
