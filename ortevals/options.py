@@ -182,7 +182,8 @@ OPTIONS: tuple[Option, ...] = (
            "serve falls back in one logged line), off (one input a pass on the prefix: no second session), auto "
            "(on with a GPU unless that second copy of the weights would take more than half of the memory it "
            "holds beside the first; off on CPU, where on is 10% faster but holds the weights twice and makes "
-           "resumed runs equal within float32 rounding, not bit for bit). Needs prefix_cache and scoring_graph."),
+           "resumed runs equal within float32 rounding, not bit for bit). Needs prefix_cache, scoring_graph and the "
+           "prefill path (path=auto or prefill)."),
     Option("prefix_budget_mb", positive_int("prefix_budget_mb"), 1024, "KV held for shared prefixes at once."),
     Option("scoring_graph", boolean("scoring_graph"), True, "Derived decoder: LM head only at scored positions."),
     Option("path", choice("path", ("auto", "prefill", "incremental")), "auto",
