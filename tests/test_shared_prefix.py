@@ -317,3 +317,60 @@ def test_auto_is_on_with_a_gpu_that_holds_a_second_copy_and_off_on_cpu(tiny_pkg,
     assert plan(cpu, 10**12) == "off" and plan(cpu, 10**12, shared_prefix_batch="on") == "on"
     assert plan(cuda, 10**12, shared_prefix_batch="off") == "off"
     assert plan(cuda, 10**12, prefix_cache="false") == "off" and plan(cuda, 10**12, scoring_graph="false") == "off"
+
+
+def test_a_refused_first_shared_pass_is_recorded_as_one_input_a_pass(tiny_pkg, tmp_path, monkeypatch):
+    """The shared-prefix graph refusing its first pass (as a device kernel can): every input runs one a pass, and
+    the record says so: the mode line, the passes and tokens counted (those onnxruntime ran, counted here around
+    the decoder's session calls), and the store, whose answers are then keyed as shared_prefix_batch=off's (a run
+    with off reuses every one; one with on, its graph serving, none)."""
+    from ortevals.errors import PackageError
+    from ortevals.runtime.prefix_runner import PrefixRunner
+    from ortevals.runtime.sessions import DecoderRunner
+
+    reqs = [Instance("loglikelihood", {}, a, i) for i, a in enumerate(requests())]
+    store = str(tmp_path / "store.sqlite")
+
+    def lm_for(value: str) -> OrtLM:
+        lm = OrtLM.from_package(ModelArgs(pkg=str(tiny_pkg), max_length=1024, batch_size=1, store=store,
+                                          shared_prefix_batch=value))
+        lm.run.ready()
+        return lm
+
+    lm = lm_for("on")
+    ran = []  # (rows, tokens) of every pass onnxruntime ran on the decoder
+    real_run, real_inplace = DecoderRunner._run, DecoderRunner.forward_inplace
+
+    def counted_run(self, names, host, input_ids, *rest, **kw):
+        ran.append(input_ids.shape)
+        return real_run(self, names, host, input_ids, *rest, **kw)
+
+    def counted_inplace(self, input_ids, *rest, **kw):
+        ran.append(input_ids.shape)
+        return real_inplace(self, input_ids, *rest, **kw)
+
+    def refused(self, *args, **kw):
+        raise PackageError("model.onnx: onnxruntime failed to run the shared-prefix scoring graph: test refusal")
+
+    with monkeypatch.context() as m:
+        m.setattr(DecoderRunner, "_run", counted_run)
+        m.setattr(DecoderRunner, "forward_inplace", counted_inplace)
+        m.setattr(PrefixRunner, "score", refused)
+        ours = np.array([lp for lp, _ in lm.loglikelihood(reqs, disable_tqdm=True)])
+    engine = lm.engine
+    assert all(rows == 1 for rows, _ in ran)  # one row a pass: its ids are its real tokens
+    assert engine.shared_stats["passes"] == 0 and engine.shared_stats["rows"] == 0
+    assert engine.forward_passes == len(ran) and engine.tokens_run == sum(n for _, n in ran)
+    assert "one input a pass on shared prefixes (model.onnx: onnxruntime failed" in lm.run.stats["mode"]
+    assert "inputs in" not in lm.run.stats["mode"]
+    lm.store.close()
+
+    off = lm_for("off")
+    again = np.array([lp for lp, _ in off.loglikelihood(reqs, disable_tqdm=True)])
+    assert off.run.stats["reused"] == len(reqs) and off.engine.forward_passes == 0
+    fresh, _ = _engine_scores(tiny_pkg, shared_prefix_batch="off", store="none", batch_size=1)
+    assert np.array_equal(again, ours) and np.max(np.abs(ours - fresh)) <= 1e-5
+    off.store.close()
+    on = lm_for("on")
+    on.loglikelihood(reqs, disable_tqdm=True)
+    assert on.run.stats["reused"] == 0 and on.engine.shared_stats["passes"] >= 1

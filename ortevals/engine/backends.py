@@ -87,6 +87,7 @@ class Backends:
         self._opening: _Opening | None = None  # open_soon's thread
         self.verdicts = Verdicts()  # canary verdicts; OrtLM gives it the result store (engine/score/invariance.py)
         self.shared_refused = ""  # why shared_prefix_batch=on cannot serve this package (runtime/prefix_graph.py)
+        self.on_shared_refused = None  # called (on the scoring thread) when the graph refuses the engine's first pass
 
     @functools.cached_property
     def prefill(self) -> PrefillEngine:
@@ -122,7 +123,15 @@ class Backends:
         runner.meter = self.meter  # one meter for the run's passes (runtime/meter.py)
         engine = PrefillEngine(runner, settings, self.verdicts, self._shared_runner(runner, settings))
         engine.mode, engine.shared_refused = mode, self.shared_refused
+        engine.on_refused = self._refused
         return engine
+
+    def _refused(self, why: str) -> None:
+        """The shared-prefix graph refused the engine's first pass: every input ran one a pass, as with
+        shared_prefix_batch=off (:meth:`reads` from now on; the run keys its answers so)."""
+        self.shared_refused = why
+        if self.on_shared_refused is not None:
+            self.on_shared_refused()
 
     def _shared_runner(self, runner, settings: EngineSettings):
         """The shared-prefix scoring session (runtime/prefix_runner.py) where ``shared_prefix_batch`` resolved to
@@ -171,7 +180,8 @@ class Backends:
             gen = "raw"  # refused at the first generate_until request
         if self.loglikelihood_path == "prefill" or gen == "raw":
             out += runner_reads(self.package, self.provider, self._derived(self.prefill_choice[0]))
-        if self.loglikelihood_path == "prefill" and self.prefill_choice[0].shared_prefix_batch:
+        shared = self.prefill_choice[0].shared_prefix_batch and not self.shared_refused  # refused: nothing read
+        if self.loglikelihood_path == "prefill" and shared:
             out += prefix_reads(self.package, self.provider)
         if gen == "raw" and self.cascade != "off":  # its session's record is the raw sessions' own
             out.append(cascade_reads(self.package))

@@ -82,6 +82,9 @@ class Run:
         self.generation = Generation(self)  # generate_until: its path, canary plans and the raw sampler
         self.min_saving: int | None = None  # tokens a shared prefix must save in this call (prefix_saving)
         self._progress: Progress | None = None  # the bar a run that scores in parts keeps open between them
+        self._narrowed: tuple[list[Reads], dict] = ([], {})  # what narrow_scope added to the store's scope
+        self._unshared = False  # the store's scope says shared_prefix_batch=off where it was refused (_follow)
+        backends.on_shared_refused = self._follow
 
     @classmethod
     def open(cls, args: ModelArgs, open_soon: bool = False, worker_threads: Callable[[], int] | None = None) -> Run:
@@ -117,11 +120,12 @@ class Run:
                 backends.prefill  # noqa: B018  (open now: a bad package fails before any data is loaded)
         log.info("loglikelihood requests go to the %s path%s", backends.loglikelihood_path,
                  f" ({backends.capability.reason})" if backends.capability.reason else "")
-        store = None
+        store, unshared = None, bool(backends.shared_refused)  # (before the scope: a later refusal rescopes)
         if args.store and args.store.lower() not in NO_STORE:
             store = open_store(Path(args.store), package, tokenizer, backends, args)
         # resume=false: answers neither read nor written; the store still keeps the canary's verdicts (issue 26)
         run = cls(package, tokenizer, backends, args, store if args.resume else None)
+        run._unshared = unshared
         if mode := provider_mode(provider):  # TF32 and the CPU fallback on a device provider
             run.set_mode("provider", mode)
         return run
@@ -208,10 +212,18 @@ class Run:
     def narrow_scope(self, reads: list[Reads], settings: dict) -> None:
         """From now on the store (answers and canary verdicts) keys under the run's scope plus ``reads`` and
         ``settings`` (issue 25: a --search run's answers depend on its search settings and its verifier)."""
+        self._narrowed = (reads, settings)
         store = self.backends.verdicts.store
         if store is not None:
             base = run_settings(self.args, self.backends)
             store.rescope(results_scope(self.package.root, [*self.reads(), *reads], base | settings))
+
+    def _follow(self) -> None:
+        """shared_prefix_batch=on refused (its graph at open, or its first pass): every input ran one a pass, so
+        answers and verdicts are kept under shared_prefix_batch=off's scope from now on (:func:`run_settings`)."""
+        if self.backends.shared_refused and not self._unshared:
+            self._unshared = True
+            self.narrow_scope(*self._narrowed)
 
     def stored(self, kind: str, requests, compute, decode=lambda v: v, key_args=list) -> list:
         """Answers from the store where it has them; ``compute(todo, keys)`` runs (and stores) the rest.
@@ -231,6 +243,7 @@ class Run:
     def ready(self) -> None:
         """Wait for the sessions opening on a thread, if any, and raise their error (nothing otherwise)."""
         self.backends.ready()
+        self._follow()  # the shared-prefix graph refused there, after the store's scope was made
 
     def put(self, kind: str, key: list, value) -> None:
         """One answer into the store (none when the run has no store)."""
@@ -383,9 +396,11 @@ def run_reads(package: ModelPackage, tokenizer: Tokenizer, backends: Backends) -
 
 
 def run_settings(args: ModelArgs, backends: Backends) -> dict:
-    """Every option that can change a number, and what the run derived from them."""
+    """Every option that can change a number, and what the run derived from them (shared_prefix_batch=off where
+    the shared-prefix graph was refused: what ran)."""
     return scoped_settings(args) | {"effective_max_length": backends.settings.max_length,
-                                    "search_policy": SEARCH_POLICY}
+                                    "search_policy": SEARCH_POLICY} | (
+        {"shared_prefix_batch": "off"} if getattr(backends, "shared_refused", "") else {})
 
 
 def open_store(path: Path, package: ModelPackage, tokenizer: Tokenizer, backends: Backends,

@@ -87,6 +87,8 @@ class PrefillEngine(SharedPrefixes):
         self.kv_bytes_per_token = settings.kv_bytes_per_token
         self.mode = "exact" if settings.exact else "batched"  # which mode runs and why, for the run's record
         self.shared_refused = ""  # why inputs under a shared prefix ran one a pass though shared_prefix_batch=on
+        # called with that reason, on the scoring thread, when the shared-prefix graph refuses its first pass
+        self.on_refused: Callable[[str], None] | None = None
         self.canary: CanaryResult | None = None
         self.canary_tokens = 0  # tokens of the canary's one-row reference passes (their scores are kept)
         self.pool = PassPool(settings.passes)  # independent passes, ``passes`` at a time (engine/score/parallel.py)

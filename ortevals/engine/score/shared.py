@@ -35,7 +35,8 @@ SHARED_PENDING = 2048  # inputs collected under one prefix before its shared-pre
 
 class SharedPrefixes:
     """Mixin of the prefill engine: its shared-prefix walk (uses the engine's ``settings``, ``runner``, ``pool``,
-    ``kv_bytes_per_token``, ``_pass``, ``_count`` and ``_call``)."""
+    ``kv_bytes_per_token``, ``shared_runner``, ``shared_stats``, ``on_refused``, ``_pass``, ``_count`` and
+    ``_call``)."""
 
     def _score_shared(self, groups: list[Group], plan: PrefixPlan, done: ScoreSink) -> None:
         """Depth-first over the radix plan; the stack holds the KV of the prefixes on the path.
@@ -116,38 +117,46 @@ class SharedPrefixes:
 
     def _continue_shared(self, pending: list[Group], base: int, past, done: ScoreSink) -> None:
         """Score ``pending`` many rows a pass on the shared-prefix graph (runtime/prefix_graph.py), every row
-        reading ``past`` (one row, ``base`` tokens) as it is; passes from :func:`shared_batches`. Where the first
-        pass is refused the engine says so once and goes on one row per pass (``pending`` is left for it)."""
+        reading ``past`` (one row, ``base`` tokens) as it is; passes from :func:`shared_batches`. Until one pass has
+        run, each runs here: where it is refused the engine says so once (``on_refused``) and goes on one row per
+        pass (``pending`` is left for it), and nothing of it is counted (a pass is counted once it has run)."""
         batches = list(shared_batches(pending, base, self.settings))
         pending.clear()
         for i, (chunk, width) in enumerate(batches):
             run, report = self._shared_pass(chunk, width, base, past, done)
-            if self.shared_stats["passes"] > 1:
+            if self.shared_stats["passes"]:  # the graph has served a pass: the rest go to the pool
                 self.pool.submit(run, report)
                 continue
-            try:  # the first passes run here: a refusal is the graph's, and the rows go back to the plain path
-                report(run())
+            try:  # a refusal is the graph's (a request's non-finite score, raised by report, is not)
+                out = run()
             except OrtEvalsError as e:
                 log.warning("shared-prefix batches: refused (%s); one input a pass on shared prefixes from now on", e)
                 self.shared_runner, self.shared_refused = None, first_line(e)
+                if self.on_refused is not None:
+                    self.on_refused(self.shared_refused)
                 pending.extend(g for c, _ in batches[i:] for g in c)
                 return
+            report(out)
 
     def _shared_pass(self, chunk: list[Group], width: int, base: int, past, done: ScoreSink):
-        """One shared-prefix pass over ``chunk`` (own tokens right-padded to ``width``), counted, as ``(run,
-        report)`` for :class:`PassPool`."""
+        """One shared-prefix pass over ``chunk`` (own tokens right-padded to ``width``) as ``(run, report)`` for
+        :class:`PassPool`; ``report`` counts it (it has run) and gives each row's scores to ``done``."""
         ids, tail = pad_right([g.tokens[base:] for g in chunk], self.settings.pad_token_id, width)
         lengths = [len(g.tokens) - base for g in chunk]
-        stats = self.shared_stats
-        stats["passes"] += 1
-        stats["rows"] += len(chunk)
-        stats["tokens"] += sum(lengths)
-        stats["padded"] += ids.size - sum(lengths)
-        self._count(ids, tail)
         k, positions = last_positions(chunk, lengths)
         targets = done.targets(chunk, k)
-        return (lambda: self.shared_runner.score(ids, past, positions, targets),
-                lambda out: [done.scores(out[0][b], out[1][b], g, k) for b, g in enumerate(chunk)])
+
+        def report(out) -> None:
+            stats = self.shared_stats
+            stats["passes"] += 1
+            stats["rows"] += len(chunk)
+            stats["tokens"] += sum(lengths)
+            stats["padded"] += ids.size - sum(lengths)
+            self._count(ids, tail)
+            for b, g in enumerate(chunk):
+                done.scores(out[0][b], out[1][b], g, k)
+
+        return lambda: self.shared_runner.score(ids, past, positions, targets), report
 
     def _in_place(self, past) -> bool:
         """Whether one-a-pass inputs write their tokens into a held buffer of the prefix (``shared_buffer``): one
