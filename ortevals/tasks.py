@@ -62,15 +62,21 @@ def check_task_names(names: Sequence[str], flag: str, extra: Sequence[str] = (),
 
 
 def leaf_configs(tm, name: str, load_yaml) -> list[dict[str, Any]]:
-    """The YAML configs of ``name``'s tasks; a group expands to its members.
+    """The YAML configs of ``name``'s tasks; a group or a tag expands to its members.
 
     lm-eval 0.4.13 leaks a group dict's own keys into its members' configs,
     so groups are expanded here and their aggregate is computed by results.py.
+    A tag has no YAML of its own: lm-eval's index lists the tasks that carry it.
     """
     entry = tm._entry(name)  # lm-eval 0.4.13's index entry: where the task's YAML lives
-    if entry is None or not getattr(entry, "yaml_path", None):
-        raise DataError(f"task {name!r} is not a YAML task lm-eval knows{did_you_mean(name, tm.all_tasks)}; "
-                        "--data cannot re-point it")
+    if entry is None:
+        raise DataError(f"unknown task {name!r}{did_you_mean(name, tm.all_tasks)}; expected an lm-eval task, group "
+                        "or tag name")
+    if not getattr(entry, "yaml_path", None):
+        members = sorted(getattr(entry, "tags", None) or ())
+        if not members:
+            raise DataError(f"task {name!r} has no YAML config of its own to read; name its tasks in --tasks")
+        return [c for m in members for c in leaf_configs(tm, m, load_yaml)]
     cfg = load_yaml(str(entry.yaml_path), resolve_func=True)
     if "group" in cfg and isinstance(cfg.get("task"), list):
         members = [t if isinstance(t, str) else t.get("task") for t in cfg["task"]]

@@ -80,3 +80,30 @@ def test_olive_data_typo_names_the_key_and_the_close_value(tmp_path, tiny_pkg):
     out = one_line(olive_workflow(tmp_path / "wf", edit=set_evaluator(tiny_pkg, data="bundeld")),
                    "OrtEvalsEvaluator: data 'bundeld'", "(did you mean 'bundled'?)")
     assert len(out.splitlines()) == 1
+
+
+# --- item 13: --data with a name that is no task ---------------------------------------------------------------
+def test_data_with_an_unknown_task_says_the_task_is_unknown(tmp_path, tiny_pkg):
+    """`--tasks nonexistent_task --data DIR` said `… is not a YAML task lm-eval knows …; --data cannot re-point it`,
+    read as blame on --data: now the task is named unknown, as without --data."""
+    from click.testing import CliRunner
+
+    from ortevals.cli import cli
+    from tests.test_cli import assert_one_line_error
+
+    result = CliRunner().invoke(cli, ["run", "--pkg", str(tiny_pkg), "--tasks", "nonexistent_task", "--data",
+                                      str(tmp_path), "--limit", "1"])
+    assert_one_line_error(result, "unknown task 'nonexistent_task'; expected an lm-eval task, group or tag name")
+    assert "re-point" not in result.output and "did you mean" not in result.output
+
+
+def test_data_with_a_tag_re_points_each_of_its_tasks(tmp_path):
+    """A tag (lm-eval's `ai2_arc`: arc_easy.yaml's `tag`, which arc_challenge.yaml includes) names tasks, not one
+    YAML: with --data each of its tasks is re-pointed, as a group's are (it was refused, `--data cannot re-point
+    it`)."""
+    from ortevals.presets import task_specs
+
+    specs = task_specs(("ai2_arc",), tmp_path)
+    assert sorted(s["task"] for s in specs) == ["arc_challenge", "arc_easy"]
+    assert {s["dataset_path"] for s in specs} == {str(tmp_path)}
+    assert {s["task"]: s["dataset_name"] for s in specs} == {"arc_easy": "ARC-Easy", "arc_challenge": "ARC-Challenge"}
