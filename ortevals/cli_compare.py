@@ -27,8 +27,9 @@ from ortevals.cli_common import fail_gates, setup_logging
 @click.option("--length-buckets", default=None, help="With --by-length: the lengths between buckets, e.g. 512,2048.")
 @click.option("--kl-threshold", type=float, help="With --by-length: name the prompt length where the mean "
               "choice-KL first exceeds this (nats).")
-@click.option("--tokenizer", type=click.Path(path_type=Path), help="A tokenizer.json (or a package folder): "
-              "lengths in its tokens (default: characters, or the runs' own token counts of generations).")
+@click.option("--tokenizer", type=click.Path(path_type=Path), help="A tokenizer.json (or a package folder), "
+              "one of the runs' models' where they name theirs: lengths in its tokens (default: the runs' tokenizer "
+              "where all name the same one on disk, else characters; generations: the runs' own token counts first).")
 def compare(ref, runs, json_path, report_dir, changed_path, max_flip_rate, max_kl, margin, by_length,
             length_buckets, kl_threshold, tokenizer) -> None:
     """Runs against a reference, question by question: flips, McNemar, KL, intervals; exit 1 on a failed gate.

@@ -195,3 +195,80 @@ def test_drift_without_token_counts_is_in_characters(tmp_path):
     d = rec["drift"]
     assert d["unit"] == "characters" and d["length"]["mean"] == 3 and d["ref_length"]["mean"] == 4.5
     assert d["hit_limit"] is None and "pass --tokenizer" in out
+
+
+# ---------------------------------------------------------------- whose tokens count a length
+
+def named_run(folder, records, pkg, task="cot"):
+    """A run whose results.json names the package it scored, as ortevals writes it (report/model_info.py)."""
+    write_ortevals_run(folder, records, task=task)
+    config = {"model": "ortevals", "model_path": str(pkg), "model_type": "llama"} if pkg else {}
+    (folder / "results.json").write_text(json.dumps({"results": {task: {}}, "config": config}))
+    return folder
+
+
+def test_drift_uses_the_runs_own_token_counts_even_with_tokenizer(tiny, tmp_path):
+    # every output stopped at max_gen_toks (8 tokens by the runs' counts); the text re-tokenizes to fewer
+    outs = ["so the answer", "is A, since"]
+    ref = named_run(tmp_path / "ref", [gen(i, [o], ["A"], 1, [8]) for i, o in enumerate(outs)], tiny[1])
+    run = named_run(tmp_path / "run", [gen(i, [o], ["A"], 1, [8]) for i, o in enumerate(outs)], tiny[1])
+    rec, out = compare_json(tmp_path, "--ref", str(ref), str(run), "--tokenizer", str(tiny[1]))
+    d = rec["drift"]
+    assert d["counted_by"] == "the runs" and d["length"]["mean"] == 8 and d["ref_length"]["mean"] == 8
+    assert d["hit_limit"] == 1.0 and d["ref_hit_limit"] == 1.0 and "hit max_gen_toks 100.0% (ref 100.0%)" in out
+    assert d["loop_unit"] == "tokens"  # loops still look at --tokenizer's tokens
+
+
+def other_tokenizer(path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(path))
+    return path
+
+
+def test_tokenizer_of_another_model_is_refused(tiny, tmp_path):
+    recs = [record(i, loglik(a), category=c, prompt=p) for i, (a, c, p) in enumerate(zip(REF, CATS, PROMPTS))]
+    ref = named_run(tmp_path / "ref", recs, tiny[1], task="mmlu")
+    run = named_run(tmp_path / "run", recs, tiny[1], task="mmlu")
+    args = ["compare", "--ref", str(ref), str(run), "--by-length", "--tokenizer"]
+    result = CliRunner().invoke(cli, [*args, str(other_tokenizer(tmp_path / "other.json"))])
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert "other.json: not the tokenizer of the compared runs' models" in lines[0]
+    assert str(tiny[1] / "tokenizer.json") in lines[0]
+    same = tmp_path / "reformatted.json"  # the package's tokenizer, formatted otherwise: the same tokens
+    same.write_text(json.dumps(json.loads((tiny[1] / "tokenizer.json").read_text()), indent=4))
+    assert CliRunner().invoke(cli, [*args, str(same)]).exit_code == 0
+
+
+def test_lengths_default_to_the_runs_tokenizer(tiny, tmp_path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny[0])
+
+    def n_tokens(text):
+        return len(tok(text, add_special_tokens=False)["input_ids"])
+
+    outs = [["so the answer is A", "A"], ["hmm, B or C? C."]]
+    ref = named_run(tmp_path / "ref", [gen(i, o, ["A"] * len(o), 1, None) for i, o in enumerate(outs)], tiny[1])
+    run = named_run(tmp_path / "run", [gen(i, o[::-1], ["A"] * len(o), 1, None) for i, o in enumerate(outs)],
+                    tiny[1])
+    rec, out = compare_json(tmp_path, "--ref", str(ref), str(run))
+    d = rec["drift"]
+    assert d["unit"] == "tokens" and d["counted_by"] == "the runs' tokenizer" and d["loop_unit"] == "tokens"
+    assert d["ref_length"]["mean"] == pytest.approx(np.mean([n_tokens(o) for x in outs for o in x]))
+    assert d["hit_limit"] is None and "hit max_gen_toks: n/a (the runs kept no token counts" in out
+    # prompt lengths too: the same package named by both runs
+    recs = [record(i, loglik(a), category=c, prompt=p) for i, (a, c, p) in enumerate(zip(REF, CATS, PROMPTS))]
+    ref = named_run(tmp_path / "cref", recs, tiny[1], task="mmlu")
+    run = named_run(tmp_path / "crun", recs, tiny[1], task="mmlu")
+    rec, out = compare_json(tmp_path, "--ref", str(ref), str(run), "--by-length", "--length-buckets", "1000")
+    (b,) = rec["by_length"]["buckets"]
+    assert rec["by_length"]["counted_by"] == f"tokens of the runs' tokenizer {tiny[1] / 'tokenizer.json'}"
+    assert b["high"] == max(n_tokens(p) for p in PROMPTS) + 1 and "by prompt length (tokens of the runs'" in out
+    # a run naming no package (or another one): characters, and the report says so
+    run = named_run(tmp_path / "crun", recs, None, task="mmlu")
+    rec, out = compare_json(tmp_path, "--ref", str(ref), str(run), "--by-length", "--length-buckets", "1000")
+    assert rec["by_length"]["counted_by"] == "characters" and rec["by_length"]["buckets"][0]["high"] == 121

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -23,7 +23,7 @@ from ortevals.errors import OrtEvalsError
 from ortevals.report import stats
 from ortevals.report.calibration_delta import CalibrationDelta, calibration_delta
 from ortevals.report.drift import Drift, drift
-from ortevals.report.lengths import LengthBreakdown, LengthOptions, task_breakdown
+from ortevals.report.lengths import LengthBreakdown, LengthOptions, for_runs, task_breakdown
 from ortevals.report.ptrue_delta import PTrueDelta, ptrue_delta
 from ortevals.report.runs import Run, TaskRun
 
@@ -147,10 +147,11 @@ class Verdict:
 
 def compare(ref: Run, runs: list[Run], lengths: LengthOptions | None = None) -> Comparison:
     """Every run against ``ref`` on the tasks they share; misaligned runs raise OrtEvalsError. ``lengths``: how
-    lengths are counted and whether to break the comparison down by prompt length."""
+    lengths are counted and whether to break the comparison down by prompt length (checked against the runs'
+    tokenizers, :func:`~ortevals.report.lengths.for_runs`)."""
     names = [ref.name] + [r.name for r in runs]
     if len(set(names)) != len(names):  # two folders with one name: label by position
-        runs = [Run(f"{r.name}#{i + 1}", r.path, r.tasks, r.model) for i, r in enumerate(runs)]
+        runs = [replace(r, name=f"{r.name}#{i + 1}") for i, r in enumerate(runs)]
     common = [t for t in ref.tasks if all(t in r.tasks for r in runs)]
     skipped = [f"{t}: not in every run" for t in ref.tasks if t not in common]
     skipped += [f"{t}: in {r.name} only" for r in runs for t in r.tasks if t not in ref.tasks]
@@ -165,10 +166,12 @@ def compare(ref: Run, runs: list[Run], lengths: LengthOptions | None = None) -> 
     results, changed = [], []
     if not tasks:
         raise OrtEvalsError(f"no comparable task: {'; '.join(skipped)}")
+    needed = bool(lengths and lengths.by_length) or any(ref.tasks[t].kind == "generation" for t in tasks)
+    lengths = for_runs(lengths, [(r.name, r.tokenizer) for r in [ref, *runs]], needed)
     for r in runs:
         per_run = [compare_task(ref.tasks[t], r.tasks[t], ref.name, r.name, lengths) for t in tasks]
         adjusted = stats.holm([c.mcnemar_p for c in per_run])
-        results += [_replace(c, mcnemar_p_holm=float(p)) for c, p in zip(per_run, adjusted)]
+        results += [replace(c, mcnemar_p_holm=float(p)) for c, p in zip(per_run, adjusted)]
         for t in tasks:
             changed += changed_questions(ref.tasks[t], r.tasks[t], r.name)
     changed.sort(key=lambda q: -q.difference)
@@ -318,9 +321,3 @@ def check_gates(cmp: Comparison, gates: Gates) -> list[Verdict]:
 
 def _verdict(flag: str, passed: bool, text: str) -> Verdict:
     return Verdict(passed, f"gate {flag} {'passed' if passed else 'failed'}: {text}")
-
-
-def _replace(c: TaskComparison, **kw) -> TaskComparison:
-    from dataclasses import replace
-
-    return replace(c, **kw)

@@ -2,12 +2,14 @@
 
 Owns, for a run against the reference on the same questions (every output of ``--samples K`` counted):
 
-* **length** of each output: the run's own token counts (``sample_tokens``) when both runs kept them, else
-  tokens by ``--tokenizer``, else characters; its mean, median and 95th percentile, and the **ratio** of the
-  mean lengths (run / reference) with a paired percentile bootstrap interval over questions
-  (:func:`ortevals.report.stats.bootstrap_interval`, each question's mean length);
-* **hit the limit**: the share of outputs whose length in tokens reaches the request's ``max_gen_toks`` (token
-  counts only; re-tokenized text can count fewer tokens than the model made, so that share can miss some);
+* **length** of each output: the runs' own token counts (``sample_tokens``) when both runs kept them (even with
+  ``--tokenizer``), else the text re-tokenized by the counter ``compare`` chose (``--tokenizer``, or the runs'
+  tokenizer: :func:`ortevals.report.lengths.for_runs`), else characters; its mean, median and 95th percentile,
+  and the **ratio** of the mean lengths (run / reference) with a paired percentile bootstrap interval over
+  questions (:func:`ortevals.report.stats.bootstrap_interval`, each question's mean length);
+* **hit the limit**: the share of a run's outputs whose own token count (``sample_tokens``) reaches the
+  request's ``max_gen_toks``; None for a run that kept no counts (re-tokenized text can count fewer tokens
+  than the model made: outputs that all stopped at the limit could count as none);
 * **loops**: the share of outputs holding a block of at least :data:`LOOP_BLOCK` units (tokens with a
   tokenizer, else whitespace-separated words) repeated :data:`LOOP_COPIES` times back to back
   (:func:`has_loop`);
@@ -63,12 +65,12 @@ class LengthBin:
 
 @dataclass(frozen=True)
 class Drift:
-    unit: str  # tokens (the runs' own counts, or --tokenizer), or characters
-    counted_by: str  # "the runs" (sample_tokens), "--tokenizer" or "characters"
+    unit: str  # tokens (the runs' own counts, or re-tokenized), or characters
+    counted_by: str  # "the runs" (sample_tokens), "--tokenizer", "the runs' tokenizer" or "characters"
     length: Lengths
     ref_length: Lengths
     ratio: stats.Interval  # mean length, run / ref
-    hit_limit: float | None  # share of outputs reaching max_gen_toks (None: lengths not in tokens, or no limit)
+    hit_limit: float | None  # share of outputs reaching max_gen_toks (None: no token counts kept, or no limit)
     ref_hit_limit: float | None
     loops: float
     ref_loops: float
@@ -98,9 +100,12 @@ def _summary(values: np.ndarray) -> Lengths:
     return Lengths(float(values.mean()), float(p50), float(p95))
 
 
-def _hit(t: TaskRun, lengths: list[list[int]]) -> float | None:
-    limits = t.generations.max_gen_toks
-    flags = [n >= lim for lim, outs in zip(limits, lengths) if np.isfinite(lim) for n in outs]
+def _hit(t: TaskRun) -> float | None:
+    """The share of outputs whose own token count reaches ``max_gen_toks``; None where the run kept no counts."""
+    g = t.generations
+    if g.tokens is None:
+        return None
+    flags = [n >= lim for lim, outs in zip(g.max_gen_toks, g.tokens) if np.isfinite(lim) for n in outs]
     return float(np.mean(flags)) if flags else None
 
 
@@ -130,15 +135,16 @@ def _bins(ref_first: np.ndarray, run_first: np.ndarray, ref_ok: np.ndarray, run_
 
 
 def drift(ref: TaskRun, run: TaskRun, count: Counter | None = None) -> Drift | None:
-    """The drift of ``run`` from ``ref`` (aligned generation tasks); None where either holds no generations."""
+    """The drift of ``run`` from ``ref`` (aligned generation tasks); None where either holds no generations.
+    ``count``: a counter in tokens (``--tokenizer`` or the runs' tokenizer), else None."""
     if ref.generations is None or run.generations is None:
         return None
-    how = "--tokenizer" if count is not None and count.unit == "tokens" else \
-        "the runs" if ref.generations.tokens is not None and run.generations.tokens is not None else "characters"
-    counter = count if how == "--tokenizer" else None
+    counter = count if count is not None and count.unit == "tokens" else None
+    how = "the runs" if ref.generations.tokens is not None and run.generations.tokens is not None else \
+        counter.by if counter is not None else "characters"
     a, b = _lengths(ref, how, counter), _lengths(run, how, counter)
     in_tokens = how != "characters"
-    encode = getattr(count, "encode", None)
+    encode = counter.encode if counter is not None else None
     loops = [float(np.mean([has_loop(_units(o, encode)) for outs in t.generations.outputs for o in outs]))
              for t in (ref, run)]
     ref_q, run_q = (np.array([np.mean(x) for x in lens], np.float64) for lens in (a, b))
@@ -146,7 +152,7 @@ def drift(ref: TaskRun, run: TaskRun, count: Counter | None = None) -> Drift | N
     return Drift("tokens" if in_tokens else "characters", how,
                  _summary(np.array([n for x in b for n in x], np.float64)),
                  _summary(np.array([n for x in a for n in x], np.float64)), _ratio(ref_q, run_q),
-                 _hit(run, b) if in_tokens else None, _hit(ref, a) if in_tokens else None,
+                 _hit(run), _hit(ref),
                  loops[1], loops[0], "tokens" if encode is not None else "words",
                  _failures(run), _failures(ref),
                  _bins(first_a, first_b, np.nan_to_num(ref.correct), np.nan_to_num(run.correct)))
@@ -160,11 +166,14 @@ def format_lines(d: Drift) -> list[str]:
     """What ``compare`` prints of a generation task's drift."""
     r, a, b = d.ratio, d.ref_length, d.length
     ratio = f"{r.estimate:.3f}" + (f" [{r.low:.3f}, {r.high:.3f}]" if np.isfinite(r.low) else "")
-    limit = (f"hit max_gen_toks {_share(d.hit_limit)} (ref {_share(d.ref_hit_limit)})" if d.unit == "tokens" else
-             "hit max_gen_toks: n/a (lengths in characters: pass --tokenizer)")
+    limit = (f"hit max_gen_toks {_share(d.hit_limit)} (ref {_share(d.ref_hit_limit)})"
+             if d.hit_limit is not None or d.ref_hit_limit is not None else
+             "hit max_gen_toks: n/a (the runs kept no token counts; re-tokenized text can count fewer)")
     bins = "; ".join(f"{_edge(x.low)}-{_edge(x.high)}: {x.accuracy:.3f} of {x.n} (ref {x.ref_accuracy:.3f} of "
                      f"{x.ref_n})" for x in d.by_length)
-    return [f"  generated length ({d.unit}, counted by {d.counted_by}): mean {b.mean:.1f} (ref {a.mean:.1f}), "
+    unit = f"{d.unit}, counted by {d.counted_by}" if d.unit == "tokens" else \
+        "characters: no token counts, and the runs name no one tokenizer on disk; pass --tokenizer for tokens"
+    return [f"  generated length ({unit}): mean {b.mean:.1f} (ref {a.mean:.1f}), "
             f"median {b.median:.0f} (ref {a.median:.0f}), p95 {b.p95:.0f} (ref {a.p95:.0f}); ratio of means {ratio}",
             f"  {limit}; loops ({LOOP_COPIES} copies of a block of >= {LOOP_BLOCK} {d.loop_unit}) "
             f"{_share(d.loops)} (ref {_share(d.ref_loops)}); extraction failures {_share(d.extraction_failures)} "

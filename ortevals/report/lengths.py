@@ -1,37 +1,53 @@
 """``ortevals compare --by-length``: accuracy and choice-KL by prompt length, and how lengths are counted.
 
 Owns counting a text's length (tokens by a ``tokenizer.json``, the ``tokenizers`` library, special tokens
-left out; without one, characters), the prompt-length buckets and, per bucket of a run against the
-reference, the paired Δ accuracy (:func:`ortevals.report.stats.paired_delta`: clustered by category where
-every question has one and the bucket holds more than one, else per question, t(G − 1)), both accuracies
-and, for log-likelihood tasks, the mean KL(ref‖run) of the choice distribution with its t(n − 1)
-interval (questions independent). A prompt's length is its first request's context (few-shot examples and
-chat template included): the same for every choice of a question. With ``--kl-threshold`` the verdict names
-the first bucket, shortest prompts first, whose mean choice-KL exceeds it.
+left out: ``--tokenizer``, which must be the tokenizer of one of the compared runs' models where they name
+theirs, else the runs' own tokenizer where every run names the same one on disk; else characters), the
+prompt-length buckets and, per bucket of a run against the reference, the paired Δ accuracy
+(:func:`ortevals.report.stats.paired_delta`: clustered by category where every question has one and the
+bucket holds more than one, else per question, t(G − 1)), both accuracies and, for log-likelihood tasks,
+the mean KL(ref‖run) of the choice distribution with its t(n − 1) interval (questions independent). A
+prompt's length is its first request's context (few-shot examples and chat template included): the same
+for every choice of a question. With ``--kl-threshold`` the verdict names the first bucket, shortest prompts
+first, whose mean choice-KL exceeds it.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from ortevals.errors import OrtEvalsError
+from ortevals.package.config import CONFIG_NAME
+from ortevals.package.tokenizer import package_tokenizer_root, tokenizer_digest
 from ortevals.report import stats
 
+log = logging.getLogger(__name__)
 TOKEN_EDGES = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 CHAR_EDGES = tuple(4 * e for e in TOKEN_EDGES)  # about four characters a token in English text
 
 
 @dataclass(frozen=True)
 class Counter:
-    """A text's length in ``unit`` (``tokens`` or ``characters``); ``encode``: its token ids (tokens only)."""
+    """A text's length in ``unit`` (``tokens`` or ``characters``); ``encode``: its token ids (tokens only);
+    ``by``: whose tokens (``--tokenizer`` or ``the runs' tokenizer``), ``path`` and ``digest``: that
+    ``tokenizer.json`` and its :func:`~ortevals.package.tokenizer.tokenizer_digest`."""
 
     unit: str
     count: Callable[[str], int]
     encode: Callable[[str], list[int]] | None = None
+    by: str = "characters"
+    path: str = ""
+    digest: str = ""
+
+    @property
+    def label(self) -> str:
+        """How lengths are counted, as the report says it."""
+        return f"tokens of {self.by} {self.path}" if self.unit == "tokens" else "characters"
 
 
 @dataclass(frozen=True)
@@ -46,23 +62,62 @@ class LengthOptions:
 
 
 def counter(tokenizer: Path | None) -> Counter:
-    """Tokens of ``tokenizer`` (a ``tokenizer.json`` or a folder holding one), else characters."""
+    """Tokens of ``tokenizer`` (a ``tokenizer.json``, a package folder or a folder holding one), else characters."""
     if tokenizer is None:
         return Counter("characters", len)
     path = Path(tokenizer).expanduser()
-    path = path / "tokenizer.json" if path.is_dir() else path
+    if path.is_dir():
+        path = (package_tokenizer_root(path) if (path / CONFIG_NAME).is_file() else path) / "tokenizer.json"
     if not path.is_file():
         raise OrtEvalsError(f"--tokenizer {tokenizer}: expected a tokenizer.json or a folder holding one")
+    return tokens_of(path, "--tokenizer")
+
+
+def tokens_of(path: Path, by: str) -> Counter:
+    """Tokens of the ``tokenizer.json`` at ``path``; ``by``: whose it is, naming it in errors and the report."""
     from tokenizers import Tokenizer
 
     try:
         tok = Tokenizer.from_file(str(path))
     except Exception as e:  # the library raises its own kinds; name the file
-        raise OrtEvalsError(f"--tokenizer {path}: not a tokenizers file ({str(e).splitlines()[0]})") from None
+        raise OrtEvalsError(f"{by} {path}: not a tokenizers file ({str(e).splitlines()[0]})") from None
+
     def encode(text: str) -> list[int]:
         return tok.encode(text, add_special_tokens=False).ids
 
-    return Counter("tokens", lambda text: len(encode(text)), encode)
+    return Counter("tokens", lambda text: len(encode(text)), encode, by, str(path), tokenizer_digest(path))
+
+
+def for_runs(o: LengthOptions | None, runs: list[tuple[str, str]], needed: bool) -> LengthOptions:
+    """``o`` (None: no flags) against the runs' tokenizers, ``(run, its tokenizer.json or "")`` each: a
+    ``--tokenizer`` that is none of theirs is a one-line error (lengths in another model's tokens); without one,
+    where lengths are ``needed``, tokens of the runs' tokenizer when every run names one and all are the same
+    (one digest), else characters."""
+    o = o or LengthOptions(counter(None))
+    known = [(run, path, d) for run, path in runs if path and (d := _digest(run, path))]
+    digests = {d for *_, d in known}
+    if o.counter.unit == "tokens":
+        if known and o.counter.digest not in digests:
+            listed = "; ".join(f"{run}: {path}" for run, path, _ in known)
+            raise OrtEvalsError(f"--tokenizer {o.counter.path}: not the tokenizer of the compared runs' models "
+                                f"({listed}); lengths would be counted in another model's tokens: pass one of "
+                                "those, or leave --tokenizer out")
+        return o
+    if not needed or len(known) < len(runs) or len(digests) != 1:
+        return o
+    try:
+        return replace(o, counter=tokens_of(Path(known[0][1]), "the runs' tokenizer"))
+    except OrtEvalsError as e:
+        log.warning("lengths in characters: %s", e)
+        return o
+
+
+def _digest(run: str, path: str) -> str:
+    try:
+        return tokenizer_digest(Path(path))
+    except OrtEvalsError as e:
+        log.warning("run %s: its model's tokenizer cannot count lengths: %s", run, e)
+        return ""
 
 
 def length_options(by_length: bool, buckets: str | None, kl_threshold: float | None,
@@ -105,6 +160,7 @@ class LengthBreakdown:
     unit: str
     buckets: tuple[LengthBucket, ...]
     verdict: str | None = None
+    counted_by: str = ""  # Counter.label: "tokens of --tokenizer /x/tokenizer.json", "characters"
 
 
 def edges_for(lengths: np.ndarray, inner: tuple[int, ...] | None, unit: str) -> tuple[int, ...]:
@@ -116,7 +172,7 @@ def edges_for(lengths: np.ndarray, inner: tuple[int, ...] | None, unit: str) -> 
 
 def breakdown(lengths: np.ndarray, ref_correct: np.ndarray, run_correct: np.ndarray, categories,
               kl: np.ndarray | None, edges: tuple[int, ...], unit: str,
-              threshold: float | None = None) -> LengthBreakdown:
+              threshold: float | None = None, counted_by: str = "") -> LengthBreakdown:
     """Per bucket of prompt ``lengths`` ``[N]``: the accuracies, paired Δ and the choice-KL ``[N]`` (None: none)."""
     cats = np.array([c or "" for c in categories], dtype=object)
     out = []
@@ -130,7 +186,7 @@ def breakdown(lengths: np.ndarray, ref_correct: np.ndarray, run_correct: np.ndar
                                 stats.paired_delta(ref_correct[m], run_correct[m], cats[m] if clustered else None),
                                 stats.clustered_interval(kl[m]) if kl is not None else None))
     return LengthBreakdown(unit, tuple(out), verdict(out, threshold, unit) if threshold is not None and kl is not None
-                           else None)
+                           else None, counted_by or unit)
 
 
 def verdict(buckets: list[LengthBucket], threshold: float, unit: str) -> str:
@@ -148,12 +204,12 @@ def task_breakdown(a, b, kl: np.ndarray | None, o: LengthOptions) -> LengthBreak
     lengths = np.array([o.counter.count(p) for p in a.prompt], np.int64)
     edges = edges_for(lengths, o.edges, o.counter.unit)
     return breakdown(lengths, np.nan_to_num(a.correct), np.nan_to_num(b.correct), a.category, kl, edges,
-                     o.counter.unit, o.kl_threshold)
+                     o.counter.unit, o.kl_threshold, o.counter.label)
 
 
 def format_lines(lb: LengthBreakdown) -> list[str]:
     """The printed table of a task's :class:`LengthBreakdown`."""
-    lines = [f"  by prompt length ({lb.unit}; Δ and KL with 95% intervals):"]
+    lines = [f"  by prompt length ({lb.counted_by}; Δ and KL with 95% intervals):"]
     for b in lb.buckets:
         kl = "" if b.kl is None else (f"; choice-KL {b.kl.estimate:.4g}" + (
             f" [{b.kl.low:.4g}, {b.kl.high:.4g}]" if np.isfinite(b.kl.low) else ""))
@@ -169,6 +225,6 @@ def record(lb: LengthBreakdown) -> dict:
     def iv(x: stats.Interval | None):
         return None if x is None else {"mean": x.estimate, "se": x.se, "ci95": [x.low, x.high]}
 
-    return {"unit": lb.unit, "verdict": lb.verdict,
+    return {"unit": lb.unit, "counted_by": lb.counted_by, "verdict": lb.verdict,
             "buckets": [{"low": b.low, "high": b.high, "n": b.n, "ref_accuracy": b.ref_accuracy,
                          "accuracy": b.accuracy, "delta": iv(b.delta), "kl": iv(b.kl)} for b in lb.buckets]}

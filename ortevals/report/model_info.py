@@ -15,7 +15,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from ortevals.errors import OrtEvalsError
 from ortevals.package.graph import graph_facts
+from ortevals.package.tokenizer import package_tokenizer_root
 
 
 def model_args_string(args, provider) -> str:
@@ -71,3 +73,22 @@ def describe(config: dict[str, Any]) -> str:
     if isinstance(args, dict):
         args = ",".join(f"{k}={v}" for k, v in args.items())
     return f"{model} {args}" if args else str(model)
+
+
+def tokenizer_file(config: dict[str, Any]) -> str:
+    """The ``tokenizer.json`` of the model a run's results ``config`` names, where it is on disk: ortevals' package
+    (``model_path``, its ``model.tokenizer_dir``), or a local folder in lm-eval's ``model_args`` (``tokenizer=``,
+    else ``pretrained=``); "" where the run names none or it is gone."""
+    if config.get("model") == "ortevals" and config.get("model_path"):
+        try:
+            folders = [package_tokenizer_root(Path(config["model_path"]))]
+        except OrtEvalsError:  # the package moved or changed since the run
+            return ""
+    else:
+        args = config.get("model_args")
+        if isinstance(args, str):
+            args = dict(kv.split("=", 1) for kv in args.split(",") if "=" in kv)
+        args = args if isinstance(args, dict) else {}
+        folders = [Path(str(args[k])).expanduser() for k in ("tokenizer", "pretrained") if args.get(k)][:1]
+    found = [f / "tokenizer.json" for f in folders if (f / "tokenizer.json").is_file()]
+    return str(found[0].resolve()) if found else ""

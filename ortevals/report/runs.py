@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ortevals.errors import OrtEvalsError
-from ortevals.report.model_info import describe
+from ortevals.report.model_info import describe, tokenizer_file
 
 log = logging.getLogger(__name__)
 CATEGORY_KEYS = ("category", "subject")
@@ -75,10 +75,12 @@ class Run:
     path: str
     tasks: dict[str, TaskRun]
     model: str = ""  # what was scored, from the results' config (report/model_info.py), if the run says
+    tokenizer: str = ""  # that model's tokenizer.json where the config names it and it is on disk, else ""
 
 
-def run_model(path: Path) -> str:
-    """The model line of a run folder's results file (ortevals' results.json, lm-eval's results_*.json)."""
+def run_config(path: Path) -> dict[str, Any]:
+    """The ``config`` of a run folder's results file (ortevals' results.json, lm-eval's results_*.json) that says
+    what was scored; {} where none does."""
     folder = path.parent if path.is_file() else path
     for f in [folder / "results.json", *sorted(folder.rglob("results_*.json"))]:
         if f.is_file():
@@ -87,8 +89,8 @@ def run_model(path: Path) -> str:
             except (OSError, ValueError, AttributeError):
                 continue
             if isinstance(config, dict) and describe(config):
-                return describe(config)
-    return ""
+                return config
+    return {}
 
 
 def load_run(path: str | Path, name: str | None = None) -> Run:
@@ -111,7 +113,8 @@ def load_run(path: str | Path, name: str | None = None) -> Run:
     for task, f in by_task.items():
         tasks.update(parse_task(task, read_jsonl(f), str(f)))
     label = name or (path.parent.name if path.is_file() else path.name)
-    return Run(label, str(path), tasks, run_model(path))
+    config = run_config(path)
+    return Run(label, str(path), tasks, describe(config), tokenizer_file(config))
 
 
 def run_from_results(results: dict[str, Any], name: str) -> Run:
@@ -121,7 +124,8 @@ def run_from_results(results: dict[str, Any], name: str) -> Run:
         tasks.update(parse_task(task, samples, name))
     if not tasks:
         raise OrtEvalsError(f"{name}: the results hold no samples (log_samples was off)")
-    return Run(name, name, tasks, describe(results.get("config") or {}))
+    config = results.get("config") or {}
+    return Run(name, name, tasks, describe(config), tokenizer_file(config))
 
 
 def task_name(file: Path) -> str:
