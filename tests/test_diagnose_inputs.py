@@ -121,6 +121,21 @@ def test_bad_options(tmp_path, tiny_int4, tiny_pkg, args, needle):
     check(tmp_path, run(tmp_path, *given, *args), needle)
 
 
+@pytest.mark.parametrize("given,needle", [
+    ("/nonexistent/int8", "--int8 /nonexistent/int8: no such folder; expected the builder's int8 export"),
+    ("empty", "--int8 {}: {}/genai_config.json: not found; expected an ONNX Runtime GenAI package folder"),
+    ("hf", "--int8 {}: a transformers checkpoint; expected the builder's int8 export of it: "
+           "`python -m onnxruntime_genai.models.builder -i {} -o OUT -p int8"),
+])
+def test_int8_that_is_no_package_names_int8(tmp_path, tiny, tiny_int4, given, needle):
+    """Issue 55 item 13: `--int8 MISSING` said `MISSING: package folder not found` without naming --int8 (and a
+    checkpoint there was told to `pass --pkg OUT`)."""
+    folder = {"empty": tmp_path / "empty", "hf": tiny[0]}.get(given, given)
+    (tmp_path / "empty").mkdir()
+    check(tmp_path, run(tmp_path, "--pkg", tiny_int4, "--ref", tiny[1], "--int8", folder),
+          needle.replace("{}", str(folder)))
+
+
 def test_saved_reference_file_is_not_a_reference_model(tmp_path, tiny_int4):
     ref = tmp_path / "ref.npz"
     ref.write_bytes(b"x")

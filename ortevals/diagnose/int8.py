@@ -45,7 +45,7 @@ def check_donor(cand: ModelPackage, path: Path) -> ModelPackage:
 
     from ortevals.diagnose.inputs import check_pair
 
-    donor = ModelPackage.load(Path(path).expanduser())
+    donor = _load_donor(path)
     graph = onnx.load(str(donor.decoder.path), load_external_data=False).graph
     bits = {a.i for n in graph.node if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "bits"}
     if bits != {8}:
@@ -56,6 +56,22 @@ def check_donor(cand: ModelPackage, path: Path) -> ModelPackage:
     except OrtEvalsError as e:
         raise OrtEvalsError(f"--int8 {donor.root}: {e}") from None
     return donor
+
+
+def _load_donor(path: Path) -> ModelPackage:
+    """The ``--int8`` folder as a package, or one line naming ``--int8`` and what it should be."""
+    root = Path(path).expanduser()
+    build = "`python -m onnxruntime_genai.models.builder -i {} -o OUT -p int8 -e cpu`"
+    if not root.is_dir():
+        raise OrtEvalsError(f"--int8 {path}: no such folder; expected the builder's int8 export of the model "
+                            f"({build.format('HF_DIR')})")
+    try:
+        return ModelPackage.load(root)
+    except OrtEvalsError as e:
+        if (root / "config.json").is_file():
+            raise OrtEvalsError(f"--int8 {path}: a transformers checkpoint; expected the builder's int8 export of it: "
+                                f"{build.format(path)}, then --int8 OUT") from None
+        raise OrtEvalsError(f"--int8 {path}: {e}") from None
 
 
 def mixed_package(cand: ModelPackage, ref: ModelPackage, donor: ModelPackage | None, nodes: tuple[str, ...],

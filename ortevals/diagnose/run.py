@@ -73,9 +73,9 @@ def run_diagnose(o: DiagnoseOptions, say: Callable[[str], None] = log.info) -> D
     from ortevals.files import cache_root
 
     inputs = check_inputs(o)
+    int8 = check_donor(inputs.cand, o.int8) if o.int8 is not None else None
     if not inputs.quantized:
         say(NOT_QUANTIZED)
-    int8 = check_donor(inputs.cand, o.int8) if o.int8 is not None else None
     cache = cache_root()
     try:
         report, capped = _first_stages(inputs, o, cache, say, int8)
