@@ -356,14 +356,16 @@ def test_a_candidate_that_is_not_quantized_says_so_first_and_skips_the_sensitivi
     """Issue 49 item 12: an fp32 candidate ran every stage and printed one 'not measured' line per weight group
     (122 of 205 lines on a real model); now it is said first, the sensitivity stage is skipped, and --verify
     (nothing to build) is refused before any work."""
-    s, text, _ = diagnose(tmp_path, "--pkg", tiny_pkg, "--ref", tiny_pkg, "--tokens", 256, "--questions", 0)
+    cand = tmp_path / "planted"  # another fp32 model (the reference itself as --pkg is refused)
+    plant(tiny_pkg, cand, "model.layers.0.mlp.down_proj.MatMul.weight", lambda w: w * 1.5)
+    s, text, _ = diagnose(tmp_path, "--pkg", cand, "--ref", tiny_pkg, "--tokens", 256, "--questions", 0)
     lines = text.splitlines()
     assert lines[0].startswith("the candidate holds no quantized weights") and "not measured" not in text
     assert not s["sensitivity"]["groups"] and not s["sensitivity"]["skipped"] and s["recommendation"] is None
     assert any(n.startswith("the candidate holds no quantized weights") for n in s["notes"])
     from tests.test_cli import assert_one_line_error
 
-    assert_one_line_error(CliRunner().invoke(cli, ["diagnose", "--pkg", str(tiny_pkg), "--ref", str(tiny_pkg),
+    assert_one_line_error(CliRunner().invoke(cli, ["diagnose", "--pkg", str(cand), "--ref", str(tiny_pkg),
                                                    "--checkpoint", str(tiny_pkg.parent / "tiny-hf"), "--verify",
                                                    "--output", str(tmp_path / "v")]),
                           "--verify: the candidate", "holds no quantized weights")

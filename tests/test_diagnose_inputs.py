@@ -121,6 +121,24 @@ def test_bad_options(tmp_path, tiny_int4, tiny_pkg, args, needle):
     check(tmp_path, run(tmp_path, *given, *args), needle)
 
 
+def test_the_candidate_as_its_own_reference_is_refused_before_any_work(tmp_path, tiny_pkg, copy_pkg):
+    """Issue 55 item 13: `--pkg X --ref X` ran 92 s to print zeros; now one line naming --ref, before any model
+    runs: the same folder (or a link to it), or a copy whose model files hold the same bytes. A copy with one weight
+    changed is another model: its checks pass and the work starts (the fixture's refusal)."""
+    check(tmp_path, run(tmp_path, "--pkg", tiny_pkg, "--ref", tiny_pkg), f"--ref {tiny_pkg}",
+          "the same package folder as --pkg", "in higher precision")
+    (tmp_path / "link").symlink_to(tiny_pkg)
+    check(tmp_path, run(tmp_path, "--pkg", tiny_pkg, "--ref", tmp_path / "link"), "the same package folder as --pkg")
+    twin = copy_pkg(tiny_pkg)
+    check(tmp_path, run(tmp_path, "--pkg", tiny_pkg, "--ref", twin), f"--ref {twin}", "the same model files as --pkg",
+          "model.onnx.data")
+    data = twin / "model.onnx.data"
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 1  # one bit of one weight in the middle of the file
+    data.write_bytes(bytes(raw))
+    assert "model work started" in run(tmp_path, "--pkg", tiny_pkg, "--ref", twin).output
+
+
 @pytest.mark.parametrize("given,needle", [
     ("/nonexistent/int8", "--int8 /nonexistent/int8: no such folder; expected the builder's int8 export"),
     ("empty", "--int8 {}: {}/genai_config.json: not found; expected an ONNX Runtime GenAI package folder"),

@@ -118,6 +118,7 @@ def check_inputs(o: DiagnoseOptions) -> Inputs:
     if kind == "package":
         ref = ModelPackage.load(ref_path)
         check_pair(cand, ref)
+        check_distinct(cand, ref)
         ref_checkpoint = None
     else:
         ref, ref_checkpoint = None, ref_path
@@ -178,6 +179,39 @@ def check_pair(cand: ModelPackage, ref: ModelPackage, quantized_ok: bool = False
     if a != b:
         raise OrtEvalsError(f"different tokenizers: candidate {cand.root} has tokenizer.json {a[:12]}, reference "
                             f"{ref.root} has {b[:12]}; diagnose needs the same tokens on both sides")
+
+
+def check_distinct(cand: ModelPackage, ref: ModelPackage) -> None:
+    """The reference is not the candidate itself (the same folder, or a copy: model files of the same names and
+    bytes), which would measure nothing but zeros. Files are read only where every name and size match."""
+    same = ("the same package folder as --pkg" if os.path.realpath(cand.root) == os.path.realpath(ref.root) else
+            _same_files(cand, ref))
+    if same:
+        raise OrtEvalsError(f"--ref {ref.root}: {same}, so every difference would be zero; diagnose compares the "
+                            "candidate with the same model in higher precision (the builder's fp32/fp16/bf16 "
+                            "output, or the transformers checkpoint)")
+
+
+def _same_files(cand: ModelPackage, ref: ModelPackage) -> str | None:
+    """``the same model files as --pkg …`` where the two packages' graph and weight files are a copy of each
+    other."""
+    def files(p: ModelPackage) -> list[tuple[str, int, Path]]:
+        return sorted((f.relative_to(p.root).as_posix(), f.stat().st_size, f) for f in p.model_files()[1:])
+
+    a, b = files(cand), files(ref)
+    if [x[:2] for x in a] != [x[:2] for x in b] or not all(_same_bytes(x[2], y[2]) for x, y in zip(a, b)):
+        return None
+    return f"the same model files as --pkg {cand.root} ({', '.join(x[0] for x in a)}: every byte equal)"
+
+
+def _same_bytes(a: Path, b: Path, block: int = 1 << 22) -> bool:
+    with a.open("rb") as fa, b.open("rb") as fb:
+        while True:
+            x, y = fa.read(block), fb.read(block)
+            if x != y:
+                return False
+            if not x:
+                return True
 
 
 def _check_against_config(cand: ModelPackage, cfg: dict, path: Path, flag: str) -> None:
