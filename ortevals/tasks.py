@@ -94,6 +94,11 @@ def _configs(tasks: Sequence[Any], task_manager) -> list[dict]:
     return configs
 
 
+def generates(tasks: Sequence[Any], task_manager) -> bool:
+    """Whether any of ``tasks`` (names, groups or resolved configs) generates text (``generate_until``)."""
+    return any(c.get("output_type") == "generate_until" for c in _configs(tasks, task_manager))
+
+
 def check_generation_settings(tasks: Sequence[Any], task_manager, cascade: str) -> None:
     """``cascade`` other than auto acts only on generation: on a run with no generate_until task it is one line
     before the run (the task names are resolved only then)."""

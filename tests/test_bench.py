@@ -194,12 +194,46 @@ def test_refusals_before_any_run(tmp_path, monkeypatch, no_run):
         (["--pkg", str(pkg), "--backends", "hf", "--hf", str(hf)], "no backend runs it"),
         (["--pkg", str(pkg), "--peak-tflops", "-3"], "--peak-tflops -3: expected the device's peak TFLOP/s > 0"),
         (["--pkg", str(pkg), "--ep", "cuda"], "execution provider 'cuda' (CUDAExecutionProvider) is not available"),
+        (["--pkg", str(pkg), "--ep", "gpu"], "execution provider 'cuda' (CUDAExecutionProvider) is not available"),
+        (["--pkg", str(pkg), "--ep", "webgpu"], "--ep webgpu: execution provider 'webgpu' (WebGpuExecutionProvider) is "
+                                                "not available in this onnxruntime install"),
+        (["--hf", str(hf), "--backends", "hf", "--ep", "cuda"], "--ep cuda: torch"),
+        (["--hf", str(hf), "--backends", "hf", "--ep", "dml"], "--ep dml: lm-eval's hf row runs on the CPU or CUDA"),
+        (["--hf", str(hf), "--backends", "hf", "--ep", "foo"], "--ep foo: unknown execution provider 'foo'"),
+        (["--pkg", str(pkg), "--data", "bundeld"], "--data bundeld: data folder not found; expected a local copy of "
+                                                   "TIGER-Lab/MMLU-Pro; or --data bundled"),
+        (["--pkg", str(pkg), "--data", str(tmp_path)], f"--data {tmp_path}: no test split"),
+        (["--pkg", str(pkg), "--tasks", "arc_easy", "--data", str(tmp_path / "none")],
+         f"--data {tmp_path / 'none'}: data folder not found"),
+        (["--pkg", str(pkg), "--rate", "tokens"], "--rate tokens counts generated tokens; MMLU-Pro without --cot"),
     ]
     for args, needle in cases:
         assert_one_line_error(bench(*args), needle)
     real = plan_module.util.find_spec
     monkeypatch.setattr(plan_module.util, "find_spec", lambda m: None if m == "torch" else real(m))
     assert_one_line_error(bench("--pkg", str(pkg), "--hf", str(hf)), "pip install 'ortevals[torch]'")
+
+
+def test_rate_tokens_on_tasks_that_generate_nothing_is_refused_before_any_run(tmp_path, no_run):
+    """lm-eval's own configs say what a task outputs: arc_easy is multiple_choice, nothing is generated to count."""
+    pkg = fake_package(tmp_path / "p")
+    assert_one_line_error(bench("--pkg", str(pkg), "--tasks", "arc_easy", "--rate", "tokens"),
+                          "--rate tokens counts generated tokens; --tasks arc_easy score log-likelihoods")
+
+
+def test_an_ep_spelling_reaches_every_backend_as_one_name(monkeypatch):
+    """--ep gpu (or CUDA, CUDAExecutionProvider) is cuda for every row: hf ran on the CPU with --ep gpu before."""
+    import lm_eval.api.registry
+
+    from ortevals.bench.workload import Work, lm_eval_model
+
+    seen = []
+    model = type("Model", (), {"create_from_arg_obj": staticmethod(lambda args: seen.append(args))})
+    monkeypatch.setattr(lm_eval.api.registry, "get_model", lambda name: model)
+    for spelling in ("gpu", "CUDA", "CUDAExecutionProvider"):
+        work = Work.of(BenchOptions(ep=spelling))
+        lm_eval_model("hf", "/m", "", work.ep)
+        assert work.ep == "cuda" and seen[-1]["device"] == "cuda:0"
 
 
 def test_the_python_api_refuses_the_same_inputs_before_any_run(tmp_path, no_run):

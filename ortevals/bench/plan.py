@@ -28,12 +28,15 @@ from ortevals.bench.spec import (
     default_rate,
     parse_candidate,
 )
-from ortevals.errors import OrtEvalsError, PackageError, RuntimeMissingError, did_you_mean
+from ortevals.errors import DataError, OrtEvalsError, PackageError, ProviderError, RuntimeMissingError, did_you_mean
 from ortevals.fidelity.reference import tokenizer_hash
 from ortevals.files import check_writable_folder
 from ortevals.options import parse_arg_string, parse_model_args
+from ortevals.package.session_options import normalize
+from ortevals.presets import PRESETS, resolve_data, resolve_local
 from ortevals.runtime.opening import check_available
 from ortevals.runtime.providers import from_package
+from ortevals.tasks import check_task_names, generates, task_manager
 
 OUTPUT_FILES = ("bench.json", "bench.md", "bench.png", "runs")
 EXTRAS = {  # backend -> (modules it imports, the extra that installs them)
@@ -61,12 +64,14 @@ def plan(options: BenchOptions) -> Plan:
     _check_targets(backends, pkgs, hf, options)
     _check_extras(backends)
     _check_provider(options.ep, backends)
+    _check_data(options)
     if options.output is not None:
         check_writable_folder(options.output, "--output", OUTPUT_FILES)
     rows = _label(_rows(backends, pkgs, hf, options))
     ref = _reference(rows, options.ref)
     rate = default_rate(options)
     if rate == "tokens":
+        _check_generates(options)
         _check_tokenizers(rows)
     return Plan(tuple(rows), ref, rate)
 
@@ -97,6 +102,9 @@ def _check_numbers(o: BenchOptions) -> None:
                             "log-likelihoods (add --cot)")
     if o.tasks and o.cot:
         raise OrtEvalsError("--cot chooses MMLU-Pro's chain-of-thought tasks; give --tasks or --cot, not both")
+    if not o.tasks and o.rate == "tokens" and not o.cot:
+        raise OrtEvalsError("--rate tokens counts generated tokens; MMLU-Pro without --cot scores log-likelihoods "
+                            "and generates none (add --cot, or drop --rate tokens)")
 
 
 def _backends(o: BenchOptions) -> tuple[str, ...]:
@@ -160,11 +168,63 @@ def _check_extras(backends) -> None:
 
 
 def _check_provider(ep: str | None, backends) -> None:
-    """``--ep`` is a provider this onnxruntime offers (or an installed plugin's), where a row runs onnxruntime:
+    """``--ep`` names a provider (any spelling ortevals takes), one this onnxruntime offers (or an installed
+    plugin's) where a row runs onnxruntime, and cpu or cuda with a CUDA device torch sees where lm-eval's hf runs:
     else every such row would fail the same way after the others had run (ortevals' own line: what to install)."""
-    if ep is None or ep == "cpu" or not any(b in ("ortevals", *ONNX_PEERS) for b in backends):
+    if ep is None:
         return
-    check_available(from_package({}, ep, where="--ep"))
+    try:
+        name = normalize(ep)
+    except ProviderError as e:
+        raise ProviderError(f"--ep {ep}: {e}") from None
+    if name != "cpu" and any(b in ("ortevals", *ONNX_PEERS) for b in backends):
+        try:
+            check_available(from_package({}, ep, where="--ep"))
+        except ProviderError as e:
+            raise ProviderError(str(e) if str(e).startswith("--ep") else f"--ep {ep}: {e}") from None
+    if "hf" in backends:
+        if name not in ("cpu", "cuda"):
+            raise ProviderError(f"--ep {ep}: lm-eval's hf row runs on the CPU or CUDA (cuda:0); expected cpu or "
+                                "cuda, or drop hf from --backends")
+        if name == "cuda":
+            _check_torch_cuda(ep)
+
+
+def _check_torch_cuda(ep: str) -> None:
+    import torch  # an optional heavy dependency (the torch extra, checked above), loaded only for hf on CUDA
+
+    if not torch.cuda.is_available():
+        raise ProviderError(f"--ep {ep}: torch {torch.__version__} sees no CUDA device, so lm-eval's hf row would "
+                            "fail on cuda:0; install a CUDA build of torch, or drop hf from --backends")
+
+
+def _check_data(o: BenchOptions) -> None:
+    """``--data`` is what the rows' command reads (the MMLU-Pro copy checked as ``ortevals mmlu-pro`` checks it;
+    a folder for ``--tasks``): else every row would fail the same way."""
+    if o.data is None:
+        return
+    try:
+        if o.tasks:
+            resolve_local(o.data)
+        else:
+            resolve_data(PRESETS["mmlu-pro-cot" if o.cot else "mmlu-pro"], o.data)
+    except DataError as e:
+        said = str(e).removeprefix(f"{Path(o.data).expanduser()}: ")
+        if said.startswith("--data"):
+            raise
+        hint = "" if o.tasks else "; or --data bundled, the copy inside ortevals"
+        raise DataError(f"--data {o.data}: {said}{hint}") from None
+
+
+def _check_generates(o: BenchOptions) -> None:
+    """``--rate tokens`` with ``--tasks``: at least one task generates (else there is no token to count)."""
+    if not o.tasks:
+        return  # MMLU-Pro: --cot checked with the numbers
+    tm = task_manager(None)
+    check_task_names(list(o.tasks), "--tasks")
+    if not generates(list(o.tasks), tm):
+        raise OrtEvalsError(f"--rate tokens counts generated tokens; --tasks {','.join(o.tasks)} score "
+                            "log-likelihoods and generate none (use --rate requests, or a generation task)")
 
 
 def _rows(backends, pkgs: list[Candidate], hf: Candidate | None, o: BenchOptions) -> list[RowSpec]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ortevals.bench.spec import BenchOptions, RowSpec
+from ortevals.package.session_options import normalize
 from ortevals.presets import PRESETS, apply_limit, resolve_data, resolve_local, task_specs
 from ortevals.tasks import task_manager, with_samples
 
@@ -31,7 +32,8 @@ class Work:
 
     @classmethod
     def of(cls, options: BenchOptions) -> Work:
-        return cls(tuple(options.tasks), options.cot, options.data, options.samples, options.max_gen_toks, options.ep)
+        ep = normalize(options.ep) if options.ep else None  # one spelling for every backend (gpu, CUDA: cuda)
+        return cls(tuple(options.tasks), options.cot, options.data, options.samples, options.max_gen_toks, ep)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
