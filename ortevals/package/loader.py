@@ -348,6 +348,7 @@ def _concrete(dim: Dim, section: dict, key: str, name: str, model: Path, where: 
 
 
 SCALE_INPUTS = ("past_key_scale_names", "past_value_scale_names")  # per-token KV scales (CUDA PagedAttention)
+STATIC_CACHE = ("write_indices", "nonpad_kv_seqlen")  # Mobius --static-cache: KV buffers written in place
 FED_INPUTS = ("input_ids", "inputs_embeds", "attention_mask", "position_ids")  # what the decoder is fed by name
 LAYER_INPUTS = (("past_key_names", "past_key_values.%d.key"), ("past_value_names", "past_key_values.%d.value"),
                 *((key, None) for _, key, _ in STATE_KINDS))  # per-layer inputs ortevals feeds (state: if named)
@@ -361,6 +362,11 @@ def _check_decoder_inputs(decoder: ModelFile, embedding: ModelFile | None, where
     ``per_layer_inputs``: per-token, like ``inputs_embeds``) is fed from that model's pass over the same tokens."""
     names = {decoder.inputs.get(k, k): k for k in FED_INPUTS}
     patterns = [p for p in (decoder.inputs.get(k, d) for k, d in LAYER_INPUTS) if p is not None]
+    static = [n for n in (decoder.inputs.get(k, k) for k in STATIC_CACHE) if decoder.input(n) is not None]
+    if static:  # before the names: its key_cache.N inputs are not an input ortevals forgot to feed
+        raise PackageError(f"{decoder.path}: a Mobius static-cache export (--static-cache: KV buffers written in "
+                           f"place at {' and '.join(static)}, updated_* outputs), which onnxruntime-genai 0.18 cannot "
+                           "load and ortevals does not feed; export it without --static-cache")
     scales = next((k for k in SCALE_INPUTS if k in decoder.inputs), None)
     if scales is not None:  # the builder writes them for per-token KV schemes, which need CUDA PagedAttention
         raise PackageError(f"{where}: model.decoder.inputs.{scales}: KV-cache scales as graph inputs (a per-token "
