@@ -374,3 +374,37 @@ def test_a_refused_first_shared_pass_is_recorded_as_one_input_a_pass(tiny_pkg, t
     on = lm_for("on")
     on.loglikelihood(reqs, disable_tqdm=True)
     assert on.run.stats["reused"] == 0 and on.engine.shared_stats["passes"] >= 1
+
+
+def test_bucketed_passes_stop_at_the_rotary_table(tiny_pkg, tmp_path):
+    """A device's 32-token bucket on inputs within 31 tokens of the context: a pass's own tokens are padded only up
+    to the rotary table's rows (the decoder's cos_cache, read here with onnx), past which onnxruntime refuses the
+    pass (GroupQueryAttention's CheckInputs, RotaryEmbedding's positions). Every input scores: one a pass into the
+    held prefix bit for bit as the unbucketed path, many a pass within float32 rounding of exact mode."""
+    from ortevals.engine.score.prefill import TokenRequest
+    from ortevals.options import parse_model_args
+    from ortevals.run.run import engine_settings
+    from ortevals.runtime.providers import ProviderConfig
+
+    graph = onnx.load(str(tiny_pkg / "model.onnx"), load_external_data=False).graph
+    tables = {t.name: t.dims[0] for t in graph.initializer}
+    rows = min(tables[n.input[7]] for n in graph.node if n.op_type == "GroupQueryAttention")
+    pkg = ModelPackage.load(tiny_pkg)
+    device = engine_settings(pkg, ProviderConfig("cuda"), parse_model_args({"pkg": str(tiny_pkg)}))
+    assert device.rotary_rows == rows == 1024 and device.shape_bucket == 32
+
+    rng = np.random.default_rng(7)
+    header = tuple(int(t) for t in rng.integers(3, pkg.vocab_size, 500))
+    contexts = [header + tuple(int(t) for t in rng.integers(3, pkg.vocab_size, n - 500))
+                for n in (rows, rows - 1, rows - 13, rows - 31, rows - 40)]  # own tokens: 524 to 484
+    reqs = [TokenRequest(c, (int(t),)) for c in contexts for t in rng.integers(3, pkg.vocab_size, 2)]
+    bucketed = {"shape_bucket": 32, "rotary_rows": rows}
+    plain = [s.logprob for s in _engine(tiny_pkg, tmp_path, False).score(reqs)]
+    held = [s.logprob for s in _engine(tiny_pkg, tmp_path, False, shared_buffer=True, **bucketed).score(reqs)]
+    assert held == plain
+    engine = _engine(tiny_pkg, tmp_path, False, shared_prefix_batch=True, **bucketed)
+    ours = np.array([s.logprob for s in engine.score(reqs)])
+    exact = np.array([s.logprob for s in _engine(tiny_pkg, tmp_path, False, exact=True).score(reqs)])
+    _assert_float32(ours, exact)
+    stats = engine.shared_stats
+    assert stats["rows"] == 5 and stats["padded"] > 0 and not engine.shared_refused

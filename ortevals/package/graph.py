@@ -36,6 +36,9 @@ class GraphFacts:
     # Gemma 4 E2B/E4B's KV sharing), reached through data movement only: (node, the graph output), in graph order
     reads_outputs: tuple[tuple[str, str], ...] = ()
     attention_ops: frozenset[str] = frozenset()  # the attention nodes' op types
+    # rows of the smallest constant rotary table (cos_cache) an attention or RotaryEmbedding node reads: the
+    # positions a pass may span (onnxruntime refuses any past it); 0 where no node reads a constant table
+    rotary_rows: int = 0
 
 
 def read_signature(path: Path) -> tuple[tuple, tuple, frozenset[Path]]:
@@ -111,7 +114,26 @@ def _facts(graph) -> GraphFacts:
             rotary.append((node.name, _head_size(node, attrs, dims), int(dims[node.input[7]][1])))
     return GraphFacts(_precision(graph, bits, ops), frozenset(heads), frozenset(kv_heads), parameter_count(graph),
                       frozenset(windows), tuple(rotary), len(attention), _reads_outputs(graph, attention),
-                      frozenset(n.op_type for n in attention))
+                      frozenset(n.op_type for n in attention), _rotary_rows(graph, dims))
+
+
+def _rotary_rows(graph, dims: dict) -> int:
+    """The fewest rows of any constant ``cos_cache`` a node reads (GroupQueryAttention with ``do_rotary``,
+    ``com.microsoft`` RotaryEmbedding, onnx's RotaryEmbedding fed the table or a ``Gather`` of it); 0: none."""
+    producer = {out: node for node in graph.node for out in node.output}
+    rows = []
+    for node in graph.node:
+        at = None
+        if node.op_type == "GroupQueryAttention" and any(a.name == "do_rotary" and a.i for a in node.attribute):
+            at = 7
+        elif node.op_type == "RotaryEmbedding":
+            at = 2 if node.domain == "com.microsoft" else 1
+        cos = node.input[at] if at is not None and len(node.input) > at else ""
+        if cos in producer and producer[cos].op_type == "Gather":  # a table gathered by position
+            cos = producer[cos].input[0]
+        if len(dims.get(cos, ())) == 2 and dims[cos][0] > 0:
+            rows.append(int(dims[cos][0]))
+    return min(rows, default=0)
 
 
 MOVEMENT = {"Identity", "Reshape", "Transpose", "Cast", "CastLike", "Squeeze", "Unsqueeze", "Flatten"}

@@ -43,6 +43,7 @@ from ortevals.run.progress import Progress
 from ortevals.runtime.buffers import kv_bytes_per_token
 from ortevals.runtime.memory import total_bytes
 from ortevals.runtime.meter import boot_clock
+from ortevals.runtime.opening import check_available
 from ortevals.runtime.providers import ProviderConfig, from_package, parse_options, provider_mode
 from ortevals.runtime.sessions import BIND_DEVICES
 
@@ -113,6 +114,8 @@ class Run:
         backends = Backends(package, provider, settings, args.path, cache_root() if args.scoring_graph else None,
                             args.gen_path, args.media_path, args.cascade)
         workers = bool(args.workers or args.ray_address)  # issue 20: the driver opens no session (workers do)
+        if not workers:  # a provider this install lacks (a plugin offering no device): one line, on every path
+            check_available(provider)
         if backends.loglikelihood_path == "prefill" and not workers:
             if open_soon:  # issue 26: opening overlaps lm-eval's data loading and tokenizing
                 backends.open_soon()
@@ -360,6 +363,7 @@ def engine_settings(package: ModelPackage, provider: ProviderConfig, args: Model
         shape_bucket=DEVICE_SHAPE_BUCKET if provider.on_device else 1,
         shared_token_budget=DEVICE_SHARED_TOKENS if provider.on_device else CPU_TOKEN_BUDGET,
         attention_heads=max(graph_facts(package.decoder.path).attention_heads or {1}),
+        rotary_rows=graph_facts(package.decoder.path).rotary_rows,  # a bucketed pass spans no more positions
         kv_bytes_per_token=kv_bytes_per_token(package),
         exact=args.exact, check=args.check,  # invariance switches (engine/score/invariance.py)
         passes=1 if provider.on_device else args.passes,

@@ -56,6 +56,9 @@ class EngineSettings:
     # own tokens after it in place (no new present KV, no copy of the prefix into it, per pass)
     shared_buffer: bool = False
     shape_bucket: int = 1
+    # positions the decoder's rotary table holds (its cos_cache rows; 0: no table): a bucketed pass never spans
+    # more (onnxruntime refuses a position past the table: GroupQueryAttention's CheckInputs, RotaryEmbedding)
+    rotary_rows: int = 0
     shared_token_budget: int = 1024
     attention_heads: int = 0
     exact: bool = False  # one row per pass, no prefix reuse, full logits: each input as if run alone
@@ -127,7 +130,8 @@ def batches(groups: list[Group], settings: EngineSettings, gathers: bool = False
 
 def shared_batches(groups: Sequence[Group], base: int, settings: EngineSettings) -> Iterator[tuple[list[Group], int]]:
     """Inputs under one ``base``-token prefix as shared-prefix passes: ``(rows, width)``, each row's own tokens
-    (``len(tokens) - base``) right-padded to ``width``, a multiple of ``settings.shape_bucket``.
+    (``len(tokens) - base``) right-padded to ``width`` (:func:`own_width`: a multiple of ``settings.shape_bucket``
+    within the rotary table).
 
     Shortest first, so rows of near lengths share a pass (little padding). Rows per pass: the fixed batch size,
     else what ``shared_token_budget`` tokens and ``memory_budget_mb`` of attention scores (``attention_heads``
@@ -139,12 +143,20 @@ def shared_batches(groups: Sequence[Group], base: int, settings: EngineSettings)
     while i < len(rows):
         n = 1
         while i + n < len(rows):  # one more row (the widest so far): does the pass still fit?
-            width = bucket(len(rows[i + n].tokens) - base, settings.shape_bucket)
+            width = own_width(len(rows[i + n].tokens) - base, base, settings)
             if _shared_rows(settings, width, base, scored_positions(rows[i:i + n + 1])) < n + 1:
                 break
             n += 1
-        yield rows[i:i + n], bucket(len(rows[i + n - 1].tokens) - base, settings.shape_bucket)
+        yield rows[i:i + n], own_width(len(rows[i + n - 1].tokens) - base, base, settings)
         i += n
+
+
+def own_width(n: int, base: int, settings: EngineSettings) -> int:
+    """A pass's width for ``n`` own tokens after a ``base``-token prefix: ``n`` rounded up to a multiple of
+    ``settings.shape_bucket``, but ``base`` + width never past the rotary table's rows (``rotary_rows``), and
+    never less than ``n``."""
+    width = bucket(n, settings.shape_bucket)
+    return max(n, min(width, settings.rotary_rows - base)) if settings.rotary_rows else width
 
 
 def bucket(n: int, step: int) -> int:

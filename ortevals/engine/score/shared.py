@@ -18,8 +18,8 @@ import numpy as np
 
 from ortevals.engine.score.passes import (
     Group,
-    bucket,
     last_positions,
+    own_width,
     pad_right,
     rows_for,
     scored_positions,
@@ -166,8 +166,9 @@ class SharedPrefixes:
 
     def _continue_in_place(self, pending: list[Group], base: int, past, done: ScoreSink) -> None:
         """Score ``pending`` one a pass, each writing its own tokens (right-padded to a multiple of
-        ``shape_bucket``) after the prefix held once in a buffer of the widest pass's capacity, and empty it."""
-        widths = [bucket(len(g.tokens) - base, self.settings.shape_bucket) for g in pending]
+        ``shape_bucket`` within the rotary table: :func:`own_width`) after the prefix held once in a buffer of the
+        widest pass's capacity, and empty it."""
+        widths = [own_width(len(g.tokens) - base, base, self.settings) for g in pending]
         held = self.runner.held_in(past, base + max(widths))
         for group, width in zip(pending, widths):
             ids, tail = pad_right([group.tokens[base:]], self.settings.pad_token_id, width)
