@@ -236,6 +236,27 @@ def test_an_ep_spelling_reaches_every_backend_as_one_name(monkeypatch):
         assert work.ep == "cuda" and seen[-1]["device"] == "cuda:0"
 
 
+def test_the_hf_row_runs_in_the_dtype_lm_eval_would_use(tiny, tmp_path):
+    """lm-eval's hf default is dtype=auto, the checkpoint's own (here bfloat16): the row ran float32 whatever the
+    checkpoint said, so an fp16 package was compared with fp32 PyTorch. A row's own dtype= still wins."""
+    import shutil
+
+    import torch
+    from lm_eval.models.huggingface import HFLM
+
+    from ortevals.bench.workload import lm_eval_model
+
+    folder = tmp_path / "bf16"
+    shutil.copytree(tiny[0], folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["dtype"] = "bfloat16"
+    (folder / "config.json").write_text(json.dumps(config))
+    as_lm_eval = HFLM(pretrained=str(folder), device="cpu").model.dtype  # lm-eval's own defaults
+    assert as_lm_eval == torch.bfloat16
+    assert lm_eval_model("hf", str(folder), "", None).model.dtype == as_lm_eval
+    assert lm_eval_model("hf", str(folder), "dtype=float32", None).model.dtype == torch.float32
+
+
 def test_the_python_api_refuses_the_same_inputs_before_any_run(tmp_path, no_run):
     import ortevals.bench
     from ortevals.errors import OrtEvalsError

@@ -85,14 +85,14 @@ def lm_eval_tasks(work: Work, limit: int | None) -> dict[str, Any]:
 
 def lm_eval_model(backend: str, target: str, args: str, ep: str | None):
     """lm-eval's own model for ``backend`` on ``target`` with the row's model args (``K=V,…``, typed as lm-eval's
-    command line types them): hf and vllm on the transformers folder (hf in float32 on the CPU unless the args
-    say otherwise), the ONNX backends on the package (on ``ep``, else the providers its genai_config.json names,
-    as lm-eval does)."""
+    command line types them): hf and vllm on the transformers folder (hf in lm-eval's default dtype, ``auto``: the
+    checkpoint's ``torch_dtype``, unless the args say otherwise; on ``cuda:0`` with ``ep`` cuda, else the CPU), the
+    ONNX backends on the package (on ``ep``, else the providers its genai_config.json names, as lm-eval does)."""
     from lm_eval.api.registry import get_model
     from lm_eval.utils import simple_parse_args_string
 
     if backend == "hf":
-        base = {"pretrained": target, "device": "cuda:0" if ep == "cuda" else "cpu", "dtype": "float32"}
+        base = {"pretrained": target, "device": "cuda:0" if ep == "cuda" else "cpu"}
     elif backend == "vllm":
         base = {"pretrained": target}
     else:
