@@ -371,6 +371,29 @@ def test_a_candidate_that_is_not_quantized_says_so_first_and_skips_the_sensitivi
                           "--verify: the candidate", "holds no quantized weights")
 
 
+def test_the_per_layer_stage_draws_a_bar_of_its_windows_on_stderr(tmp_path, tiny_pkg, monkeypatch):
+    """Issue 55 item 10b: the per-layer stage drew its bar on a terminal only (a minute of silence in a log on a
+    large --tokens); now tqdm's bar on stderr, as the scoring bar, counting the windows the stage runs (each window
+    runs through both packages' tap graphs: the calls counted here)."""
+    import re
+
+    from ortevals.runtime.taps import TapRunner
+
+    calls: list[int] = []
+    real = TapRunner.__call__
+    monkeypatch.setattr(TapRunner, "__call__", lambda self, ids: calls.append(len(ids)) or real(self, ids))
+    cand = tmp_path / "planted"
+    plant(tiny_pkg, cand, "model.layers.0.mlp.down_proj.MatMul.weight", lambda w: w * 1.5)
+    result = CliRunner().invoke(cli, ["diagnose", "--pkg", str(cand), "--ref", str(tiny_pkg), "--tokens", "600",
+                                      "--questions", "0", "--output", str(tmp_path / "diag")], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    windows = len(calls) // 2
+    drawn = [tuple(map(int, m)) for m in re.findall(r"per layer: +(\d+)%\|[^|]*\| (\d+)/(\d+) ", result.stderr)]
+    assert windows == 3 and len(calls) == 2 * windows, calls
+    assert drawn and drawn[-1] == (100, windows, windows) and all(t == windows for _, _, t in drawn), drawn
+    assert all(p == round(100 * n / t) for p, n, t in drawn) and "%|" not in result.stdout
+
+
 def test_tokens_beyond_the_text_are_said_to_be_capped(tmp_path, tiny_int4, tiny_pkg):
     """Issue 49 item 12: `--tokens` beyond the text scored what the text held without a word; now the cap is said
     before the per-layer stage and noted in diagnose.json."""

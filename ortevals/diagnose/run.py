@@ -151,10 +151,11 @@ def _write_partial(r: DiagnoseReport, stage: str, e: BaseException, say) -> None
 
 
 def _bar(total: int, desc: str) -> Callable[[int], None]:
-    """A progress bar over ``total`` windows (tqdm's, shown on a terminal only), closed after the last."""
-    from tqdm.auto import tqdm
+    """A progress bar over ``total`` windows on stderr (tqdm's, as the scoring bar: in a log too), closed after the
+    last."""
+    from tqdm import tqdm
 
-    bar = tqdm(total=total, desc=desc, unit="window", disable=None, leave=False)
+    bar = tqdm(total=total, desc=desc, unit="window", dynamic_ncols=True)
 
     def step(w: int) -> None:
         bar.update(1)
