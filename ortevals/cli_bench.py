@@ -1,12 +1,14 @@
 """The ``ortevals bench`` command: flags to :class:`~ortevals.bench.spec.BenchOptions`, the table printed.
 
 Glue only (the harness is ortevals/bench/); cli.py adds it to the ``ortevals`` group, whose error handling
-turns a bad input into one line and exit code 2.
+turns a bad input into one line and exit code 2. The table is printed (and written) whatever the rows did; the
+exit code is 1 when a row failed or was cut at ``--timeout``, 130 after Ctrl-C (the finished runs kept).
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 
 import click
@@ -70,6 +72,13 @@ def bench(pkgs, hf, backends, tasks, cache, cold, verbose, **kw) -> None:
     result = run(options, progress=lambda line: click.echo(line, err=True))
     wrote = [f"wrote {p}" for p in result.files]
     click.echo("\n".join([result.meta["command"], "", result.table, "", *result.notes, *wrote]))
+    if result.interrupted:  # the table and files above hold the runs that finished
+        click.echo(result.meta["interrupted"], err=True)
+        sys.exit(130)
+    if result.failed:
+        click.echo(f"{len(result.failed)} of {len(result.rows)} rows failed ({'; '.join(result.failed)}): the table "
+                   "says why", err=True)
+        sys.exit(1)
 
 
 def _list(value: str | None) -> tuple[str, ...]:

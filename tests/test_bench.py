@@ -508,3 +508,49 @@ def test_bench_png_log_axis_labels_never_overlap(monkeypatch, rates):
     monkeypatch.setattr(write, "png", check)
     write.plot([ok_row(f"row {i}", r) for i, r in enumerate(rates)], "requests")
     assert seen == [[]]
+
+
+# ---- the exit code: failed rows, Ctrl-C -----------------------------------------------------------------------------
+
+
+def test_a_failed_or_cut_row_exits_1_with_the_table_written(tmp_path):
+    """Every row failing (a folder with an empty genai_config.json: the row's own ortevals command refuses it), or
+    cut at --timeout, exited 0 before; now 1, the table printed and written, the row saying why."""
+    pkg = fake_package(tmp_path / "p")
+    for extra, why in ((["--timeout", "120"], "genai_config.json"), (["--timeout", "0.2"], "timed out after 0.2 s")):
+        out = tmp_path / f"out{len(why)}"
+        result = CliRunner().invoke(cli, ["bench", "--pkg", str(pkg), "--cache", "cold", "--limit", "1",
+                                          "--output", str(out), *extra])
+        assert result.exit_code == 1, result.output
+        body = json.loads((out / "bench.json").read_text())
+        assert [r["status"] for r in body["rows"]] == ["failed"] and why in body["rows"][0]["note"]
+        assert f"failed: {body['rows'][0]['note']}" in (out / "bench.md").read_text()
+        assert "1 of 1 rows failed (ortevals p (cold)): the table says why" in result.output
+
+
+def test_ctrl_c_keeps_the_rows_measured_and_exits_130(tmp_path, monkeypatch):
+    """Ctrl-C during the second row's run: the first row's figures (from its finished run) are printed and written
+    to bench.json and bench.md, marked interrupted; the second row says it has no run; exit 130 (was: nothing)."""
+    from ortevals.bench import measure as measure_module
+
+    ref, _, ref_ll, _ = hand_made(tmp_path)
+    first, second = fake_package(tmp_path / "p"), fake_package(tmp_path / "q")
+
+    def run(row, name, work, folder, n, timeout):
+        if row.target == str(first):
+            return RunRecord(row.label, n, ref, watched(8.0), None)
+        raise KeyboardInterrupt  # watch() ends the run's process and lets it go on
+
+    monkeypatch.setattr(measure_module, "_run", run)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(cli, ["bench", "--pkg", str(first), "--pkg", str(second), "--cache", "cold",
+                                      "--repeat", "2", "--output", str(out)])
+    assert result.exit_code == 130, result.output
+    body = json.loads((out / "bench.json").read_text())
+    a, b = body["rows"]
+    requests = sum(len(x) for x in ref_ll)  # one request per choice
+    assert (a["status"], a["runs"], a["requests"]) == ("ok", 1, requests) and a["rate"] == pytest.approx(requests / 8)
+    assert (b["status"], b["note"]) == ("interrupted", "no run finished before Ctrl-C")
+    said = "Interrupted (Ctrl-C) after 1 of 4 runs: the rows hold the runs that finished"
+    assert body["interrupted"].startswith(said) and said in (out / "bench.md").read_text()
+    assert said in result.output and "interrupted: no run finished before Ctrl-C" in result.output

@@ -46,7 +46,19 @@ class BenchResult:
 
     @property
     def notes(self) -> list[str]:
-        return notes(list(self.rows), self.rate, self.meta["machine"])
+        stopped = [self.meta["interrupted"]] if self.interrupted else []
+        return stopped + notes(list(self.rows), self.rate, self.meta["machine"])
+
+    @property
+    def interrupted(self) -> bool:
+        """Ctrl-C stopped the benchmark: the rows hold the runs finished before it."""
+        return bool(self.meta.get("interrupted"))
+
+    @property
+    def failed(self) -> tuple[str, ...]:
+        """The labels of the rows that failed (a run that exited non-zero, wrote no samples or was cut at
+        ``--timeout``)."""
+        return tuple(r.label for r in self.rows if r.status == "failed")
 
 
 def run(options: BenchOptions, progress: Callable[[str], None] | None = None) -> BenchResult:
@@ -60,21 +72,31 @@ def run(options: BenchOptions, progress: Callable[[str], None] | None = None) ->
     machine = {"cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                "load_start": os.getloadavg()[0], "device": device_info(), "versions": versions(LIBRARIES)}
     try:
-        records = measure(bench, Work.of(options), folder, options.repeat, options.timeout, say)
+        records, interrupted = measure(bench, Work.of(options), folder, options.repeat, options.timeout, say)
         machine["load_end"] = os.getloadavg()[0]
         peak = options.peak_tflops * 1e12 if options.peak_tflops else None
-        rows = tuple(table_rows(bench, records, bench.rate, options.samples is not None, peak))  # from the runs
+        rows = tuple(table_rows(bench, records, bench.rate, options.samples is not None, peak,  # from the runs
+                                interrupted))
     finally:
         shutil.rmtree(folder / "cache", ignore_errors=True)
         shutil.rmtree(folder / "prepare", ignore_errors=True)
         if options.output is None:
             shutil.rmtree(folder, ignore_errors=True)
     meta = {"command": command, "reference": bench.ref, "rate": bench.rate, "machine": machine,
-            "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(options).items()}}
+            "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(options).items()},
+            "interrupted": _stopped(bench, records, options.repeat) if interrupted else None}
     result = BenchResult(rows, bench.rate, bench.ref, meta, records)
     if options.output is None:
         return result
     return BenchResult(rows, bench.rate, bench.ref, meta, records, _write(result, folder))
+
+
+def _stopped(bench, records: dict[str, list[RunRecord]], repeat: int) -> str:
+    """The line saying where Ctrl-C stopped the benchmark (bench.json's ``interrupted``; the first note)."""
+    done = sum(len(v) for v in records.values())
+    planned = repeat * sum(1 for r in bench.rows if r.missing is None)
+    return (f"Interrupted (Ctrl-C) after {done} of {planned} runs: the rows hold the runs that finished; the run it "
+            "cut is left out.")
 
 
 # the libraries whose versions can move a row's figures (beside ortevals and its source digest; the runtimes as

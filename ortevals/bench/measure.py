@@ -38,25 +38,29 @@ class RunRecord:
 
 
 def measure(plan: Plan, work: Work, folder: Path, repeat: int, timeout: float | None,
-            progress: Callable[[str], None]) -> dict[str, list[RunRecord]]:
+            progress: Callable[[str], None]) -> tuple[dict[str, list[RunRecord]], bool]:
     """Every runnable row ``repeat`` times, in rounds; a row whose run failed is not run again. ``folder``
-    holds the runs' outputs (``runs/``) and the cache states (``cache/``)."""
+    holds the runs' outputs (``runs/``) and the cache states (``cache/``). Returns the runs and whether Ctrl-C
+    stopped the benchmark: the runs finished before it are kept (the run it cut ended with its process)."""
     records: dict[str, list[RunRecord]] = {r.label: [] for r in plan.rows}
     rows = [r for r in plan.rows if r.missing is None]
     # ortevals' bytecode compiled first, as `pip install` leaves it (and lm-eval, torch…): a checkout run with
     # PYTHONDONTWRITEBYTECODE would compile every module it imports in every row's process
     compileall.compile_dir(str(Path(ortevals.__file__).parent), quiet=2)
     names = {r.label: f"{i:02d}-{_slug(r.label)}" for i, r in enumerate(plan.rows, 1)}  # folder names
-    _prepare(rows, names, work, folder, progress)
-    for n in range(1, repeat + 1):
-        for i, row in enumerate(rows, 1):
-            if records[row.label] and records[row.label][-1].failure:
-                continue
-            progress(f"[{i}/{len(rows)}] {row.label}: run {n} of {repeat}, {_questions(row)} …")
-            rec = _run(row, names[row.label], work, folder, n, timeout)
-            records[row.label].append(rec)
-            progress(f"  {_said(rec, timeout)}")
-    return records
+    try:
+        _prepare(rows, names, work, folder, progress)
+        for n in range(1, repeat + 1):
+            for i, row in enumerate(rows, 1):
+                if records[row.label] and records[row.label][-1].failure:
+                    continue
+                progress(f"[{i}/{len(rows)}] {row.label}: run {n} of {repeat}, {_questions(row)} …")
+                rec = _run(row, names[row.label], work, folder, n, timeout)
+                records[row.label].append(rec)
+                progress(f"  {_said(rec, timeout)}")
+    except KeyboardInterrupt:  # watch() ended the run's process; what finished is kept (the caller writes it)
+        return records, True
+    return records, False
 
 
 def _questions(row: RowSpec) -> str:

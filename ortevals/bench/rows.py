@@ -49,7 +49,7 @@ class Row:
     target: str
     args: str
     cache: str | None
-    status: str  # "ok", "failed" or "not installed"
+    status: str  # "ok", "failed", "not installed", or "interrupted" (Ctrl-C came before any run of it finished)
     note: str  # why it failed or was not run ("" when ok)
     is_ref: bool
     runs: int  # timed runs the figures are over
@@ -77,10 +77,11 @@ SAMPLES_NOTE = ("not compared with the reference: with --samples each backend ke
 
 
 def table_rows(plan: Plan, records: dict[str, list[RunRecord]], rate: str, samples: bool = False,
-               peak_flops: float | None = None) -> list[Row]:
+               peak_flops: float | None = None, interrupted: bool = False) -> list[Row]:
     """The table, in the plan's order; comparisons need the reference row to have run (``samples``: K samples a
-    question were drawn, so no row's answers are compared; ``peak_flops``: each ortevals row's :func:`mfu`)."""
-    rows = [_row(spec, records[spec.label], spec.label == plan.ref) for spec in plan.rows]
+    question were drawn, so no row's answers are compared; ``peak_flops``: each ortevals row's :func:`mfu`;
+    ``interrupted``: Ctrl-C stopped the benchmark, and a row with no finished run says so)."""
+    rows = [_row(spec, records[spec.label], spec.label == plan.ref, interrupted) for spec in plan.rows]
     by_label = {r.label: r for r in rows}
     ref = by_label[plan.ref]
     ref_run = _first_run(records[plan.ref]) if ref.status == "ok" else None
@@ -107,11 +108,13 @@ def table_rows(plan: Plan, records: dict[str, list[RunRecord]], rate: str, sampl
     return [replace(r, x_ref=r.rate / ref_rate) if r.rate and ref_rate else r for r in out]
 
 
-def _row(spec: RowSpec, recs: list[RunRecord], is_ref: bool) -> Row:
+def _row(spec: RowSpec, recs: list[RunRecord], is_ref: bool, interrupted: bool = False) -> Row:
     base = dict(label=spec.label, backend=spec.backend, target=spec.target, args=spec.args, cache=spec.cache,
                 is_ref=is_ref, size_mib=folder_mib(Path(spec.target)))
     if spec.missing:
         return Row(status="not installed", note=spec.missing, runs=0, **base)
+    if interrupted and not recs:
+        return Row(status="interrupted", note="no run finished before Ctrl-C", runs=0, **base)
     failed = next((r for r in recs if r.failure), None)
     if failed is not None or not recs:
         return Row(status="failed", note=failed.failure if failed else "not run", runs=0, **base)
