@@ -177,10 +177,15 @@ def test_the_command_prints_the_table_and_writes_json_and_plot(tiny, tiny_int4, 
 
 # ---------------------------------------------------------------- --trajectories (issue 51 item 3)
 
-def generation_run(folder, outputs: list[str]):
+def question(i: int) -> str:
+    return f"Question {i}: the capital of france?\nAnswer:"
+
+
+def generation_run(folder, outputs: list[str], prompts: list[str] | None = None, max_gen_toks: int | None = 64):
     folder.mkdir(parents=True, exist_ok=True)
-    records = [{"doc_id": i, "doc": {}, "target": "A", "arguments": [[f"Question {i}: the capital of france?\nAnswer:",
-                                                                        {"until": ["\n\n"], "max_gen_toks": 64}]],
+    prompts = prompts or [question(i) for i in range(len(outputs))]
+    kwargs = {"until": ["\n\n"]} | ({} if max_gen_toks is None else {"max_gen_toks": max_gen_toks})
+    records = [{"doc_id": i, "doc": {}, "target": "A", "arguments": [[prompts[i], kwargs]],
                 "resps": [[o]], "filtered_resps": ["A"], "filter": "none", "metrics": ["exact_match"],
                 "exact_match": 1.0, "doc_hash": f"d{i}", "prompt_hash": f"p{i}"} for i, o in enumerate(outputs)]
     (folder / "results.json").write_text(json.dumps({"results": {"cot": {}}}))
@@ -202,7 +207,7 @@ def test_trajectories_follow_the_reference_outputs_as_plain_passes(tiny, tiny_in
     ref_logits, cand_logits = ort_session(tiny[1]), ort_session(tiny_int4)
     lp_ref, lp_cand, kl = [], [], []
     for i, text in enumerate(outputs):
-        prompt = [1] + tok(f"Question {i}: the capital of france?\nAnswer:", add_special_tokens=False)["input_ids"]
+        prompt = [1] + tok(question(i), add_special_tokens=False)["input_ids"]
         gen = tok(text, add_special_tokens=False)["input_ids"][:40]
         ids, rows = prompt + gen, np.arange(len(prompt) - 1, len(prompt) + len(gen) - 1)
         r, c = (log_softmax(f(ids), np.float64)[rows] for f in (ref_logits, cand_logits))
@@ -252,3 +257,104 @@ def test_trajectory_buckets_end_at_the_last_generated_token():
     s = trajectories.trajectory_summary(t, np.repeat([0, 1], n), np.tile(np.arange(1, n + 1), 2), n, None, None)
     assert s["by_position"]["edges"] == [1, 16, 65]
     assert [(b["low"], b["high"], b["tokens"]) for b in s["by_position"]["buckets"]] == [(1, 16, 30), (16, 65, 98)]
+
+
+# ---------------------------------------------------------------- --trajectories: the run's tokens (issue 55)
+
+OUTPUTS = ["The river of the city is a number one two three. " * 6, "Paris is the capital of france. " * 5,
+           "Berlin rome madrid. " * 8]
+
+
+@pytest.fixture
+def fed(monkeypatch):
+    """The ids every model pass of ortevals' sources reads, in order."""
+    seen, call = [], windows.OrtSource.__call__
+    monkeypatch.setattr(windows.OrtSource, "__call__", lambda self, ids: (seen.append(list(ids)), call(self, ids))[1])
+    return seen
+
+
+def lm_eval_ids(tok, prompt: str) -> list[int]:
+    """lm-eval's hf backend's rule, with transformers' tokenizer: no special tokens where the text starts
+    with the BOS text (a chat template's), the tokenizer's own (BOS) otherwise."""
+    return tok(prompt, add_special_tokens=not prompt.startswith(tok.bos_token))["input_ids"]
+
+
+def test_a_prompt_starting_with_the_bos_text_is_fed_once_with_bos(tiny, tmp_path, fed):
+    """A chat-template run: the prompt's text starts with <s>. Both models read the ids the run generated from
+    (BOS once), then the output's tokens."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny[0])
+    prompts = [f"{tok.bos_token}{question(0)}", question(1)]  # with and without the BOS text
+    run = generation_run(tmp_path / "chat-run", OUTPUTS[:2], prompts)
+    report = run_fidelity(FidelityOptions(pkg=tiny[1], ref=str(tiny[1]), trajectories=run, first=20))
+    want = [lm_eval_ids(tok, p) + tok(o, add_special_tokens=False)["input_ids"][:20] for p, o in zip(prompts, OUTPUTS)]
+    assert want[0][:2] == [1, tok(question(0), add_special_tokens=False)["input_ids"][0]]  # one BOS
+    assert fed == [want[0], want[0], want[1], want[1]]  # reference, candidate; question by question
+    assert report.summary["tokens"] == 40
+
+
+def test_tokens_caps_the_generated_tokens_followed_exactly(tiny, tmp_path, fed):
+    """--tokens 50 with --first 40: 40 of the first output and 10 of the second, not 80."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny[0])
+    run = generation_run(tmp_path / "r", OUTPUTS)
+    report = run_fidelity(FidelityOptions(pkg=tiny[1], ref=str(tiny[1]), trajectories=run, first=40, tokens=50))
+    assert report.summary["tokens"] == 50 and report.summary["windows"] == 2
+    assert np.bincount(report.clusters).tolist() == [40, 10]
+    want = [lm_eval_ids(tok, question(i)) + tok(OUTPUTS[i], add_special_tokens=False)["input_ids"][:n]
+            for i, n in ((0, 40), (1, 10))]
+    assert fed == [want[0], want[0], want[1], want[1]]
+
+
+def test_a_question_longer_than_the_context_is_cut_as_the_run_cut_it(tiny, tmp_path, fed):
+    """The tiny model's context is 1024 tokens. A prompt of ~1000 tokens with max_gen_toks 64: the run (truncate=left)
+    generated from the prompt's last 960 tokens; those are fed, then the 64 tokens that fit. Without
+    max_gen_toks in the request, the prompt leaves room for the --first tokens followed."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny[0])
+    long_prompt = "The city of the river is old and the river is long. " * 49 + question(0)
+    ids = lm_eval_ids(tok, long_prompt)
+    gen = tok(OUTPUTS[0], add_special_tokens=False)["input_ids"]
+    assert len(ids) + 64 > 1024 and len(ids) < 1024 and len(gen) > 64
+    for mgt, first, want in ((64, 100, ids[-960:] + gen[:64]), (None, 60, ids[-(1024 - 60):] + gen[:60])):
+        fed.clear()
+        run = generation_run(tmp_path / f"long-{mgt}", [OUTPUTS[0], OUTPUTS[1]], [long_prompt, question(1)], mgt)
+        out = tmp_path / f"s-{mgt}.json"
+        result = CliRunner().invoke(cli, ["fidelity", "--pkg", str(tiny[1]), "--ref", str(tiny[1]), "--trajectories",
+                                          str(run), "--first", str(first), "--json", str(out)],
+                                    catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        assert fed[0] == want and len(fed[0]) == 1024
+        assert fed[2] == lm_eval_ids(tok, question(1)) + tok(OUTPUTS[1], add_special_tokens=False)["input_ids"][:first]
+        s = json.loads(out.read_text())
+        assert s["cut"]["questions"] == 1 and s["cut"]["context"] == 1024
+        assert "1 questions did not fit the models' context (1024 tokens, model.context_length in" in result.output
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--by-position", "--buckets", "100000"], "--buckets 100000: expected increasing context lengths between 2 and"),
+    (["--by-position", "--buckets", "2000"], "between 2 and 1023"),  # beyond the models' context (1024)
+    (["--trajectories", "{tmp}/missing-run"], "missing-run: run not found"),
+    (["--trajectories", "{run}", "--buckets", "300"], "--buckets 300: expected increasing generated-token indices "
+                                                      "between 2 and 256"),
+    (["--trajectories", "{run}", "--first", "32", "--buckets", "8,64"], "between 2 and 32"),
+])
+@pytest.mark.parametrize("ref", ["package", "checkpoint"])
+def test_refusals_come_before_any_model_opens(tiny, tmp_path, monkeypatch, args, message, ref):
+    from ortevals.fidelity import reference
+
+    def opened(*a, **k):
+        raise AssertionError("a model was opened before the refusal")
+
+    monkeypatch.setattr(windows.OrtSource, "open", opened)
+    monkeypatch.setattr(reference.TorchSource, "open", opened)
+    run = generation_run(tmp_path / "r", ["a b c"])
+    args = [a.format(tmp=tmp_path, run=run) for a in args]
+    result = CliRunner().invoke(cli, ["fidelity", "--pkg", str(tiny[1]), "--ref",
+                                      str(tiny[1] if ref == "package" else tiny[0]), *args])
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith("Error: "), result.output
+    assert message in lines[0], lines[0]

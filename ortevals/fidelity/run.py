@@ -95,6 +95,7 @@ def _check_trajectories(o: FidelityOptions) -> None:
         raise OrtEvalsError(f"--trajectories follows the reference run's outputs: {given[0]} does not apply")
     if reference_kind(o.ref) == "file":
         raise OrtEvalsError("--trajectories needs a model as --ref (a package or a checkpoint), not a reference file")
+    tr.check_edges(o.buckets, o.first or tr.DEFAULT_FIRST)
 
 
 def reference_kind(ref: str) -> str:
@@ -230,10 +231,13 @@ def run_fidelity(o: FidelityOptions) -> FidelityReport:
     cand_hash = tokenizer_hash(package.tokenizer_root)
     if o.trajectories is not None:
         return _follow(o, package, tok, cand_hash)
+    if o.by_position and o.buckets is not None and (o.ctx or reference_kind(o.ref) != "file"):
+        bucket_edges(o.ctx or min(POSITION_CTX, package.context_length or POSITION_CTX), o.buckets)  # before work
     side = _saved_side if reference_kind(o.ref) == "file" else _model_side
     saved, plan, ids, refs, desc = side(o, package, tok, cand_hash)
     if saved is not None and o.save_ref is not None:
         raise OrtEvalsError("--save-ref needs a model as --ref, not a reference file")
+    edges = bucket_edges(plan.n_ctx, o.buckets) if plan.every else None  # the window's: before any model runs
     kept: list[RefTokens] = []
     if o.save_ref is not None:
         refs = _tee(refs, kept)
@@ -247,8 +251,7 @@ def run_fidelity(o: FidelityOptions) -> FidelityReport:
     summary["scored"] = "every position" if plan.every else "second half of each window"
     files = []
     if plan.every:
-        summary["by_position"] = position_summary(stats, clusters, plan.positions(),
-                                                  bucket_edges(plan.n_ctx, o.buckets), o.kl_threshold)
+        summary["by_position"] = position_summary(stats, clusters, plan.positions(), edges, o.kl_threshold)
     if o.save_ref is not None:
         tokens = RefTokens(*(np.concatenate([getattr(r, f) for r in kept]) for f in
                              ("topk_ids", "topk_logp", "tail_logp", "actual_logp")))
@@ -263,14 +266,27 @@ def run_fidelity(o: FidelityOptions) -> FidelityReport:
 
 def _follow(o: FidelityOptions, package, tok, cand_hash: str) -> FidelityReport:
     """``--trajectories``: both models teacher-forced on the reference run's outputs (fidelity/trajectories.py)."""
-    source, _, desc = _open_reference(o, package, cand_hash)
+    items = tr.outputs(Path(o.trajectories))  # a missing or unusable run: refused before a model opens
+    source, max_pos, desc = _open_reference(o, package, cand_hash)
     first = o.first or tr.DEFAULT_FIRST
-    seqs = tr.sequences(Path(o.trajectories), tok, bos_for_windows(tok), first, o.tokens)
+    context = _context(o, package, max_pos)
+    seqs, cut = tr.sequences(items, tok, first, o.tokens, context)
     stats, clusters, index = tr.follow(source, OrtSource.open(package, o.ep), seqs, o.top_k or DEFAULT_TOP_K)
     summary = {"candidate": str(o.pkg), "reference": desc, "trajectories": str(o.trajectories),
                "top_k": o.top_k or DEFAULT_TOP_K, **tr.trajectory_summary(stats, clusters, index, first, o.buckets,
-                                                                           o.kl_threshold)}
+                                                                           o.kl_threshold),
+               "cut": {"questions": cut, "context": context.length, "where": context.where} if context else None}
     return FidelityReport(summary, stats, clusters, files=_write_files(o, summary))
+
+
+def _context(o: FidelityOptions, package, max_pos: int | None) -> tr.Context | None:
+    """The smaller of the two models' contexts, and the file and field that say it."""
+    ref = Path(o.ref).expanduser()
+    ref_where = (f"model.context_length in {ref / 'genai_config.json'}" if reference_kind(o.ref) == "package"
+                 else f"max_position_embeddings in {ref / 'config.json'}")
+    sides = [(n, where) for n, where in ((package.context_length, f"model.context_length in "
+                                          f"{package.root / 'genai_config.json'}"), (max_pos, ref_where)) if n]
+    return tr.Context(*min(sides)) if sides else None
 
 
 def _write_files(o: FidelityOptions, summary: dict) -> tuple[Path, ...]:
