@@ -192,3 +192,51 @@ def test_the_type_mobius_writes_for_a_multimodal_export_is_refused_by_og_and_ser
     got = OrtLM.from_package(ModelArgs(pkg=str(pkg))).loglikelihood(_instances("loglikelihood", pairs),
                                                                      disable_tqdm=True)
     assert np.abs(np.array([lp for lp, _ in got]) - [r["loglikelihood"] for r in ref]).max() <= TOL
+
+
+def _without_windows(pkg: Path) -> Path:
+    """``pkg`` with every attention node's sliding window taken out (the cascade rewrite refuses a window first)."""
+    import onnx
+
+    model = onnx.load(str(pkg / "model.onnx"), load_external_data=False)
+    for node in model.graph.node:
+        for a in node.attribute:
+            if node.op_type == "GroupQueryAttention" and a.name == "local_window_size":
+                a.i = -1
+    onnx.save(model, str(pkg / "model.onnx"))
+    return pkg
+
+
+def test_cascade_on_kv_shared_layers_is_refused_in_one_line(e2b, copy_pkg, tmp_path, caplog):
+    """Layers 3 and 4 attend to layers 1's and 2's KV, which the cascade decode graph (each layer's attention split
+    over that layer's own prompt KV and rows' KV) cannot rewrite: refused in one line naming the sharing, not a
+    KeyError on ``present.1.key``. At the front door ``auto`` logs it once and samples what ``off`` samples;
+    ``on`` is a one-line error."""
+    import dataclasses
+
+    from ortevals.errors import OrtEvalsError
+    from ortevals.runtime.cascade import Refused, cascade_decoder
+    from tests.fixtures.gemma4_e2b import MAX_LENGTH
+    from tests.test_sampler import SAMPLED, repeats
+
+    folder = _without_windows(copy_pkg(e2b / "text"))
+    pkg = ModelPackage.load(folder)
+    sharing = r"layers attend to another layer's KV \(KV sharing: 3<-1, 4<-2\)"
+    with pytest.raises(Refused, match=f"^{sharing}$"):
+        cascade_decoder(pkg, tmp_path / "cache")
+    with pytest.raises(Refused, match="its past KV present.1.key is not a past input of the decoder"):
+        cascade_decoder(dataclasses.replace(pkg, shared_kv=()), tmp_path / "cache")  # the graph's own check
+
+    reqs = repeats(["Question: Which of these is a prime number?\nA. 4\nB. 9\nC. 7\nAnswer:"],
+                   dict(SAMPLED, max_gen_toks=6), 3)
+
+    def lm(cascade: str) -> OrtLM:
+        return OrtLM.from_package(ModelArgs(pkg=str(folder), max_length=MAX_LENGTH, gen_path="raw", cascade=cascade))
+
+    with caplog.at_level("INFO", logger="ortevals.engine.generate.rows.cascade_kv"):
+        auto = lm("auto").generate_until(reqs, disable_tqdm=True)
+    assert caplog.text.count("each decode row keeps its own copy") == 1
+    assert "KV sharing: 3<-1, 4<-2" in caplog.text
+    assert auto == lm("off").generate_until(reqs, disable_tqdm=True) and len(set(auto)) == 3
+    with pytest.raises(OrtEvalsError, match=f"^cascade=on is impossible for this package: {sharing}$"):
+        lm("on").generate_until(reqs, disable_tqdm=True)

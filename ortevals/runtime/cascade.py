@@ -32,8 +32,9 @@ ones), so the graph's own ``seqlens_k`` subgraph is untouched; each row's prompt
 
 Refused (:class:`Refused`, the sampler keeps the current path and logs why once): sliding windows,
 softcap, smooth softmax, attention sinks or biases, quantized KV, per-head Q/K norms, a
-``position_ids`` input, past KV that feeds anything but GroupQueryAttention, rotary tables that are
-not constant, opsets before 13 (Split's sizes became an input). Cached like runtime/derive.py's
+``position_ids`` input, past KV that feeds anything but GroupQueryAttention, layers that attend to another
+layer's KV (Gemma 4 E2B/E4B's KV sharing), rotary tables that are not constant, opsets before 13 (Split's sizes
+became an input). Cached like runtime/derive.py's
 scoring graph: ``derived/<scope>/`` under a :class:`~ortevals.package.scope.Scope` of exactly what
 the rewrite reads (:func:`cascade_reads`: the decoder's graph, not its weights; the rewrite's
 version), weights left in the package folder.
@@ -87,6 +88,9 @@ def cascade_decoder(package: ModelPackage, cache: Path) -> Path:
         raise Refused("its sliding layers keep a windowed KV cache")
     if package.recurrent:
         raise Refused(f"the decoder carries recurrent state ({package.states[0].name}, ...): each row needs its own")
+    if package.shared_kv:  # the rewrite splits each layer's attention over that layer's own prompt and rows' KV
+        raise Refused("layers attend to another layer's KV (KV sharing: "
+                      + ", ".join(f"{layer}<-{source}" for layer, source in package.shared_kv) + ")")
     scope = Scope.build("cascade", package.root, [cascade_reads(package)])
     return written_once(package, cache, scope, lambda: _rewrite(package), "cascade decode graph")
 
@@ -153,7 +157,10 @@ def _rewrite(package: ModelPackage) -> bytes:
     kept, lengths = [], {}
     for node in graph.node:
         if node.op_type == "GroupQueryAttention" and node.domain == MS:
-            spec = layers[node.input[3]]
+            spec = layers.get(node.input[3])
+            if spec is None:  # another layer's present KV (KV sharing), or no past at all
+                raise Refused(f"{node.name}: its past KV {node.input[3] or '(none)'} is not a past input of the "
+                              "decoder (KV sharing)")
             key = tuple(node.input[5:7])  # the builder feeds every layer the same seqlens_k and total
             if key not in lengths:
                 shared, lengths[key] = _lengths(node, len(lengths))
