@@ -554,3 +554,27 @@ def test_ctrl_c_keeps_the_rows_measured_and_exits_130(tmp_path, monkeypatch):
     said = "Interrupted (Ctrl-C) after 1 of 4 runs: the rows hold the runs that finished"
     assert body["interrupted"].startswith(said) and said in (out / "bench.md").read_text()
     assert said in result.output and "interrupted: no run finished before Ctrl-C" in result.output
+
+
+def test_lm_eval_onnxruntime_rows_failure_says_its_known_cause(tiny_pkg, tmp_path, capsys):
+    """lm-eval's onnxruntime backend on a builder package (the head size a symbolic dim, kv_cache_dim, which it binds
+    to 1): the row's process fails at its first request; its one line says the cause, onnxruntime's words after it
+    (was: the raw INVALID_ARGUMENT line)."""
+    import onnxruntime as ort
+
+    from ortevals.bench.child import main
+
+    config = json.loads((tiny_pkg / "genai_config.json").read_text())["model"]["decoder"]
+    key = ort.InferenceSession(str(tiny_pkg / config["filename"])).get_inputs()[2]
+    assert key.name.startswith("past_key_values") and key.shape[3] == "kv_cache_dim"  # the cause, in the graph
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"backend": "onnxruntime", "target": str(tiny_pkg), "limit": 1, "args": "",
+                                "output": str(tmp_path / "out"), "work": {"tasks": []}}))
+    assert main([str(spec)]) == 1
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("Error: lm-eval's onnxruntime backend binds graph dimensions it does not know (the "
+                           "builder's kv_cache_dim: the past KV's head size) to 1")
+    head = config["head_size"]
+    assert line.endswith(f"(onnxruntime: Input 'past_key' dimension 3 should match the packed KV head dimension, "
+                         f"got 1 expected {head})")
+    assert Watched(1, 1.0, 1.0, None, False, "", (line,)).failure() == line  # the row's note is that line
