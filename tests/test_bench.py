@@ -10,6 +10,7 @@ import os
 import re
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -578,3 +579,27 @@ def test_lm_eval_onnxruntime_rows_failure_says_its_known_cause(tiny_pkg, tmp_pat
     assert line.endswith(f"(onnxruntime: Input 'past_key' dimension 3 should match the packed KV head dimension, "
                          f"got 1 expected {head})")
     assert Watched(1, 1.0, 1.0, None, False, "", (line,)).failure() == line  # the row's note is that line
+
+
+def test_mfu_is_named_for_the_positions_it_counts_a_batchs_padding_included(tiny_pkg):
+    """The engine feeds every pass an all-ones mask, so the pass meter (results.json's prefill tokens, the MFU's
+    numerator) counts rows x width: two inputs of 3 and 7 tokens in one pass are 14 positions, 10 real tokens. The
+    figure is named for that (was: 'the tokens the engine ran')."""
+    from ortevals.bench.write import notes
+    from ortevals.package.loader import ModelPackage
+    from ortevals.runtime.providers import ProviderConfig
+    from ortevals.runtime.sessions import DecoderRunner
+
+    runner = DecoderRunner.open(ModelPackage.load(tiny_pkg), ProviderConfig("cpu"))
+    lengths, width = (3, 7), 7
+    ids = np.full((2, width), 2, np.int64)
+    for b, n in enumerate(lengths):
+        ids[b, :n] = np.arange(5, 5 + n)
+    before = runner.meter.counts().prefill_tokens
+    runner.forward(ids, np.ones_like(ids))  # as engine/score feeds a right-padded batch
+    assert runner.meter.counts().prefill_tokens - before == len(lengths) * width == 14 != sum(lengths)
+    row = replace(ok_row("a", 1.0), mfu=0.25)
+    machine = {"cores": 2, "load_start": 1.0, "load_end": 1.0}
+    said = next(n for n in notes([replace(row, is_ref=True, questions=10)], "requests", machine) if "MFU" in n)
+    assert "the positions the engine's passes computed, padding included (a batch's" in said
+    assert said.endswith("an upper bound): a 0.25.")

@@ -227,9 +227,11 @@ def _device(recs: list[RunRecord]) -> dict:
 
 def mfu(target: str, folder: Path, peak_flops: float) -> float | None:
     """Model FLOPs utilisation of an ortevals run: 2 x the matrix weights (the package's parameters less the
-    embedding table, which is gathered, not multiplied) x the tokens its passes ran over the seconds inside them
-    (its results.json efficiency), against ``peak_flops``; attention's and the LM head's extra FLOPs at the
-    scored positions are not counted. None where the run metered no pass."""
+    embedding table, which is gathered, not multiplied) x the positions its passes computed over the seconds inside
+    them (its results.json efficiency: rows x width of every pass, so padding counts as work: a batch's, a device's
+    shape buckets; the engine feeds its passes an all-ones mask, docs/runtime-facts.md), against ``peak_flops``;
+    attention's and the LM head's extra FLOPs at the scored positions are not counted. None where the run metered
+    no pass."""
     eff = _efficiency(_results(folder))
     tokens = (eff.get("prefill_tokens") or 0) + (eff.get("decode_tokens") or 0)
     seconds = (eff.get("prefill_s") or 0) + (eff.get("decode_s") or 0)

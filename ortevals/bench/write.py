@@ -19,6 +19,9 @@ from ortevals.report.plots import figure, log_ticks, png
 HEADER = ("row", "questions", "runs", "wall s", "{rate}", "× ref", "first result s", "peak RSS MiB", "device MiB",
           "size MiB", "accuracy [95% CI]", "flips −/+", "McNemar p", "choice-KL", "same answers", "max |Δ ll|")
 RATE = {"requests": "req/s", "tokens": "tok/s"}
+MFU_COUNTS = ("2 x the matrix weights x the positions the engine's passes computed, padding included (a batch's, "
+              "a device's shape buckets), over its seconds in the passes, against --peak-tflops; with padding, an "
+              "upper bound")
 
 
 def header(rate: str) -> list[str]:
@@ -100,8 +103,7 @@ def notes(rows: list[Row], rate: str, machine: dict[str, Any]) -> list[str]:
     out += [f"{r.label}: {r.note}" for r in rows if r.status == "ok" and r.note]
     mfus = [f"{r.label} {r.mfu:.3g}" for r in rows if r.mfu is not None]
     if mfus:
-        out.append("MFU (2 x the matrix weights x the tokens the engine ran over its seconds in the passes, against "
-                   "--peak-tflops): " + ", ".join(mfus) + ".")
+        out.append(f"MFU ({MFU_COUNTS}): " + ", ".join(mfus) + ".")
     measured = sorted({r.device_source for r in rows if r.device_source})
     out.append(f"device MiB: peak, measured by {', '.join(measured)} (docs/bench.md)." if measured else
                "device MiB n/a: no GPU seen through NVML (nvidia-ml-py) and no backend reported its own.")
