@@ -1,8 +1,9 @@
 """``ortevals compare`` by prompt length (issue 51 item 1) and the drift of generation runs (item 3).
 
 Hand-made runs whose numbers are written out here with numpy and scipy: each bucket's accuracies, paired Δ
-(CR1 by category, t(G−1)) and choice-KL (t(n−1)); the verdict; prompt lengths in tokens equal transformers'
-tokenizer; generated lengths, the share at max_gen_toks, loops (against a brute-force search), extraction
+(CR1 by category, t(G−1), from five categories; per question, t(n−1), below) and choice-KL (t(n−1)); the
+verdict; prompt lengths in tokens equal transformers' tokenizer (--tokenizer, or the runs' own; another model's
+refused); generated lengths, the share at max_gen_toks, loops (against a brute-force search), extraction
 failures, the ratio of mean lengths (scipy's paired bootstrap) and accuracy by length.
 """
 
@@ -17,6 +18,7 @@ from click.testing import CliRunner
 
 from ortevals.cli import cli
 from ortevals.report.drift import has_loop
+from ortevals.report.lengths import format_lines
 from tests.test_compare import loglik, record, write_lm_eval_run, write_ortevals_run
 
 # eight questions: prompts of 10, 30, 60 and 120 characters (two each), two categories in every bucket
@@ -69,11 +71,10 @@ def test_buckets_by_prompt_length_by_hand(tmp_path):
     kl = choice_kl_by_hand(REF, RUN)
     for b, m in zip(bl["buckets"], (slice(0, 2), slice(2, 6), slice(6, 8))):
         assert b["ref_accuracy"] == ref_ok[m].mean() and b["accuracy"] == run_ok[m].mean()
-        d, cats = run_ok[m] - ref_ok[m], np.array(CATS[m])
-        sums = np.array([(d[cats == c] - d.mean()).sum() for c in ("law", "math")])  # CR1 by category, G = 2
-        se = math.sqrt(2 / 1 * (sums**2).sum() / len(d) ** 2)
+        d = run_ok[m] - ref_ok[m]  # two categories only: per question, t(n − 1) (not CR1 on one df)
+        se, q = d.std(ddof=1) / math.sqrt(len(d)), t.ppf(0.975, len(d) - 1)
         assert b["delta"]["mean"] == pytest.approx(d.mean()) and b["delta"]["se"] == pytest.approx(se, abs=1e-12)
-        assert b["delta"]["ci95"] == pytest.approx([d.mean() - t.ppf(0.975, 1) * se, d.mean() + t.ppf(0.975, 1) * se])
+        assert b["delta"]["ci95"] == pytest.approx([d.mean() - q * se, d.mean() + q * se]) and b["delta_clusters"] == 0
         k = kl[m]
         half = t.ppf(0.975, len(k) - 1) * k.std(ddof=1) / math.sqrt(len(k))
         assert b["kl"]["mean"] == pytest.approx(k.mean(), abs=1e-12)
@@ -81,6 +82,37 @@ def test_buckets_by_prompt_length_by_hand(tmp_path):
     assert [b["kl"]["mean"] > 0.24 for b in bl["buckets"]] == [False, True, True]  # 0.239, 0.246, 0.254
     assert bl["verdict"].startswith("choice-KL first exceeds 0.24 nats at prompts of 20-99 characters: 0.2458 ")
     assert "by prompt length (characters" in out and bl["verdict"] in out
+
+
+def test_bucket_delta_clusters_only_on_enough_categories():
+    from scipy.stats import t
+
+    from ortevals.report.lengths import breakdown
+
+    # bucket [0, 10): 8 questions in 2 categories, one correct->wrong flip in each: every category's mean Δ is the
+    # overall mean, so CR1 by category gives SE 0 (a zero-width interval) though two of eight answers flipped
+    ref0, run0 = np.ones(8), np.array([0, 1, 1, 1, 0, 1, 1, 1], float)
+    cats0 = ["math"] * 4 + ["law"] * 4
+    # bucket [10, 20): 10 questions in 5 categories: clustered, CR1 with t(4)
+    ref1, run1 = np.array([1, 1, 0, 1, 1, 0, 1, 1, 0, 1], float), np.array([0, 1, 1, 1, 0, 0, 1, 1, 1, 0], float)
+    cats1 = ["a", "a", "b", "b", "c", "c", "d", "d", "e", "e"]
+    lengths = np.array([5] * 8 + [15] * 10)
+    lb = breakdown(lengths, np.concatenate([ref0, ref1]), np.concatenate([run0, run1]), cats0 + cats1, None,
+                   (0, 10, 20), "characters")
+    few, many = lb.buckets
+    d = run0 - ref0
+    se = d.std(ddof=1) / np.sqrt(8)
+    assert few.clusters == 0 and se > 0 and few.delta.se == pytest.approx(se)
+    assert (few.delta.low, few.delta.high) == pytest.approx((d.mean() - t.ppf(0.975, 7) * se,
+                                                             d.mean() + t.ppf(0.975, 7) * se))
+    d, g = run1 - ref1, np.array(cats1)
+    sums = np.array([(d[g == c] - d.mean()).sum() for c in "abcde"])
+    se = np.sqrt(5 / 4 * (sums**2).sum() / len(d) ** 2)
+    assert many.clusters == 5 and many.delta.se == pytest.approx(se)
+    assert (many.delta.low, many.delta.high) == pytest.approx((d.mean() - t.ppf(0.975, 4) * se,
+                                                               d.mean() + t.ppf(0.975, 4) * se))
+    lines = format_lines(lb)
+    assert "(per question: 2 categories)" in lines[1] and "(clustered by 5 categories)" in lines[2]
 
 
 def test_prompt_lengths_in_tokens_equal_transformers(tiny, tmp_path):

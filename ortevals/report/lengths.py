@@ -4,9 +4,11 @@ Owns counting a text's length (tokens by a ``tokenizer.json``, the ``tokenizers`
 left out: ``--tokenizer``, which must be the tokenizer of one of the compared runs' models where they name
 theirs, else the runs' own tokenizer where every run names the same one on disk; else characters), the
 prompt-length buckets and, per bucket of a run against the reference, the paired Δ accuracy
-(:func:`ortevals.report.stats.paired_delta`: clustered by category where every question has one and the
-bucket holds more than one, else per question, t(G − 1)), both accuracies and, for log-likelihood tasks,
-the mean KL(ref‖run) of the choice distribution with its t(n − 1) interval (questions independent). A
+(:func:`ortevals.report.stats.paired_delta`: clustered by category, t(G − 1), where every question has one
+and the bucket holds at least :data:`MIN_CLUSTERS` categories; else per question, t(n − 1): with two or three
+categories the clustered standard error rests on one or two sums and is often zero on 0/1 scores, a
+zero-width interval), both accuracies and, for log-likelihood tasks, the mean KL(ref‖run) of the choice
+distribution with its t(n − 1) interval (questions independent). A
 prompt's length is its first request's context (few-shot examples and chat template included): the same
 for every choice of a question. With ``--kl-threshold`` the verdict names the first bucket, shortest prompts
 first, whose mean choice-KL exceeds it.
@@ -27,6 +29,7 @@ from ortevals.package.tokenizer import package_tokenizer_root, tokenizer_digest
 from ortevals.report import stats
 
 log = logging.getLogger(__name__)
+MIN_CLUSTERS = 5  # categories a bucket holds at least for its Δ to be clustered by category
 TOKEN_EDGES = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 CHAR_EDGES = tuple(4 * e for e in TOKEN_EDGES)  # about four characters a token in English text
 
@@ -153,6 +156,8 @@ class LengthBucket:
     accuracy: float
     delta: stats.Interval  # run − ref, paired
     kl: stats.Interval | None  # choice tasks: mean KL(ref‖run), t(n−1)
+    clusters: int = 0  # categories delta is clustered on (0: per question)
+    categories: int = 0  # categories the bucket holds where every question has one (0: not all have one)
 
 
 @dataclass(frozen=True)
@@ -180,11 +185,13 @@ def breakdown(lengths: np.ndarray, ref_correct: np.ndarray, run_correct: np.ndar
         m = (lengths >= lo) & (lengths < hi)
         if not m.any():
             continue
-        clustered = all(categories[i] for i in np.flatnonzero(m)) and len(set(cats[m])) > 1
+        g = len(set(cats[m])) if all(categories[i] for i in np.flatnonzero(m)) else 0
+        clustered = g >= MIN_CLUSTERS
         out.append(LengthBucket(int(lo), int(hi), int(m.sum()), float(ref_correct[m].mean()),
                                 float(run_correct[m].mean()),
                                 stats.paired_delta(ref_correct[m], run_correct[m], cats[m] if clustered else None),
-                                stats.clustered_interval(kl[m]) if kl is not None else None))
+                                stats.clustered_interval(kl[m]) if kl is not None else None,
+                                g if clustered else 0, g))
     return LengthBreakdown(unit, tuple(out), verdict(out, threshold, unit) if threshold is not None and kl is not None
                            else None, counted_by or unit)
 
@@ -214,10 +221,17 @@ def format_lines(lb: LengthBreakdown) -> list[str]:
         kl = "" if b.kl is None else (f"; choice-KL {b.kl.estimate:.4g}" + (
             f" [{b.kl.low:.4g}, {b.kl.high:.4g}]" if np.isfinite(b.kl.low) else ""))
         lines.append(f"    {b.low:>6}-{b.high - 1:<6} n={b.n:<5} accuracy {b.accuracy:.4f} (ref {b.ref_accuracy:.4f}), "
-                     f"delta {b.delta.estimate:+.4f} [{b.delta.low:+.4f}, {b.delta.high:+.4f}]{kl}")
+                     f"delta {b.delta.estimate:+.4f} [{b.delta.low:+.4f}, {b.delta.high:+.4f}] "
+                     f"({_clustering(b)}){kl}")
     if lb.verdict:
         lines.append(f"  {lb.verdict}")
     return lines
+
+
+def _clustering(b: LengthBucket) -> str:
+    if b.clusters:
+        return f"clustered by {b.clusters} categories"
+    return f"per question: {b.categories} categories" if b.categories > 1 else "per question"
 
 
 def record(lb: LengthBreakdown) -> dict:
@@ -227,4 +241,5 @@ def record(lb: LengthBreakdown) -> dict:
 
     return {"unit": lb.unit, "counted_by": lb.counted_by, "verdict": lb.verdict,
             "buckets": [{"low": b.low, "high": b.high, "n": b.n, "ref_accuracy": b.ref_accuracy,
-                         "accuracy": b.accuracy, "delta": iv(b.delta), "kl": iv(b.kl)} for b in lb.buckets]}
+                         "accuracy": b.accuracy, "delta": iv(b.delta), "delta_clusters": b.clusters,
+                         "kl": iv(b.kl)} for b in lb.buckets]}
