@@ -22,7 +22,7 @@ from unittest import mock
 
 from ortevals.errors import DataError, OrtEvalsError, OutputError, first_line
 from ortevals.files import cache_root, check_writable_file, check_writable_folder, publish, staged
-from ortevals.presets import reword_data_error
+from ortevals.presets import check_hub_data, reword_data_error
 from ortevals.report.results import RunSummary, stale_outputs, summarize, write_outputs, write_unreported
 from ortevals.runtime.meter import boot_clock
 from ortevals.tasks import check_generation_settings, check_task_names, task_manager, with_fit_split, with_samples
@@ -88,6 +88,7 @@ def evaluate(lm, spec: RunSpec) -> RunOutcome:
     args = getattr(lm, "args", None)
     k = getattr(args, "samples", None)
     check_task_names([t for t in tasks if isinstance(t, str)], "--tasks", include_path=spec.include_path)
+    check_hub_data(tasks, _run_task_manager(spec))  # offline: a data set nowhere here is one line now
     check_generation_settings(tasks, _run_task_manager(spec), getattr(args, "cascade", "auto"))
     if k:  # --samples K (issue 14 §3, tasks.py): repeats K, each task's settings rewritten to sample
         tasks = with_samples(tasks, k, _run_task_manager(spec), gen_kwargs, getattr(args, "self_eval", False))

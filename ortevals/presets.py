@@ -123,6 +123,83 @@ def task_specs(names: Preset | tuple[str, ...] | list[str], data: Path | None,
     return specs
 
 
+def check_hub_data(tasks, task_manager) -> None:
+    """Each task's data set is on the Hugging Face hub that ``datasets`` will reach, in its cache, or local; else one
+    line naming the task, the data set and how to provide it, before lm-eval asks the hub (offline: a ConnectionError
+    after lm-eval has built the tasks; unreachable: a minute of retries). The hub is asked only for a data set the
+    cache does not hold (:func:`hub_unreachable`)."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    configs = [c for t in tasks for c in ([t] if isinstance(t, dict) else leaf_configs(task_manager, t, load_yaml))]
+    missing = [(str(c.get("task")), c["dataset_path"], c.get("dataset_name")) for c in configs
+               if _from_hub(c) and not in_datasets_cache(c["dataset_path"], c.get("dataset_name"))]
+    why = missing and hub_unreachable()
+    if not why:
+        return
+    import datasets.config
+
+    task, path, name = missing[0]
+    same = [t for t, p, _ in missing if p == path]
+    others = sorted({p for _, p, _ in missing} - {path})
+    who = f"task {task}" if len(same) == 1 else f"tasks {', '.join(same[:3])}{' and more' if len(same) > 3 else ''}"
+    more = f" (and {len(others)} more data sets: {', '.join(others[:3])})" if others else ""
+    bundled = ", or --data bundled for the MMLU-Pro copy shipped with ortevals" \
+        if all(p in {q.hub_dataset for q in PRESETS.values()} for _, p, _ in missing) else ""
+    raise DataError(f"{who} reads {path}{f' (configuration {name})' if name else ''}{more} from the Hugging Face "
+                    f"hub, which is {why}, and the datasets cache ({datasets.config.HF_DATASETS_CACHE}) does not hold "
+                    f"it; run once online to cache it, or pass --data PATH to a local copy in the hub's "
+                    f"layout{bundled}")
+
+
+def _from_hub(cfg: dict) -> bool:
+    """The task's ``dataset_path`` names a hub data set (``owner/name`` or ``name``): not a folder here, not one of
+    ``datasets``' file builders (json, csv, parquet, …), no URL; a task with its own loader is left to lm-eval."""
+    from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
+
+    path = cfg.get("dataset_path")
+    if not isinstance(path, str) or not path or "class" in cfg or cfg.get("custom_dataset"):
+        return False
+    return (path not in _PACKAGED_DATASETS_MODULES and "://" not in path and path.count("/") <= 1
+            and not path.startswith((".", "/", "~")) and not Path(path).exists())
+
+
+def in_datasets_cache(path: str, name: str | None) -> bool:
+    """``datasets`` holds the configuration ``name`` of hub data set ``path`` prepared in its cache, where it loads
+    it from offline (its ``CachedDatasetModuleFactory``: ``{cache}/{owner}___{name}/{config}/{version}/{hash}``)."""
+    import glob
+
+    import datasets.config
+    from datasets.naming import camelcase_to_snakecase
+
+    parts = path.split("/")
+    parts[-1] = camelcase_to_snakecase(parts[-1])
+    root = Path(datasets.config.HF_DATASETS_CACHE).expanduser() / "___".join(parts)
+    return any(p.is_dir() for p in root.glob(f"{glob.escape(name) if name else '*'}/*/*"))
+
+
+def hub_unreachable() -> str:
+    """Why ``datasets`` cannot reach the hub (offline mode, or no answer from its endpoint within 5 s), or ""."""
+    import os
+    import urllib.error
+    import urllib.request
+
+    import datasets.config
+
+    if datasets.config.HF_HUB_OFFLINE:
+        flags = [f"{k}={os.environ[k]}" for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+                 if os.environ.get(k, "").upper() in ("1", "ON", "YES", "TRUE")]
+        return f"offline ({', '.join(flags) or 'datasets offline mode'})"
+    endpoint = datasets.config.HF_ENDPOINT
+    try:
+        urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=5).close()  # noqa: S310
+    except urllib.error.HTTPError:
+        return ""  # an answer: reachable
+    except (OSError, ValueError) as e:  # URLError (no DNS, refused), a timeout
+        reason = getattr(e, "reason", None) or e
+        return f"unreachable ({endpoint}: {first_line(reason) if isinstance(reason, BaseException) else reason})"
+    return ""
+
+
 def apply_limit(tasks, specs: list, limit: int | None) -> tuple[list, dict[str, list[int]] | None, tuple[str, ...]]:
     """What ``--limit N`` means, said under the table: a preset takes the first N questions of its data
     (:func:`first_questions`); named tasks take lm-eval's first N of each. Returns (specs, samples, notes)."""

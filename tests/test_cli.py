@@ -86,7 +86,8 @@ def test_other_tasks_on_local_or_bundled_data_are_one_line(tiny_pkg, tmp_path):
                               "--limit", "1"), f"--data {tmp_path / 'copy'}: arc_easy read the configuration "
                                                "'ARC-Easy' of a data set this folder is not a copy of")
     offline = run("run", "--pkg", str(tiny_pkg), "--tasks", "arc_easy", "--limit", "1")
-    assert_one_line_error(offline, "could not reach the Hugging Face hub for the data of arc_easy", "--data PATH")
+    assert_one_line_error(offline, "task arc_easy reads allenai/ai2_arc (configuration ARC-Easy) from the Hugging Face "
+                                   "hub, which is offline", "--data PATH")
     assert "bundled" not in offline.output
 
 

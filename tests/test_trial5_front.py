@@ -107,3 +107,87 @@ def test_data_with_a_tag_re_points_each_of_its_tasks(tmp_path):
     assert sorted(s["task"] for s in specs) == ["arc_challenge", "arc_easy"]
     assert {s["dataset_path"] for s in specs} == {str(tmp_path)}
     assert {s["task"]: s["dataset_name"] for s in specs} == {"arc_easy": "ARC-Easy", "arc_challenge": "ARC-Challenge"}
+
+
+# --- item 11: a task's data set nowhere here, offline ----------------------------------------------------------
+def _cache_like_the_hub(cache, repo: str, config: str, table) -> None:
+    """What ``datasets`` leaves in its cache after loading ``repo``'s ``config`` from the hub (its parquet builder
+    under ``{owner}___{name}/{config}/{version}/{hash}``), built from a local parquet file."""
+    import pyarrow.parquet as pq
+    from datasets.packaged_modules.parquet.parquet import Parquet
+
+    source = cache.parent / f"{config}.parquet"
+    pq.write_table(table, source)
+    builder = Parquet(cache_dir=str(cache), dataset_name=repo.split("/")[1], config_name=config, config_id=config,
+                      hash="0123abcd", data_files={"test": str(source)})
+    builder.repo_id = repo  # the hub's naming of the folder (set after __init__: the files are not the repo's)
+    builder._cache_dir = builder._build_cache_dir()
+    builder.download_and_prepare()
+
+
+@pytest.fixture
+def offline_cache(tmp_path, monkeypatch):
+    import datasets.config
+
+    cache = tmp_path / "datasets"
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    return cache
+
+
+def test_offline_a_task_whose_data_is_not_cached_is_one_line_before_lm_eval(offline_cache, tiny_pkg, monkeypatch):
+    """`ortevals run --tasks arc_easy` offline took 32 s (and, with the hub unreachable rather than offline, 22 retry
+    warnings) to say the hub could not be reached; now the datasets cache is read first: one line naming the task,
+    the data set and how to provide it, before lm-eval builds a task."""
+    import lm_eval
+    from click.testing import CliRunner
+
+    from ortevals.cli import cli
+    from tests.test_cli import assert_one_line_error
+
+    monkeypatch.setattr(lm_eval, "simple_evaluate", lambda **kw: pytest.fail("lm-eval was started"))
+    result = CliRunner().invoke(cli, ["run", "--pkg", str(tiny_pkg), "--tasks", "arc_easy", "--limit", "1"])
+    assert_one_line_error(result, "task arc_easy reads allenai/ai2_arc (configuration ARC-Easy) from the Hugging "
+                                  "Face hub, which is offline (HF_HUB_OFFLINE=1)", str(offline_cache),
+                          "run once online to cache it, or pass --data PATH to a local copy")
+
+
+def test_offline_the_check_agrees_with_datasets_own_offline_load(offline_cache):
+    """The oracle: ``datasets.load_dataset`` offline. A configuration it loads from the cache passes the check; one
+    it cannot load (another configuration, another data set) is refused, naming it."""
+    import datasets
+    import pyarrow as pa
+
+    from ortevals.presets import check_hub_data, in_datasets_cache
+    from ortevals.tasks import task_manager
+
+    _cache_like_the_hub(offline_cache, "allenai/ai2_arc", "ARC-Easy", pa.table({"question": ["q"], "answerKey": ["A"]}))
+    assert datasets.load_dataset("allenai/ai2_arc", "ARC-Easy")["test"]["question"] == ["q"]
+    check_hub_data(["arc_easy"], task_manager())
+    for path, name in (("allenai/ai2_arc", "ARC-Challenge"), ("allenai/openbookqa", "main")):
+        with pytest.raises((ConnectionError, ValueError)):
+            datasets.load_dataset(path, name)
+        assert not in_datasets_cache(path, name)
+    with pytest.raises(OrtEvalsError, match=r"^task arc_challenge reads allenai/ai2_arc \(configuration "
+                                            r"ARC-Challenge\) from the Hugging Face hub, which is offline"):
+        check_hub_data(["arc_easy", "arc_challenge"], task_manager())
+    with pytest.raises(OrtEvalsError, match=r"^tasks leaderboard_mmlu_pro reads TIGER-Lab/MMLU-Pro|^task "
+                                            r"leaderboard_mmlu_pro reads TIGER-Lab/MMLU-Pro .*, or --data bundled"):
+        check_hub_data(["leaderboard_mmlu_pro"], task_manager())
+
+
+def test_an_unreachable_hub_is_said_without_retries(offline_cache, monkeypatch):
+    """Not declared offline, the hub not answering (here: a closed local port as its endpoint): one line at once,
+    naming the endpoint, instead of huggingface_hub's retries."""
+    import datasets.config
+
+    from ortevals.presets import check_hub_data
+    from ortevals.tasks import task_manager
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_ENDPOINT", "http://127.0.0.1:9")
+    with pytest.raises(OrtEvalsError, match=r"^task arc_easy reads allenai/ai2_arc \(configuration ARC-Easy\) from "
+                                            r"the Hugging Face hub, which is unreachable \(http://127.0.0.1:9: "):
+        check_hub_data(["arc_easy"], task_manager())
