@@ -128,6 +128,23 @@ PRECISIONS_AND_PROVIDERS = """## Precisions
 | dynamic quantization (`quantize_dynamic`) | detected and scored in exact mode ([exactness.md](exactness.md)) |
 | fp16, bf16 logits | scored in float32 (tests on hand-made graphs); a bf16 package is refused on CPU |
 
+## Decoders that return the last position's logits only
+
+NPU and static-shape exports and the builder's `prune_lm_head=true` compute the LM head on the last position alone.
+ortevals reads how many rows a pass really returns from its first pass, whatever the graph declares:
+
+| logits the graph declares | one pass returns | log-likelihoods |
+|---|---|---|
+| `[B, sequence_length, V]` or no shape | every position | the prefill path (default) |
+| `[B, sequence_length, V]` or no shape | the last position | stepping, on the prefill path's sessions (`path=auto` or `prefill`) or on onnxruntime-genai (`path=incremental`) |
+| `[B, 1, V]` (the builder's `prune_lm_head=true`) | the last position | stepping on onnxruntime-genai (the incremental path; `path=prefill` is refused) |
+
+Stepping scores a continuation of k tokens in k passes on the held KV cache, each ending at the position that predicts
+the next token (each pass runs the previous token again with the new one: two new tokens a pass at least, as on every
+path). It equals the full-logit package built from the same weights to 1e-5 on one- and multi-token continuations
+(tests/test_last_row.py), and costs about one pass per continuation token. The run's mode line (`mode` in
+results.json) says `stepping (… only the last position's logits …)`.
+
 ## Execution providers
 
 | provider | status |

@@ -18,7 +18,7 @@ import logging
 import threading
 from dataclasses import dataclass, replace
 
-from ortevals.engine.score.incremental import IncrementalEngine
+from ortevals.engine.score.incremental import STEPPING, IncrementalEngine
 from ortevals.engine.score.invariance import Verdicts
 from ortevals.engine.score.prefill import EngineSettings, PrefillEngine
 from ortevals.errors import OrtEvalsError, PackageError
@@ -32,6 +32,7 @@ from ortevals.runtime.meter import PassMeter
 from ortevals.runtime.opening import check_available
 from ortevals.runtime.prefix_runner import PrefixRunner, prefix_reads
 from ortevals.runtime.providers import NPU_PROVIDERS, ProviderConfig
+from ortevals.runtime.raw_steps import RawSteps
 from ortevals.runtime.reads import runner_reads
 
 log = logging.getLogger(__name__)
@@ -232,9 +233,27 @@ class Backends:
         settings = replace(self.settings, exact=self.exact)  # asked for or detected: no rewind reuse
         return IncrementalEngine(self.genai, settings, full_logits=self.capability.full_logits)
 
+    @functools.cached_property
+    def stepping(self) -> IncrementalEngine:
+        """The prefill path's sessions stepped as the incremental path steps (runtime/raw_steps.py), for a decoder
+        whose probe returned one row of logits for two tokens: a pruned head declared ``[B,S,V]`` or undeclared.
+        Whether a run steps follows from the decoder's graph and the provider, both in the result store's scope, so
+        stepped answers are never mixed with full-logit ones."""
+        declared = self.package.logits_positions
+        log.warning("%s returned only the last position's logits on its first pass (its graph declares %s): "
+                    "scoring by stepping, one pass per continuation token on the held KV",
+                    self.package.decoder.path.name, f"[B, {declared}, V]" if declared is not None else "no shape")
+        settings = replace(self.prefill.settings, exact=self.exact)
+        engine = IncrementalEngine(RawSteps(self.prefill.runner), settings, full_logits=False)
+        engine.mode = STEPPING.format("the decoder returns")  # the prefill path's sessions, stepped
+        return engine
+
     def scorer(self):
-        """The engine serving loglikelihood / loglikelihood_rolling."""
-        return self.prefill if self.loglikelihood_path == "prefill" else self.incremental
+        """The engine serving loglikelihood / loglikelihood_rolling: on the prefill path, the prefill engine, or
+        :attr:`stepping` where its first pass showed the last position's logits alone."""
+        if self.loglikelihood_path != "prefill":
+            return self.incremental
+        return self.stepping if self.prefill.runner.last_row_only else self.prefill
 
 
 class _Opening(threading.Thread):

@@ -59,6 +59,8 @@ GREEDY = "ortevals_greedy"
 REWRITE = {"rewrite": "gather-head+scores/2", "scores": "float32 x-max, float64 log-sum-exp, ArgMax==target",
            "embedding": "Gather(Transpose(W), ids) -> Transpose(Gather(W, ids, axis=1))"}
 HEAD_OPS = {"MatMul", "MatMulNBits", "Gemm", "MatMulInteger", "QLinearMatMul"}
+RESHAPES = {"Unsqueeze", "Squeeze", "Reshape", "Identity", "Cast"}
+CUTS = {"Gather", "Slice", "GatherND", "GatherElements"}
 POINTWISE = {"Mul", "Div", "Tanh", "Cast", "Add", "Sub", "Identity"}
 
 
@@ -119,6 +121,9 @@ def derived_model(package: ModelPackage):
     head = _find_head(graph, logits_name)
     if head is None:
         log.info("no LM head MatMul found before %s: full logits will be returned", logits_name)
+        return None
+    if _cut_before(graph, head):  # a pruned head: the positions the gather would take are gone already
+        log.info("the LM head's input is cut to fewer positions (%s): no derived scoring graph", head.input[0])
         return None
     gathered = f"{POSITIONS}/hidden"
     gather = helper.make_node("GatherND", [head.input[0], POSITIONS], [gathered], name=f"{POSITIONS}/GatherND",
@@ -209,6 +214,20 @@ def _gather_untransposed(graph) -> None:
                                                    perm=[*range(1, rank + 1), 0]))
             graph.node.insert(at, helper.make_node("Gather", [tr.input[0], g.input[1]], [taken], name=g.name, axis=1))
         graph.node.remove(tr)
+
+
+def _cut_before(graph, head) -> bool:
+    """Whether the head's input is taken from fewer positions than the hidden states hold: a Gather or Slice
+    (the builder's ``prune_lm_head``: the last position) just before it, with only reshapes between."""
+    producer = {o: n for n in graph.node for o in n.output}
+    node = producer.get(head.input[0])
+    for _ in range(4):
+        if node is None or node.op_type not in RESHAPES | CUTS:
+            return False
+        if node.op_type in CUTS:
+            return True
+        node = producer.get(node.input[0])
+    return False
 
 
 def _find_head(graph, logits_name: str):

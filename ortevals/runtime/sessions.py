@@ -66,6 +66,7 @@ class DecoderRunner(InplacePasses):
         # every pass's tokens and seconds (runtime/meter.py), the probe's excluded; shared with the cascade runner
         self.meter = meter if meter is not None else PassMeter()
         self._prompts: PromptBinding | None = None  # the cascade graph's kept binding, on its first pass
+        self.last_row_only = False  # the probe's pass returned one row of logits for two tokens (whatever declared)
 
     @classmethod
     def open(cls, package: ModelPackage, provider: ProviderConfig, cache: Path | None = None,
@@ -91,7 +92,8 @@ class DecoderRunner(InplacePasses):
         return runner
 
     def probe(self) -> None:
-        """One 2-token pass: symbolic dims are only checkable against real outputs.
+        """One 2-token pass: symbolic dims are only checkable against real outputs, and so is how many
+        positions' logits a pass returns (:attr:`last_row_only`).
 
         Where the config filled a symbolic KV dim with a wrong value, onnxruntime
         itself refuses the probe's past buffers (GroupQueryAttention checks them)
@@ -104,6 +106,7 @@ class DecoderRunner(InplacePasses):
         except PackageError as e:
             said = getattr(e, "ort_message", None)  # runtime/pass_errors.py: a kernel's limit, or the config
             raise kernel_limit(self.package, self.decoder, said) or symbolic_mismatch(self.package, said) or e from None
+        self.last_row_only = logits.shape[1] < 2  # the real shape: a pruned head declared [B,S,V] or not at all
         if logits.shape[-1] != self.package.vocab_size:
             raise PackageError(f"{cfg}: model.vocab_size={self.package.vocab_size} but the decoder returned "
                                f"logits of width {logits.shape[-1]}; config and graph must agree")

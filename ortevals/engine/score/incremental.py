@@ -8,7 +8,9 @@ one pass per question. On a package with recurrent state the cursor can come bac
 only to a position it saved: each input tells it where the next one branches off.
 Used for packages that cannot return full logits
 (pruned LM head ``[B,1,V]``, NPU/hybrid providers, fixed-window exports) and
-on request (``path=incremental``).
+on request (``path=incremental``). Where a pass returns only the last position's logits (declared so or not:
+the first multi-token pass shows it), continuations are scored by stepping: one pass per scored position. The
+same engine steps on raw sessions (runtime/raw_steps.py) for a decoder whose probe returned one row.
 
 The cursor is passed in; this module imports no runtime.
 """
@@ -27,6 +29,8 @@ from ortevals.package.reuse import MIN_PASS_TOKENS
 from ortevals.tokens import common_prefix
 
 log = logging.getLogger(__name__)
+# the mode line of a run whose passes return only the last position's logits
+STEPPING = "stepping ({} only the last position's logits: one pass per continuation token on the held KV)"
 
 
 class IncrementalEngine:
@@ -36,10 +40,13 @@ class IncrementalEngine:
     ``append``, ``tail_logits`` and ``tokens_run`` (see runtime/genai.py).
     """
 
-    def __init__(self, runner, settings: EngineSettings, full_logits: bool = True) -> None:
+    def __init__(self, runner, settings: EngineSettings, full_logits: bool = True,
+                 who: str = "onnxruntime-genai") -> None:
         self.runner = runner
         self.settings = settings
-        self.full_logits = full_logits  # og returns every position of an append
+        self.full_logits = full_logits  # the runner returns every position of an append
+        self.who = who  # what returns the logits, for the mode line
+        self.mode = "incremental" if full_logits else f"incremental; {STEPPING.format(who + ' returns')}"
         self.forward_passes = 0
         self.tokens_run = 0
 
@@ -102,8 +109,12 @@ class IncrementalEngine:
             cursor.move_to(tokens, own=k, **at)
             self.forward_passes += 1
         tail = cursor.tail_logits(k)
-        if tail is None:
-            raise RuntimeError("onnxruntime-genai returned only the last position's logits")
+        if tail is None:  # the first pass that shows how many rows come back showed one: step from now on
+            self.full_logits = False
+            self.mode = f"incremental; {STEPPING.format(self.who + ' returned')}"
+            log.warning("%s returned the last position's logits alone for a pass of %d tokens (whatever the graph "
+                        "declares): scoring by stepping from now on, one pass per continuation token", self.who, k)
+            return self._rows(cursor, tokens, k, keep_at)
         return tail
 
 
