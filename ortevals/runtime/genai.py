@@ -35,7 +35,7 @@ from ortevals.package.graph import external_data_files
 from ortevals.package.loader import CONFIG_NAME, ModelPackage, resolve_inside
 from ortevals.package.reuse import MIN_PASS_TOKENS, ReusePolicy, reuse_policy
 from ortevals.package.scope import Reads
-from ortevals.runtime.plugins import find_plugin, plugin_distribution, register
+from ortevals.runtime.plugins import find_plugin, plugin_distribution, register, with_plugin
 from ortevals.runtime.providers import ProviderConfig
 from ortevals.tokens import common_prefix
 
@@ -101,7 +101,7 @@ def genai_reads(package: ModelPackage, provider: ProviderConfig) -> Reads:
     """What :meth:`GenaiRunner.open` reads: the text-only Config (vision held in memory, speech blanked)."""
     return Reads("onnxruntime-genai", tuple(og_files(package, TEXT_SECTIONS)),
                  {**og_settings(package, provider, TEXT_SECTIONS), "text_only": bool(text_only(package)[0])},
-                 ("onnxruntime-genai", "onnxruntime"))
+                 with_plugin(provider.name, ("onnxruntime-genai", "onnxruntime")))
 
 
 def text_only(package: ModelPackage) -> tuple[dict, dict[str, bytes]]:

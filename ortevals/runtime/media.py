@@ -26,6 +26,7 @@ from ortevals.package.loader import ModelPackage
 from ortevals.package.media import Media
 from ortevals.package.scope import Reads
 from ortevals.runtime.genai import NEUTRAL_SEARCH, og_config, og_files, og_settings
+from ortevals.runtime.plugins import with_plugin
 from ortevals.runtime.providers import ProviderConfig
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ def media_reads(package: ModelPackage, provider: ProviderConfig) -> Reads:
         files.append(package.root / "processor_config.json")
     files.extend(package.tokenizer_root / n for n in OG_TOKENIZER_FILES)
     return Reads("onnxruntime-genai media", tuple(files), og_settings(package, provider, SECTIONS),
-                 ("onnxruntime-genai", "onnxruntime"))
+                 with_plugin(provider.name, ("onnxruntime-genai", "onnxruntime")))
 
 
 @dataclass(frozen=True)

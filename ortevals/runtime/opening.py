@@ -171,8 +171,11 @@ FALLBACK_HINTS = {
     "rocm": "onnxruntime (CPU) is installed instead of an onnxruntime build with ROCm, or the ROCm libraries "
             "were not found (check LD_LIBRARY_PATH)",
     "dml": "onnxruntime (CPU) is installed instead of onnxruntime-directml, or no DirectX 12 device was found",
-    "openvino": "onnxruntime (CPU) is installed instead of onnxruntime-openvino, or the OpenVINO runtime was "
-                "not found",
+    "openvino": "OpenVINO is missing from this onnxruntime: install its plugin package (pip install "
+                "onnxruntime-ep-openvino) or onnxruntime-openvino in place of onnxruntime; or the OpenVINO runtime "
+                "found no device",
+    "qnn": "QNN is missing from this onnxruntime: install its plugin package (pip install onnxruntime-qnn); or no "
+           "Qualcomm NPU was found",
     "other": "this onnxruntime build or machine cannot create it (onnxruntime's warning above says why)",
 }
 FALLBACK_HINTS["tensorrt"] = FALLBACK_HINTS["nvtensorrtrtx"] = FALLBACK_HINTS["cuda"] + ", or TensorRT is missing"

@@ -9,6 +9,7 @@ module checks availability.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -44,6 +45,12 @@ TF32_OFF = {"use_tf32": "0"}
 # keep XQA, which it does not govern. The user may give another value (sdpa_kernel=0: onnxruntime's choice).
 FLASH_ATTENTION = {"sdpa_kernel": "3"}
 CUDA_DEFAULTS = {**TF32_OFF, **FLASH_ATTENTION}
+# OpenVINO infers in bf16 (CPU, where it has AMX or AVX512-BF16) or f16 (GPU) unless told otherwise, where
+# onnxruntime's CPU provider and PyTorch compute float32 graphs in float32. ortevals pins f32 through load_config,
+# the option the OpenVINO plugin (onnxruntime-ep-openvino 1.8.1) reads it from ("precision" is ignored there with a
+# warning; onnxruntime-openvino reads load_config too). The user's own load_config or precision replaces it.
+OPENVINO_PRECISION = "INFERENCE_PRECISION_HINT"
+OPENVINO_F32 = {"CPU": {OPENVINO_PRECISION: "f32"}, "GPU": {OPENVINO_PRECISION: "f32"}}
 
 
 # Provider options known to be safe for raw sessions whose input shapes change every
@@ -170,6 +177,8 @@ def from_package(
     options.update(overrides or {})
     if name == "cuda":
         _cuda_defaults(options, overrides or {})
+    if name == "openvino" and not {"load_config", "precision"} & set(overrides or {}):
+        options["load_config"] = _openvino_f32(options.get("load_config"), where)
     if threads is None:
         threads = thread_count(session_options, where)
     if threads < 0:
@@ -189,6 +198,26 @@ def _cuda_defaults(options: dict[str, str], overrides: dict[str, str]) -> None:
             log.info("%s=%s from the package replaced by %s (give provider_options=%s=... to choose)", key,
                      options[key], value, key)
         options[key] = value
+
+
+def _openvino_f32(load_config: str | None, where: str) -> str:
+    """The package's OpenVINO ``load_config`` (a JSON object of per-device properties) with :data:`OPENVINO_F32`
+    set in it (a package's other precision replaced, logged), as compact sorted JSON (the scope's value)."""
+    try:
+        config = json.loads(load_config) if load_config else {}
+    except json.JSONDecodeError as e:
+        raise ProviderError(f"{where}: openvino load_config={load_config!r} is not JSON ({e.msg}); expected an object "
+                            'of device properties, such as {"CPU": {"INFERENCE_PRECISION_HINT": "f32"}}') from None
+    if not isinstance(config, dict) or not all(isinstance(v, dict) for v in config.values()):
+        raise ProviderError(f"{where}: openvino load_config={load_config!r} must be a JSON object of device "
+                            'properties, such as {"CPU": {"INFERENCE_PRECISION_HINT": "f32"}}')
+    for device, hint in OPENVINO_F32.items():
+        own = config.setdefault(device, {}).get(OPENVINO_PRECISION, "f32")
+        if own != "f32":
+            log.info("openvino load_config %s.%s=%s from the package replaced by f32 (give --provider-option "
+                     "load_config=... to choose)", device, OPENVINO_PRECISION, own)
+        config[device].update(hint)
+    return json.dumps(config, sort_keys=True, separators=(",", ":"))
 
 
 def _log_dropped(config: ProviderConfig) -> None:
@@ -213,9 +242,23 @@ def provider_mode(config: ProviderConfig) -> str:
         sdpa = config.raw_options.get("sdpa_kernel", "0")
         parts.append(f"sdpa_kernel={sdpa}" + (" (flash attention, no cuDNN graph per shape)"
                                               if sdpa == FLASH_ATTENTION["sdpa_kernel"] else ""))
+    if config.name == "openvino":
+        parts.append(_openvino_precision(config.raw_options))
     parts.append("nodes without a kernel there run on the CPU (allow_cpu_fallback=true)" if config.allow_cpu_fallback
                  else "every node on it or refused (no CPU fallback)")
     return ", ".join(parts)
+
+
+def _openvino_precision(options: dict[str, str]) -> str:
+    """The run's mode line part for OpenVINO: the inference precision each device was given."""
+    try:
+        config = json.loads(options.get("load_config") or "{}")
+    except json.JSONDecodeError:
+        config = {}
+    hints = [f"{d}={p[OPENVINO_PRECISION]}" for d, p in sorted(config.items())
+             if isinstance(p, dict) and OPENVINO_PRECISION in p]
+    return (f"inference precision {', '.join(hints)}" if hints else
+            "OpenVINO's default inference precision (bf16 or f16 where the device has it)")
 
 
 def default_threads(name: str) -> int:

@@ -20,7 +20,7 @@ from ortevals.package.scope import Reads
 from ortevals.package.session_options import package_session_config
 from ortevals.runtime.derive import derive_reads
 from ortevals.runtime.placement import FALLBACK_KEY
-from ortevals.runtime.plugins import plugin_distribution
+from ortevals.runtime.plugins import with_plugin
 from ortevals.runtime.providers import ProviderConfig
 
 
@@ -42,9 +42,8 @@ def session_settings(provider: ProviderConfig, model: ModelFile | None = None) -
 
 def session_reads(model: ModelFile, provider: ProviderConfig) -> Reads:
     """What :func:`open_session` reads for ``model``: its graph, its external data, :func:`session_settings`."""
-    plugin = plugin_distribution(provider.name)  # a provider from a plugin package: its version computes too
     return Reads("raw sessions", (model.path, *sorted(external_data_files(model.path))),
-                 session_settings(provider, model), ("onnxruntime", *((plugin,) if plugin else ())))
+                 session_settings(provider, model), with_plugin(provider.name, ("onnxruntime",)))
 
 
 def runner_reads(package: ModelPackage, provider: ProviderConfig, cache: Path | None = None) -> list[Reads]:
