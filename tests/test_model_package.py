@@ -151,3 +151,46 @@ def test_an_unrelated_manifest_above_a_plain_package_changes_nothing(tiny_pkg, t
     shutil.copytree(tiny_pkg, pkg)
     loaded = ModelPackage.load(pkg)
     assert loaded.variant is None and loaded.tokenizer_root == pkg
+
+
+def _accepted_suggestions(message: str, flag: str) -> list[str]:
+    """The values a refusal tells the user to give ``flag``: the list after ``give FLAG one of``."""
+    listed = message.split(f"give {flag} one of ", 1)[1].split(" (", 1)[0]
+    return listed.split(", ")
+
+
+@pytest.mark.parametrize("ep, flag", [("cuda", "--ep"), (None, "--ep (model_args ep=)")])
+def test_a_variant_for_a_provider_ortevals_does_not_run_is_never_suggested(package, tmp_path, ep, flag):
+    """A variant tagged with a provider ortevals does not know (Xnnpack) was listed among the values to give --ep,
+    which --ep then refused (issue 55 item 13): every value suggested opens a variant."""
+    from ortevals.package.session_options import normalize
+
+    root = tmp_path / "pkg"
+    shutil.copytree(package[0], root)
+    data = json.loads((root / "manifest.json").read_text())
+    data["components"]["model"]["variants"]["xnnpack"] = {"ep": "XnnpackExecutionProvider", "device": "cpu",
+                                                          "variant_directory": "cpu-int4"}
+    (root / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(PackageError) as err:
+        ModelPackage.load(root, ep)
+    message = str(err.value)
+    suggested = _accepted_suggestions(message, flag)
+    assert sorted(suggested) == ["cpu", "openvino"]
+    for value in suggested:  # each is a value --ep takes, and it opens its variant
+        assert ModelPackage.load(root, normalize(value)).variant.ep == value
+    assert "(XnnpackExecutionProvider: an execution provider ortevals does not run)" in message
+    assert_one_line_error(run("info", "--pkg", str(root), *(("--ep", ep) if ep else ())), f"give {flag} one of")
+
+
+def test_an_ep_naming_a_variant_ortevals_cannot_run_or_a_typo_is_one_line(package, tmp_path):
+    root = tmp_path / "pkg"
+    shutil.copytree(package[0], root)
+    data = json.loads((root / "manifest.json").read_text())
+    data["components"]["model"]["variants"]["xnnpack"] = {"ep": "XnnpackExecutionProvider",
+                                                          "variant_directory": "cpu-int4"}
+    (root / "manifest.json").write_text(json.dumps(data))
+    assert_one_line_error(run("info", "--pkg", str(root), "--ep", "XnnpackExecutionProvider"),
+                          "variant 'xnnpack' is for XnnpackExecutionProvider, an execution provider ortevals does "
+                          "not run; give --ep one of cpu, openvino")
+    assert_one_line_error(run("info", "--pkg", str(root), "--ep", "opnvino"),
+                          "no variant for execution provider 'opnvino' (did you mean 'openvino'?)")

@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ortevals.errors import PackageError, ProviderError
+from ortevals.errors import PackageError, ProviderError, did_you_mean
 from ortevals.package.session_options import PROVIDERS, normalize
 
 log = logging.getLogger(__name__)  # the CLI prints its INFO lines as notices (the variant chosen)
@@ -128,7 +128,7 @@ def choose(manifest: PackageManifest, ep: str | None) -> Variant:
         eps = list(dict.fromkeys(v.ep for v in manifest.variants))
         if len(eps) > 1:
             raise PackageError(f"{where}: variants for {len(eps)} execution providers ({manifest.describe()}); "
-                               f"give --ep (model_args ep=) one of {', '.join(eps)}")
+                               f"{_give_ep(manifest, '--ep (model_args ep=)')}")
         return manifest.variants[0]
     try:
         wanted = normalize(ep)
@@ -136,9 +136,25 @@ def choose(manifest: PackageManifest, ep: str | None) -> Variant:
         wanted = ep
     for variant in manifest.variants:
         if variant.ep == wanted or variant.ep_name.lower() == PROVIDERS.get(wanted, wanted).lower():
+            if variant.ep not in PROVIDERS:
+                raise PackageError(f"{where}: variant {variant.name!r} is for {variant.ep_name}, an execution "
+                                   f"provider ortevals does not run; {_give_ep(manifest, '--ep')}")
             return variant
-    raise PackageError(f"{where}: no variant for execution provider {ep!r}; the package has {manifest.describe()}: "
-                       f"give --ep one of {', '.join(dict.fromkeys(v.ep for v in manifest.variants))}")
+    accepted = [v.ep for v in manifest.variants if v.ep in PROVIDERS]
+    raise PackageError(f"{where}: no variant for execution provider {ep!r}{did_you_mean(ep, accepted)}; the package "
+                       f"has {manifest.describe()}: {_give_ep(manifest, '--ep')}")
+
+
+def _give_ep(manifest: PackageManifest, flag: str) -> str:
+    """Which ``flag`` values open a variant: only those ``--ep`` accepts (a variant for a provider ortevals does not
+    know is named as such, never suggested)."""
+    accepted = list(dict.fromkeys(v.ep for v in manifest.variants if v.ep in PROVIDERS))
+    unknown = list(dict.fromkeys(v.ep_name for v in manifest.variants if v.ep not in PROVIDERS))
+    other = (f" ({', '.join(unknown)}: {'an execution provider' if len(unknown) == 1 else 'execution providers'} "
+             "ortevals does not run)") if unknown else ""
+    if not accepted:
+        return f"none of its variants is for an execution provider ortevals runs ({', '.join(PROVIDERS)}){other}"
+    return f"give {flag} one of {', '.join(accepted)}{other}"
 
 
 def package_of(folder: Path) -> tuple[PackageManifest, Variant] | None:
