@@ -122,6 +122,20 @@ def test_package_against_itself_is_zero(tiny_pkg, tmp_path):
     assert s["ppl"]["ppl_ref"] > 1 and s["ppl"]["ppl_cand"] == pytest.approx(s["ppl"]["ppl_ref"], rel=1e-12)
 
 
+def test_the_window_bar_is_drawn_on_stderr_off_a_terminal(tiny_pkg):
+    """Issue 55 item 10b: fidelity's windows (also diagnose's token-KL stage) drew a bar on a terminal only, a minute
+    of silence in a log; now tqdm's bar on stderr counting the windows (300 tokens, 31 scored a window of 64)."""
+    import re
+
+    result = CliRunner().invoke(cli, ["fidelity", "--pkg", str(tiny_pkg), "--ref", str(tiny_pkg), "--ctx", "64",
+                                      "--tokens", "300"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    drawn = [tuple(map(int, m)) for m in re.findall(r"fidelity: +(\d+)%\|[^|]*\| (\d+)/(\d+) ", result.stderr)]
+    windows = math.ceil(300 / 31)
+    assert drawn and drawn[-1] == (100, windows, windows) and all(t == windows for _, _, t in drawn), drawn
+    assert all(p == round(100 * n / t) for p, n, t in drawn) and "%|" not in result.stdout
+
+
 # ---------------------------------------------------------------- (c) package vs its PyTorch checkpoint
 
 def ort_session(pkg_dir: Path):

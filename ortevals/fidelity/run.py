@@ -314,15 +314,13 @@ def _tee(refs, kept: list):
 
 
 def _progress(plan: WindowPlan):
-    from tqdm.auto import tqdm
+    """A bar over the windows on stderr (tqdm's, as the scoring bar: in a log too), closed after the last."""
+    from tqdm import tqdm
 
-    bar = tqdm(total=plan.n_windows, desc="fidelity", unit="window", disable=None, leave=False)
-    every = max(1, plan.n_windows // 20)  # the bar is hidden off a terminal: log progress there instead
+    bar = tqdm(total=plan.n_windows, desc="fidelity", unit="window", dynamic_ncols=True)
 
     def step(w: int) -> None:
         bar.update(1)
-        if bar.disable and ((w + 1) % every == 0 or w == plan.n_windows - 1):
-            log.info("fidelity: window %d/%d", w + 1, plan.n_windows)
         if w == plan.n_windows - 1:
             bar.close()
 
