@@ -394,9 +394,12 @@ def _open_verifier(lm, k: int | None):
         return None  # the verifier guides --search only (its PRM: integrations/lm.py)
     if not k or k < 2:
         raise OrtEvalsError("--verifier scores each question's K answers: give --samples K (K >= 2)")
-    from ortevals.integrations.verify import open_verifier
+    from ortevals.integrations.verify import check_room, open_verifier
 
-    return open_verifier(spec, lm)
+    verifier = open_verifier(spec, lm)
+    if hasattr(lm, "before_generation"):  # its inputs checked against its context before any answer is made
+        lm.before_generation.append(lambda prompts: check_room(verifier, prompts))
+    return verifier
 
 
 def _verify(results: dict, tasks, lm, verifier, generation_seconds: float):

@@ -191,3 +191,47 @@ def test_an_unreachable_hub_is_said_without_retries(offline_cache, monkeypatch):
     with pytest.raises(OrtEvalsError, match=r"^task arc_easy reads allenai/ai2_arc \(configuration ARC-Easy\) from "
                                             r"the Hugging Face hub, which is unreachable \(http://127.0.0.1:9: "):
         check_hub_data(["arc_easy"], task_manager())
+
+
+# --- item 11: a verifier whose context cannot hold the answers -------------------------------------------------
+def test_a_verifier_context_too_short_for_the_answers_is_refused_before_generation(tiny_pkg, tmp_path, monkeypatch):
+    """`--samples 2 --verifier self` with max_length=24 generated every answer, then stopped on the first P(True)
+    input (`loglikelihood request 0 … needs 69 tokens`, not naming --verifier); now the longest input each prompt
+    can give (its tokens, max_gen_toks, the P(True) question's) is checked first. The oracle for the count: the
+    tokenizer on the prompt and on the question, by hand."""
+    from click.testing import CliRunner
+
+    from ortevals.cli import cli
+    from ortevals.integrations.self_eval import SUFFIX, TRUE
+    from ortevals.package.loader import ModelPackage
+    from ortevals.package.tokenizer import Tokenizer
+    from ortevals.run.generate import Generation
+    from tests.test_samples_mode import json_task
+
+    tasks = json_task(tmp_path, "vt_task", "generation_kwargs:\n  until: [\"Question\"]\n  max_gen_toks: 6\n")
+    tok = Tokenizer.load(ModelPackage.load(tiny_pkg))
+    need = len(tok.encode("Question 0: the cat sat on the", None)) + 6 + len(tok.encode(SUFFIX + TRUE, False)) - 1
+    assert 24 < need
+    monkeypatch.setattr(Generation, "generate", lambda *a, **k: pytest.fail("generation started"))
+    result = CliRunner().invoke(cli, ["run", "--pkg", str(tiny_pkg), "--include-path", str(tasks), "--tasks",
+                                      "vt_task", "--samples", "2", "--verifier", "self", "--no-resume",
+                                      "--model-args", "max_length=24"])
+    last = result.output.strip().splitlines()[-1]  # lm-eval's own bars (building the requests) come before it
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    for needle in (f"Error: --verifier self: a P(True) input would run up to {need} tokens (a prompt of",
+                   "'Question 0: the cat sat on the'", "max_gen_toks=6", "the verifier's context is max_length=24",
+                   "truncate=left"):
+        assert needle in last, last
+
+
+def test_a_verifier_input_refused_while_scoring_names_the_verifier(tiny_pkg):
+    """An answer whose text re-encodes longer than the check's bound is refused when it is scored: the line names
+    --verifier (it said `loglikelihood request 0 … needs N tokens`, as if the run's own request)."""
+    from ortevals.integrations.lm import OrtLM
+    from ortevals.integrations.verify import Question, SelfVerifier, verify_run
+    from ortevals.options import parse_model_args
+
+    lm = OrtLM.from_package(parse_model_args({"pkg": str(tiny_pkg), "store": "none", "max_length": "24"}))
+    with pytest.raises(OrtEvalsError, match=r"^--verifier self: loglikelihood request .* needs \d+ tokens but the "
+                                            r"context is max_length=24"):
+        verify_run(SelfVerifier(lm.ptrue_model()), [Question(("t", 0), "Q:", (" a", " b"))], progress=False)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from types import MappingProxyType
 
@@ -37,6 +38,7 @@ from ortevals.integrations.lm_media import MediaRouter
 from ortevals.integrations.ray import WorkerPool
 from ortevals.options import ModelArgs, parse_model_args
 from ortevals.report.samples import SampleFacts
+from ortevals.run.generate import gen_settings
 from ortevals.run.run import NO_STORE, Run, run_settings
 
 log = logging.getLogger(__name__)
@@ -91,6 +93,9 @@ class OrtLM(TemplateLM):
         self.run = run
         self.media = MediaRouter(run)  # issue 13: opens nothing until a request carries media
         self.self_eval_scores: dict = {}  # issue 24 --self-eval: (task, doc_id) → choice → (log p " (A)", " (B)")
+        # called with each generate_until call's (prompt, max_gen_toks) before any answer is generated
+        # (--verifier: its inputs must fit, integrations/verify.py check_room)
+        self.before_generation: list[Callable[[list[tuple[str, int]]], None]] = []
 
     @classmethod
     def from_package(cls, args: ModelArgs, open_soon: bool = False) -> OrtLM:
@@ -183,7 +188,8 @@ class OrtLM(TemplateLM):
             return int(run.engine.tokens_run - getattr(run.engine, "canary_tokens", 0))
 
         return PTrueModel(every_prefix, tokens_run, run.package.parameters, run.reads,
-                          lambda: run_settings(run.args, run.backends))
+                          lambda: run_settings(run.args, run.backends), lambda: run.context_limit,
+                          lambda text, special: len(run.tok_encode(text, special)))
 
     # --- lm-eval properties -------------------------------------------------
     @property
@@ -342,6 +348,11 @@ class OrtLM(TemplateLM):
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """Greedy or sampled generation (ortevals/run/generate.py); requests with media go to the media engine."""
+        if self.before_generation:
+            prompts = list(dict.fromkeys((r.args[0], gen_settings(self.run, r.args[1]).max_gen_toks)
+                                         for r in requests))
+            for check in self.before_generation:
+                check(prompts)
         # the key holds the occurrence of a repeated prompt: repeats sample differently, resumed or not
         return self._stored("generate_until", requests, lambda rs, keys: self.media.generate(  # issue 13: media split
             rs, keys, lambda r, k: self._generate(r, k, disable_tqdm), disable_tqdm))

@@ -38,9 +38,10 @@ from lm_eval.api.instance import Instance
 from tqdm import tqdm
 
 from ortevals.engine.generate.search.prm import TextPrm
-from ortevals.errors import PackageError
+from ortevals.engine.score.scoring import ContextLimit, describe_request
+from ortevals.errors import OrtEvalsError, PackageError
 from ortevals.files import store_path
-from ortevals.integrations.self_eval import FALSE, TRUE, _context, prompt
+from ortevals.integrations.self_eval import FALSE, SUFFIX, TRUE, _context, prompt
 from ortevals.options import ModelArgs
 from ortevals.package.scope import Reads
 from ortevals.report.calibration import p_true
@@ -88,6 +89,8 @@ class PTrueModel:
     params: int  # the weights its package holds
     reads: Callable[[], list[Reads]]  # what its run reads (files, the settings each path hands its runtime)
     settings: Callable[[], dict]  # its run's settings that can change a number
+    limit: Callable[[], ContextLimit] | None = None  # its run's context: the longest input it scores
+    count: Callable[[str, bool | None], int] | None = None  # tokens of a text as its run encodes it
 
 
 class SelfVerifier:
@@ -155,6 +158,30 @@ def open_verifier(spec: str, lm) -> Verifier:
     what = "no such folder" if not root.exists() else "not a folder" if not root.is_dir() else \
         "neither genai_config.json nor model.onnx there"
     raise PackageError(f"--verifier {root}: {what}; expected {EXPECTED}")
+
+
+def check_room(verifier: Verifier, prompts: Sequence[tuple[str, int]]) -> None:
+    """Before generation: the longest P(True) input each prompt can give (the prompt's tokens, an answer of its
+    ``max_gen_toks`` and the P(True) question's, counted as the engine counts an input) fits the verifier's context,
+    else one line naming ``--verifier``: after generation it would stop the run with every answer made. An answer
+    whose text re-encodes to more tokens than were generated is still refused when it is scored; a classifier
+    (no context known) and ``truncate=left`` (inputs left-truncated) are not checked."""
+    model = getattr(verifier, "model", None)
+    if not isinstance(model, PTrueModel) or model.limit is None or model.count is None:
+        return
+    limit = model.limit()
+    if limit.truncate == "left":
+        return
+    tail = model.count(SUFFIX + TRUE, False)
+    for context, max_gen_toks in prompts:
+        head = model.count(context, None)
+        if head + max_gen_toks + tail - 1 > limit.max_length:
+            raise OrtEvalsError(
+                f"--verifier {verifier.name}: a P(True) input would run up to {head + max_gen_toks + tail - 1} "
+                f"tokens (a prompt of {head}, {describe_request(context)}, an answer of up to "
+                f"max_gen_toks={max_gen_toks} and the P(True) question's {tail}, all but the last) but the verifier's "
+                f"context is {limit.source}; give a larger max_length (or a verifier with a longer context), a "
+                "smaller max_gen_toks, or truncate=left to left-truncate such inputs")
 
 
 def _checkpoint_advice(root: Path) -> str:
@@ -244,6 +271,10 @@ def verify_run(verifier: Verifier, questions: Sequence[Question], prm: bool = Fa
             else:
                 out.scores[q.key] = [float(x) for x in verifier.score_texts(q.context, q.answers)]
             bar.update(len(q.answers))
+    except OrtEvalsError as e:  # the verifier's input refused (longer than its context): say whose
+        if str(e).startswith("--verifier"):
+            raise
+        raise OrtEvalsError(f"--verifier {verifier.name}: {e}") from None
     finally:
         bar.close()
     out.tokens, out.seconds = verifier.tokens_run - before, time.perf_counter() - start
