@@ -5,12 +5,14 @@ past of its own (``CheckInputs``: "batch_size must be 1 when sequence_length > 1
 onnxruntime 1.32's ``query_seqlens`` lifts the refusal, still with one past per row). Scoring MMLU-Pro that way
 means one question per pass, or the five-shot header's KV copied into every row. This module derives, from the
 derived scoring graph (runtime/derive.py: the LM head at the scored positions, scores on the device), a graph in
-which every ``com.microsoft`` GroupQueryAttention node is replaced by plain ONNX ops that read ONE prefix for
-every row:
+which every ``com.microsoft`` GroupQueryAttention node, or every standard ONNX ``Attention`` node (Mobius'
+``--ep default``: runtime/prefix_onnx.py), is replaced by plain ONNX ops that read ONE prefix for every row:
 
 * inputs: the rows' own tokens ``[B,S]`` (right-padded), and per KV layer the prefix KV as the original graph
   wrote it (rotated, normed) ``ortevals_prefix.<layer>.key/value [H_kv, P, D]``, bound as it is (no batch axis,
-  never replicated); no attention mask, no past or present KV. Row b's token s sits at position ``P + s``.
+  never replicated); no past or present KV; ``position_ids`` ``P + s`` where the decoder takes them, and
+  ``attention_mask`` (all ones, ``[B, P + S]``) only where a standard ``Attention`` node's mask is computed from
+  it. Row b's token s sits at position ``P + s``.
 * per attention node: the packed or separate Q/K/V split into heads; the per-head Q/K RMS norm where the node
   takes its weights (inputs 14/15, the builder's fused Qwen3 norm on CUDA); rotary at ``P + s`` by
   ``com.microsoft`` RotaryEmbedding on the node's own cos/sin tables (interleaved or not, partial rotary);
@@ -25,12 +27,13 @@ every row:
 
 Attention runs in float32 whatever the graph's float type (fp16/bf16 inputs are cast; the output is cast
 back), so an fp16 package's scores accumulate as flash attention's do. Refused (:class:`Refused`, one line; the
-engine scores that package one question per pass): sliding windows, smooth softmax, sinks, attention biases,
-quantized KV, model-fed ``position_ids``, non-constant rotary tables (LongRoPE's length switch), recurrent
-state, attention ops other than GroupQueryAttention, past KV feeding anything else, an attention mask that
-feeds more than the attention's lengths, opsets before 13. Cached like the derived graph under
-``derived/<scope>/``, keyed by :func:`prefix_graph_reads` (the decoder's graph, the derived graph's rewrite and
-this one's version); weights stay in the package folder.
+engine scores that package one question per pass): smooth softmax, sinks, attention biases, quantized KV,
+``position_ids`` beside GroupQueryAttention (its rotary is the node's own), non-constant rotary tables (LongRoPE's
+length switch), recurrent state, attention ops other than GroupQueryAttention and the standard ``Attention``
+(and what runtime/prefix_onnx.py refuses of the latter), past KV feeding anything else, a GroupQueryAttention
+graph's attention mask that feeds more than the attention's lengths, opsets before 13. Cached like the derived
+graph under ``derived/<scope>/``, keyed by :func:`prefix_graph_reads` (the decoder's graph, the derived graph's
+rewrite and this one's version); weights stay in the package folder.
 """
 
 from __future__ import annotations
@@ -43,18 +46,27 @@ import numpy as np
 from ortevals.package.graph import graph_facts
 from ortevals.package.loader import ModelPackage
 from ortevals.package.scope import Reads, Scope
-from ortevals.runtime.cascade import ATTENTION_OPS, MS, Refused, _check_consumers, _elem_type, _softmax
+from ortevals.runtime.cascade import MS, Refused, _elem_type, _softmax
 from ortevals.runtime.derive import REWRITE as DERIVE_REWRITE
 from ortevals.runtime.derive import derived_model, written_once
+from ortevals.runtime.prefix_onnx import (
+    check_consumers,
+    is_standard,
+    mask_parts,
+    mask_types,
+    onnx_attributes,
+    past_input,
+)
 
 PREFIX_KEY = "ortevals_prefix.%d.key"
 PREFIX_VALUE = "ortevals_prefix.%d.value"
 PREFIX_LENGTH = "ortevals_prefix_length"  # int64 [1]: P, the prefix's tokens (the rows' positions start there)
 PREFIX_RESIDENT = "ortevals_prefix_resident"  # int64 [1]: rows of a windowed layer's buffer holding the prefix's last
-REWRITE = {"rewrite": "shared-prefix/2",
+REWRITE = {"rewrite": "shared-prefix/3",
            "attention": "float32; prefix GEMM per KV head (rows folded into M), own causal part, "
                         "sigmoid(lse_p - lse_o); qk-norm SimplifiedLayerNormalization; com.microsoft RotaryEmbedding",
-           "windows": "prefix rows i < L, i - s > L - W (masked at -1e30); own t > s - W"}
+           "windows": "prefix rows i < L, i - s > L - W (masked at -1e30); own t > s - W",
+           "standard Attention": "the package's attn_mask from attention_mask ones [B,P+S], cut at P, floored at -1e30"}
 # GroupQueryAttention inputs the rewrite reads (query, key, value, past, lengths, rotary tables) or computes
 # (14/15: the per-head Q/K norm weights); any other set input changes what the op computes and is refused
 KNOWN = {0, 1, 2, 3, 4, 5, 6, 7, 8, 14, 15}
@@ -87,7 +99,7 @@ def _built(package: ModelPackage) -> bytes:
 
 def package_refusal(package: ModelPackage) -> str:
     """Why the package as a whole cannot be scored this way ('' where it may be: the graph decides the rest)."""
-    if package.has_position_ids:
+    if package.has_position_ids and "GroupQueryAttention" in graph_facts(package.decoder.path).attention_ops:
         return "the decoder takes position_ids (its rotary positions come from outside the attention)"
     if package.recurrent:
         return f"the decoder carries recurrent state ({package.states[0].name}, ...)"
@@ -97,7 +109,8 @@ def package_refusal(package: ModelPackage) -> str:
 
 
 def rewrite(model, package: ModelPackage) -> None:
-    """Replace every GroupQueryAttention of ``model`` (the derived graph, in place) by the shared-prefix form."""
+    """Replace every GroupQueryAttention and standard Attention of ``model`` (the derived graph, in place) by the
+    shared-prefix form."""
     from onnx import TensorProto, helper
 
     from ortevals.runtime.graph_nodes import prune
@@ -107,38 +120,41 @@ def rewrite(model, package: ModelPackage) -> None:
     if opset < 13:
         raise Refused(f"opset {opset}: Split takes its sizes as an input from opset 13")
     layers = {n: s for s in package.kv for n in (s.key_name, s.value_name)}
-    _check_consumers(graph, layers)
+    check_consumers(graph, layers)
     tables = {i.name: list(i.dims) for i in graph.initializer}
+    masks = mask_types(model)  # the standard Attention nodes' masks: type and shape
     kept, shared = [], None
     for node in graph.node:
-        if node.op_type == "GroupQueryAttention" and node.domain == MS:
-            spec = layers[node.input[3]]
+        past = past_input(node)
+        if past is not None:
+            if not past:
+                raise Refused(f"{node.name}: no past KV input")
+            spec = layers[past]
             if shared is None:
                 shared = _positions(node)
                 kept += shared[0].nodes
                 graph.initializer.extend(shared[0].inits)
-            nodes, inits = _rewrite_node(node, spec, tables, opset, shared[1:])
+            nodes, inits = _rewrite_node(node, spec, tables, opset, shared[1:], masks)
             kept += nodes
             graph.initializer.extend(inits)
             rows = f"prefix_rows_{spec.window}" if spec.window else "prefix_length"  # a windowed buffer's capacity
             for name in (PREFIX_KEY, PREFIX_VALUE):
                 graph.input.append(helper.make_tensor_value_info(name % spec.layer, _elem_type(spec.dtype),
                                                                  [spec.kv_heads, rows, spec.head_size]))
-        elif node.op_type in ATTENTION_OPS:
-            raise Refused(f"attention op {node.op_type} ({node.name}) is not GroupQueryAttention")
         else:
             kept.append(node)
     if shared is None:
-        raise Refused("the decoder has no GroupQueryAttention node")
+        raise Refused("the decoder has no GroupQueryAttention or standard Attention node")
     del graph.node[:]
     graph.node.extend(kept)
     present = {n for s in package.kv for n in (s.present_key_name, s.present_value_name)}
     _keep_outputs(graph, [o for o in graph.output if o.name not in present])
     prune(graph)
     mask = package.decoder.inputs.get("attention_mask", "attention_mask")
-    if any(mask in n.input for n in graph.node):
+    read = any(mask in n.input for n in graph.node)
+    if read and not masks:  # GroupQueryAttention reads it as lengths only; a standard node's mask is computed from it
         raise Refused(f"{mask} feeds more than the attention's lengths")
-    _keep_inputs(graph, [i for i in graph.input if i.name not in layers and i.name != mask])
+    _keep_inputs(graph, [i for i in graph.input if i.name not in layers and (read or i.name != mask)])
     graph.input.extend(helper.make_tensor_value_info(name, TensorProto.INT64, [1]) for name in (PREFIX_LENGTH,
                                                                                               PREFIX_RESIDENT))
 
@@ -192,16 +208,19 @@ def _refusal(node, a: dict) -> str | None:
     return None
 
 
-def _rewrite_node(node, spec, tables: dict, opset: int, shared: tuple) -> tuple[list, list]:
-    """The nodes replacing one GroupQueryAttention (output 0 keeps its name; the present outputs go)."""
+def _rewrite_node(node, spec, tables: dict, opset: int, shared: tuple, types: dict) -> tuple[list, list]:
+    """The nodes replacing one GroupQueryAttention or standard Attention (output 0 keeps its name; the present
+    outputs go)."""
     from onnx import TensorProto, helper
 
     from ortevals.runtime.graph_nodes import Nodes, attrs
 
     a = attrs(node)
-    why = _refusal(node, a)
+    why = None if is_standard(node) else _refusal(node, a)
     if why:
         raise Refused(f"{node.name}: {why}")
+    if is_standard(node):  # queries and keys come rotated; the mask is the package's own
+        a = onnx_attributes(node, a, spec)
     nq, nk, d = a["num_heads"], a["kv_num_heads"], spec.head_size
     groups = nq // nk
     g = Nodes(node.name + "/shared")
@@ -211,7 +230,10 @@ def _rewrite_node(node, spec, tables: dict, opset: int, shared: tuple) -> tuple[
     # a windowed layer's prefix: the buffer's first L rows (L: the resident rows of a windowed cache, else P)
     rows = g.op("Gather", g.op("Shape", keys), g.const([1]))
     held = (PREFIX_RESIDENT if spec.window else rows) if window > 0 else None
-    masks = (_prefix_mask(g, own, rows, held, window) if held else None, _own_mask(g, own, window))
+    cut = mask_parts(g, node, types, PREFIX_LENGTH) if is_standard(node) else (None, None)
+    seen = _prefix_mask(g, own, rows, held, window) if held else None
+    masks = (cut[0] or (seen and (lambda x: g.op("Where", seen, x, g.const(-1e30, np.float32)))),
+             _own_mask(g, own, window), cut[1])
     q, k, v = _split(g, node, nq, nk, d)
     if len(node.input) > 15 and node.input[14]:  # the per-head RMS norm fused into the node (before rotary)
         q, k = (_head_norm(g, x, node.input[i], n, d, _norm_eps(a, which))
@@ -225,7 +247,7 @@ def _rewrite_node(node, spec, tables: dict, opset: int, shared: tuple) -> tuple[
     scale = float(a.get("scale") or 1 / math.sqrt(d))
     cap = float(a.get("softcap", 0.0) or 0.0)
     out_p, lse_p = _prefix_part(g, q, spec, (nk, groups, d), (scale, cap), masks[0], opset, f32)
-    out_o, lse_o = _own_part(g, q, k, v, nk, groups, d, (scale, cap), masks[1], opset)
+    out_o, lse_o = _own_part(g, q, k, v, (nk, groups, d), (scale, cap), masks[1:], opset)
     out = g.op("Add", out_o, g.op("Mul", g.op("Sigmoid", g.op("Sub", lse_p, lse_o)), g.op("Sub", out_p, out_o)))
     out = g.op("Reshape", g.op("Transpose", out, perm=[0, 2, 1, 3, 4]), g.const([0, 0, nq * d]))  # [B,S,Hq*D]
     if f32:
@@ -276,11 +298,12 @@ def _scores(g, q: str, k: str, scaling: tuple[float, float]) -> str:
     return g.op("Mul", g.op("Tanh", g.op("Div", scores, g.const(cap, np.float32))), g.const(cap, np.float32))
 
 
-def _prefix_part(g, q: str, spec, heads: tuple, scaling: tuple, mask: str | None, opset: int, f32: bool):
+def _prefix_part(g, q: str, spec, heads: tuple, scaling: tuple, mask, opset: int, f32: bool):
     """The rows' queries against the prefix: (out, lse) ``[B, H_kv, S, g, D|1]``; every row and position folded
     into M of one GEMM pair per KV head, so the prefix is read once and a row's sums do not depend on the batch.
-    ``mask`` ``[S,1,rows]`` (a window): the rows a query does not see scored -1e30, finite, so a query that sees
-    none of the prefix gets a finite part whose weight against its own part is exactly 0."""
+    ``mask`` (a window, or a standard node's mask): a function of the scores ``[H_kv, B, S, g, rows]`` scoring the
+    rows a query does not see -1e30, finite, so a query that sees none of the prefix gets a finite part whose
+    weight against its own part is exactly 0."""
     from onnx import TensorProto
 
     nk, groups, d = heads
@@ -290,10 +313,9 @@ def _prefix_part(g, q: str, spec, heads: tuple, scaling: tuple, mask: str | None
     q5 = g.op("Reshape", q, g.const([0, 0, nk, groups, d]))  # [B,S,H_kv,g,D]
     folded = g.op("Reshape", g.op("Transpose", q5, perm=[2, 0, 1, 3, 4]), g.const([nk, -1, d]))  # [H_kv,B*S*g,D]
     scores = _scores(g, folded, keys, scaling)  # [H_kv,M,P]
-    if mask is not None:  # [H_kv, B, S, g, rows] to meet the [S,1,rows] mask, then back
+    if mask is not None:  # [H_kv, B, S, g, rows] to meet the mask, then back
         five = g.op("Concat", g.const([nk]), _dims(g, q5, 0, 2), g.const([groups, -1]), axis=0)
-        scores = g.op("Reshape", g.op("Where", mask, g.op("Reshape", scores, five), g.const(-1e30, np.float32)),
-                      g.op("Shape", scores))
+        scores = g.op("Reshape", mask(g.op("Reshape", scores, five)), g.op("Shape", scores))
     probs, lse = _softmax(g, scores, opset)  # lse [H_kv,M,1]
     out = g.op("MatMul", probs, values)  # [H_kv,M,D]
     shape = g.op("Concat", g.const([nk]), _dims(g, q5, 0, 2), g.const([groups, -1]), axis=0)
@@ -304,8 +326,11 @@ def _prefix_part(g, q: str, spec, heads: tuple, scaling: tuple, mask: str | None
     return back(out), back(lse)
 
 
-def _own_part(g, q: str, k: str, v: str, nk: int, groups: int, d: int, scaling: tuple, seen: str, opset: int):
-    """Each row's queries against its own keys, causal: (out, lse) ``[B, H_kv, S, g, D|1]``."""
+def _own_part(g, q: str, k: str, v: str, heads: tuple, scaling: tuple, masks: tuple, opset: int):
+    """Each row's queries against its own keys, causal (``masks``: the causal ``[S,1,S]``, and a standard node's
+    mask as a function of the scores ``[B, H_kv, S, g, S]`` or None): (out, lse) ``[B, H_kv, S, g, D|1]``."""
+    nk, groups, d = heads
+    seen, extra = masks
     q5 = g.op("Transpose", g.op("Reshape", q, g.const([0, 0, nk, groups, d])), perm=[0, 2, 1, 3, 4])  # [B,Hkv,S,g,D]
     rows = g.op("Reshape", q5, g.const([0, 0, -1, d]))  # [B,H_kv,S*g,D]
     keys = g.op("Transpose", g.op("Reshape", k, g.const([0, 0, nk, d])), perm=[0, 2, 1, 3])  # [B,H_kv,S,D]
@@ -313,7 +338,7 @@ def _own_part(g, q: str, k: str, v: str, nk: int, groups: int, d: int, scaling: 
     scores = _scores(g, rows, keys, scaling)  # [B,H_kv,S*g,S]
     lead = _dims(g, q5, 0, 4)  # B, H_kv, S, g
     five = g.op("Reshape", scores, g.op("Concat", lead, g.const([-1]), axis=0))  # [B,H_kv,S,g,S]
-    masked = g.op("Where", seen, five, g.const(-np.inf, np.float32))
+    masked = g.op("Where", seen, extra(five) if extra else five, g.const(-np.inf, np.float32))
     flat = g.op("Reshape", masked, g.op("Shape", scores))
     probs, lse = _softmax(g, flat, opset)  # lse [B,H_kv,S*g,1]
     out = g.op("MatMul", probs, vals)  # [B,H_kv,S*g,D]

@@ -78,6 +78,7 @@ class PrefixRunner:
         self.session = session
         self.package = parent.package
         self.reuse = reuse_policy(parent.package)
+        self.inputs = {i.name for i in session.get_inputs()}
 
     @classmethod
     def open(cls, parent, provider: ProviderConfig, cache: Path) -> PrefixRunner:
@@ -98,6 +99,9 @@ class PrefixRunner:
         log-probabilities ``[B,K,M]`` float32 and argmax flags ``[B,K,M]`` bool."""
         parent = self.parent
         feeds = parent._token_feeds(input_ids) | parent._gather_feeds(input_ids, positions, targets)
+        # position_ids P + s and, where a standard Attention's mask is computed from it, attention_mask all ones
+        ones = np.ones((len(input_ids), prefix.length + input_ids.shape[1]), np.int64)
+        feeds |= {k: v for k, v in parent._mask_feeds(input_ids.shape, ones, prefix).items() if k in self.inputs}
         # the prefix's length, and the rows of a windowed layer's buffer that hold its last tokens (package/reuse.py)
         feeds[PREFIX_LENGTH] = np.array([prefix.length], np.int64)
         feeds[PREFIX_RESIDENT] = np.array([self.reuse.resident(prefix.length)], np.int64)
