@@ -152,8 +152,27 @@ results.json) says `stepping (… only the last position's logits …)`.
 | CPU | every test runs on it |
 | CUDA | its kernels' contracts are tested on CPU with graphs that follow them; CUDA packages are built and checked on CPU; no GPU run is published ([cuda.md](cuda.md)) |
 | DirectML, NPUs | accepted by name; untested. An NPU provider uses the incremental path |
-| OpenVINO, WebGPU, TensorRT-RTX, QNN 2.x (plugin packages) | found from the installed package (`pip install onnxruntime-ep-openvino`, …), registered with onnxruntime and onnxruntime-genai, the devices it offers used, its version in the run's scope; one line without the package, or where it offers no device (the OpenVINO plugin 1.8.1 and the WebGPU plugin 0.4.0 offer none on an AMD EPYC CPU); not yet scored on a device |
+| OpenVINO, WebGPU, TensorRT-RTX, QNN 2.x (plugin packages) | found from the installed package (`pip install onnxruntime-ep-openvino`, …), registered with onnxruntime and onnxruntime-genai, the devices it offers used, its version in the run's scope; one line without the package, or where it offers no device (the OpenVINO plugin 1.8.1 and the WebGPU plugin 0.4.0 offer none on an AMD EPYC CPU), before any work on every path; not yet scored on a device by ortevals (see OpenVINO below) |
 | TensorRT | refused until measured |
+
+**OpenVINO** (`--ep openvino`, the plugin package `onnxruntime-ep-openvino`). What was seen, by CPU:
+
+- AMD EPYC (the machine these docs' tests run on): the plugin 1.8.1 registers and offers no device
+  (`onnxruntime.get_ep_devices()` lists only `CPUExecutionProvider`), so `--ep openvino` is one line saying so; the
+  test suite runs the no-device case there.
+- Intel Xeon (an earlier machine of this project): the plugin 1.8.1 offers CPU devices (`OpenVINOExecutionProvider` and
+  `OpenVINOExecutionProvider.AUTO`). ortevals hands a session the devices listed for `OpenVINOExecutionProvider`
+  (`SessionOptions.add_provider_for_devices`: handed the provider's name instead, a session there lands on the CPU
+  provider). No scores on OpenVINO have been measured by ortevals yet: on such a machine
+  `tests/test_plugin_eps.py` scores the tiny fp32 package on OpenVINO and checks it within 1e-3 of the CPU provider
+  (the device case; it is skipped, with the reason, where no device is offered).
+
+OpenVINO computes float32 graphs in bf16 (CPUs with AMX or AVX512-BF16) or f16 (GPUs) unless told otherwise; ortevals
+gives it `load_config={"CPU":{"INFERENCE_PRECISION_HINT":"f32"},"GPU":{"INFERENCE_PRECISION_HINT":"f32"}}`, the
+provider option the plugin reads the precision from (it ignores `precision`), so it computes in float32 as the CPU
+provider does. The run's mode line says `inference precision CPU=f32, GPU=f32`, and results.json's
+`provider_options` and the result store's scope hold the option. `--provider-option load_config=…` (or
+`precision=…`) replaces it.
 """
 
 
