@@ -30,8 +30,12 @@ from ortevals.cli_common import fail_gates, setup_logging
 @click.option("--tokenizer", type=click.Path(path_type=Path), help="A tokenizer.json (or a package folder), "
               "one of the runs' models' where they name theirs: lengths in its tokens (default: the runs' tokenizer "
               "where all name the same one on disk, else characters; generations: the runs' own token counts first).")
+@click.option("--replay-decide", type=float, default=None, metavar="MARGIN",
+              help="Replay the decision at ±MARGIN points over random orders of the complete runs: how often its "
+                   "final interval misses the whole-set difference, and the questions it used (docs/decide.md).")
+@click.option("--replay-orders", type=int, default=200, show_default=True, help="With --replay-decide: orders.")
 def compare(ref, runs, json_path, report_dir, changed_path, max_flip_rate, max_kl, margin, by_length,
-            length_buckets, kl_threshold, tokenizer) -> None:
+            length_buckets, kl_threshold, tokenizer, replay_decide, replay_orders) -> None:
     """Runs against a reference, question by question: flips, McNemar, KL, intervals; exit 1 on a failed gate.
 
     A RUN is an ortevals --output folder, an lm-eval --output_path folder (with --log_samples) or one
@@ -40,6 +44,11 @@ def compare(ref, runs, json_path, report_dir, changed_path, max_flip_rate, max_k
     from ortevals.report.lengths import length_options
     from ortevals.report.output import compare_paths
 
+    if replay_decide is not None:
+        from ortevals.report.replay import replay_paths
+
+        replay_paths(ref, list(runs), replay_decide, click.echo, replay_orders)
+        return
     gates = Gates(max_flip_rate, max_kl, margin)  # a threshold that can never fire or always fires: one line
     fail_gates(compare_paths(ref, list(runs), click.echo, json_path, report_dir, changed_path, gates,
                              length_options=length_options(by_length, length_buckets, kl_threshold, tokenizer)))

@@ -130,3 +130,27 @@ def test_bad_outcomes_are_refused():
         paired([1, 0], [1])
     with pytest.raises(OrtEvalsError):
         run_rule(np.zeros(5, int), 5, 0.0)
+
+
+def test_compare_replay_decide_reads_two_runs(tmp_path):
+    """``ortevals compare --replay-decide``: the whole-set difference and flips of two run folders, counted here."""
+    from click.testing import CliRunner
+
+    from ortevals.cli import cli
+    from tests.test_compare import loglik, record, write_ortevals_run
+
+    cand, ref = simulated_set((250, 150), (0.1, 0.3), (0.02, 0.0), seed=11)
+    cats = ["math"] * 250 + ["law"] * 150
+    for name, correct in (("ref", ref), ("cand", cand)):
+        write_ortevals_run(tmp_path / name, [record(i, loglik("A" if c else "B"), category=k)
+                                             for i, (c, k) in enumerate(zip(correct, cats))])
+    out = CliRunner().invoke(cli, ["compare", "--ref", str(tmp_path / "ref"), str(tmp_path / "cand"),
+                                   "--replay-decide", "5", "--replay-orders", "30"])
+    assert out.exit_code == 0, out.output
+    diff, flips = 100 * (cand.sum() - ref.sum()) / 400, int(np.sum(cand != ref))
+    assert f"whole-set difference {diff:+.2f} points, {flips} flips" in out.output
+    assert "over 30 random orders" in out.output and "questions used: median" in out.output
+    bad = CliRunner().invoke(cli, ["compare", "--ref", str(tmp_path / "ref"), str(tmp_path / "cand"),
+                                   "--replay-decide", "0"])
+    assert bad.exit_code == 2 and bad.output.strip().splitlines() == [
+        "Error: --replay-decide 0: expected a margin in points, above 0 and below 100"]
