@@ -89,6 +89,10 @@ def run_options(fn):
         click.option("--limit", type=click.IntRange(min=1), default=None,
                      help="Only the first N questions: of the test split for mmlu-pro (with --cot, each in its "
                           "subject's task); of each task for run (lm-eval's --limit)."),
+        click.option("--sample", type=click.IntRange(min=1), default=None, metavar="N",
+                     help="N questions drawn at random within each category (or each task of a group), in "
+                          "proportion to its size; reports the whole-set accuracy estimate and its interval."),
+        click.option("--seed", type=int, default=None, help="With --sample: the draw's seed (default 0)."),
         click.option("--data", default=None, help="Local copy of the data set (hub layout), or 'bundled'. "
                      "Default: the Hugging Face hub."),
         click.option("--output", type=click.Path(path_type=Path), default=None,
@@ -150,19 +154,27 @@ def _evaluate(kw: dict, tasks, data: Path | None, **spec_kw) -> None:
     ``tasks``: a Preset (its own lm-eval folder is indexed) or task names.
     """
     from ortevals.evaluate import RunSpec, check_spec, collector_paused, evaluate
-    from ortevals.presets import apply_limit, task_specs
+    from ortevals.presets import Preset, apply_limit, task_specs
     from ortevals.report.results import format_table
+    from ortevals.subset import apply_sample, check_sample
     from ortevals.tasks import task_manager
 
     spec_kw.update(limit=kw["limit"], output=kw["output"], use_cache=kw["use_cache"])
     given = tuple(tasks) if isinstance(tasks, (list, tuple)) else (tasks,)
+    check_sample(kw["sample"], kw["limit"], kw["seed"])
     check_spec(RunSpec(tasks=given, **spec_kw))  # bad paths and options: one line before the model is loaded
+    tm = task_manager(spec_kw["include_path"]) if spec_kw.get("include_path") is not None else None
+    plan = None
+    if kw["sample"]:  # the draw reads the data first: a --sample beyond the set is one line before the model
+        manager = tasks.task_manager() if isinstance(tasks, Preset) else tm or task_manager()
+        specs, samples, plan = apply_sample(task_specs(tasks, data, tm), kw["sample"], kw["seed"] or 0, manager)
     with collector_paused(OWNS_PROCESS) as thaw:
         lm = _load_lm(kw)  # its sessions open on a thread while lm-eval's tasks are imported and the data loads
         lm.run.on_first_request = thaw
-        tm = task_manager(spec_kw["include_path"]) if spec_kw.get("include_path") is not None else None
-        specs, samples, notes = apply_limit(tasks, task_specs(tasks, data, tm), kw["limit"])
-        outcome = evaluate(lm, RunSpec(tasks=tuple(specs), samples=samples, notes=notes, **spec_kw))
+        if plan is None:
+            specs, samples, notes = apply_limit(tasks, task_specs(tasks, data, tm), kw["limit"])
+        outcome = evaluate(lm, RunSpec(tasks=tuple(specs), samples=samples, notes=() if plan else notes,
+                                       sample=plan, **spec_kw))
     click.echo(format_table(outcome.summary))
     for path in outcome.files:
         click.echo(f"wrote {path}")

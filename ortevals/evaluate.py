@@ -24,6 +24,7 @@ from ortevals.errors import DataError, OrtEvalsError, OutputError, first_line
 from ortevals.files import cache_root, check_writable_file, check_writable_folder, publish, staged
 from ortevals.presets import check_hub_data, reword_data_error
 from ortevals.report.results import RunSummary, stale_outputs, summarize, write_outputs, write_unreported
+from ortevals.report.sampling import lines as sample_lines
 from ortevals.runtime.meter import boot_clock
 from ortevals.tasks import check_generation_settings, check_task_names, task_manager, with_fit_split, with_samples
 
@@ -45,6 +46,7 @@ class RunSpec:
     gen_kwargs: dict[str, Any] | None = None
     samples: dict[str, list[int]] | None = None  # documents to score per task (lm-eval's samples), not limit
     notes: tuple[str, ...] = ()  # what an option meant in this run, printed under the table (--limit)
+    sample: Any = None  # --sample's draw (subset.SamplePlan): results["sample"] and its lines after the run
     extra: dict[str, Any] = field(default_factory=dict)  # more simple_evaluate kwargs
 
 
@@ -135,12 +137,16 @@ def _report(lm, spec: RunSpec, tasks, results: dict, verifier, before: dict, pas
             if stage is not None:
                 _publish_unreported(spec.output, stage, results, e)
             raise
+        notes = spec.notes
+        if spec.sample is not None:  # --sample: the draw and the whole-set estimate (subset.py, report/sampling.py)
+            results["sample"] = spec.sample.record(results)
+            notes += tuple(sample_lines(results["sample"]))
         requests = lm.stats["requests"] - before["requests"]
         reused = lm.stats["reused"] - before["reused"]
         eff = _efficiency(results, lm, passes, requests, reused,
                           lm.stats["generated_tokens"] - before["generated_tokens"], clock[1])
         summary = summarize(results, requests, clock[0], lm.stats["seconds"] - before["seconds"], reused,
-                            mode_text(lm.stats, requests, reused), workers_text(lm), spec.notes, eff)
+                            mode_text(lm.stats, requests, reused), workers_text(lm), notes, eff)
         if stage is None:
             return RunOutcome(summary, results, ())
         return _publish(spec.output, stage, results, summary)

@@ -208,10 +208,14 @@ def apply_limit(tasks, specs: list, limit: int | None) -> tuple[list, dict[str, 
     if isinstance(tasks, Preset):
         specs, samples = first_questions(tasks, specs, limit)
         where = f", in {len(specs)} of the subject tasks" if samples else ""
-        return specs, samples or None, (f"--limit {limit}: the first {limit} questions of the test split{where}",)
+        return specs, samples or None, (f"--limit {limit}: the first {limit} questions of the test split{where}; "
+                                        f"not a random sample (--sample {limit} draws one that stands for the whole "
+                                        "set)",)
     if len(specs) > 1:
-        return specs, None, (f"--limit {limit}: the first {limit} questions of each task (lm-eval's --limit)",)
-    return specs, None, ()
+        return specs, None, (f"--limit {limit}: the first {limit} questions of each task (lm-eval's --limit); "
+                             f"not a random sample (--sample {limit} draws one)",)
+    return specs, None, (f"--limit {limit}: the first {limit} questions (lm-eval's --limit); not a random sample "
+                         f"(--sample {limit} draws one)",)
 
 
 def first_questions(preset: Preset, specs: list, n: int) -> tuple[list, dict[str, list[int]]]:
