@@ -24,6 +24,7 @@ from ortevals.errors import DataError, OrtEvalsError, OutputError, first_line
 from ortevals.files import cache_root, check_writable_file, check_writable_folder, publish, staged
 from ortevals.presets import check_hub_data, reword_data_error
 from ortevals.report.results import RunSummary, stale_outputs, summarize, write_outputs, write_unreported
+from ortevals.report.samples import add_sample_tokens
 from ortevals.report.sampling import lines as sample_lines
 from ortevals.runtime.meter import boot_clock
 from ortevals.tasks import check_generation_settings, check_task_names, task_manager, with_fit_split, with_samples
@@ -132,6 +133,8 @@ def _report(lm, spec: RunSpec, tasks, results: dict, verifier, before: dict, pas
 
                 add_scaling(results, tasks, lm.sample_facts(), stage,
                             _verify(results, tasks, lm, verifier, lm.stats["seconds"] - before["seconds"]))
+            elif hasattr(lm, "sample_facts"):
+                add_sample_tokens(results, tasks, lm.sample_facts())
             _calibration(results, lm, stage)
         except BaseException as e:
             if stage is not None:

@@ -304,3 +304,30 @@ def test_lengths_default_to_the_runs_tokenizer(tiny, tmp_path):
     run = named_run(tmp_path / "crun", recs, None, task="mmlu")
     rec, out = compare_json(tmp_path, "--ref", str(ref), str(run), "--by-length", "--length-buckets", "1000")
     assert rec["by_length"]["counted_by"] == "characters" and rec["by_length"]["buckets"][0]["high"] == 121
+
+
+def test_a_one_sample_generation_run_keeps_its_own_token_counts(tiny, tmp_path):
+    """A greedy --cot run's samples file records each output's own token count (``sample_tokens``, as a
+    --samples run's does), so compare's drift counts by the run (hit max_gen_toks is not n/a): the counts equal
+    transformers' greedy generation on the same weights, from the same prompt ids (left-truncated to the
+    1024-token context less max_gen_toks, as lm-eval's hf backend cuts them)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path / "run"
+    result = CliRunner().invoke(cli, ["mmlu-pro", "--pkg", str(tiny[1]), "--data", "bundled", "--limit", "3", "--cot",
+                                      "--max-gen-toks", "6", "--model-args", "truncate=left", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for f in out.glob("samples_*.jsonl") for line in f.read_text().splitlines()]
+    tok = AutoTokenizer.from_pretrained(tiny[0])
+    model = AutoModelForCausalLM.from_pretrained(tiny[0], dtype=torch.float32).eval()
+    compared = 0
+    for r in records:
+        ids = tok(r["arguments"][0][0], return_tensors="pt", add_special_tokens=False).input_ids[:, -(1024 - 6):]
+        with torch.no_grad():
+            new = model.generate(ids, max_new_tokens=6, do_sample=False, eos_token_id=2, pad_token_id=2)[0, ids.shape[1]:]
+        new = [t for t in new.tolist() if t != 2]
+        if tok.decode(new) == r["resps"][0][0]:  # not cut by a stop sequence: the count is the tokens generated
+            assert r["sample_tokens"] == [len(new)], (r["sample_tokens"], new)
+            compared += 1
+    assert compared >= 1

@@ -168,6 +168,26 @@ def _tuple(values) -> tuple[float, ...] | None:
     return None if values is None else tuple(float(v) for v in values)
 
 
+def add_sample_tokens(results: dict, configs: Sequence[dict], facts: SampleFacts) -> None:
+    """Each generation record of a one-sample run gains ``sample_tokens`` (its output's own token count, as a
+    ``--samples`` run's records have), where the run kept every count (raw path or the store; not the og path),
+    so ``compare`` counts lengths and outputs at ``max_gen_toks`` by the run's own tokens."""
+    for cfg in configs:
+        if cfg.get("output_type") != "generate_until":
+            continue
+        seen: dict[str, int] = {}
+        for s in sorted(results.get("samples", {}).get(cfg.get("task"), ()), key=lambda s: s["doc_id"]):
+            if "arguments" not in s:
+                continue
+            args = tuple(s["arguments"][0])
+            ident = json.dumps(args, sort_keys=True, default=str)
+            first, texts = seen.get(ident, 0), list(s["resps"][0])
+            seen[ident] = first + len(texts)
+            metas = [sample_meta(facts, args, first + j) for j in range(len(texts))]
+            if all(m is not None for m in metas):
+                s["sample_tokens"] = [m[1] for m in metas]
+
+
 def add_scaling(results: dict, configs: Sequence[dict], facts: SampleFacts, output: Path | None,
                 verified: Verdicts | None = None) -> list:
     """maj@k / pass@k / best@k, and the selectors the run has scores for (bon@k, weighted_maj@k, the PRM
