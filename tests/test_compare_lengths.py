@@ -325,7 +325,8 @@ def test_a_one_sample_generation_run_keeps_its_own_token_counts(tiny, tmp_path):
     for r in records:
         ids = tok(r["arguments"][0][0], return_tensors="pt", add_special_tokens=False).input_ids[:, -(1024 - 6):]
         with torch.no_grad():
-            new = model.generate(ids, max_new_tokens=6, do_sample=False, eos_token_id=2, pad_token_id=2)[0, ids.shape[1]:]
+            new = model.generate(ids, max_new_tokens=6, do_sample=False, eos_token_id=2, pad_token_id=2)
+        new = new[0, ids.shape[1]:]
         new = [t for t in new.tolist() if t != 2]
         if tok.decode(new) == r["resps"][0][0]:  # not cut by a stop sequence: the count is the tokens generated
             assert r["sample_tokens"] == [len(new)], (r["sample_tokens"], new)
