@@ -69,8 +69,8 @@ def model_options(fn):
 
 def _flag(option):
     """A click option for one options-table entry; values are parsed by the table, not by click."""
-    if option.name == "provider_options":
-        return click.option(option.flag, option.name, multiple=True, metavar="KEY=VALUE",
+    if isinstance(option.default, tuple):  # provider_options, adapter
+        return click.option(option.flag, option.name, multiple=True, metavar=option.metavar or "KEY=VALUE",
                             help=option.help + " Repeatable.")
     if isinstance(option.default, bool):
         return click.option(f"{option.flag}/--no-{option.flag[2:]}", option.name, default=None, help=option.help)

@@ -22,6 +22,7 @@ from typing import Any
 
 from ortevals.engine.score.scoring import TRUNCATE_MODES
 from ortevals.errors import OrtEvalsError, did_you_mean
+from ortevals.package.adapters import parse_adapters
 
 PKG_ALIASES = ("pretrained", "model")  # lm-eval spellings of the package folder
 IGNORED = ("device", "max_batch_size")  # lm-eval passes its torch device and batch cap; the EP is `ep`
@@ -158,6 +159,11 @@ OPTIONS: tuple[Option, ...] = (
            scoped=False, flag="--provider-option"),
     # runtime/placement.py: on a device provider a node onnxruntime would run on the CPU is an error unless
     # allowed; scoped (the sessions' config differs, and the CPU kernels compute other numbers)
+    # issue 57 (runtime/adapters.py): scoped through what it reads, the adapter file by content (engine/backends.py
+    # reads), not through its path or name
+    Option("adapter", parse_adapters, (), "A LoRA adapter (an .onnx_adapter file, as Olive's generate-adapter writes "
+           "it) active on every scoring and generation path of a package whose decoder has adapter inputs; NAME "
+           "defaults to the file's stem.", scoped=False, flag="--adapter", metavar="FILE[=NAME]"),
     Option("allow_cpu_fallback", boolean("allow_cpu_fallback"), False, "On a GPU/NPU provider, let onnxruntime "
            "run the nodes that provider has no kernel for on the CPU (default: refused, naming their op types)."),
     Option("threads", positive_int("threads", allow_zero=True), None, "Intra-op threads (0: default).",

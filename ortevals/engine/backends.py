@@ -25,6 +25,7 @@ from ortevals.errors import OrtEvalsError, PackageError
 from ortevals.package.loader import ModelPackage
 from ortevals.package.multimodal import has_media_models
 from ortevals.package.scope import Reads, package_reads
+from ortevals.runtime.adapters import adapter_reads
 from ortevals.runtime.cascade import Refused, cascade_reads
 from ortevals.runtime.genai import genai_reads
 from ortevals.runtime.media import media_reads
@@ -74,7 +75,7 @@ class Backends:
 
     def __init__(self, package: ModelPackage, provider: ProviderConfig, settings: EngineSettings,
                  path: str = "auto", derived_cache=None, gen_path: str = "auto", media_path: str = "auto",
-                 cascade: str = "auto") -> None:
+                 cascade: str = "auto", adapter=None) -> None:
         self.package = package
         self.provider = provider
         self.settings = settings
@@ -84,6 +85,7 @@ class Backends:
         self.gen_path = gen_path
         self.media_path = media_path
         self.cascade = cascade  # decode rows on one shared prompt KV (engine/generate/rows/cascade_kv.py)
+        self.adapter = adapter  # a LoRA adapter active on every path (runtime/adapters.py), or None
         self.meter = PassMeter()  # tokens and seconds of every raw pass of the run (runtime/meter.py)
         self._opening: _Opening | None = None  # open_soon's thread
         self.verdicts = Verdicts()  # canary verdicts; OrtLM gives it the result store (engine/score/invariance.py)
@@ -120,7 +122,7 @@ class Backends:
         from ortevals.runtime.sessions import DecoderRunner
 
         settings, mode = self.prefill_choice
-        runner = DecoderRunner.open(self.package, self.provider, self._derived(settings))
+        runner = DecoderRunner.open(self.package, self.provider, self._derived(settings), adapter=self.adapter)
         runner.meter = self.meter  # one meter for the run's passes (runtime/meter.py)
         engine = PrefillEngine(runner, settings, self.verdicts, self._shared_runner(runner, settings))
         engine.mode, engine.shared_refused = mode, self.shared_refused
@@ -175,6 +177,8 @@ class Backends:
         """What every path this run can open reads: the package, the engine, log-likelihood and generation
         paths as chosen, and the media path where the package has vision or speech models."""
         out = [package_reads(self.package), *ENGINE_READS]
+        if self.adapter is not None:  # every path runs with it: its file by content
+            out += adapter_reads((self.adapter.spec,))
         try:
             gen = self.generation_path()[0]
         except OrtEvalsError:
@@ -226,7 +230,7 @@ class Backends:
     def genai(self):
         from ortevals.runtime.genai import GenaiRunner
 
-        return GenaiRunner.open(self.package, self.provider)
+        return GenaiRunner.open(self.package, self.provider, self.adapter)
 
     @functools.cached_property
     def incremental(self) -> IncrementalEngine:

@@ -39,6 +39,9 @@ class GraphFacts:
     # rows of the smallest constant rotary table (cos_cache) an attention or RotaryEmbedding node reads: the
     # positions a pass may span (onnxruntime refuses any past it); 0 where no node reads a constant table
     rotary_rows: int = 0
+    # LoRA/DoRA/LoHa weights as optional inputs (Olive's ExtractAdapters: an input with a default initializer, its
+    # rank dim symbolic and the default empty): (name, element type, dims: int or symbol) in graph order
+    adapter_inputs: tuple[tuple[str, str, tuple], ...] = ()
 
 
 def read_signature(path: Path) -> tuple[tuple, tuple, frozenset[Path]]:
@@ -114,7 +117,28 @@ def _facts(graph) -> GraphFacts:
             rotary.append((node.name, _head_size(node, attrs, dims), int(dims[node.input[7]][1])))
     return GraphFacts(_precision(graph, bits, ops), frozenset(heads), frozenset(kv_heads), parameter_count(graph),
                       frozenset(windows), tuple(rotary), len(attention), _reads_outputs(graph, attention),
-                      frozenset(n.op_type for n in attention), _rotary_rows(graph, dims))
+                      frozenset(n.op_type for n in attention), _rotary_rows(graph, dims), _adapter_inputs(graph))
+
+
+ADAPTER_NAMES = ("lora_A", "lora_B", "dora_M", "hada_w")  # Olive's adapter weight names
+
+
+def _adapter_inputs(graph) -> tuple[tuple[str, str, tuple], ...]:
+    """Inputs an adapter file fills: a graph input backed by an initializer of its name (optional) that is named
+    as Olive names adapter weights or whose default is empty (the rank dim 0: no adapter active)."""
+    import onnx
+
+    defaults = {t.name: t for t in graph.initializer}
+    found: dict[str, tuple[str, str, tuple]] = {}
+    for v in graph.input:
+        init = defaults.get(v.name)
+        if init is None or v.name in found:
+            continue
+        if any(n in v.name for n in ADAPTER_NAMES) or 0 in init.dims:
+            elem = onnx.TensorProto.DataType.Name(v.type.tensor_type.elem_type).lower()  # onnxruntime's tensor(…)
+            dims = tuple(d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim)
+            found[v.name] = (v.name, elem, dims)
+    return tuple(found.values())
 
 
 def _rotary_rows(graph, dims: dict) -> int:

@@ -30,7 +30,7 @@ from ortevals.files import cache_root
 from ortevals.options import ModelArgs, check_provider, scoped_settings
 from ortevals.package.graph import graph_facts
 from ortevals.package.loader import CONFIG_NAME, ModelPackage
-from ortevals.package.multimodal import check_media_tokens
+from ortevals.package.multimodal import check_media_tokens, has_media_models
 from ortevals.package.reuse import reuse_policy
 from ortevals.package.scope import Reads
 from ortevals.package.tokenizer import Tokenizer, tokenizer_reads
@@ -40,6 +40,7 @@ from ortevals.report.scope import results_scope
 from ortevals.report.store import ResultStore
 from ortevals.run.generate import Generation, decode_plan
 from ortevals.run.progress import Progress
+from ortevals.runtime.adapters import run_adapter
 from ortevals.runtime.buffers import kv_bytes_per_token
 from ortevals.runtime.memory import total_bytes
 from ortevals.runtime.meter import boot_clock
@@ -98,6 +99,7 @@ class Run:
         package = ModelPackage.load(args.pkg, args.ep)
         tokenizer = Tokenizer.load(package, add_bos_token=args.add_bos_token)
         check_media_tokens(package, tokenizer.backend)  # issue 22: a media token id that text produces
+        adapter = run_adapter(package, args.adapter, has_media_models(package))  # before any session opens
         provider = from_package(package.decoder.session_options, args.ep, parse_options(args.provider_options),
                                 args.threads, allow_cpu_fallback=args.allow_cpu_fallback)
         if worker_threads is not None and args.threads is None and not provider.on_device:
@@ -112,7 +114,7 @@ class Run:
         args = shared_prefix_plan(decode_plan(args, package, provider), package, provider)
         settings = engine_settings(package, provider, args)
         backends = Backends(package, provider, settings, args.path, cache_root() if args.scoring_graph else None,
-                            args.gen_path, args.media_path, args.cascade)
+                            args.gen_path, args.media_path, args.cascade, adapter)
         workers = bool(args.workers or args.ray_address)  # issue 20: the driver opens no session (workers do)
         if not workers:  # a provider this install lacks (a plugin offering no device): one line, on every path
             check_available(provider)

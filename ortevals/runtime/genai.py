@@ -235,9 +235,10 @@ class GenaiRunner:
         # (Qwen3.5 on og 0.18: another token from the second step on): batches only without recurrent state
         self.batches_exact = not package.recurrent
         self.generators_created = 0
+        self.adapter = None  # a LoRA adapter set active on every Generator (runtime/adapters.py)
 
     @classmethod
-    def open(cls, package: ModelPackage, provider: ProviderConfig) -> GenaiRunner:
+    def open(cls, package: ModelPackage, provider: ProviderConfig, adapter=None) -> GenaiRunner:
         if package.unwindowed:  # og sizes its KV cache to the declared window; the graph then fails past it
             raise PackageError(f"{package.unwindowed}; onnxruntime-genai sizes its KV cache to that window and "
                                "fails past it: path=prefill and gen_path=raw run the graph as it is")
@@ -260,7 +261,9 @@ class GenaiRunner:
             ok, why = snapshot_rewinds(og, model, package)
         if not ok:
             log.info("incremental path: fresh Generator per input (%s)", why)
-        return cls(package, model, og, ok, reuse_policy(package))
+        runner = cls(package, model, og, ok, reuse_policy(package))
+        runner.adapter = adapter
+        return runner
 
     def cursor(self, max_length: int) -> Cursor:
         """A cursor whose Generators reserve KV for ``max_length`` tokens (never the whole context)."""
@@ -297,7 +300,10 @@ class GenaiRunner:
             raise PackageError(f"{self.package.root}: onnxruntime-genai kept search options {wrong} "
                                f"after they were set to {NEUTRAL_SEARCH}")
         self.generators_created += 1
-        return self.og.Generator(self.model, params)
+        gen = self.og.Generator(self.model, params)
+        if self.adapter is not None:
+            self.adapter.activate(self.og, self.model, gen)
+        return gen
 
 
 class Cursor:

@@ -53,7 +53,7 @@ class InplacePasses:
         outputs = [self.package.logits_name] if targets is None else [LOGPROBS, GREEDY]
         for name in outputs:
             binding.bind_output(name, "cpu")
-        bind_feeds(binding, feeds)
+        bind_feeds(binding, feeds | self.adapter_feeds)  # a LoRA adapter's tensors (runtime/adapters.py)
         _bind_past(binding, self.package, past)
         started, clock = self.meter.start(), time.perf_counter()
         try:  # a pass over shared prompts reads their KV: a decode step even where the rows hold no token yet

@@ -108,7 +108,7 @@ class PrefixRunner:
         started, clock = parent.meter.start(), time.perf_counter()
         try:
             binding = self.session.io_binding()
-            bind_feeds(binding, feeds)
+            bind_feeds(binding, feeds | getattr(parent, "adapter_feeds", {}))  # its LoRA adapter's tensors
             for spec, pair in zip(self.package.kv, prefix.layers, strict=True):
                 for name, t in zip((PREFIX_KEY, PREFIX_VALUE), pair, strict=True):
                     _bind_heads(binding, name % spec.layer, t, parent)

@@ -67,15 +67,17 @@ class DecoderRunner(InplacePasses):
         self.meter = meter if meter is not None else PassMeter()
         self._prompts: PromptBinding | None = None  # the cascade graph's kept binding, on its first pass
         self.last_row_only = False  # the probe's pass returned one row of logits for two tokens (whatever declared)
+        self.adapter_feeds: dict = {}  # a LoRA adapter's tensors fed to every pass (runtime/adapters.py)
 
     @classmethod
     def open(cls, package: ModelPackage, provider: ProviderConfig, cache: Path | None = None,
-             io_binding: bool | None = None, graph: Path | None = None) -> DecoderRunner:
+             io_binding: bool | None = None, graph: Path | None = None, adapter=None) -> DecoderRunner:
         """Open the sessions; with ``cache``, use (and build once) the derived scoring graph there.
 
         io_binding: None binds on accelerators only (on CPU a plain run is as fast). graph: another
         rewritten copy of the decoder to open instead, its weights read from the package folder
-        (runtime/taps.py's extra outputs).
+        (runtime/taps.py's extra outputs). adapter: a :class:`~ortevals.runtime.adapters.Adapter` active on every
+        pass (the probe's included).
         """
         check_dtypes(package, provider)
         emb = open_session(package.embedding, provider) if package.embedding is not None else None
@@ -87,6 +89,7 @@ class DecoderRunner(InplacePasses):
         device = BIND_DEVICES.get(provider.name, "cpu") if bind else None
         device_id = int(provider.raw_options.get("device_id", 0) or 0)
         runner = cls(package, dec, emb, device, device_id, Replicator(provider, device or "cpu", device_id))
+        runner.adapter_feeds = adapter.feeds(device, device_id) if adapter is not None else {}
         runner.probe()
         runner.meter.reset()  # the probe is start-up, not work
         return runner
@@ -179,6 +182,7 @@ class DecoderRunner(InplacePasses):
         feeds = self._token_feeds(input_ids) | self._gather_feeds(input_ids, positions, targets)
         feeds.update(self._mask_feeds(input_ids.shape, attention_mask, past))
         feeds.update(self._past_feeds(input_ids.shape[0], past))
+        feeds.update(self.adapter_feeds)
         started, clock = self.meter.start(), time.perf_counter()
         try:
             if self.bind_device:
@@ -360,6 +364,7 @@ class CascadeRunner(DecoderRunner):
         self._parent = parent  # first: the constructor below sets ``meter`` (the parent's own, unchanged)
         super().__init__(parent.package, session, parent.embedding, parent.bind_device, parent.device_id,
                          parent.replicator, parent.meter)
+        self.adapter_feeds = parent.adapter_feeds  # the same adapter on the cascade graph's passes
 
     @property
     def meter(self) -> PassMeter:

@@ -1,0 +1,151 @@
+"""A LoRA adapter active on every path: raw onnxruntime sessions and onnxruntime-genai's Generators.
+
+Owns reading an ``.onnx_adapter`` file (onnxruntime's ``AdapterFormat``) and checking it against the decoder's
+adapter inputs before any session opens (:func:`check_adapters`: the file, its format, every tensor's name,
+element type and fixed dims; a package without adapter inputs refused), what a run with an adapter reads
+(:func:`adapter_reads`: the file by content, so another adapter is another scope), and :class:`Adapter`: the
+``RunOptions`` every raw pass runs with (``onnxruntime.LoraAdapter`` through ``add_active_adapter``: the
+decoder's, the derived scoring graph's, the cascade's and the shared-prefix graph's sessions, which keep the
+decoder's adapter inputs) and onnxruntime-genai's ``og.Adapters`` set active on each Generator.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from ortevals.errors import OrtEvalsError, PackageError, first_line
+from ortevals.install import import_ort
+from ortevals.package.adapters import SUFFIX, AdapterSpec, adapter_inputs, adapter_specs
+from ortevals.package.loader import ModelPackage
+from ortevals.package.scope import Reads
+
+log = logging.getLogger(__name__)
+
+
+def read_tensors(spec: AdapterSpec) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """The adapter file's tensors: name -> (element type as onnxruntime names it, shape); one line where the file
+    is missing or not in onnxruntime's adapter format."""
+    path = spec.path
+    if not path.is_file():
+        what = "is a folder" if path.is_dir() else "not found"
+        raise OrtEvalsError(f"adapter {path}: {what}; expected an {SUFFIX} file (Olive's generate-adapter writes "
+                            "adapter_weights.onnx_adapter)")
+    if path.suffix != SUFFIX:
+        raise OrtEvalsError(f"adapter {path}: not an {SUFFIX} file (onnxruntime's adapter format; a peft folder or "
+                            "safetensors file is converted by Olive's generate-adapter)")
+    ort = import_ort()
+    try:
+        params = ort.AdapterFormat.read_adapter(str(path)).get_parameters()
+    except Exception as e:  # onnxruntime's own types
+        raise OrtEvalsError(f"adapter {path}: onnxruntime cannot read it as an {SUFFIX} file: {first_line(e)}") \
+            from None
+    return {name: (value.data_type().removeprefix("tensor(").removesuffix(")"), tuple(value.shape()))
+            for name, value in params.items()}
+
+
+def check_adapters(package: ModelPackage, specs: tuple[AdapterSpec, ...]) -> None:
+    """Every adapter against the decoder's adapter inputs, before any session opens: one line at the first
+    mismatch (a package without adapter inputs, a file onnxruntime cannot read, a tensor the decoder has no
+    input for, one of another type or shape, an input the adapter leaves out)."""
+    if not specs:
+        return
+    inputs = {name: (elem, dims) for name, elem, dims in adapter_inputs(package)}
+    if not inputs:
+        raise OrtEvalsError(f"adapter {specs[0].path}: {package.decoder.path} has no adapter inputs (LoRA weights "
+                            "as optional inputs, as Olive's generate-adapter exports them); its LoRA, if any, is "
+                            "merged into the weights: drop --adapter")
+    if len(specs) > 1:
+        raise OrtEvalsError(f"adapter: {len(specs)} adapters given; one run scores one adapter (run once per "
+                            "adapter: each keeps its own stored answers)")
+    for spec in specs:
+        _check_one(spec, read_tensors(spec), inputs, package.decoder.path)
+
+
+def _check_one(spec: AdapterSpec, tensors: dict, inputs: dict, decoder: Path) -> None:
+    unknown = sorted(set(tensors) - set(inputs))
+    if unknown:
+        raise OrtEvalsError(f"adapter {spec.path}: {len(unknown)} tensor(s) are no adapter input of {decoder.name} "
+                            f"({unknown[0]}); it was exported for another model")
+    missing = sorted(set(inputs) - set(tensors))
+    if missing:
+        raise OrtEvalsError(f"adapter {spec.path}: no tensor for {len(missing)} of the {len(inputs)} adapter inputs "
+                            f"of {decoder.name} ({missing[0]}); it was exported for another model")
+    for name, (elem, shape) in tensors.items():
+        want, dims = inputs[name]
+        fits = len(shape) == len(dims) and all(isinstance(d, str) or d == s for d, s in zip(dims, shape))
+        if elem != want or not fits:
+            raise OrtEvalsError(f"adapter {spec.path}: {name} is {elem} {list(shape)} but {decoder.name} takes "
+                                f"{want} {list(dims)}; it was exported for another model")
+
+
+def run_adapter(package: ModelPackage, values: tuple[str, ...], media: bool = False) -> Adapter | None:
+    """The run's adapter from the ``adapter`` option's values, checked (:func:`check_adapters`); None without one,
+    with one warning line where the decoder has adapter inputs (the base weights are then what is scored).
+    ``media``: the package has vision or speech models, whose paths run no adapter: refused."""
+    specs = adapter_specs(values)
+    if not specs:
+        inputs = adapter_inputs(package)
+        if inputs:
+            log.warning("%s has %d LoRA adapter inputs and no --adapter was given: scoring the base model (its "
+                        "adapter inputs at their empty defaults)", package.decoder.path, len(inputs))
+        return None
+    if media:
+        raise OrtEvalsError(f"adapter {specs[0].path}: {package.root} has vision or speech models, and ortevals runs "
+                            "adapters on text packages only")
+    check_adapters(package, specs)
+    return Adapter(specs[0])
+
+
+def adapter_reads(specs: tuple[AdapterSpec, ...]) -> list[Reads]:
+    """What a run with adapters reads: each file (by content: another adapter is another scope)."""
+    return [Reads("adapter", (s.path.resolve(),), {}, ("onnxruntime",)) for s in specs]
+
+
+class Adapter:
+    """One adapter's tensors, read once, fed to every raw pass as the decoder's adapter inputs; and onnxruntime-genai's
+    ``og.Adapters`` set active on each Generator.
+
+    Raw passes are fed the tensors themselves rather than ``RunOptions.add_active_adapter``: onnxruntime 1.32 applies
+    active adapters in ``run`` but not in ``run_with_iobinding`` (the device, in-place, cascade and shared-prefix
+    passes), which then runs the base weights without a word; as inputs they are what onnxruntime would feed.
+    """
+
+    def __init__(self, spec: AdapterSpec) -> None:
+        self.spec = spec
+        self._og = None  # (og.Model, og.Adapters) of the model it was loaded for
+        self._feeds: dict[tuple[str, int], dict] = {}
+
+    def feeds(self, device: str | None = None, device_id: int = 0) -> dict:
+        """name -> OrtValue of every tensor, on the host or (``device``: the runner's KV device) copied there once."""
+        ort = import_ort()
+        key = (device or "cpu", device_id)
+        if ("cpu", 0) not in self._feeds:
+            self._format = ort.AdapterFormat.read_adapter(str(self.spec.path))  # the values are views of it
+            self._feeds[("cpu", 0)] = self._format.get_parameters()
+            log.info("adapter %s (%s) active on the raw sessions", self.spec.name, self.spec.path)
+        if key not in self._feeds:
+            self._feeds[key] = {n: _on_device(ort, v, *key) for n, v in self._feeds[("cpu", 0)].items()}
+        return self._feeds[key]
+
+    def activate(self, og, model, generator) -> None:
+        """Set the adapter active on an onnxruntime-genai Generator of ``model`` (loaded once per model)."""
+        if self._og is None or self._og[0] is not model:
+            adapters = og.Adapters(model)
+            try:
+                adapters.load(str(self.spec.path), self.spec.name)
+            except Exception as e:  # og's RuntimeError
+                raise PackageError(f"adapter {self.spec.path}: onnxruntime-genai could not load it: "
+                                   f"{first_line(e)}") from None
+            self._og = (model, adapters)
+            log.info("adapter %s (%s) active on onnxruntime-genai", self.spec.name, self.spec.path)
+        generator.set_active_adapter(self._og[1], self.spec.name)
+
+
+def _on_device(ort, value, device: str, device_id: int):
+    """A host OrtValue copied to ``device``; a type numpy cannot hold (bfloat16) stays on the host, where
+    onnxruntime copies it to the session's device each pass."""
+    try:
+        return ort.OrtValue.ortvalue_from_numpy(value.numpy(), device, device_id)
+    except Exception:  # noqa: BLE001 - numpy has no such type
+        return value
