@@ -11,11 +11,13 @@ paths (raw, its cascade graph, og). Without ``--adapter`` the base model is scor
 from __future__ import annotations
 
 import logging
+import re
 
 import numpy as np
 import pytest
 from lm_eval.api.instance import Instance
 
+from ortevals.errors import OrtEvalsError
 from ortevals.integrations.lm import OrtLM
 from ortevals.options import parse_model_args
 from tests.fixtures.lora import build_lora, peft_greedy, peft_logprobs
@@ -39,10 +41,10 @@ def lora(fixture_cache):
     return build_lora(fixture_cache)
 
 
-def open_lm(lora, adapter: int | None = 0, **kw) -> OrtLM:
+def open_lm(lora, adapter: int | None = 0, adapter_spec: str | None = None, **kw) -> OrtLM:
     args = dict(pkg=str(lora.pkg), max_length=256, store="none", **kw)
-    if adapter is not None:
-        args["adapter"] = (str(lora.adapters[adapter]),)
+    if adapter is not None or adapter_spec is not None:
+        args["adapter"] = adapter_spec or str(lora.adapters[adapter])
     return OrtLM.from_package(parse_model_args(args))
 
 
@@ -129,3 +131,118 @@ def test_sampled_rows_on_the_cascade_graph_carry_the_adapter(lora):
     assert texts == off.generate_until(reqs, disable_tqdm=True)
     assert "cascade" in on.run.stats["mode"]
     assert texts != base.generate_until(reqs, disable_tqdm=True)  # the adapter changed what was drawn
+
+
+# --- the result store's scope -------------------------------------------------------------------------------------
+
+def test_another_adapter_is_another_scope_and_the_same_bytes_elsewhere_the_same(lora, tmp_path):
+    import shutil
+
+    store = str(tmp_path / "store.sqlite")
+    copy = tmp_path / "renamed.onnx_adapter"
+    shutil.copy(lora.adapters[0], copy)
+    digests = {}
+    for label, adapter in (("a", lora.adapters[0]), ("b", lora.adapters[1]), ("a-copy", copy), ("none", None)):
+        args = dict(pkg=str(lora.pkg), max_length=256, store=store)
+        if adapter is not None:
+            args["adapter"] = (f"{adapter}=x",)
+        lm = OrtLM.from_package(parse_model_args(args))
+        digests[label] = lm.run.store.scope.digest
+        if label == "a":
+            first = scores(lm)
+        if label == "b":  # nothing reused from adapter a's answers: its own numbers
+            got = scores(lm)
+            assert lm.run.stats["reused"] == 0 and np.abs(got - first).max() > 1.0
+    assert len({digests["a"], digests["b"], digests["none"]}) == 3
+    assert digests["a-copy"] == digests["a"]  # the file's content, not its path or name
+
+
+# --- bad inputs: one line, exit 2, before any session opens ----------------------------------------------------------
+
+def adapter_file(path, lora, edit):
+    """An .onnx_adapter file holding adapter a's tensors edited by ``edit(dict name -> numpy)``."""
+    import onnxruntime as ort
+
+    params = {k: v.numpy() for k, v in ort.AdapterFormat.read_adapter(str(lora.adapters[0])).get_parameters().items()}
+    out = ort.AdapterFormat()
+    out.set_parameters({k: ort.OrtValue.ortvalue_from_numpy(v) for k, v in edit(params).items()})
+    out.export_adapter(str(path))
+    return path
+
+
+A_INPUT = "model.layers.0.attn.q_proj.lora_A.MatMul.weight"
+
+
+@pytest.mark.parametrize("make,needle", [
+    (lambda tmp, lora: tmp / "missing.onnx_adapter", "missing.onnx_adapter: not found; expected an .onnx_adapter"),
+    (lambda tmp, lora: lora.peft_dirs[0] / "adapter_model.safetensors", "not an .onnx_adapter file"),
+    (lambda tmp, lora: (tmp / "junk.onnx_adapter").write_bytes(b"not flatbuffers") and tmp / "junk.onnx_adapter",
+     "onnxruntime cannot read it as an .onnx_adapter file"),
+    (lambda tmp, lora: adapter_file(tmp / "rank.onnx_adapter", lora, lambda p: p | {A_INPUT: p[A_INPUT][:32]}),
+     f"{A_INPUT} is float [32, 4] but model.onnx takes float [64, 'lora_r']"),
+    (lambda tmp, lora: adapter_file(tmp / "extra.onnx_adapter", lora, lambda p: p | {"lm_head.lora_A": p[A_INPUT]}),
+     "1 tensor(s) are no adapter input of model.onnx (lm_head.lora_A)"),
+    (lambda tmp, lora: adapter_file(tmp / "fewer.onnx_adapter", lora,
+                                    lambda p: {k: v for k, v in p.items() if k != A_INPUT}),
+     f"no tensor for 1 of the 28 adapter inputs of model.onnx ({A_INPUT})"),
+], ids=["missing", "not-onnx-adapter", "unreadable", "shape", "unknown-tensor", "missing-tensor"])
+def test_a_bad_adapter_is_one_line_before_any_session(lora, tmp_path, monkeypatch, make, needle):
+    from click.testing import CliRunner
+
+    from ortevals.cli import cli
+    from ortevals.runtime.sessions import DecoderRunner
+    from tests.test_cli import assert_one_line_error
+
+    path = make(tmp_path, lora)
+    monkeypatch.setattr(DecoderRunner, "open", lambda *a, **k: pytest.fail("a session opened"))
+    with pytest.raises(OrtEvalsError, match=re.escape(needle)):
+        open_lm(lora, adapter=None, adapter_spec=str(path))
+    result = CliRunner().invoke(cli, ["mmlu-pro", "--pkg", str(lora.pkg), "--data", "bundled", "--limit", "1",
+                                      "--adapter", str(path)], catch_exceptions=False)
+    assert_one_line_error(result, needle)
+
+
+def test_an_adapter_on_a_package_without_adapter_inputs_and_two_adapters_are_one_line(lora, tiny_pkg):
+    from click.testing import CliRunner
+
+    from ortevals.cli import cli
+    from tests.test_cli import assert_one_line_error
+
+    result = CliRunner().invoke(cli, ["mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--limit", "1",
+                                      "--adapter", str(lora.adapters[0])], catch_exceptions=False)
+    assert_one_line_error(result, "model.onnx has no adapter inputs", "drop --adapter")
+    result = CliRunner().invoke(cli, ["mmlu-pro", "--pkg", str(lora.pkg), "--data", "bundled", "--limit", "1",
+                                      "--adapter", f"{lora.adapters[0]}=a", "--adapter", f"{lora.adapters[1]}=b"],
+                                catch_exceptions=False)
+    assert_one_line_error(result, "2 adapters given; one run scores one adapter")
+    with pytest.raises(OrtEvalsError, match="two adapters named 'x'"):
+        parse_model_args({"pkg": str(lora.pkg), "adapter": f"{lora.adapters[0]}=x;{lora.adapters[1]}=x"})
+    with pytest.raises(OrtEvalsError, match="a name after '='"):
+        parse_model_args({"pkg": str(lora.pkg), "adapter": f"{lora.adapters[0]}="})
+
+
+def test_info_lists_the_adapter_inputs_and_the_run_names_its_adapter(lora, tiny_pkg):
+    import onnx
+    from click.testing import CliRunner
+
+    from ortevals.cli import cli
+    from ortevals.report.model_info import describe
+
+    graph = onnx.load(str(lora.pkg / "model.onnx"), load_external_data=False).graph
+    defaults = {t.name for t in graph.initializer}
+    optional = {i.name for i in graph.input if i.name in defaults}  # what Olive made optional: the oracle
+    out = CliRunner().invoke(cli, ["info", "--pkg", str(lora.pkg)], catch_exceptions=False).output
+    assert f"adapter inputs: {len(optional)} (LoRA weights" in out and len(optional) == 28
+    assert "  model.layers.*.attn.q_proj.lora_A.MatMul.weight  float [64, lora_r]  layers 0-1" in out
+    assert "adapter inputs" not in CliRunner().invoke(cli, ["info", "--pkg", str(tiny_pkg)]).output
+    lm = open_lm(lora, adapter_spec=f"{lora.adapters[1]}=second")
+    line = describe(lm.run.model_info())
+    assert line.endswith(f", adapter second ({lora.adapters[1].resolve()})"), line
+
+
+def test_an_adapter_on_a_package_with_media_models_is_one_line(lora):
+    from ortevals.package.loader import ModelPackage
+    from ortevals.runtime.adapters import run_adapter
+
+    with pytest.raises(OrtEvalsError, match="has vision or speech models, and ortevals runs adapters on text packages"):
+        run_adapter(ModelPackage.load(str(lora.pkg)), (str(lora.adapters[0]),), media=True)

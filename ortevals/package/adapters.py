@@ -10,6 +10,7 @@ decoder's optional LoRA weight inputs, package/graph.py), with the line ``orteva
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,13 +68,27 @@ def adapter_inputs(package: ModelPackage) -> tuple[tuple[str, str, tuple], ...]:
     return graph_facts(package.decoder.path).adapter_inputs
 
 
-def describe_adapter_inputs(package: ModelPackage) -> str:
-    """One line for ``ortevals info``: how many LoRA inputs the decoder has, and the modules they adapt."""
+def describe_adapter_inputs(package: ModelPackage) -> list[str]:
+    """``ortevals info``'s lines: how many adapter inputs the decoder has, then each module's (its weights' element
+    type and dims, and the layers that have it)."""
     inputs = adapter_inputs(package)
     if not inputs:
-        return ""
-    modules = sorted({n.split(".lora_")[0].rsplit(".", 1)[-1] for n, _, _ in inputs if ".lora_" in n})
-    ranks = sorted({str(d) for _, _, dims in inputs for d in dims if isinstance(d, str)})
-    return (f"adapter inputs: {len(inputs)} optional LoRA weights ({', '.join(modules) or 'adapter weights'}; rank "
-            f"{', '.join(ranks) or 'fixed'}): scored with the base weights unless --adapter FILE names an "
-            f"{SUFFIX} file")
+        return []
+    groups: dict[tuple, list[str]] = {}
+    for name, elem, dims in inputs:
+        layer = re.search(r"layers\.(\d+)\.", name)
+        generic = re.sub(r"layers\.\d+\.", "layers.*.", name)
+        groups.setdefault((generic, elem, dims), []).append(layer.group(1) if layer else "")
+    lines = [f"adapter inputs: {len(inputs)} (LoRA weights as optional inputs: the base model unless --adapter FILE "
+             f"names an {SUFFIX} file)"]
+    for (generic, elem, dims), layers in groups.items():
+        where = f"  layers {_span(layers)}" if any(layers) else ""
+        lines.append(f"  {generic:<48} {elem} [{', '.join(map(str, dims))}]{where}")
+    return lines
+
+
+def _span(layers: list[str]) -> str:
+    ids = sorted(int(x) for x in layers if x)
+    if len(ids) > 1 and ids == list(range(ids[0], ids[-1] + 1)):
+        return f"{ids[0]}-{ids[-1]}"
+    return ",".join(map(str, ids))

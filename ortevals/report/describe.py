@@ -7,6 +7,7 @@ and the providers the package asks for beside those this install has.
 
 from __future__ import annotations
 
+from ortevals.package.adapters import describe_adapter_inputs
 from ortevals.package.lint import lint
 from ortevals.package.loader import KVSpec, ModelPackage
 
@@ -127,6 +128,7 @@ def describe_package(pkg: ModelPackage) -> str:
     if pkg.states:  # a hybrid: state valid at exactly the position it was made (package/state.py)
         lines.append(f"recurrent state: {len({s.layer for s in pkg.states})} layers")
         lines.extend(f"  layer {s.layer:<8} {s.kind} {s.dtype} [B, {', '.join(map(str, s.shape))}]" for s in pkg.states)
+    lines.extend(describe_adapter_inputs(pkg))  # LoRA weights as optional inputs (package/adapters.py)
     try:
         wanted = from_package(pkg.decoder.session_options)
     except ProviderError as e:  # a provider ortevals refuses to run (tensorrt): say so, describe the rest

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ortevals.errors import OrtEvalsError
+from ortevals.package.adapters import adapter_specs
 from ortevals.package.graph import graph_facts
 from ortevals.package.tokenizer import package_tokenizer_root
 
@@ -54,6 +55,8 @@ def model_info(package, provider, args) -> dict[str, Any]:
         "provider_options": dict(provider.options),  # on CUDA use_tf32 (0 unless the user set it)
         "allow_cpu_fallback": provider.allow_cpu_fallback,  # a device provider's nodes may run on the CPU
         "threads": provider.intra_op_threads,
+        **({"adapter": [{"name": s.name, "path": str(s.path.resolve())} for s in adapter_specs(args.adapter)]}
+           if getattr(args, "adapter", ()) else {}),  # the LoRA adapter active on every path (runtime/adapters.py)
         **({"model_variant": {"name": package.variant.name, "execution_provider": package.variant.ep_name,
                               "device": package.variant.device, "package": str(package.manifest.root.resolve())}}
            if getattr(package, "variant", None) is not None else {}),
@@ -66,7 +69,8 @@ def describe(config: dict[str, Any]) -> str:
         variant = config.get("model_variant") or {}
         where = f"variant {variant['name']} of {variant['package']}" if variant.get("name") else config["model_path"]
         return (f"ortevals {where} ({config.get('model_type', '?')}, {config.get('model_dtype', '?')}, "
-                f"{config.get('execution_provider', '?')}, fingerprint {config.get('model_fingerprint', '?')})")
+                f"{config.get('execution_provider', '?')}, fingerprint {config.get('model_fingerprint', '?')})"
+                + "".join(f", adapter {a['name']} ({a['path']})" for a in config.get("adapter") or ()))
     model, args = config.get("model"), config.get("model_args")
     if not model:
         return ""

@@ -18,7 +18,7 @@ from ortevals.errors import OrtEvalsError, PackageError, first_line
 from ortevals.install import import_ort
 from ortevals.package.adapters import SUFFIX, AdapterSpec, adapter_inputs, adapter_specs
 from ortevals.package.loader import ModelPackage
-from ortevals.package.scope import Reads
+from ortevals.package.scope import Reads, file_digest
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +98,10 @@ def run_adapter(package: ModelPackage, values: tuple[str, ...], media: bool = Fa
 
 
 def adapter_reads(specs: tuple[AdapterSpec, ...]) -> list[Reads]:
-    """What a run with adapters reads: each file (by content: another adapter is another scope)."""
-    return [Reads("adapter", (s.path.resolve(),), {}, ("onnxruntime",)) for s in specs]
+    """What a run with adapters reads: each file by its content (package/scope.py's ``file_digest``), as a setting
+    of the path rather than a file of the package: another adapter is another scope, and the same bytes under
+    another name or folder the same one."""
+    return [Reads(f"adapter {i}", (), {"content": file_digest(s.path)}, ("onnxruntime",)) for i, s in enumerate(specs)]
 
 
 class Adapter:

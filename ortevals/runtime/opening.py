@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ortevals.errors import PackageError, ProviderError, first_line
 from ortevals.install import import_ort, load_cuda_libraries
-from ortevals.package.graph import relocated
+from ortevals.package.graph import graph_facts, relocated
 from ortevals.package.loader import ModelFile
 from ortevals.runtime.placement import FALLBACK_KEY, RECORD_KEY, check_cpu_nodes, cpu_nodes, refused
 from ortevals.runtime.plugins import plugin_devices
@@ -37,6 +37,8 @@ def session_options(settings: dict, model: ModelFile):
     # warnings shown: a provider fallback or a missing kernel is announced by ORT itself (a normal CPU
     # run of the test fixtures and SmolLM2 prints nothing even at level 1); -vv shows ORT's info lines
     so.log_severity_level = 1 if log.isEnabledFor(logging.DEBUG) else 2
+    if so.log_severity_level == 2 and graph_facts(model.path).adapter_inputs:  # a LoRA package (runtime/adapters.py):
+        so.log_severity_level = 3  # onnxruntime warns once per optional adapter input that it is not a constant
     if settings["intra_op_num_threads"]:
         so.intra_op_num_threads = settings["intra_op_num_threads"]
     so.inter_op_num_threads = settings["inter_op_num_threads"]
