@@ -29,7 +29,8 @@ def test_every_option_reaches_model_args():
                "verifier": "Self", "prm": "on", "step_separator": "\\n---\\n", "prm_aggregation": "min",
                "search": "DVTS", "search_n": "8", "search_width": "4", "search_max_steps": "3", "cascade": "off",
                "resume": "false", "decode_budget_mb": "512", "passes": "auto",
-               "allow_cpu_fallback": "yes", "shared_prefix_batch": "AUTO"}
+               "allow_cpu_fallback": "yes", "shared_prefix_batch": "AUTO",
+               "adapter": "a.onnx_adapter;b/c.onnx_adapter=x"}
     missing = fields - set(strings)
     assert not missing, f"add a string form for {missing}"
     # --search with --samples is refused (options.check_settings): samples parsed on its own
@@ -46,6 +47,7 @@ def test_every_option_reaches_model_args():
     assert args.decode_budget_mb == 512
     assert args.passes == 0 and parse_model_args({"pkg": "p", "passes": "2"}).passes == 2  # auto: resolved at open
     assert args.allow_cpu_fallback is True
+    assert args.adapter == ("a.onnx_adapter", "b/c.onnx_adapter=x")  # syntax only: files are checked at open
     assert args.shared_prefix_batch == "auto"  # on/off with prefix_cache=off: refused (does nothing)
 
 
