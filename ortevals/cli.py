@@ -19,6 +19,7 @@ import click
 from ortevals import cli_bench, cli_help
 from ortevals.cli_common import fail_gates, setup_logging
 from ortevals.cli_compare import compare, fidelity
+from ortevals.cli_decide import decide_options, decide_spec
 from ortevals.errors import OrtEvalsError, first_line
 
 RESUMABLE = ("mmlu-pro", "run")  # the commands whose answers go to the result store (Ctrl-C: resume advice)
@@ -92,7 +93,8 @@ def run_options(fn):
         click.option("--sample", type=click.IntRange(min=1), default=None, metavar="N",
                      help="N questions drawn at random within each category (or each task of a group), in "
                           "proportion to its size; reports the whole-set accuracy estimate and its interval."),
-        click.option("--seed", type=int, default=None, help="With --sample: the draw's seed (default 0)."),
+        click.option("--seed", type=int, default=None,
+                     help="With --sample: the draw's seed; with --decide: the order's (default 0)."),
         click.option("--data", default=None, help="Local copy of the data set (hub layout), or 'bundled'. "
                      "Default: the Hugging Face hub."),
         click.option("--output", type=click.Path(path_type=Path), default=None,
@@ -153,6 +155,7 @@ def _evaluate(kw: dict, tasks, data: Path | None, **spec_kw) -> None:
 
     ``tasks``: a Preset (its own lm-eval folder is indexed) or task names.
     """
+    from ortevals.decision import decide, plan_decision
     from ortevals.evaluate import RunSpec, check_spec, collector_paused, evaluate
     from ortevals.presets import Preset, apply_limit, task_specs
     from ortevals.report.results import format_table
@@ -161,20 +164,27 @@ def _evaluate(kw: dict, tasks, data: Path | None, **spec_kw) -> None:
 
     spec_kw.update(limit=kw["limit"], output=kw["output"], use_cache=kw["use_cache"])
     given = tuple(tasks) if isinstance(tasks, (list, tuple)) else (tasks,)
-    check_sample(kw["sample"], kw["limit"], kw["seed"])
+    deciding = decide_spec(kw)  # --against RUN --decide M (decision.py)
+    check_sample(kw["sample"], kw["limit"], None if deciding else kw["seed"])
     check_spec(RunSpec(tasks=given, **spec_kw))  # bad paths and options: one line before the model is loaded
     tm = task_manager(spec_kw["include_path"]) if spec_kw.get("include_path") is not None else None
-    plan = None
+    plan = decision = None
+    if deciding:  # the reference run and its questions in this data, checked before the model
+        manager = tasks.task_manager() if isinstance(tasks, Preset) else tm or task_manager()
+        decision = plan_decision(deciding, task_specs(tasks, data, tm), manager)
     if kw["sample"]:  # the draw reads the data first: a --sample beyond the set is one line before the model
         manager = tasks.task_manager() if isinstance(tasks, Preset) else tm or task_manager()
         specs, samples, plan = apply_sample(task_specs(tasks, data, tm), kw["sample"], kw["seed"] or 0, manager)
     with collector_paused(OWNS_PROCESS) as thaw:
         lm = _load_lm(kw)  # its sessions open on a thread while lm-eval's tasks are imported and the data loads
         lm.run.on_first_request = thaw
-        if plan is None:
-            specs, samples, notes = apply_limit(tasks, task_specs(tasks, data, tm), kw["limit"])
-        outcome = evaluate(lm, RunSpec(tasks=tuple(specs), samples=samples, notes=() if plan else notes,
-                                       sample=plan, **spec_kw))
+        if decision is not None:
+            outcome = decide(lm, decision, RunSpec(tasks=given, **spec_kw), lambda line: click.echo(line, err=True))
+        else:
+            if plan is None:
+                specs, samples, notes = apply_limit(tasks, task_specs(tasks, data, tm), kw["limit"])
+            outcome = evaluate(lm, RunSpec(tasks=tuple(specs), samples=samples, notes=() if plan else notes,
+                                           sample=plan, **spec_kw))
     click.echo(format_table(outcome.summary))
     for path in outcome.files:
         click.echo(f"wrote {path}")
@@ -191,6 +201,7 @@ def _evaluate(kw: dict, tasks, data: Path | None, **spec_kw) -> None:
               help="With --cot: cap generated tokens (the task's default is 2048).")
 @click.option("--compare-to", type=click.Path(path_type=Path), default=None,
               help="Then compare with this run (ortevals --output or lm-eval --log_samples folder).")
+@decide_options
 def mmlu_pro(cot: bool, max_gen_toks: int | None, compare_to: Path | None, **kw) -> None:
     """MMLU-Pro: 5-shot log-likelihood (leaderboard_mmlu_pro), or --cot generation (mmlu_pro)."""
     from ortevals.presets import PRESETS, resolve_data

@@ -48,6 +48,7 @@ class RunSpec:
     samples: dict[str, list[int]] | None = None  # documents to score per task (lm-eval's samples), not limit
     notes: tuple[str, ...] = ()  # what an option meant in this run, printed under the table (--limit)
     sample: Any = None  # --sample's draw (subset.SamplePlan): results["sample"] and its lines after the run
+    record: dict[str, Any] = field(default_factory=dict)  # more keys of results.json (--decide's "decide")
     extra: dict[str, Any] = field(default_factory=dict)  # more simple_evaluate kwargs
 
 
@@ -144,6 +145,7 @@ def _report(lm, spec: RunSpec, tasks, results: dict, verifier, before: dict, pas
         if spec.sample is not None:  # --sample: the draw and the whole-set estimate (subset.py, report/sampling.py)
             results["sample"] = spec.sample.record(results)
             notes += tuple(sample_lines(results["sample"]))
+        results.update(spec.record)
         requests = lm.stats["requests"] - before["requests"]
         reused = lm.stats["reused"] - before["reused"]
         eff = _efficiency(results, lm, passes, requests, reused,

@@ -1,0 +1,151 @@
+"""``ortevals mmlu-pro --against RUN --decide M`` (decision.py): a candidate scored against a finished run a part at a
+time until decided. The oracle reads both runs' samples files itself, draws the documented order (the reference's
+questions sorted by doc_id, permuted by numpy's PCG64 from the seed) and feeds report/decide.py's
+ConfidenceSequence by hand, part by part, with the paired differences read from the files."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from ortevals.cli import cli
+from ortevals.report.decide import ConfidenceSequence, verdict
+
+TASK = "leaderboard_mmlu_pro"
+BASE = ["mmlu-pro", "--data", "bundled", "--truncate", "left"]
+
+
+def run(*args):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def read(folder) -> dict[int, dict]:
+    lines = (folder / f"samples_{TASK}.jsonl").read_text().splitlines()
+    return {int(r["doc_id"]): r for r in map(json.loads, lines)}
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_pkg, tmp_path_factory):
+    """A finished run of the tiny package on 60 questions drawn at random (the population of the decisions)."""
+    out = tmp_path_factory.mktemp("decide") / "ref"
+    got = run(*BASE, "--pkg", str(tiny_pkg), "--sample", "60", "--seed", "1", "--output", str(out))
+    assert got.exit_code == 0, got.output
+    return out
+
+
+def oracle(ref: dict[int, dict], cand: dict[int, dict], seed: int, margin: float, part: int, cap: int | None = None):
+    """(decision, questions used, low, high, the order) by hand: the candidate's file must hold the order's first
+    ``used`` questions."""
+    ids = sorted(i for i, r in ref.items() if r["acc"] in (0, 1))
+    order = [ids[k] for k in np.random.default_rng(seed).permutation(len(ids))]
+    cs, decided = ConfidenceSequence(len(ids)), None
+    limit = len(ids) if cap is None else min(cap, len(ids))
+    while cs.t < limit and decided is None:
+        chunk = order[cs.t:min(cs.t + part, limit)]
+        assert all(i in cand for i in chunk), "the candidate's file lacks a question of the order"
+        cs.update(np.array([int(cand[i]["acc"]) - int(ref[i]["acc"]) for i in chunk]))
+        decided = verdict(cs.low, cs.high, margin / 100)
+    return decided or "cap", cs.t, cs.low, cs.high, order
+
+
+def check(out, reference_folder, seed, margin, part, cap=None) -> dict:
+    ref, cand = read(reference_folder), read(out)
+    decision, used, low, high, order = oracle(ref, cand, seed, margin, part, cap)
+    got = json.loads((out / "results.json").read_text())["decide"]
+    assert (got["decision"], got["used"]) == (decision, used)
+    assert got["difference"]["low"] == pytest.approx(low) and got["difference"]["high"] == pytest.approx(high)
+    assert sorted(cand) == sorted(order[:used])  # exactly the order's first questions were scored
+    d = [int(cand[i]["acc"]) - int(ref[i]["acc"]) for i in order[:used]]
+    assert got["flips"] == int(np.count_nonzero(d)) and got["difference"]["estimate"] == pytest.approx(np.mean(d))
+    acc = np.mean([r["acc"] for r in ref.values()])
+    assert got["reference"]["questions"] == len(ref) and got["reference"]["accuracy"] == pytest.approx(acc)
+    assert got["candidate_accuracy"]["low"] == pytest.approx(max(0.0, acc + low))
+    assert got["candidate_accuracy"]["high"] == pytest.approx(min(1.0, acc + high))
+    assert (got["seed"], got["part"], got["alpha"], got["margin_points"]) == (seed, part, 0.05, margin)
+    return got
+
+
+def test_the_same_package_is_decided_equivalent_with_the_interval_holding_zero(tmp_path, tiny_pkg, reference):
+    out = tmp_path / "same"
+    got = run(*BASE, "--pkg", str(tiny_pkg), "--against", str(reference), "--decide", "10", "--decide-part", "10",
+              "--seed", "5", "--output", str(out))
+    assert got.exit_code == 0, got.output
+    record = check(out, reference, 5, 10, 10)
+    assert record["decision"] == "equivalent" and record["used"] < 60 and record["flips"] == 0
+    assert record["difference"]["low"] <= 0 <= record["difference"]["high"]
+    assert "--decide ±10 points against" in got.output and "equivalent: within ±10 points" in got.output
+
+
+def test_another_package_is_scored_live_and_decided_as_the_sequence_says(tmp_path, tiny_int4, reference):
+    out = tmp_path / "int4"
+    args = [*BASE, "--pkg", str(tiny_int4), "--against", str(reference), "--decide", "4", "--decide-part", "10"]
+    got = run(*args, "--output", str(out))
+    assert got.exit_code == 0, got.output
+    record = check(out, reference, 0, 4, 10)
+    assert record["flips"] > 0  # scored by another package: its own answers, not the reference's
+    capped = tmp_path / "capped"
+    got = run(*args, "--decide-cap", "20", "--seed", "3", "--output", str(capped))
+    assert got.exit_code == 0, got.output
+    check(capped, reference, 3, 4, 10, cap=20)
+
+
+def test_the_order_is_a_function_of_the_seed_and_a_rerun_reuses_every_part(tmp_path, tiny_int4, reference):
+    """The same command again (a resumed run): the same order, every part's answers from the result store."""
+    from ortevals.decision import DecideSpec, plan_decision
+    from ortevals.presets import BUNDLED, PRESETS, task_specs
+
+    preset = PRESETS["mmlu-pro"]
+    specs = task_specs(preset, BUNDLED / "mmlu_pro")
+    one = plan_decision(DecideSpec(reference, 4, seed=7), specs, preset.task_manager())
+    two = plan_decision(DecideSpec(reference, 4, seed=7), specs, preset.task_manager())
+    other = plan_decision(DecideSpec(reference, 4, seed=8), specs, preset.task_manager())
+    assert one.keys == two.keys and one.keys != other.keys and sorted(one.keys) == sorted(other.keys)
+    args = [*BASE, "--pkg", str(tiny_int4), "--against", str(reference), "--decide", "4", "--decide-part", "10",
+            "--seed", "7"]
+    first = run(*args, "--decide-cap", "20", "--output", str(tmp_path / "a"))  # as if stopped after two parts
+    again = run(*args, "--output", str(tmp_path / "b"))
+    assert first.exit_code == 0 and again.exit_code == 0, again.output
+    parts = [x for x in again.output.replace("\r", "\n").splitlines() if x.startswith("--decide: ")]
+    assert len(parts) >= 3, again.output
+    assert all(" (0 requests scored, " in x for x in parts[:2])  # the parts the capped run scored: all reused
+    a, b = (json.loads((tmp_path / x / "results.json").read_text())["decide"] for x in "ab")
+    assert b["looks"][:2] == a["looks"][:2]
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--decide", "1"), "--decide 1 compares against a finished run: add --against RUN"),
+    (("--against", "REF"), "--against REF: add --decide MARGIN"),
+    (("--against", "REF", "--decide", "0"), "--decide 0: expected a margin in points, above 0 and below 100"),
+    (("--against", "REF", "--decide", "-2"), "--decide -2: expected a margin in points, above 0 and below 100"),
+    (("--against", "REF", "--decide", "1", "--decide-part", "0"), "--decide-part 0: expected at least 1"),
+    (("--against", "REF", "--decide", "1", "--alpha", "1.5"), "--alpha 1.5: expected a level above 0 and below 1"),
+    (("--decide-cap", "5",), "--decide-cap sets the decision of --against RUN --decide MARGIN: add both"),
+    (("--against", "REF", "--decide", "1", "--sample", "5"), "--sample 5 and --against: the decision scores"),
+    (("--against", "MISSING", "--decide", "1"), "--against: MISSING: run not found"),
+    (("--against", "EMPTY", "--decide", "1"), "--against: EMPTY: no samples_*.jsonl in this run"),
+    (("--against", "OTHER", "--decide", "1"), "--against OTHER: holds task arc_easy; this command scores "
+                                              "leaderboard_mmlu_pro"),
+    (("--against", "BEYOND", "--decide", "1"), "--against BEYOND: task leaderboard_mmlu_pro doc_id 20000 is beyond "
+                                               "this data's 12032 documents"),
+    (("--against", "ELSE", "--decide", "1"), "--against ELSE: task leaderboard_mmlu_pro doc_id {} is another "
+                                             "question in this data"),
+])
+def test_bad_decision_inputs_are_one_line_before_the_model(tmp_path, reference, args, message):
+    """Each refused before the package is read (it does not exist here)."""
+    (tmp_path / "EMPTY").mkdir()
+    (tmp_path / "OTHER").mkdir()
+    line = json.loads((reference / f"samples_{TASK}.jsonl").read_text().splitlines()[0])
+    (tmp_path / "OTHER" / "samples_arc_easy.jsonl").write_text(json.dumps(line) + "\n")
+    for name, change in (("BEYOND", {"doc_id": 20000}), ("ELSE", {"doc_hash": "0" * 64})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / f"samples_{TASK}.jsonl").write_text(json.dumps({**line, **change}) + "\n")
+    paths = {"REF": str(reference), **{k: str(tmp_path / k) for k in ("MISSING", "EMPTY", "OTHER", "BEYOND", "ELSE")}}
+    out = CliRunner().invoke(cli, [*BASE, "--pkg", str(tmp_path / "no-package"), *(paths.get(a, a) for a in args)])
+    text = message.format(line["doc_id"])
+    for k, v in paths.items():
+        text = text.replace(f" {k}", f" {v}")
+    assert out.exit_code == 2 and len(out.output.strip().splitlines()) == 1, out.output
+    assert out.output.startswith(f"Error: {text}"), out.output
