@@ -17,10 +17,10 @@ RULE = ("stop at the first part after which the anytime-valid confidence sequenc
         "wholly below -margin (worse) or wholly above +margin (better); else at the cap (cap)")
 ORDER = ("uniform random without replacement over the reference run's questions with a 0/1 score: sorted by "
          "(task, doc_id), then numpy.random.default_rng(seed).permutation")
-SAYS = {"equivalent": "equivalent: within ±{m} points of the reference",
-        "worse": "worse: more than {m} points below the reference",
-        "better": "better: more than {m} points above the reference",
-        "cap": "not decided: the interval still crosses ±{m} points at the cap; run more questions (--decide-cap) "
+SAYS = {"equivalent": "equivalent: within ±{m} of the reference",
+        "worse": "worse: more than {m} below the reference",
+        "better": "better: more than {m} above the reference",
+        "cap": "not decided: the interval still crosses ±{m} at the cap; run more questions (--decide-cap) "
                "or the whole set"}
 
 
@@ -59,7 +59,7 @@ def decision_record(decision: str, *, reference: str, outcome: np.ndarray, d: np
 def part_line(look: Look, population: int, margin: float, decided: str | None, requests: int, reused: int) -> str:
     """The line printed after each part (``requests`` scored in it, ``reused`` from the result store)."""
     return (f"--decide: {look.used} of {population} questions, difference {100 * look.estimate:+.2f} points, "
-            f"interval [{100 * look.low:+.2f}, {100 * look.high:+.2f}], {look.flips} flips: "
+            f"interval [{100 * look.low:+.2f}, {100 * look.high:+.2f}], {_count(look.flips, 'flip')}: "
             f"{decided or f'not decided at ±{margin:g}'} ({requests} requests scored, {reused} reused from the "
             "result store)")
 
@@ -67,13 +67,18 @@ def part_line(look: Look, population: int, margin: float, decided: str | None, r
 def decision_lines(r: dict) -> list[str]:
     """What the run prints under the table."""
     ref, diff, cand = r["reference"], r["difference"], r["candidate_accuracy"]
-    level, m = f"{1 - r['alpha']:.0%}", f"{r['margin_points']:g}"
-    return [f"--decide ±{m} points against {ref['run']} ({ref['questions']} questions, accuracy "
+    level, m = f"{1 - r['alpha']:.0%}", _count(r["margin_points"], "point")
+    return [f"--decide ±{m} against {ref['run']} ({ref['questions']} questions, accuracy "
             f"{ref['accuracy']:.4f}): {SAYS[r['decision']].format(m=m)}",
             f"  {r['used']} questions used ({r['share']:.1%} of the run's; seed {r['seed']}, parts of {r['part']}, "
             f"alpha {r['alpha']:g}); the table above scores those {r['used']}",
             f"  difference (this run - reference) {100 * diff['estimate']:+.2f} points, {level} anytime-valid "
-            f"interval [{100 * diff['low']:+.2f}, {100 * diff['high']:+.2f}] points; {r['flips']} flips "
+            f"interval [{100 * diff['low']:+.2f}, {100 * diff['high']:+.2f}] points; {_count(r['flips'], 'flip')} "
             f"({r['candidate_right']} right only here, {r['reference_right']} right only in the reference)",
             f"  this run's whole-set accuracy estimated {cand['estimate']:.4f}, interval [{cand['low']:.4f}, "
             f"{cand['high']:.4f}] (the reference's {ref['accuracy']:.4f} plus the difference)"]
+
+
+def _count(x: float, unit: str) -> str:
+    """``1 point``, ``1.5 points``, ``0 flips``."""
+    return f"{x:g} {unit}{'' if x == 1 else 's'}"
