@@ -8,6 +8,7 @@ Ctrl-C exits 130 with a short message.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
 import logging
@@ -122,9 +123,33 @@ def _package_path(pkg: Path | None, example: bool) -> str:
     return str(pkg)
 
 
-def _load_lm(kw: dict):
-    from ortevals.files import store_path
+def _open_lm(args, runs):
+    """The run's OrtLM, its sessions opening on a thread while lm-eval loads the data; with several adapters
+    (adapter_runs.py), opened with the first one active."""
     from ortevals.integrations.lm import OrtLM
+
+    return OrtLM.from_package(dataclasses.replace(args, adapter=(runs[0].value,)) if runs else args, open_soon=True)
+
+
+def _adapter_runs(kw: dict, deciding, spec):
+    """The model arguments, and with --adapter given more than once one run per adapter (adapter_runs.py): every
+    adapter and each one's output folder checked before the model loads."""
+    from ortevals.adapter_runs import plan_adapters
+    from ortevals.evaluate import check_spec
+
+    args = _model_args(kw)
+    runs = plan_adapters(args, kw["output"])
+    if runs and deciding:
+        raise OrtEvalsError(f"--against decides one run, and --adapter was given {len(runs)} times; give one "
+                            "--adapter (one decision per adapter)")
+    for run in runs:
+        check_spec(dataclasses.replace(spec, output=run.output))
+    return args, runs
+
+
+def _model_args(kw: dict):
+    """The run's model arguments from its flags and --model-args (one line where they disagree)."""
+    from ortevals.files import store_path
     from ortevals.options import OPTIONS, PKG_ALIASES, check_flags_agree, parse_arg_string, parse_model_args
 
     raw = parse_arg_string(kw["model_args"])
@@ -140,7 +165,7 @@ def _load_lm(kw: dict):
     raw.setdefault("store", str(store_path(raw["pkg"])))  # --no-resume: canary verdicts only (resume=false)
     if not kw.get("resume", True):
         raw["resume"] = "false"
-    return OrtLM.from_package(parse_model_args(raw), open_soon=True)  # sessions open while lm-eval loads data
+    return parse_model_args(raw)
 
 
 @click.group(cls=Cli, commands=[cli_bench.bench, compare, fidelity],
@@ -150,15 +175,16 @@ def cli() -> None:
     """Fast, exact lm-eval benchmarks for ONNX Runtime GenAI model packages."""
 
 
-def _evaluate(kw: dict, tasks, data: Path | None, **spec_kw) -> None:
-    """Shared body of mmlu-pro and run: load the model, evaluate, print the table, list the files.
+def _evaluate(kw: dict, tasks, data: Path | None, **spec_kw) -> list:
+    """Shared body of mmlu-pro and run: load the model, evaluate, print the table, list the files; returns
+    ``[(adapter name or None, RunOutcome)]``, one per adapter where --adapter is given more than once.
 
     ``tasks``: a Preset (its own lm-eval folder is indexed) or task names.
     """
+    from ortevals.adapter_runs import evaluate_each
     from ortevals.decision import decide, plan_decision
     from ortevals.evaluate import RunSpec, check_spec, collector_paused, evaluate
     from ortevals.presets import Preset, apply_limit, task_specs
-    from ortevals.report.results import format_table
     from ortevals.subset import apply_sample, check_sample
     from ortevals.tasks import task_manager
 
@@ -167,6 +193,7 @@ def _evaluate(kw: dict, tasks, data: Path | None, **spec_kw) -> None:
     deciding = decide_spec(kw)  # --against RUN --decide M (decision.py)
     check_sample(kw["sample"], kw["limit"], None if deciding else kw["seed"])
     check_spec(RunSpec(tasks=given, **spec_kw))  # bad paths and options: one line before the model is loaded
+    args, runs = _adapter_runs(kw, deciding, RunSpec(tasks=given, **spec_kw))
     tm = task_manager(spec_kw["include_path"]) if spec_kw.get("include_path") is not None else None
     plan = decision = None
     if deciding:  # the reference run and its questions in this data, checked before the model
@@ -176,21 +203,35 @@ def _evaluate(kw: dict, tasks, data: Path | None, **spec_kw) -> None:
         manager = tasks.task_manager() if isinstance(tasks, Preset) else tm or task_manager()
         specs, samples, plan = apply_sample(task_specs(tasks, data, tm), kw["sample"], kw["seed"] or 0, manager)
     with collector_paused(OWNS_PROCESS) as thaw:
-        lm = _load_lm(kw)  # its sessions open on a thread while lm-eval's tasks are imported and the data loads
+        lm = _open_lm(args, runs)  # sessions open on a thread while lm-eval's tasks are imported and the data loads
         lm.run.on_first_request = thaw
         if decision is not None:
             outcome = decide(lm, decision, RunSpec(tasks=given, **spec_kw), lambda line: click.echo(line, err=True))
         else:
             if plan is None:
                 specs, samples, notes = apply_limit(tasks, task_specs(tasks, data, tm), kw["limit"])
-            outcome = evaluate(lm, RunSpec(tasks=tuple(specs), samples=samples, notes=() if plan else notes,
-                                           sample=plan, **spec_kw))
+            spec = RunSpec(tasks=tuple(specs), samples=samples, notes=() if plan else notes, sample=plan, **spec_kw)
+            if runs:  # one result per adapter over this loaded base, each printed under its name
+                return [(run.name, one) for run, one in evaluate_each(lm, runs, spec, _show_adapter)]
+            outcome = evaluate(lm, spec)
+    _show(outcome)
+    return [(None, outcome)]
+
+
+def _show_adapter(run, outcome) -> None:
+    click.echo(f"adapter {run.name} ({run.path}):")
+    _show(outcome)
+
+
+def _show(outcome) -> None:
+    """A run's table and the files it wrote (and removed) in --output."""
+    from ortevals.report.results import format_table
+
     click.echo(format_table(outcome.summary))
     for path in outcome.files:
         click.echo(f"wrote {path}")
     for path in outcome.removed:
         click.echo(f"removed {path}: an earlier run's file in this --output folder that this run does not write")
-    return outcome
 
 
 @cli.command("mmlu-pro", epilog=cli_help.EPILOG_MMLU)
@@ -213,9 +254,9 @@ def mmlu_pro(cot: bool, max_gen_toks: int | None, compare_to: Path | None, **kw)
     preset = PRESETS["mmlu-pro-cot" if cot else "mmlu-pro"]
     data = resolve_data(preset, kw["data"] or ("bundled" if kw["example"] else None))
     gen = {"max_gen_toks": max_gen_toks} if max_gen_toks else None
-    outcome = _evaluate(kw, preset, data, gen_kwargs=gen)
-    if compare_to is not None:  # compare (issue 12): this run, from memory, against the given one
-        _compare_outcome(compare_to, outcome, kw)
+    outcomes = _evaluate(kw, preset, data, gen_kwargs=gen)  # one per adapter where --adapter is given more than once
+    for name, outcome in outcomes if compare_to is not None else ():  # compare (issue 12): from memory
+        _compare_outcome(compare_to, outcome, kw, name)
 
 
 @cli.command("run", epilog=cli_help.EPILOG_RUN)
@@ -296,11 +337,11 @@ def cache_clear(runs: bool, derived: bool, examples: bool, everything: bool) -> 
         click.echo(line)
 
 
-def _compare_outcome(ref: Path, outcome, kw: dict) -> None:
+def _compare_outcome(ref: Path, outcome, kw: dict, name: str | None = None) -> None:
     from ortevals.report.output import compare_paths
     from ortevals.report.runs import run_from_results
 
-    name = kw["output"].name if kw.get("output") else "this run"
+    name = name or (kw["output"].name if kw.get("output") else "this run")
     fail_gates(compare_paths(ref, [], click.echo, loaded=[run_from_results(outcome.results, name)]))
 
 

@@ -211,10 +211,8 @@ def test_an_adapter_on_a_package_without_adapter_inputs_and_two_adapters_are_one
     result = CliRunner().invoke(cli, ["mmlu-pro", "--pkg", str(tiny_pkg), "--data", "bundled", "--limit", "1",
                                       "--adapter", str(lora.adapters[0])], catch_exceptions=False)
     assert_one_line_error(result, "model.onnx has no adapter inputs", "drop --adapter")
-    result = CliRunner().invoke(cli, ["mmlu-pro", "--pkg", str(lora.pkg), "--data", "bundled", "--limit", "1",
-                                      "--adapter", f"{lora.adapters[0]}=a", "--adapter", f"{lora.adapters[1]}=b"],
-                                catch_exceptions=False)
-    assert_one_line_error(result, "2 adapters given; one run scores one adapter")
+    with pytest.raises(OrtEvalsError, match="2 adapters given; one run scores one adapter"):  # lm-eval's route
+        open_lm(lora, adapter_spec=f"{lora.adapters[0]}=a;{lora.adapters[1]}=b")
     with pytest.raises(OrtEvalsError, match="two adapters named 'x'"):
         parse_model_args({"pkg": str(lora.pkg), "adapter": f"{lora.adapters[0]}=x;{lora.adapters[1]}=x"})
     with pytest.raises(OrtEvalsError, match="a name after '='"):
@@ -246,3 +244,54 @@ def test_an_adapter_on_a_package_with_media_models_is_one_line(lora):
 
     with pytest.raises(OrtEvalsError, match="has vision or speech models, and ortevals runs adapters on text packages"):
         run_adapter(ModelPackage.load(str(lora.pkg)), (str(lora.adapters[0]),), media=True)
+
+
+# --- commands that take no --adapter: the base model, said once ---------------------------------------------------
+
+def base_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "adapter" in r.getMessage()]
+
+
+def test_profile_fidelity_and_diagnose_say_they_measure_the_base_model(lora, tiny_pkg, tmp_path, caplog, monkeypatch):
+    """One warning line per LoRA package each command measures (the decoder's adapter inputs counted from the
+    graph), none for a package without adapter inputs; diagnose's own scoring run adds no second line."""
+    import onnx
+
+    from ortevals.diagnose.inputs import DiagnoseOptions, check_inputs
+    from ortevals.fidelity.run import FidelityOptions, run_fidelity
+    from ortevals.run.profile import ProfileRequest, run_profile
+    from ortevals.runtime import adapters
+
+    graph = onnx.load(str(lora.pkg / "model.onnx"), load_external_data=False).graph
+    n = len({i.name for i in graph.input} & {t.name for t in graph.initializer})  # Olive's optional inputs
+    line = f"{lora.pkg / 'model.onnx'} has {n} LoRA adapter inputs; ortevals %s measures the base model"
+    text = tmp_path / "text.txt"
+    text.write_text(" ".join(HEADER for _ in range(4)))
+    runs = {
+        "profile": lambda: run_profile({"pkg": str(lora.pkg)}, ProfileRequest("1", "8", "2", 1, 0, tmp_path / "p")),
+        "fidelity": lambda: run_fidelity(FidelityOptions(pkg=lora.pkg, ref=str(tiny_pkg), text=text, ctx=32,
+                                                         tokens=32)),
+        "fidelity-ref": lambda: run_fidelity(FidelityOptions(pkg=tiny_pkg, ref=str(lora.pkg), text=text, ctx=32,
+                                                             tokens=32)),
+        "diagnose": lambda: check_inputs(DiagnoseOptions(pkg=str(lora.pkg), ref=str(lora.hf_dir),
+                                                         output=tmp_path / "d")),
+    }
+    for command, run in runs.items():
+        monkeypatch.setattr(adapters, "_SAID", set())
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            try:
+                run()
+            except OrtEvalsError as e:  # diagnose refuses an fp32 candidate after the warning: not this test's
+                assert command == "diagnose", e
+        said = base_warnings(caplog)
+        assert said == [line % command.split("-")[0] + " (its adapter inputs at their empty defaults) and takes "
+                        "no --adapter"], (command, said)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        run_profile({"pkg": str(tiny_pkg)}, ProfileRequest("1", "8", "2", 1, 0, tmp_path / "p2"))
+    assert base_warnings(caplog) == []
+    lm_said = base_warnings(caplog)
+    with caplog.at_level(logging.WARNING):  # a run opened inside diagnose (its choice-KL stage): nothing more said
+        open_lm(lora, adapter=None)
+    assert base_warnings(caplog) == lm_said

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ortevals.errors import OrtEvalsError
 from ortevals.package.loader import ModelPackage
+from ortevals.runtime.adapters import warn_base_model
 
 log = logging.getLogger(__name__)
 DEFAULT_TOKENS = 2048
@@ -100,6 +101,7 @@ def check_inputs(o: DiagnoseOptions) -> Inputs:
     check_writable_folder(Path(o.output), "--output")
     cache_root()
     cand = ModelPackage.load(Path(o.pkg).expanduser())
+    warn_base_model(cand, "diagnose")  # a LoRA package: its base model is diagnosed
     if o.verify:  # --verify builds the recommended package into --output: about the candidate's size more
         check_writable_folder(Path(o.output), "--output",
                               need=MIN_FREE + sum(f.stat().st_size for f in cand.model_files()))
@@ -117,6 +119,7 @@ def check_inputs(o: DiagnoseOptions) -> Inputs:
     _check_candidate(cand)
     if kind == "package":
         ref = ModelPackage.load(ref_path)
+        warn_base_model(ref, "diagnose")
         check_pair(cand, ref)
         check_distinct(cand, ref)
         ref_checkpoint = None

@@ -118,6 +118,19 @@ class Backends:
         if self._opening is not None:
             self.prefill  # noqa: B018
 
+    def use_adapter(self, spec) -> None:
+        """Another LoRA adapter (an :class:`~ortevals.package.adapters.AdapterSpec`, checked by the caller) from now
+        on, on the sessions already open (runtime/adapters.py ``Adapter.switch``); the prefill engine's canary
+        verdict and the pass meter start over, as in a run opened with it."""
+        if self.adapter is None:
+            raise OrtEvalsError(f"adapter {spec.path}: this run was opened without an adapter; open it with one")
+        self.ready()
+        self.adapter.switch(spec)
+        engine = self.__dict__.get("prefill")
+        if engine is not None:  # the settings and mode it was opened with, the canary not yet run
+            (engine.settings, engine.mode), engine.canary = self.prefill_choice, None
+        self.meter.reset()
+
     def _open_prefill(self) -> PrefillEngine:
         from ortevals.runtime.sessions import DecoderRunner
 

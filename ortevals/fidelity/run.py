@@ -22,6 +22,7 @@ from ortevals.fidelity.reference import SavedReference, load_reference, save_ref
 from ortevals.fidelity.stats import RefTokens, TokenStats, concat_stats, summarize
 from ortevals.fidelity.windows import OrtSource, WindowPlan, compare_windows, plan_windows, reference_windows
 from ortevals.files import check_writable_file
+from ortevals.runtime.adapters import warn_base_model
 
 log = logging.getLogger(__name__)
 DEFAULT_TOKENS = 32768
@@ -182,6 +183,7 @@ def _open_reference(o, package, cand_hash):
         from ortevals.package.loader import ModelPackage
 
         ref_pkg = ModelPackage.load(path, o.ep)
+        warn_base_model(ref_pkg, "fidelity")
     ref_hash = tokenizer_hash(ref_pkg.tokenizer_root if kind == "package" else path)
     if ref_hash != cand_hash:
         raise _mismatch("tokenizer.json hash", str(path), ref_hash, o.pkg, cand_hash)
@@ -227,6 +229,7 @@ def run_fidelity(o: FidelityOptions) -> FidelityReport:
 
     _check_options(o)
     package = ModelPackage.load(Path(o.pkg).expanduser(), o.ep)
+    warn_base_model(package, "fidelity")  # a LoRA package: its base model is compared
     tok = Tokenizer.load(package)
     cand_hash = tokenizer_hash(package.tokenizer_root)
     if o.trajectories is not None:

@@ -144,6 +144,13 @@ class OrtLM(TemplateLM):
         ``store=PATH`` names another or ``store=none`` turns it off."""
         return cls.from_package(lm_eval_model_args(arg_dict, additional_config))
 
+    def use_adapter(self, value: str) -> None:
+        """Another LoRA adapter from now on, on the same sessions (:meth:`Run.use_adapter`): the next evaluation is
+        that adapter's alone (``ortevals mmlu-pro`` and ``run`` with ``--adapter`` given more than once)."""
+        self.run.use_adapter(value)
+        self.self_eval_scores = {}
+        self.before_generation.clear()  # each evaluation adds its verifier's check again
+
     def get_model_info(self) -> dict:
         """What lm-eval writes into ``results["config"]``: the package, its precision, provider and every model
         argument (report/model_info.py), in place of ``"model": "OrtLM", "model_args": null``."""

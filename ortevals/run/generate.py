@@ -94,6 +94,13 @@ class Generation:
         self._plans: dict[str, tuple] = {}  # generation canary's plan per path, decided once
         self._sampler = None
 
+    def restart(self) -> None:
+        """Another adapter from now on (``Run.use_adapter``): the canary's plans made again, and the sampler (its
+        sessions and cascade graph kept) holding no prompt KV made under the previous one."""
+        self._plans.clear()
+        if self._sampler is not None:
+            self._sampler = self._sampler.fresh()
+
     def generate(self, requests, keys: list[list], on_text, disable_tqdm: bool) -> list[str]:
         """Texts in request order; ``on_text(index, text)`` as each finishes (lm-eval's cache hook)."""
         run = self.run

@@ -18,6 +18,7 @@ from ortevals.files import check_writable_folder
 from ortevals.options import parse_model_args
 from ortevals.package.loader import ModelPackage
 from ortevals.report.profile import format_table, write
+from ortevals.runtime.adapters import warn_base_model
 from ortevals.runtime.providers import from_package, parse_options
 
 __all__ = ["MODEL_ARGS", "ProfileRequest", "format_table", "run_profile"]  # format_table: the CLI's table
@@ -53,6 +54,7 @@ def run_profile(model: dict, req: ProfileRequest,
         raise OrtEvalsError(f"--repeats {req.repeats} / --warmup {req.warmup}: expected repeats >= 1, warmup >= 0")
     check_writable_folder(req.output, "--output")
     package = ModelPackage.load(args.pkg, args.ep)
+    warn_base_model(package, "profile")  # a LoRA package: the base model is profiled
     settings = settings_for(batches, prompts, gens, package.context_length)
     provider = from_package(package.decoder.session_options, args.ep, parse_options(args.provider_options),
                             args.threads)

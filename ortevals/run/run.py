@@ -28,6 +28,7 @@ from ortevals.engine.score.scoring import context_limit, effective_max_length
 from ortevals.errors import OrtEvalsError
 from ortevals.files import cache_root
 from ortevals.options import ModelArgs, check_provider, scoped_settings
+from ortevals.package.adapters import AdapterSpec
 from ortevals.package.graph import graph_facts
 from ortevals.package.loader import CONFIG_NAME, ModelPackage
 from ortevals.package.multimodal import check_media_tokens, has_media_models
@@ -208,6 +209,20 @@ class Run:
     def model_info(self) -> dict:
         """What was scored (report/model_info.py): package, precision, provider and every model argument."""
         return model_info(self.package, self.backends.provider, self.args)
+
+    def use_adapter(self, value: str) -> None:
+        """Another LoRA adapter (``FILE[=NAME]``, checked by the caller) from now on, on the sessions already open
+        (engine/backends.py ``Backends.use_adapter``): its answers keyed under its own scope, and nothing made under
+        the previous one (held prompt KV, canary verdicts and plans, samples' log-probs) serves it."""
+        if self.pool is not None:
+            raise OrtEvalsError("adapter: several adapters run in this process, not on workers; drop --workers")
+        self.ready()
+        self.backends.use_adapter(AdapterSpec.parse(value))
+        self.args = dataclasses.replace(self.args, adapter=(value,))
+        self.generation.restart()
+        self.sample_logprobs.clear()
+        self.sample_certainty.clear()
+        self.narrow_scope(*self._narrowed)  # the store's scope holds the adapter file's content
 
     # --- the result store ----------------------------------------------------------------------
     def reads(self) -> list[Reads]:

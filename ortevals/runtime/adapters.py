@@ -3,10 +3,11 @@
 Owns reading an ``.onnx_adapter`` file (onnxruntime's ``AdapterFormat``) and checking it against the decoder's
 adapter inputs before any session opens (:func:`check_adapters`: the file, its format, every tensor's name,
 element type and fixed dims; a package without adapter inputs refused), what a run with an adapter reads
-(:func:`adapter_reads`: the file by content, so another adapter is another scope), and :class:`Adapter`: the
-``RunOptions`` every raw pass runs with (``onnxruntime.LoraAdapter`` through ``add_active_adapter``: the
-decoder's, the derived scoring graph's, the cascade's and the shared-prefix graph's sessions, which keep the
-decoder's adapter inputs) and onnxruntime-genai's ``og.Adapters`` set active on each Generator.
+(:func:`adapter_reads`: the file by content, so another adapter is another scope), :class:`Adapter`: the
+tensors every raw pass is fed as the decoder's adapter inputs (the decoder's, the derived scoring graph's, the
+cascade's and the shared-prefix graph's sessions, which keep them) and onnxruntime-genai's ``og.Adapters`` set
+active on each Generator, switched to another adapter between runs on the same sessions (:meth:`Adapter.switch`);
+and the line the commands that take no adapter say on such a package (:func:`warn_base_model`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from ortevals.package.loader import ModelPackage
 from ortevals.package.scope import Reads, file_digest
 
 log = logging.getLogger(__name__)
+_SAID: set[Path] = set()  # decoders warn_base_model spoke of: a run opened inside that command says nothing more
 
 
 def read_tensors(spec: AdapterSpec) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -55,9 +57,6 @@ def check_adapters(package: ModelPackage, specs: tuple[AdapterSpec, ...]) -> Non
         raise OrtEvalsError(f"adapter {specs[0].path}: {package.decoder.path} has no adapter inputs (LoRA weights "
                             "as optional inputs, as Olive's generate-adapter exports them); its LoRA, if any, is "
                             "merged into the weights: drop --adapter")
-    if len(specs) > 1:
-        raise OrtEvalsError(f"adapter: {len(specs)} adapters given; one run scores one adapter (run once per "
-                            "adapter: each keeps its own stored answers)")
     for spec in specs:
         _check_one(spec, read_tensors(spec), inputs, package.decoder.path)
 
@@ -86,15 +85,28 @@ def run_adapter(package: ModelPackage, values: tuple[str, ...], media: bool = Fa
     specs = adapter_specs(values)
     if not specs:
         inputs = adapter_inputs(package)
-        if inputs:
+        if inputs and package.decoder.path not in _SAID:
             log.warning("%s has %d LoRA adapter inputs and no --adapter was given: scoring the base model (its "
                         "adapter inputs at their empty defaults)", package.decoder.path, len(inputs))
         return None
     if media:
         raise OrtEvalsError(f"adapter {specs[0].path}: {package.root} has vision or speech models, and ortevals runs "
                             "adapters on text packages only")
+    if len(specs) > 1:
+        raise OrtEvalsError(f"adapter: {len(specs)} adapters given; one run scores one adapter (ortevals mmlu-pro "
+                            "and run take --adapter once per adapter, each its own result over one loaded base)")
     check_adapters(package, specs)
     return Adapter(specs[0])
+
+
+def warn_base_model(package: ModelPackage, command: str) -> None:
+    """One warning line where a command that takes no ``--adapter`` (``profile``, ``fidelity``, ``diagnose``) measures a
+    package whose decoder has adapter inputs: the base model is what it measures."""
+    inputs = adapter_inputs(package)
+    if inputs and package.decoder.path not in _SAID:
+        _SAID.add(package.decoder.path)
+        log.warning("%s has %d LoRA adapter inputs; ortevals %s measures the base model (its adapter inputs at their "
+                    "empty defaults) and takes no --adapter", package.decoder.path, len(inputs), command)
 
 
 def adapter_reads(specs: tuple[AdapterSpec, ...]) -> list[Reads]:
@@ -115,8 +127,26 @@ class Adapter:
 
     def __init__(self, spec: AdapterSpec) -> None:
         self.spec = spec
-        self._og = None  # (og.Model, og.Adapters) of the model it was loaded for
+        self._og = None  # (og.Model, og.Adapters, the names loaded into it) of the model it was loaded for
         self._feeds: dict[tuple[str, int], dict] = {}
+
+    def switch(self, spec: AdapterSpec) -> None:
+        """Another adapter of the same decoder (checked by the caller, :func:`check_adapters`) active from now on,
+        the sessions kept: every feeds dict handed out (the runners hold them) takes its tensors in place, and
+        onnxruntime-genai loads it beside the others at the next Generator."""
+        if spec == self.spec:
+            return
+        self.spec = spec
+        if ("cpu", 0) not in self._feeds:
+            return  # no raw pass fed yet: read at the first one
+        ort = import_ort()
+        self._format = ort.AdapterFormat.read_adapter(str(spec.path))  # the values are views of it
+        host = self._format.get_parameters()
+        for key, feeds in self._feeds.items():
+            new = host if key == ("cpu", 0) else {n: _on_device(ort, v, *key) for n, v in host.items()}
+            feeds.clear()
+            feeds.update(new)
+        log.info("adapter %s (%s) active on the raw sessions", spec.name, spec.path)
 
     def feeds(self, device: str | None = None, device_id: int = 0) -> dict:
         """name -> OrtValue of every tensor, on the host or (``device``: the runner's KV device) copied there once."""
@@ -131,15 +161,17 @@ class Adapter:
         return self._feeds[key]
 
     def activate(self, og, model, generator) -> None:
-        """Set the adapter active on an onnxruntime-genai Generator of ``model`` (loaded once per model)."""
+        """Set the adapter active on an onnxruntime-genai Generator of ``model`` (each adapter loaded once per
+        model, under its name: names are unique within a run, package/adapters.py)."""
         if self._og is None or self._og[0] is not model:
-            adapters = og.Adapters(model)
+            self._og = (model, og.Adapters(model), set())
+        if self.spec.name not in self._og[2]:
             try:
-                adapters.load(str(self.spec.path), self.spec.name)
+                self._og[1].load(str(self.spec.path), self.spec.name)
             except Exception as e:  # og's RuntimeError
                 raise PackageError(f"adapter {self.spec.path}: onnxruntime-genai could not load it: "
                                    f"{first_line(e)}") from None
-            self._og = (model, adapters)
+            self._og[2].add(self.spec.name)
             log.info("adapter %s (%s) active on onnxruntime-genai", self.spec.name, self.spec.path)
         generator.set_active_adapter(self._og[1], self.spec.name)
 
