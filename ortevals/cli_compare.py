@@ -11,6 +11,7 @@ import click
 
 from ortevals import cli_help
 from ortevals.cli_common import fail_gates, setup_logging
+from ortevals.errors import OrtEvalsError
 
 
 # --- ortevals compare (issue 12): glue only; the logic is in ortevals/report/ ---
@@ -34,8 +35,11 @@ from ortevals.cli_common import fail_gates, setup_logging
               help="Replay the decision at ±MARGIN points over random orders of the complete runs: how often its "
                    "final interval misses the whole-set difference, and the questions it used (docs/decide.md).")
 @click.option("--replay-orders", type=int, default=200, show_default=True, help="With --replay-decide: orders.")
+@click.option("--order", type=click.Choice(["uniform", "guided"]), default=None,
+              help="With --replay-decide: guided also replays orders drawn by the reference's choice margins "
+                   "(questions it barely decided first) and reports both [default: uniform].")
 def compare(ref, runs, json_path, report_dir, changed_path, max_flip_rate, max_kl, margin, by_length,
-            length_buckets, kl_threshold, tokenizer, replay_decide, replay_orders) -> None:
+            length_buckets, kl_threshold, tokenizer, replay_decide, replay_orders, order) -> None:
     """Runs against a reference, question by question: flips, McNemar, KL, intervals; exit 1 on a failed gate.
 
     A RUN is an ortevals --output folder, an lm-eval --output_path folder (with --log_samples) or one
@@ -44,10 +48,12 @@ def compare(ref, runs, json_path, report_dir, changed_path, max_flip_rate, max_k
     from ortevals.report.lengths import length_options
     from ortevals.report.output import compare_paths
 
+    if order is not None and replay_decide is None:
+        raise OrtEvalsError("--order applies to --replay-decide; give --replay-decide MARGIN with it")
     if replay_decide is not None:
         from ortevals.report.replay import replay_paths
 
-        replay_paths(ref, list(runs), replay_decide, click.echo, replay_orders)
+        replay_paths(ref, list(runs), replay_decide, click.echo, replay_orders, order=order or "uniform")
         return
     gates = Gates(max_flip_rate, max_kl, margin)  # a threshold that can never fire or always fires: one line
     fail_gates(compare_paths(ref, list(runs), click.echo, json_path, report_dir, changed_path, gates,
