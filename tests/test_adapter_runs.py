@@ -114,3 +114,23 @@ def test_two_adapters_in_one_invocation_equal_two_runs(lora, tmp_path, monkeypat
         assert [x["name"] for x in config["adapter"]] == [name], config
     both = read_lls(tmp_path / "both" / "A"), read_lls(tmp_path / "both" / "B")
     assert max(abs(both[0][k] - both[1][k]) for k in both[0]) > 0.1  # two adapters, two sets of numbers
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--adapter", "{a}=A", "--adapter", "{b}=B", "--limit", "1", "--workers", "2"],
+     "--adapter given 2 times: the adapters are swapped on this process's sessions, not on workers"),
+    (["--adapter", "{a}=A", "--adapter", "{b}=B", "--against", "{tmp}", "--decide", "1"],
+     "--against decides one run, and --adapter was given 2 times"),
+    (["--adapter", "{a}=.", "--adapter", "{b}=B", "--limit", "1"],
+     "'.' names no folder for its results; give it a name (FILE=NAME)"),
+    (["--adapter", "{a}=A", "--adapter", "{b}=B", "--adapter", "{tmp}/missing.onnx_adapter", "--limit", "1"],
+     "missing.onnx_adapter: not found"),  # every adapter checked before the model, the third too
+], ids=["workers", "against", "dot-name", "third-missing"])
+def test_several_adapters_are_refused_in_one_line_before_the_model(lora, tmp_path, monkeypatch, extra, needle):
+    from ortevals.runtime.sessions import DecoderRunner
+    from tests.test_cli import assert_one_line_error
+
+    monkeypatch.setattr(DecoderRunner, "open", lambda *a, **k: pytest.fail("a session opened"))
+    words = [w.format(a=lora.adapters[0], b=lora.adapters[1], tmp=tmp_path) for w in extra]
+    args = ["mmlu-pro", "--pkg", str(lora.pkg), "--data", "bundled", "--output", str(tmp_path / "o")]
+    assert_one_line_error(CliRunner().invoke(cli, args + words, catch_exceptions=False), needle)
