@@ -227,7 +227,7 @@ def test_guided_weights_grow_as_the_margin_shrinks():
     m = np.array([0.5, 0.01, 3.0, np.nan, 0.2])
     w = guided_weights(m)
     assert np.argsort(-w[[0, 1, 2, 4]]).tolist() == [1, 3, 0, 2]  # smallest margin heaviest, largest lightest
-    assert w.min() == pytest.approx(1.0) and w[3] == pytest.approx(((2 + 0.5) / 5) ** -0.5 / (4.5 / 5) ** -0.5)
+    assert w.min() == pytest.approx(1.0) and w[3] == pytest.approx(((2 + 0.5) / 5) ** -0.3 / (4.5 / 5) ** -0.3)
     ll = np.array([[-1.0, -3.0, -1.5], [-2.0, -np.inf, -2.25], [-1.0, -np.inf, -np.inf]])
     np.testing.assert_allclose(choice_margins(ll), [0.5, 0.25, np.nan])
 

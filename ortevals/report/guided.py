@@ -21,7 +21,7 @@ import numpy as np
 
 from ortevals.errors import OrtEvalsError
 
-POWER = 0.5  # the weight's power of the margin's rank: 0 is a uniform order
+POWER = 0.3  # the weight's power of the margin's rank: 0 is a uniform order
 
 
 def choice_margins(loglik) -> np.ndarray:
