@@ -163,7 +163,8 @@ OPTIONS: tuple[Option, ...] = (
     # reads), not through its path or name
     Option("adapter", parse_adapters, (), "A LoRA adapter (an .onnx_adapter file, as Olive's generate-adapter writes "
            "it) active on every scoring and generation path of a package whose decoder has adapter inputs; NAME "
-           "defaults to the file's stem.", scoped=False, flag="--adapter", metavar="FILE[=NAME]"),
+           "defaults to the file's stem. Given more than once (mmlu-pro, run): one result per adapter over one loaded "
+           "base, in --output DIR/NAME.", scoped=False, flag="--adapter", metavar="FILE[=NAME]"),
     Option("allow_cpu_fallback", boolean("allow_cpu_fallback"), False, "On a GPU/NPU provider, let onnxruntime "
            "run the nodes that provider has no kernel for on the CPU (default: refused, naming their op types)."),
     Option("threads", positive_int("threads", allow_zero=True), None, "Intra-op threads (0: default).",

@@ -134,3 +134,22 @@ def test_several_adapters_are_refused_in_one_line_before_the_model(lora, tmp_pat
     words = [w.format(a=lora.adapters[0], b=lora.adapters[1], tmp=tmp_path) for w in extra]
     args = ["mmlu-pro", "--pkg", str(lora.pkg), "--data", "bundled", "--output", str(tmp_path / "o")]
     assert_one_line_error(CliRunner().invoke(cli, args + words, catch_exceptions=False), needle)
+
+
+def test_bench_rows_per_adapter_and_a_bad_adapter_row_refused_before_any_run(lora, tiny_pkg, tmp_path):
+    """``--pkg LABEL=PKG:adapter=FILE`` rows: the adapter travels in the row's model args (its process runs it, as
+    ``ortevals mmlu-pro --adapter`` does); a row's adapter that does not fit its package is one line at planning."""
+    from ortevals.bench.plan import plan
+    from ortevals.bench.spec import BenchOptions
+    from ortevals.errors import OrtEvalsError
+
+    a, b = lora.adapters
+    rows = plan(BenchOptions(pkgs=(f"base={lora.pkg}", f"A={lora.pkg}:adapter={a}", f"B={lora.pkg}:adapter={b}=bee"),
+                             limit=1)).rows
+    assert [(r.label, r.args) for r in rows] == [("base", ""), ("A", f"adapter={a}"), ("B", f"adapter={b}=bee")]
+    missing = tmp_path / "missing.onnx_adapter"
+    for pkg, adapter, needle in ((lora.pkg, missing, "missing.onnx_adapter: not found"),
+                                 (tiny_pkg, a, "has no adapter inputs")):
+        with pytest.raises(OrtEvalsError, match=needle) as e:
+            plan(BenchOptions(pkgs=(f"base={lora.pkg}", f"A={pkg}:adapter={adapter}"), limit=1))
+        assert str(e.value).startswith(f"--pkg {pkg}:adapter={adapter}: adapter "), e.value

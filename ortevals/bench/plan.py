@@ -3,10 +3,10 @@
 Owns :func:`plan`: :class:`~ortevals.bench.spec.BenchOptions` to a :class:`Plan` (the rows in table order,
 the reference row, the rate's unit), raising one :class:`~ortevals.errors.OrtEvalsError` line for each bad
 input before any process starts (docs/bad-inputs.md): an unknown backend or cache state, a candidate that is
-no package or transformers folder, model args ortevals refuses, a reference not among the rows, rows of
-different tokenizers compared per generated token, a backend whose extra is not installed, an ``--ep`` this
-onnxruntime cannot give the rows that run it. A backend outside ortevals' extras (vllm) that is not installed is
-a row that says so instead.
+no package or transformers folder, model args ortevals refuses (a row's LoRA adapter checked against its
+package), a reference not among the rows, rows of different tokenizers compared per generated token, a backend
+whose extra is not installed, an ``--ep`` this onnxruntime cannot give the rows that run it. A backend outside
+ortevals' extras (vllm) that is not installed is a row that says so instead.
 """
 
 from __future__ import annotations
@@ -32,8 +32,11 @@ from ortevals.errors import DataError, OrtEvalsError, PackageError, ProviderErro
 from ortevals.fidelity.reference import tokenizer_hash
 from ortevals.files import check_writable_folder
 from ortevals.options import parse_arg_string, parse_model_args
+from ortevals.package.loader import ModelPackage
+from ortevals.package.multimodal import has_media_models
 from ortevals.package.session_options import normalize
 from ortevals.presets import PRESETS, resolve_data, resolve_local
+from ortevals.runtime.adapters import run_adapter
 from ortevals.runtime.opening import check_available
 from ortevals.runtime.providers import from_package
 from ortevals.tasks import check_task_names, generates, task_manager
@@ -129,7 +132,13 @@ def _package(c: Candidate) -> Candidate:
     if reserved:
         raise OrtEvalsError(f"--pkg {c.path}:{c.args}: {reserved[0]} is set by the bench (--cache states, --samples); "
                             "drop it from the row's model args")
-    parse_model_args({"pkg": str(path), **args})  # ortevals' own checks of the row's options, before any run
+    model = parse_model_args({"pkg": str(path), **args})  # ortevals' own checks of the row's options, before any run
+    if model.adapter:  # a LoRA adapter's file against the package's adapter inputs (runtime/adapters.py)
+        try:
+            package = ModelPackage.load(path, model.ep)
+            run_adapter(package, model.adapter, has_media_models(package))
+        except OrtEvalsError as e:
+            raise OrtEvalsError(f"--pkg {c.path}:{c.args}: {e}") from None
     return Candidate(str(path), c.args, c.label)
 
 
