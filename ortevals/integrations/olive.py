@@ -23,15 +23,20 @@ ModelBuilder needs lives in :mod:`ortevals.integrations.olive_builder` and appli
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import json
 import logging
 import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ortevals.errors import OrtEvalsError
-from ortevals.integrations.olive_workflow import NAME, check_evaluator, one_line_errors
+from ortevals.integrations.olive_workflow import NAME, check_evaluator, degradation_goal, one_line_errors
 from ortevals.integrations.olive_workflow import model_args as evaluator_model_args
+from ortevals.report.decision import decision_lines
 
 try:
     from olive.evaluator.metric_result import MetricResult, SubMetricResult, flatten_metric_result
@@ -84,17 +89,21 @@ class OrtEvalsEvaluator(OliveEvaluator):
                  data: str | None = None, path: str | None = None, max_length: int | None = None,
                  num_fewshot: int | None = None, max_gen_toks: int | None = None,
                  truncate: str | None = None, model_args: str | dict | None = None,
-                 reference: str | None = None, **kwargs) -> None:
+                 reference: str | None = None, against: str | None = None, decide_seed: int | None = None,
+                 decide_alpha: float | None = None, decide_part: int | None = None, decide_cap: int | None = None,
+                 **kwargs) -> None:
         # Olive hands every key it does not know itself to the evaluator (a typo would be ignored); every key and
         # value is checked here, before ortevals opens the package or lm-eval its tasks
         given = {k: v for k, v in inspect.signature(OrtEvalsEvaluator.__init__).bind(
             self, tasks, limit, batch_size, execution_provider, provider_options, data, path, max_length, num_fewshot,
-            max_gen_toks, truncate, model_args, reference).arguments.items() if k != "self"}
+            max_gen_toks, truncate, model_args, reference, against, decide_seed, decide_alpha, decide_part,
+            decide_cap).arguments.items() if k != "self"}
         check_evaluator({**given, **kwargs})
         super().__init__()
         self.settings = {k: v for k, v in given.items() if v is not None}
         self.model_args = model_args
         self.reference = reference  # a run folder: adds flip_rate and kl_mean per task (issue 12)
+        self.against = against  # a run folder of the original model: its max-degradation goal decided (issue 56)
         self.tasks = [tasks] if isinstance(tasks, str) else list(tasks)
         self.limit = limit
         self.batch_size = batch_size
@@ -109,6 +118,8 @@ class OrtEvalsEvaluator(OliveEvaluator):
 
     def evaluate(self, model, metrics, device=None, execution_providers=None) -> MetricResult:
         try:
+            if self.against:
+                return self._decide(model, metrics, execution_providers)
             return self._evaluate(model, execution_providers)
         except OrtEvalsError:
             raise
@@ -133,6 +144,56 @@ class OrtEvalsEvaluator(OliveEvaluator):
             metrics = MetricResult.model_validate({**metrics.root, **reference_metrics(results, self.reference)})
         return metrics
 
+    def _decide(self, model, metrics, execution_providers) -> MetricResult:
+        """The metric with Olive's max-degradation goal decided against ``against`` (module docstring of
+        decision.py's loop, margin = the goal's value): the value returned is the reference's accuracy plus the
+        interval's low end, so Olive's check (value >= baseline - goal, the baseline the reference's accuracy) holds
+        exactly when the degradation is decided to be within the goal. The reference run's own package (the same
+        model_fingerprint) is the baseline: its accuracy, nothing scored."""
+        from ortevals.decision import DecideSpec, decide, plan_decision
+        from ortevals.evaluate import RunSpec
+        from ortevals.integrations.lm import OrtLM
+        from ortevals.options import parse_model_args
+
+        key, kind, value = degradation_goal(_metric_dicts(metrics), self.against)
+        pkg = package_dir(model)
+        args = parse_model_args(evaluator_model_args(self.settings, str(pkg), self.execution_provider
+                                                     or _provider(execution_providers)))
+        spec = DecideSpec(Path(self.against).expanduser(), 1.0, self.settings.get("decide_seed", 0),
+                          self.settings.get("decide_part", 50), self.settings.get("decide_cap"),
+                          self.settings.get("decide_alpha", 0.05))
+        specs = self._task_specs()
+        plan = plan_decision(spec, specs, self._task_manager())
+        first = next(iter(plan.tasks))
+        if len(plan.tasks) != 1 or not key.startswith(f"{first}-"):
+            raise OrtEvalsError(f"{NAME}: {key}'s {kind} goal: against {self.against} decides task "
+                                f"{', '.join(plan.tasks)}; name the metric after it (e.g. {first}-acc)")
+        accuracy = float(np.mean(plan.outcome))
+        margin = value if kind == "max-degradation" else accuracy * value / 100  # Olive's threshold, as a fraction
+        plan = dataclasses.replace(plan, spec=dataclasses.replace(spec, margin=100 * margin))
+        if _fingerprint(pkg) == _fingerprint_of_run(plan.spec.against):
+            log.info("%s: %s is the package %s scored: %s = its accuracy %.4f over %d questions, nothing scored",
+                     NAME, pkg, self.against, key, accuracy, len(plan.outcome))
+            return MetricResult.model_validate({key: _sub(accuracy)})
+        results = decide(OrtLM.from_package(args), plan, RunSpec(
+            tasks=tuple(specs), num_fewshot=self.num_fewshot,
+            gen_kwargs={"max_gen_toks": self.max_gen_toks} if self.max_gen_toks else None)).results
+        record = results["decide"]
+        for line in decision_lines(record):
+            log.info("%s: %s", NAME, line)
+        low = record["candidate_accuracy"]["low"]
+        log.info("%s: %s returned as %.4f, the reference's %.4f plus the interval's low end %+.4f: Olive's %s goal "
+                 "(>= %.4f) %s", NAME, key, low, accuracy, record["difference"]["low"], kind, accuracy - margin,
+                 "holds" if low >= accuracy - margin else "fails")
+        return MetricResult.model_validate({**to_metric_result(results).root, key: _sub(low)})
+
+    def _task_manager(self):
+        from ortevals.presets import PRESETS
+        from ortevals.tasks import task_manager
+
+        one = PRESETS.get(self.tasks[0]) if len(self.tasks) == 1 else None
+        return one.task_manager() if one is not None else task_manager()
+
     def _task_specs(self) -> list:
         from ortevals.presets import PRESETS, resolve_data, resolve_local, task_specs
 
@@ -144,6 +205,31 @@ class OrtEvalsEvaluator(OliveEvaluator):
             else:
                 specs += task_specs([name], resolve_local(self.data))
         return specs
+
+
+def _metric_dicts(metrics) -> list[dict]:
+    """Olive's Metric objects as the workflow's dicts (what olive_workflow.degradation_goal reads)."""
+    return [{"name": m.name, "sub_types": [{"name": str(s.name), "goal": s.goal and {"type": s.goal.type,
+                                                                                    "value": s.goal.value}}
+                                           for s in m.sub_types]} for m in metrics or ()]
+
+
+def _sub(value: float) -> SubMetricResult:
+    return SubMetricResult(value=float(value), priority=-1, higher_is_better=True)
+
+
+def _fingerprint(pkg: Path) -> str:
+    from ortevals.package.loader import ModelPackage
+
+    return ModelPackage.load(pkg).fingerprint()
+
+
+def _fingerprint_of_run(run: Path) -> str | None:
+    """The model_fingerprint an ortevals run's results.json records, None where it records none."""
+    try:
+        return json.loads((run / "results.json").read_text(encoding="utf-8"))["config"]["model_fingerprint"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def to_metric_result(results: dict[str, Any]) -> MetricResult:

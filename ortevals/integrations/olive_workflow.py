@@ -3,9 +3,11 @@
 Owns what an ``OrtEvalsEvaluator`` entry may hold (:data:`KEYS`) and its check (:func:`check_evaluator`: unknown
 keys with the closest valid one; each task an ortevals preset or an lm-eval task, with a did-you-mean; ``limit``,
 ``num_fewshot`` and ``max_gen_toks`` in range, named by their JSON key; ``data`` ``bundled`` or a folder, named by
-its key, a near miss of ``bundled`` getting it suggested; ``reference`` a run folder; the model arguments through
-the options table), which the evaluator's constructor runs, and the workflow file's (:func:`check_workflow`: the
-input model's folder, which must hold a GenAI package, and each ortevals evaluator). ``python -m
+its key, a near miss of ``bundled`` getting it suggested; ``reference`` a run folder; ``against`` a run folder, the
+decision's keys only with it, and in a workflow its one metric with a ``max-degradation`` goal
+(:func:`degradation_goal`); the model arguments through the options table), which the evaluator's constructor
+runs, and the workflow file's (:func:`check_workflow`: the input model's folder, which must hold a GenAI package,
+and each ortevals evaluator). ``python -m
 ortevals.integrations.olive_workflow run --config FILE …`` runs :func:`check_workflow` before Olive is imported
 (Olive's own start-up, before it builds an evaluator, takes 15 to 30 s), then Olive's command line with the same
 arguments; ortevals' errors, then or during the run, end the output as one line (``Error: …``, exit 2). Without the
@@ -25,7 +27,10 @@ from ortevals.errors import OrtEvalsError, did_you_mean, exit_in_one_line
 
 NAME = "OrtEvalsEvaluator"
 KEYS = ("tasks", "limit", "batch_size", "execution_provider", "provider_options", "data", "path", "max_length",
-        "num_fewshot", "max_gen_toks", "truncate", "model_args", "reference")
+        "num_fewshot", "max_gen_toks", "truncate", "model_args", "reference", "against", "decide_seed",
+        "decide_alpha", "decide_part", "decide_cap")
+DECIDE_KEYS = ("decide_seed", "decide_alpha", "decide_part", "decide_cap")  # the decision's: only with against
+DEGRADATION = ("max-degradation", "percent-max-degradation")  # Olive's goals a decision answers
 OLIVE_KEYS = ("type", "name", "user_script", "script_dir", "metrics")  # Olive's own keys of an evaluator entry
 EXAMPLE = "`ortevals example` prints the folder of the example package, SmolLM2-135M-Instruct fp32"
 
@@ -53,7 +58,8 @@ def check_evaluator(settings: dict[str, Any]) -> None:
     if unknown:
         raise OrtEvalsError(f"{NAME}: unknown key {unknown[0]!r} in the evaluator config"
                             f"{did_you_mean(unknown[0], KEYS)}; expected some of {list(KEYS)}")
-    for key, low in (("limit", 1), ("num_fewshot", 0), ("max_gen_toks", 1)):
+    for key, low in (("limit", 1), ("num_fewshot", 0), ("max_gen_toks", 1), ("decide_seed", 0), ("decide_part", 1),
+                     ("decide_cap", 1)):
         value = settings.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
             raise OrtEvalsError(f"{NAME}: {key} must be an integer >= {low} in the evaluator config, got {value!r}")
@@ -63,7 +69,52 @@ def check_evaluator(settings: dict[str, Any]) -> None:
     if reference is not None and not Path(reference).expanduser().exists():
         raise OrtEvalsError(f"{NAME}: reference {reference}: not found; expected an ortevals --output folder or an "
                             "lm-eval --log_samples folder")
+    check_against(settings)
     parse_model_args(model_args(settings, "(the input model)"))
+
+
+def check_against(settings: dict[str, Any]) -> None:
+    """``against`` (a run folder) and the decision's keys, which need it; ``limit`` refused beside it."""
+    against = settings.get("against")
+    if against is None:
+        extra = next((k for k in DECIDE_KEYS if settings.get(k) is not None), None)
+        if extra:
+            raise OrtEvalsError(f"{NAME}: {extra} sets the decision against a finished run: add against (the run "
+                                "folder of the original model)")
+        return
+    if not isinstance(against, str) or not Path(against).expanduser().exists():
+        raise OrtEvalsError(f"{NAME}: against {against!r}: not found; expected an ortevals --output folder or an "
+                            "lm-eval --log_samples folder of the original model")
+    alpha = settings.get("decide_alpha")
+    if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1):
+        raise OrtEvalsError(f"{NAME}: decide_alpha must be a level above 0 and below 1 in the evaluator config "
+                            f"(0.05: a 95% sequence), got {alpha!r}")
+    if settings.get("limit") is not None:
+        raise OrtEvalsError(f"{NAME}: limit and against: the decision scores the run's own questions in a random "
+                            "order (decide_cap N stops after N); drop limit")
+
+
+def degradation_goal(metrics, against: str) -> tuple[str, str, float]:
+    """(``metric-sub_type``, goal type, goal value) of the one sub-metric of ``metrics`` (Olive's metric entries as
+    dicts) with a max-degradation goal, which ``against`` decides; its value a fraction of the accuracy."""
+    found = [(f"{m.get('name')}-{s.get('name')}", s["goal"].get("type"), s["goal"].get("value"))
+             for m in metrics or () if isinstance(m, dict) for s in m.get("sub_types") or ()
+             if isinstance(s, dict) and isinstance(s.get("goal"), dict) and s["goal"].get("type") in DEGRADATION]
+    if len(found) != 1:
+        raise OrtEvalsError(f"{NAME}: against {against} decides one metric with a max-degradation (or percent-max-"
+                            f"degradation) goal; the evaluator's metrics have {len(found)}, expected one, e.g. "
+                            '{"name": "leaderboard_mmlu_pro", "type": "custom", "sub_types": [{"name": "acc", '
+                            '"priority": 1, "higher_is_better": true, "goal": {"type": "max-degradation", '
+                            '"value": 0.01}}]}')
+    key, kind, value = found[0]
+    top = 1 if kind == "max-degradation" else 100
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < top:
+        unit = "a fraction of the accuracy (0.01: one point)" if top == 1 else "a percent of the reference's accuracy"
+        raise OrtEvalsError(f"{NAME}: {key}'s {kind} goal value {value!r}: expected {unit}, above 0 and below {top}")
+    if not (key.endswith("-acc") or "-exact_match" in key):
+        raise OrtEvalsError(f"{NAME}: {key}'s {kind} goal: against decides a 0/1 score per question; expected a "
+                            "task's acc or exact_match sub-metric, e.g. leaderboard_mmlu_pro-acc")
+    return key, kind, float(value)
 
 
 def check_data(data) -> None:
@@ -106,6 +157,8 @@ def check_workflow(config: Path) -> None:
                   and e.get("type") == NAME]
     for entry in evaluators:
         check_evaluator({k: v for k, v in entry.items() if k not in OLIVE_KEYS})
+        if entry.get("against") is not None:
+            degradation_goal(entry.get("metrics"), entry["against"])
     model = workflow.get("input_model") or {}
     path = model.get("model_path")
     if not evaluators or model.get("type") != "ONNXModel" or not isinstance(path, str):
