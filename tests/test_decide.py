@@ -321,3 +321,10 @@ def test_compare_replay_decide_guided_reports_both_orders(tmp_path):
     bad = CliRunner().invoke(cli, [*args[:4], "--order", "guided"])
     assert bad.exit_code == 2 and bad.output.strip().splitlines() == [
         "Error: --order applies to --replay-decide; give --replay-decide MARGIN with it"]
+    for name in ("ref1", "cand1"):  # one choice a question: no margin anywhere
+        write_ortevals_run(tmp_path / name, [record(i, [-1.0], gold="A") for i in range(40)])
+    bad = CliRunner().invoke(cli, ["compare", "--ref", str(tmp_path / "ref1"), str(tmp_path / "cand1"),
+                                   "--replay-decide", "5", "--order", "guided"])
+    assert bad.exit_code == 2 and bad.output.strip().splitlines() == [
+        f"Error: --order guided: the reference {tmp_path / 'ref1'} holds no per-choice log-likelihoods on the "
+        f"questions it shares with {tmp_path / 'cand1'}"], bad.output

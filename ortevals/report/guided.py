@@ -32,8 +32,8 @@ def choice_margins(loglik) -> np.ndarray:
         raise OrtEvalsError("choice margins need per-choice log-likelihoods [questions, choices]")
     ll = np.where(np.isfinite(ll), ll, -np.inf)
     top = -np.sort(-ll, axis=1)[:, :2] if ll.shape[1] >= 2 else np.full((len(ll), 2), -np.inf)
-    out = top[:, 0] - top[:, 1]
-    return np.where(np.isfinite(out), out, np.nan)
+    finite = np.isfinite(top).all(axis=1)
+    return np.where(finite, np.where(finite[:, None], top, 0.0) @ np.array([1.0, -1.0]), np.nan)
 
 
 def guided_weights(margins, power: float = POWER) -> np.ndarray:
