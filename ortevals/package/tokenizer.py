@@ -23,7 +23,7 @@ from typing import Any
 from ortevals.errors import PackageError
 from ortevals.package.chat import choose_template, render, special_token_vars
 from ortevals.package.config import CONFIG_NAME, load_json_config
-from ortevals.package.extend import encode_extending
+from ortevals.package.extend import encode_extending, may_split
 from ortevals.package.loader import ModelPackage
 from ortevals.package.manifest import locate, tokenizer_folder
 from ortevals.package.scope import Reads
@@ -135,7 +135,7 @@ class Tokenizer:
         (its threads; ids only, no offsets): the same ids, a fraction of the time on long prompts."""
         flags = [self._special(t, add_special_tokens) for t in texts]
         out: list[list[int]] = [[] for _ in texts]
-        splittable = not any("\n" in t.content for t in self.backend.get_added_tokens_decoder().values())
+        splittable = may_split(self.backend)
         for flag in set(flags):
             where = [i for i, f in enumerate(flags) if f == flag]
             # a text extending another of the batch (lm-eval's context + continuation) by its tail, where exact
