@@ -104,7 +104,7 @@ def _one_layer_models(nq: int, nk: int, d: int, elem: int, max_pos: int):
                            window=None)
     g, pos, own = _positions(node)
     nodes, inits = _rewrite_node(node, spec, {"cos_cache": [max_pos, d // 2], "sin_cache": [max_pos, d // 2]}, 21,
-                                 (pos, own))
+                                 (pos, own), {})  # GroupQueryAttention: no standard Attention masks
     prefix = [helper.make_tensor_value_info(n % 0, elem, [nk, "P", d]) for n in (PREFIX_KEY, PREFIX_VALUE)]
     prefix.append(helper.make_tensor_value_info(PREFIX_LENGTH, 7, [1]))
     plain = helper.make_model(helper.make_graph(g.nodes + nodes, "shared", io + prefix, outs[:1],
