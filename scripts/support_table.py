@@ -145,6 +145,23 @@ path). It equals the full-logit package built from the same weights to 1e-5 on o
 (tests/test_last_row.py), and costs about one pass per continuation token. The run's mode line (`mode` in
 results.json) says `stepping (… only the last position's logits …)`.
 
+## LoRA adapters
+
+A package whose decoder takes its LoRA weights as optional inputs (the builder's `adapter_path=` export run through
+Olive's `generate-adapter`) is scored with `--adapter FILE.onnx_adapter` ([adapters.md](adapters.md)):
+
+| path | with an adapter |
+|---|---|
+| default (prefill, derived scoring graph), `--exact`, `shared_prefix_batch=on` | ✓ within 1e-5 a token of transformers + peft |
+| `path=incremental` (onnxruntime-genai) | ✓ within 1e-5 a token of transformers + peft |
+| greedy, raw and `gen_path=og` | ✓ the same tokens as transformers + peft |
+| sampling on the cascade graph (`cascade=on`) | ✓ the same samples as `cascade=off` |
+| image and audio requests (packages with vision or speech models) | ✗ refused in one line |
+
+Checked on the tiny Llama (builder fp32 with a rank-4 adapter on every projection; tests/test_adapters.py). Several
+`--adapter` flags score each adapter in turn over one loaded base, one result each; a package with adapter inputs
+run without `--adapter` is the base model, said in one warning line.
+
 ## Execution providers
 
 | provider | status |
