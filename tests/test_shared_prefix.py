@@ -281,12 +281,17 @@ def test_windowed_layers_see_their_window_of_the_prefix(fixture_cache, tmp_path,
     float32 rounding of one row a pass with no shared prefix."""
     from tests.fixtures.matrix.cache import built
 
-    pkg = built("gemma3", fixture_cache)[0] / "fp32"
+    _six_rows_on_a_header_in_one_pass(built("gemma3", fixture_cache)[0] / "fp32", tmp_path, header)
+
+
+def _six_rows_on_a_header_in_one_pass(pkg, tmp_path, header: int) -> None:
+    """Six inputs (own tokens 5, 40 and 12, two continuations each) on one random ``header``-token prefix: one
+    shared-prefix pass, within float32 rounding of exact mode."""
+    from ortevals.engine.score.prefill import TokenRequest
+
     vocab = ModelPackage.load(pkg).vocab_size
     rng = np.random.default_rng(header)
     head = tuple(int(t) for t in rng.integers(3, vocab, header))
-    from ortevals.engine.score.prefill import TokenRequest
-
     reqs = [TokenRequest(head + tuple(int(t) for t in rng.integers(3, vocab, n)), (int(c),))
             for n in (5, 40, 12) for c in rng.integers(3, vocab, 2)]
     engine = _engine(pkg, tmp_path, False, shared_prefix_batch=True, attention_heads=2)

@@ -14,7 +14,13 @@ import pytest
 
 from ortevals.package.loader import ModelPackage
 from ortevals.runtime.prefix_graph import PREFIX_KEY, PREFIX_LENGTH, PREFIX_RESIDENT, PREFIX_VALUE, prefix_decoder
-from tests.test_shared_prefix import _assert_float32, _engine, _engine_scores, _log_softmax, _session
+from tests.test_shared_prefix import (
+    _assert_float32,
+    _engine_scores,
+    _log_softmax,
+    _session,
+    _six_rows_on_a_header_in_one_pass,
+)
 
 PREFIX, LENS = 60, (9, 17, 5, 12, 30)
 
@@ -110,17 +116,6 @@ def test_a_float_mask_with_sliding_windows_is_applied_as_the_package_applies_it(
     """Mobius' Gemma 3 (--ep default): two sliding-window (32) layers whose window and causality come in an
     additive float mask, under a 20- and a 90-token prefix, six inputs in one pass: within float32 rounding of
     exact mode."""
-    from ortevals.engine.score.prefill import TokenRequest
     from tests.fixtures.matrix.cache import built
 
-    pkg = built("mobius_gemma3_default", fixture_cache)[0] / "fp32"
-    vocab = ModelPackage.load(pkg).vocab_size
-    rng = np.random.default_rng(header)
-    head = tuple(int(t) for t in rng.integers(3, vocab, header))
-    reqs = [TokenRequest(head + tuple(int(t) for t in rng.integers(3, vocab, n)), (int(c),))
-            for n in (5, 40, 12) for c in rng.integers(3, vocab, 2)]
-    engine = _engine(pkg, tmp_path, False, shared_prefix_batch=True, attention_heads=2)
-    ours = np.array([s.logprob for s in engine.score(reqs)])
-    exact = np.array([s.logprob for s in _engine(pkg, tmp_path, False, exact=True).score(reqs)])
-    assert engine.shared_stats["rows"] == 6 and engine.shared_stats["passes"] == 1
-    _assert_float32(ours, exact)
+    _six_rows_on_a_header_in_one_pass(built("mobius_gemma3_default", fixture_cache)[0] / "fp32", tmp_path, header)
