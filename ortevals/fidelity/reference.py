@@ -30,9 +30,7 @@ k = 128) before compression, against llama.cpp's 2·n_vocab (98,304 for a
 
 from __future__ import annotations
 
-import hashlib
 import io
-import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -43,6 +41,7 @@ import numpy as np
 from ortevals.errors import OrtEvalsError
 from ortevals.fidelity.stats import RefTokens
 from ortevals.fidelity.windows import WindowPlan
+from ortevals.package.tokenizer import tokenizer_digest
 
 log = logging.getLogger(__name__)
 FORMAT = "ortevals-fidelity-reference/1"
@@ -61,12 +60,7 @@ def tokenizer_hash(folder: Path) -> str:
     path = Path(folder) / "tokenizer.json"
     if not path.is_file():
         raise OrtEvalsError(f"{path}: not found; fidelity needs the tokenizer.json of both models")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise OrtEvalsError(f"{path}: not valid JSON ({e})") from None
-    canonical = json.dumps(data, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+    return tokenizer_digest(path)
 
 
 @dataclass(frozen=True)
