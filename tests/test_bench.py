@@ -497,16 +497,9 @@ def test_bench_png_log_axis_labels_never_overlap(monkeypatch, rates):
     """bench.png's rate axis (log scale): matplotlib labelled every minor tick of a range under a decade or two, and
     the labels ran into one string; checked as drawn, by matplotlib's renderer, before it becomes a PNG."""
     from ortevals.bench import write
-    from tests.test_trial3_report import _overlaps
+    from tests.test_trial3_report import overlaps_as_drawn
 
-    seen = []
-
-    def check(plt, fig, dpi=110):
-        seen.append(_overlaps(fig))
-        plt.close(fig)
-        return b""
-
-    monkeypatch.setattr(write, "png", check)
+    seen = overlaps_as_drawn(monkeypatch, write)
     write.plot([ok_row(f"row {i}", r) for i, r in enumerate(rates)], "requests")
     assert seen == [[]]
 

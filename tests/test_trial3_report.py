@@ -22,18 +22,25 @@ def _overlaps(fig) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("flops", [(6.75e10, 8.6e11), (8.2e10, 8.9e10), (3e9, 3e13), (1.2e14, 1.9e14)],
-                         ids=["one-decade", "narrow", "four-decades", "narrow-high"])
-def test_compute_plot_labels_never_overlap(tmp_path, monkeypatch, flops):
-    """The figure is checked as drawn (text extents by matplotlib's renderer), before it becomes a PNG."""
-    seen = []
+def overlaps_as_drawn(monkeypatch, module) -> list[list[str]]:
+    """``module.png`` replaced: each figure it would save is checked as drawn (:func:`_overlaps`) and closed; the
+    returned list gains each figure's overlapping labels."""
+    seen: list[list[str]] = []
 
     def check(plt, fig, dpi=110):
         seen.append(_overlaps(fig))
         plt.close(fig)
         return b""
 
-    monkeypatch.setattr(plots, "png", check)
+    monkeypatch.setattr(module, "png", check)
+    return seen
+
+
+@pytest.mark.parametrize("flops", [(6.75e10, 8.6e11), (8.2e10, 8.9e10), (3e9, 3e13), (1.2e14, 1.9e14)],
+                         ids=["one-decade", "narrow", "four-decades", "narrow-high"])
+def test_compute_plot_labels_never_overlap(tmp_path, monkeypatch, flops):
+    """The figure is checked as drawn (text extents by matplotlib's renderer), before it becomes a PNG."""
+    seen = overlaps_as_drawn(monkeypatch, plots)
     lo, hi = flops
     points = [ComputePoint(m, k, 0.4, 0.05, 0.3, 0.5, 200.0 * k, lo * (hi / lo) ** ((k - 1) / 7) * scale)
               for m, scale in (("maj", 1.0), ("bon", 1.02)) for k in range(1, 9)]
