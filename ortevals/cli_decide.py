@@ -13,7 +13,7 @@ import click
 
 
 def decide_options(fn):
-    """--against, --decide, --decide-part, --decide-cap, --alpha."""
+    """--against, --decide, --decide-part, --decide-cap, --decide-order, --alpha."""
     opts = [
         click.option("--against", type=click.Path(path_type=Path), default=None, metavar="RUN",
                      help="Decide this package against a finished run (ortevals --output or lm-eval --log_samples "
@@ -26,6 +26,9 @@ def decide_options(fn):
                      help="With --decide: questions scored between two looks (default 50)."),
         click.option("--decide-cap", type=int, default=None, metavar="N",
                      help="With --decide: stop after N questions if not decided (default: all the run's)."),
+        click.option("--decide-order", default=None, metavar="ORDER",
+                     help="With --decide: uniform (default) or guided: questions the reference answered by a small "
+                          "choice margin drawn first, the difference estimated without bias (docs/decide.md)."),
         click.option("--alpha", type=float, default=None,
                      help="With --decide: the confidence sequence's error level (default 0.05)."),
     ]
@@ -37,4 +40,4 @@ def decide_spec(kw: dict):
     from ortevals.decision import check_decide  # evaluate.py and scipy: not at the command line's start
 
     return check_decide(kw.get("against"), kw.get("decide"), kw.get("decide_part"), kw.get("decide_cap"),
-                        kw.get("alpha"), kw.get("seed"), kw.get("sample"), kw.get("limit"))
+                        kw.get("alpha"), kw.get("seed"), kw.get("sample"), kw.get("limit"), kw.get("decide_order"))

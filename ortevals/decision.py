@@ -4,13 +4,15 @@ Owns the live decision of ``ortevals mmlu-pro`` (docs/decide.md). Before any mod
 refuses a bad flag in one line and :func:`plan_decision` reads the reference run (report/runs.py), keeps its
 questions with a 0/1 score in the tasks this command scores, checks each is the same document in this data (its
 ``doc_hash``, as lm-eval logs it) and draws the order: the questions sorted by (task, doc_id), permuted by
-numpy's PCG64 from ``--seed`` (a pure function of the seed and the reference's questions, so the same command
-after Ctrl-C walks the same order, and the result store answers the parts already scored).
+numpy's PCG64 from ``--seed``, uniformly or (``--decide-order guided``) with report/guided.py's weights from the
+reference's choice margins (a pure function of the seed and the reference's questions either way, so the same
+command after Ctrl-C walks the same order, and the result store answers the parts already scored).
 
 :func:`decide` keeps one model open (the caller's ``OrtLM``) and scores the order a part at a time, one lm-eval
 evaluation per part (its ``samples``: the part's documents), each question's paired difference d = candidate −
 reference fed in the order drawn to report/decide.py's :class:`ConfidenceSequence` for the whole-set difference
-(population: the reference's questions); it stops at the first part after which :func:`verdict` decides, or at
+(population: the reference's questions; in a guided order the weighted sequence, told each question's
+position); it stops at the first part after which :func:`verdict` decides, or at
 the cap. A last evaluation over the questions used (every answer read from the result store) gives the table and
 the files, ``results.json``'s ``decide`` recording the decision (report/decision.py).
 """
@@ -26,10 +28,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ortevals.errors import OrtEvalsError
+from ortevals.errors import OrtEvalsError, did_you_mean
 from ortevals.evaluate import RunOutcome, RunSpec, evaluate
-from ortevals.report.decide import ConfidenceSequence, verdict
+from ortevals.report.decide import ORDERS, ConfidenceSequence, verdict
 from ortevals.report.decision import Look, decision_lines, decision_record, part_line
+from ortevals.report.guided import choice_margins, guided_order, guided_weights
 from ortevals.report.runs import Run, load_run, run_from_results
 from ortevals.tasks import leaf_configs
 
@@ -39,7 +42,8 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class DecideSpec:
     """The flags of a live decision: the reference run, the margin in points, the order's seed, the part size,
-    the cap (questions; None: the reference's count) and the sequence's alpha."""
+    the cap (questions; None: the reference's count), the sequence's alpha and the order (report/decide.py's
+    ORDERS: uniform, or guided by the reference's choice margins)."""
 
     against: Path
     margin: float
@@ -47,12 +51,15 @@ class DecideSpec:
     part: int = 50
     cap: int | None = None
     alpha: float = 0.05
+    order: str = "uniform"
 
 
 @dataclass(frozen=True)
 class DecisionPlan:
     """What :func:`decide` scores: ``keys`` [N] (task, doc_id) in the order drawn, the reference's 0/1 outcome
-    [N] of each, its prompt hash of each, and the leaf task configs (or names) by task."""
+    [N] of each, its prompt hash of each, and the leaf task configs (or names) by task. A guided order also keeps
+    ``weights`` [N] (the questions sorted by (task, doc_id)) and ``drawn`` [N], each drawn question's position
+    in that sorted set; a uniform one keeps None for both."""
 
     spec: DecideSpec
     reference: Run
@@ -60,14 +67,17 @@ class DecisionPlan:
     outcome: np.ndarray
     prompt: tuple[str, ...]
     tasks: dict[str, object]
+    weights: np.ndarray | None = None
+    drawn: np.ndarray | None = None
 
 
 def check_decide(against: Path | None, margin: float | None, part: int | None, cap: int | None,
-                 alpha: float | None, seed: int | None, sample: int | None, limit: int | None) -> DecideSpec | None:
+                 alpha: float | None, seed: int | None, sample: int | None, limit: int | None,
+                 order: str | None = None) -> DecideSpec | None:
     """The decision's flags, each wrong one refused in one line before any work; None without --against/--decide."""
     if against is None and margin is None:
-        extra = next((f for f, v in (("--decide-part", part), ("--decide-cap", cap), ("--alpha", alpha))
-                      if v is not None), None)
+        extra = next((f for f, v in (("--decide-part", part), ("--decide-cap", cap), ("--alpha", alpha),
+                                     ("--decide-order", order)) if v is not None), None)
         if extra:
             raise OrtEvalsError(f"{extra} sets the decision of --against RUN --decide MARGIN: add both")
         return None
@@ -85,12 +95,14 @@ def check_decide(against: Path | None, margin: float | None, part: int | None, c
         raise OrtEvalsError(f"--decide-cap {cap}: expected at least 1 question")
     if alpha is not None and not 0 < alpha < 1:
         raise OrtEvalsError(f"--alpha {alpha:g}: expected a level above 0 and below 1 (0.05: a 95% sequence)")
+    if order is not None and order not in ORDERS:
+        raise OrtEvalsError(f"--decide-order {order}: expected one of {', '.join(ORDERS)}{did_you_mean(order, ORDERS)}")
     if sample is not None or limit is not None:
         flag = f"--sample {sample}" if sample is not None else f"--limit {limit}"
         raise OrtEvalsError(f"{flag} and --against: the decision scores the run's own questions in a random order "
                             f"(--decide-cap N stops after N); drop {flag.split()[0]}")
     return DecideSpec(Path(against), float(margin), 0 if seed is None else seed, part or 50, cap,
-                      0.05 if alpha is None else alpha)
+                      0.05 if alpha is None else alpha, order or "uniform")
 
 
 def plan_decision(spec: DecideSpec, specs: list, task_manager) -> DecisionPlan:
@@ -112,12 +124,26 @@ def plan_decision(spec: DecideSpec, specs: list, task_manager) -> DecisionPlan:
         raise OrtEvalsError(f"--against {spec.against}: no question of {', '.join(names)} has a 0/1 score "
                             "(acc or exact_match) to compare")
     _check_documents(spec.against, ref, keys, {t: configs[t] for t in names}, task_manager)
-    order = np.random.default_rng(spec.seed).permutation(len(keys))
-    keys = [keys[i] for i in order]
     rows = {t: {int(i): j for j, i in enumerate(ref.tasks[t].doc_id)} for t in names}
+    weights = _weights(spec, ref, keys, rows) if spec.order == "guided" else None
+    rng = np.random.default_rng(spec.seed)
+    order = rng.permutation(len(keys)) if weights is None else guided_order(weights, rng)
+    keys = [keys[i] for i in order]
     at = [(ref.tasks[t], rows[t][i]) for t, i in keys]
     return DecisionPlan(spec, ref, tuple(keys), np.array([int(r.correct[j]) for r, j in at], np.int64),
-                        tuple(r.prompt_key[j] for r, j in at), {t: configs[t] for t in names})
+                        tuple(r.prompt_key[j] for r, j in at), {t: configs[t] for t in names}, weights,
+                        None if weights is None else order)
+
+
+def _weights(spec: DecideSpec, ref: Run, keys: list, rows: dict) -> np.ndarray:
+    """report/guided.py's weights [N] of ``keys`` from the reference's choice margins (one line where it has none)."""
+    margins = {t: choice_margins(ref.tasks[t].loglik) for t in rows}
+    at = np.array([margins[t][rows[t][i]] for t, i in keys])
+    if not np.isfinite(at).any():
+        raise OrtEvalsError(f"--decide-order guided: the reference {spec.against} holds no per-choice "
+                            "log-likelihoods (a generation task?) to draw a guided order from; use "
+                            "--decide-order uniform")
+    return guided_weights(at)
 
 
 def _check_documents(path: Path, ref: Run, keys: list, configs: dict, task_manager) -> None:
@@ -150,7 +176,7 @@ def decide(lm, plan: DecisionPlan, spec: RunSpec, echo=log.info) -> RunOutcome:
     """Score ``plan``'s order on ``lm`` a part at a time until decided (module docstring); then one evaluation
     over the questions used, with ``spec``'s output, whose results hold ``decide``."""
     d_spec, n = plan.spec, len(plan.keys)
-    cs, looks = ConfidenceSequence(n, d_spec.alpha), []
+    cs, looks = ConfidenceSequence(n, d_spec.alpha, plan.weights), []
     limit = n if d_spec.cap is None else min(d_spec.cap, n)
     d = np.zeros(0, np.int64)
     decided = None
@@ -158,13 +184,13 @@ def decide(lm, plan: DecisionPlan, spec: RunSpec, echo=log.info) -> RunOutcome:
         stop = min(cs.t + d_spec.part, limit)
         got, summary = _score(lm, plan, spec, cs.t, stop)
         d = np.concatenate([d, got - plan.outcome[cs.t:stop]])
-        cs.update(d[cs.t:])
+        cs.update(d[cs.t:], None if plan.drawn is None else plan.drawn[cs.t:stop])
         decided = verdict(cs.low, cs.high, d_spec.margin / 100)
         looks.append(Look(cs.t, cs.low, cs.high, cs.estimate, int(np.count_nonzero(d))))
         echo(part_line(looks[-1], n, d_spec.margin, decided, summary.requests, summary.reused))
     record = decision_record(decided or "cap", reference=str(plan.reference.path), outcome=plan.outcome, d=d,
                              looks=looks, margin=d_spec.margin, alpha=d_spec.alpha, seed=d_spec.seed,
-                             part=d_spec.part, cap=d_spec.cap)
+                             part=d_spec.part, cap=d_spec.cap, order=d_spec.order)
     final = dataclasses.replace(spec, tasks=_tasks(plan, 0, cs.t), samples=_samples(plan, 0, cs.t),
                                 notes=(*spec.notes, *decision_lines(record)), record={"decide": record})
     return evaluate(lm, final)

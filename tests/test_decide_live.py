@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from ortevals.cli import cli
 from ortevals.report.decide import ConfidenceSequence, verdict
+from tests.decide_oracle import guided_oracle
 
 TASK = "leaderboard_mmlu_pro"
 BASE = ["mmlu-pro", "--data", "bundled", "--truncate", "left"]
@@ -115,7 +116,48 @@ def test_the_order_is_a_function_of_the_seed_and_a_rerun_reuses_every_part(tmp_p
     assert b["looks"][:2] == a["looks"][:2]
 
 
+def test_a_guided_order_draws_the_reference_margins_order_and_feeds_the_weighted_sequence(tmp_path, tiny_int4,
+                                                                                           reference):
+    out = tmp_path / "guided"
+    got = run(*BASE, "--pkg", str(tiny_int4), "--against", str(reference), "--decide", "4", "--decide-part", "10",
+              "--decide-order", "guided", "--seed", "2", "--output", str(out))
+    assert got.exit_code == 0, got.output
+    ref, cand = read(reference), read(out)
+    decision, cs, used, d = guided_oracle(ref, {i: r["acc"] for i, r in cand.items()}, 2, 4, 10)
+    record = json.loads((out / "results.json").read_text())["decide"]
+    assert sorted(cand) == sorted(used)  # exactly the guided order's first questions were scored
+    assert (record["decision"], record["used"], record["order"]) == (decision, cs.t, "guided")
+    assert record["flips"] == int(np.count_nonzero(d)) > 0
+    assert record["difference"]["low"] == pytest.approx(cs.low) and record["difference"]["high"] == pytest.approx(
+        cs.high)
+    assert record["difference"]["estimate"] == pytest.approx(cs.estimate)  # Des Raj's, not the plain mean
+    assert "guided order, seed 2" in got.output
+    uniform = run(*BASE, "--pkg", str(tiny_int4), "--against", str(reference), "--decide", "4", "--decide-part",
+                  "10", "--seed", "2", "--decide-cap", "10", "--output", str(tmp_path / "uniform"))
+    assert uniform.exit_code == 0 and sorted(read(tmp_path / "uniform")) != sorted(used[:10])
+
+
+def test_a_guided_order_from_a_reference_without_choice_log_likelihoods_is_one_line(reference):
+    """A generation reference (no per-choice log-likelihoods) gives no margin to draw by: refused, not uniform."""
+    import dataclasses
+
+    from ortevals.decision import DecideSpec, _weights
+    from ortevals.errors import OrtEvalsError
+    from ortevals.report.runs import load_run
+
+    ref = load_run(reference)
+    task = ref.tasks[TASK]
+    ref = dataclasses.replace(ref, tasks={TASK: dataclasses.replace(task, loglik=np.full_like(task.loglik, -np.inf))})
+    keys = [(TASK, int(i)) for i in task.doc_id]
+    with pytest.raises(OrtEvalsError, match=r"^--decide-order guided: the reference .* holds no per-choice "
+                                            r"log-likelihoods \(a generation task\?\)"):
+        _weights(DecideSpec(reference, 1, order="guided"), ref, keys, {TASK: {i: j for j, (_, i) in enumerate(keys)}})
+
+
 @pytest.mark.parametrize("args,message", [
+    (("--against", "REF", "--decide", "1", "--decide-order", "guidde"), "--decide-order guidde: expected one of "
+                                                                          "uniform, guided (did you mean 'guided'?)"),
+    (("--decide-order", "guided"), "--decide-order sets the decision of --against RUN --decide MARGIN: add both"),
     (("--decide", "1"), "--decide 1 compares against a finished run: add --against RUN"),
     (("--against", "REF"), "--against REF: add --decide MARGIN"),
     (("--against", "REF", "--decide", "0"), "--decide 0: expected a margin in points, above 0 and below 100"),

@@ -20,6 +20,7 @@ pytest.importorskip("olive")
 from ortevals.cli import cli  # noqa: E402
 from ortevals.errors import OrtEvalsError  # noqa: E402
 from ortevals.report.decide import ConfidenceSequence, verdict  # noqa: E402
+from tests.decide_oracle import guided_oracle  # noqa: E402
 
 TASK = "leaderboard_mmlu_pro"
 KEY = f"{TASK}-acc"
@@ -106,6 +107,17 @@ def test_a_max_degradation_goal_is_decided_and_olives_check_gives_the_verdict(ti
     assert used <= 60 and sum(candidate[i] != ref[i] for i in ref) > 0  # the int4 package flips some answers
 
 
+def test_a_guided_order_is_passed_to_the_decision(tiny_int4, reference, candidate):
+    """decide_order guided: the reference's accuracy plus the low end of the guided order's weighted sequence."""
+    records = {int(r["doc_id"]): r for r in map(json.loads, (reference / f"samples_{TASK}.jsonl").read_text()
+                                                .splitlines())}
+    _, cs, _, _ = guided_oracle(records, candidate, 3, 4.0, 10)
+    got = evaluate(tiny_int4, [metric("max-degradation", 0.04)], against=str(reference), decide_seed=3,
+                   decide_part=10, decide_order="guided")
+    baseline = np.mean([int(r["acc"]) for r in records.values()])
+    assert got.get_value(TASK, "acc") == pytest.approx(max(0.0, baseline + cs.low), abs=1e-12)
+
+
 def test_a_cap_returns_the_interval_of_the_questions_used(tiny_int4, reference, candidate):
     ref = read(reference)
     ids = sorted(ref)
@@ -123,6 +135,9 @@ def test_a_cap_returns_the_interval_of_the_questions_used(tiny_int4, reference, 
     ({"against": "REF", "limit": 5}, None, "limit and against: the decision scores the run's own questions"),
     ({"against": "REF", "decide_alpha": 1.5}, None, "decide_alpha must be a level above 0 and below 1"),
     ({"against": "REF", "decide_cap": 0}, None, "decide_cap must be an integer >= 1"),
+    ({"against": "REF", "decide_order": "guide"}, None, "decide_order must be one of uniform, guided in the "
+                                                        "evaluator config, got 'guide' (did you mean 'guided'?)"),
+    ({"decide_order": "guided"}, None, "decide_order sets the decision against a finished run: add against"),
     ({"against": "REF"}, ("threshold", 0.1, "acc"), "the evaluator's metrics have 0, expected one"),
     ({"against": "REF"}, ("max-degradation", 1.0, "acc"), "acc's max-degradation goal value 1.0: expected a "
                                                           "fraction of the accuracy (0.01: one point)"),

@@ -91,13 +91,13 @@ class OrtEvalsEvaluator(OliveEvaluator):
                  truncate: str | None = None, model_args: str | dict | None = None,
                  reference: str | None = None, against: str | None = None, decide_seed: int | None = None,
                  decide_alpha: float | None = None, decide_part: int | None = None, decide_cap: int | None = None,
-                 **kwargs) -> None:
+                 decide_order: str | None = None, **kwargs) -> None:
         # Olive hands every key it does not know itself to the evaluator (a typo would be ignored); every key and
         # value is checked here, before ortevals opens the package or lm-eval its tasks
         given = {k: v for k, v in inspect.signature(OrtEvalsEvaluator.__init__).bind(
             self, tasks, limit, batch_size, execution_provider, provider_options, data, path, max_length, num_fewshot,
             max_gen_toks, truncate, model_args, reference, against, decide_seed, decide_alpha, decide_part,
-            decide_cap).arguments.items() if k != "self"}
+            decide_cap, decide_order).arguments.items() if k != "self"}
         check_evaluator({**given, **kwargs})
         super().__init__()
         self.settings = {k: v for k, v in given.items() if v is not None}
@@ -161,7 +161,7 @@ class OrtEvalsEvaluator(OliveEvaluator):
                                                      or _provider(execution_providers)))
         spec = DecideSpec(Path(self.against).expanduser(), 1.0, self.settings.get("decide_seed", 0),
                           self.settings.get("decide_part", 50), self.settings.get("decide_cap"),
-                          self.settings.get("decide_alpha", 0.05))
+                          self.settings.get("decide_alpha", 0.05), self.settings.get("decide_order", "uniform"))
         specs = self._task_specs()
         plan = plan_decision(spec, specs, self._task_manager())
         first = next(iter(plan.tasks))

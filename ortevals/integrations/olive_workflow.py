@@ -24,12 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from ortevals.errors import OrtEvalsError, did_you_mean, exit_in_one_line
+from ortevals.report.decide import ORDERS
 
 NAME = "OrtEvalsEvaluator"
 KEYS = ("tasks", "limit", "batch_size", "execution_provider", "provider_options", "data", "path", "max_length",
         "num_fewshot", "max_gen_toks", "truncate", "model_args", "reference", "against", "decide_seed",
-        "decide_alpha", "decide_part", "decide_cap")
-DECIDE_KEYS = ("decide_seed", "decide_alpha", "decide_part", "decide_cap")  # the decision's: only with against
+        "decide_alpha", "decide_part", "decide_cap", "decide_order")
+DECIDE_KEYS = ("decide_seed", "decide_alpha", "decide_part", "decide_cap", "decide_order")  # only with against
 DEGRADATION = ("max-degradation", "percent-max-degradation")  # Olive's goals a decision answers
 OLIVE_KEYS = ("type", "name", "user_script", "script_dir", "metrics")  # Olive's own keys of an evaluator entry
 EXAMPLE = "`ortevals example` prints the folder of the example package, SmolLM2-135M-Instruct fp32"
@@ -89,6 +90,10 @@ def check_against(settings: dict[str, Any]) -> None:
     if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1):
         raise OrtEvalsError(f"{NAME}: decide_alpha must be a level above 0 and below 1 in the evaluator config "
                             f"(0.05: a 95% sequence), got {alpha!r}")
+    order = settings.get("decide_order")
+    if order is not None and order not in ORDERS:
+        raise OrtEvalsError(f"{NAME}: decide_order must be one of {', '.join(ORDERS)} in the evaluator config, "
+                            f"got {order!r}{did_you_mean(str(order), ORDERS)}")
     if settings.get("limit") is not None:
         raise OrtEvalsError(f"{NAME}: limit and against: the decision scores the run's own questions in a random "
                             "order (decide_cap N stops after N); drop limit")

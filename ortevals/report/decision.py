@@ -15,8 +15,12 @@ import numpy as np
 RULE = ("stop at the first part after which the anytime-valid confidence sequence for the whole-set difference "
         "(Waudby-Smith & Ramdas hedged betting, sampling without replacement) lies inside ±margin (equivalent), "
         "wholly below -margin (worse) or wholly above +margin (better); else at the cap (cap)")
-ORDER = ("uniform random without replacement over the reference run's questions with a 0/1 score: sorted by "
-         "(task, doc_id), then numpy.random.default_rng(seed).permutation")
+ORDER = {"uniform": "uniform random without replacement over the reference run's questions with a 0/1 score: "
+                    "sorted by (task, doc_id), then numpy.random.default_rng(seed).permutation",
+         "guided": "reference-guided without replacement over the reference run's questions with a 0/1 score: sorted "
+                   "by (task, doc_id), each next one drawn with probability proportional to its weight among those "
+                   "left, the weight growing as the reference's choice margin shrinks (report/guided.py; Gumbel "
+                   "top-k from numpy.random.default_rng(seed)); the difference estimated by Des Raj's estimator"}
 SAYS = {"equivalent": "equivalent: within ±{m} of the reference",
         "worse": "worse: more than {m} below the reference",
         "better": "better: more than {m} above the reference",
@@ -36,14 +40,15 @@ class Look:
 
 
 def decision_record(decision: str, *, reference: str, outcome: np.ndarray, d: np.ndarray, looks: list[Look],
-                    margin: float, alpha: float, seed: int, part: int, cap: int | None) -> dict:
+                    margin: float, alpha: float, seed: int, part: int, cap: int | None,
+                    order: str = "uniform") -> dict:
     """``results["decide"]``: ``outcome`` [N] the reference's 0/1 outcomes (the population), ``d`` [n] the paired
-    differences of the questions used in the order scored, ``margin`` in points."""
+    differences of the questions used in the order scored, ``margin`` in points, ``order`` uniform or guided."""
     n, last = len(outcome), looks[-1]
     acc = float(np.mean(outcome))
     return {
         "decision": decision, "margin_points": margin, "alpha": alpha, "seed": seed, "part": part, "cap": cap,
-        "rule": RULE, "order": ORDER,
+        "rule": RULE, "order": order, "order_rule": ORDER[order],
         "reference": {"run": reference, "questions": n, "accuracy": acc},
         "used": int(len(d)), "share": len(d) / n,
         "difference": {"estimate": last.estimate, "low": last.low, "high": last.high},
@@ -70,8 +75,8 @@ def decision_lines(r: dict) -> list[str]:
     level, m = f"{1 - r['alpha']:.0%}", _count(r["margin_points"], "point")
     return [f"--decide ±{m} against {ref['run']} ({ref['questions']} questions, accuracy "
             f"{ref['accuracy']:.4f}): {SAYS[r['decision']].format(m=m)}",
-            f"  {r['used']} questions used ({r['share']:.1%} of the run's; seed {r['seed']}, parts of {r['part']}, "
-            f"alpha {r['alpha']:g}); the table above scores those {r['used']}",
+            f"  {r['used']} questions used ({r['share']:.1%} of the run's; {r['order']} order, seed {r['seed']}, parts "
+            f"of {r['part']}, alpha {r['alpha']:g}); the table above scores those {r['used']}",
             f"  difference (this run - reference) {100 * diff['estimate']:+.2f} points, {level} anytime-valid "
             f"interval [{100 * diff['low']:+.2f}, {100 * diff['high']:+.2f}] points; {_count(r['flips'], 'flip')} "
             f"({r['candidate_right']} right only here, {r['reference_right']} right only in the reference)",
