@@ -22,6 +22,7 @@ Examples:
   ortevals bench --pkg ./fp32 --pkg ./fp32 --repeat 2 --limit 20      # the same row twice: the noise
   ortevals bench --pkg ./fp32 --hf ./hf --cache cold,warm,stored --limit 20 --output bench/startup
   ortevals bench --pkg ./fp32 --hf ./hf --cot --max-gen-toks 64 --limit 14   # generated tokens/s
+  ortevals bench --pkg ./int4 --pkg ./int8kv --against runs/fp32 --decide 1   # each decided against a run
 """
 CANDIDATE = "[LABEL=]PATH[:K=V,…]"
 
@@ -55,6 +56,11 @@ CANDIDATE = "[LABEL=]PATH[:K=V,…]"
 @click.option("--timeout", type=float, default=None, help="Seconds a run may take before it is killed.")
 @click.option("--peak-tflops", type=float, default=None,
               help="The device's dense peak TFLOP/s (989 for fp16 on an H100/H200): each ortevals row's MFU.")
+@click.option("--against", default=None, metavar="RUN",
+              help="With --decide: every ortevals row decided against this finished run (docs/decide.md).")
+@click.option("--decide", type=float, default=None, metavar="MARGIN",
+              help="With --against: each row stops when decided within, below or above ±MARGIN points.")
+@click.option("--decide-order", default=None, metavar="ORDER", help="With --decide: uniform (default) or guided.")
 @click.option("--output", type=click.Path(path_type=Path), default=None,
               help="Folder for bench.json, bench.md, bench.png and each run's output (runs/).")
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")

@@ -6,6 +6,7 @@ ConfidenceSequence by hand, part by part, with the paired differences read from 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -191,3 +192,45 @@ def test_bad_decision_inputs_are_one_line_before_the_model(tmp_path, reference, 
         text = text.replace(f" {k}", f" {v}")
     assert out.exit_code == 2 and len(out.output.strip().splitlines()) == 1, out.output
     assert out.output.startswith(f"Error: {text}"), out.output
+
+
+def test_bench_rows_are_decided_against_the_run(tmp_path, tiny_pkg, tiny_int4, reference):
+    """``ortevals bench --against RUN --decide M``: each ortevals row is a live decision in its own process; the row's
+    run holds the decision the hand-drawn order gives, and the table counts the questions it used."""
+    out = tmp_path / "bench"
+    got = run("bench", "--pkg", f"same={tiny_pkg}:truncate=left", "--pkg", f"int4={tiny_int4}:truncate=left",
+              "--against", str(reference), "--decide", "4", "--output", str(out))
+    assert got.exit_code == 0, got.output
+    body = json.loads((out / "bench.json").read_text())
+    for row in body["rows"]:
+        folder = Path(body["runs"][row["label"]][0]["output"])
+        record = check(folder, reference, 0, 4, 50)  # the default part, seed and order
+        assert row["decision"]["decision"] == record["decision"] and row["questions"] == record["used"]
+        assert f"{row['label']}: {record['decision'] if record['decision'] != 'cap' else 'not decided at the cap'} " \
+               f"at ±4 points against {reference} after {record['used']} of its 60 questions" in got.output
+    assert body["rows"][0]["decision"]["flips"] == 0 and "--against" in body["command"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--decide", "1"), "--decide 1 compares against a finished run: add --against RUN"),
+    (("--against", "REF"), "--against REF: add --decide MARGIN"),
+    (("--against", "REF", "--decide", "1", "--limit", "5"), "--limit 5 and --against: the decision scores"),
+    (("--against", "REF", "--decide", "1", "--decide-order", "guidde"), "--decide-order guidde: expected one of"),
+    (("--against", "REF", "--decide", "1", "--tasks", "arc_easy"), "--decide decides MMLU-Pro runs"),
+    (("--against", "REF", "--decide", "1", "--hf", "HF"), "--decide stops ortevals rows when decided; lm-eval's hf "
+                                                          "scores every question and cannot"),
+    (("--against", "MISSING", "--decide", "1"), "--against: MISSING: run not found"),
+])
+def test_bench_decision_inputs_are_one_line_before_any_row(tmp_path, tiny_pkg, reference, monkeypatch, args, message):
+    def refuse(*a, **k):
+        raise AssertionError("a row ran")
+    monkeypatch.setattr("ortevals.bench.api.measure", refuse)
+    (tmp_path / "HF").mkdir()
+    (tmp_path / "HF" / "config.json").write_text("{}")
+    paths = {"REF": str(reference), "MISSING": str(tmp_path / "MISSING"), "HF": str(tmp_path / "HF")}
+    got = CliRunner().invoke(cli, ["bench", "--pkg", str(tiny_pkg), *(paths.get(a, a) for a in args)])
+    text = message
+    for k, v in paths.items():
+        text = text.replace(f" {k}", f" {v}")
+    assert got.exit_code == 2 and len(got.output.strip().splitlines()) == 1, got.output
+    assert got.output.startswith(f"Error: {text}"), got.output

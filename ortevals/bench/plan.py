@@ -28,6 +28,7 @@ from ortevals.bench.spec import (
     default_rate,
     parse_candidate,
 )
+from ortevals.decision import check_decide, plan_decision
 from ortevals.errors import DataError, OrtEvalsError, PackageError, ProviderError, RuntimeMissingError, did_you_mean
 from ortevals.fidelity.reference import tokenizer_hash
 from ortevals.files import check_writable_folder
@@ -35,7 +36,7 @@ from ortevals.options import parse_arg_string, parse_model_args
 from ortevals.package.loader import ModelPackage
 from ortevals.package.multimodal import has_media_models
 from ortevals.package.session_options import normalize
-from ortevals.presets import PRESETS, resolve_data, resolve_local
+from ortevals.presets import PRESETS, resolve_data, resolve_local, task_specs
 from ortevals.runtime.adapters import run_adapter
 from ortevals.runtime.opening import check_available
 from ortevals.runtime.providers import from_package
@@ -68,6 +69,7 @@ def plan(options: BenchOptions) -> Plan:
     _check_extras(backends)
     _check_provider(options.ep, backends)
     _check_data(options)
+    _check_decide(options, backends)
     if options.output is not None:
         check_writable_folder(options.output, "--output", OUTPUT_FILES)
     rows = _label(_rows(backends, pkgs, hf, options))
@@ -223,6 +225,25 @@ def _check_data(o: BenchOptions) -> None:
             raise
         hint = "" if o.tasks else "; or --data bundled, the copy inside ortevals"
         raise DataError(f"--data {o.data}: {said}{hint}") from None
+
+
+def _check_decide(o: BenchOptions, backends) -> None:
+    """``--against RUN --decide M``: the flags as ``ortevals mmlu-pro`` checks them, every row an ortevals one
+    (lm-eval's backends score every question, they cannot stop when decided), and the run read and matched to this
+    data's questions (decision.py's plan) before any row: else every row would fail the same way."""
+    if o.against is None and o.decide is None and o.decide_order is None:
+        return
+    if o.tasks:
+        raise OrtEvalsError(f"--decide decides MMLU-Pro runs (ortevals mmlu-pro --against); --tasks "
+                            f"{','.join(o.tasks)}: drop --tasks or --decide")
+    peers = [b for b in backends if b != "ortevals"]
+    if peers:
+        raise OrtEvalsError(f"--decide stops ortevals rows when decided; lm-eval's {peers[0]} scores every question "
+                            f"and cannot: drop {peers[0]} from --backends (its whole run: a separate bench)")
+    spec = check_decide(None if o.against is None else Path(o.against).expanduser(), o.decide, None, None, None,
+                        None, None, o.limit, o.decide_order)
+    preset = PRESETS["mmlu-pro-cot" if o.cot else "mmlu-pro"]
+    plan_decision(spec, task_specs(preset, resolve_data(preset, o.data or "bundled"), None), preset.task_manager())
 
 
 def _check_generates(o: BenchOptions) -> None:

@@ -70,6 +70,7 @@ class Row:
     paired: Paired | None = None  # against the reference (None for it, and when not comparable)
     repeat_same: bool | None = None  # every later run gave the first run's answers (None: one run)
     mfu: float | None = None  # ortevals rows with --peak-tflops: the engine's share of the device's peak (mfu())
+    decision: dict | None = None  # --decide: the first run's results.json ``decide`` less its looks (decision.py)
 
 
 SAMPLES_NOTE = ("not compared with the reference: with --samples each backend keeps its own draws (ortevals every "
@@ -127,7 +128,8 @@ def _row(spec: RowSpec, recs: list[RunRecord], is_ref: bool, interrupted: bool =
                first_result_s=statistics.median(firsts) if firsts else None,
                peak_rss_mib=statistics.median(r.watched.peak_rss_mib for r in recs),
                **_device(recs), accuracy=stats.wilson(int(correct.sum()), len(correct)),
-               repeat_same=_same_answers(recs) if len(recs) > 1 else None, **base)
+               repeat_same=_same_answers(recs) if len(recs) > 1 else None, decision=_decision(recs[0].folder),
+               **base)
 
 
 def paired(ref: Run, run: Run) -> Paired:
@@ -194,6 +196,12 @@ def _counter(target: str):
 
     tok = Tokenizer.from_file(str(Path(target) / "tokenizer.json"))
     return lambda text: len(tok.encode(text, add_special_tokens=False).ids)
+
+
+def _decision(folder: Path) -> dict | None:
+    """A decided run's ``decide`` record without its per-part looks (those stay in the run's results.json)."""
+    record = _results(folder).get("decide")
+    return {k: v for k, v in record.items() if k != "looks"} if record else None
 
 
 def _first_run(recs: list[RunRecord]) -> Run:

@@ -55,6 +55,9 @@ class BenchOptions:
     output: Path | None = None
     timeout: float | None = None  # seconds a run may take before it is killed
     peak_tflops: float | None = None  # the device's dense peak, TFLOP/s: each ortevals row's MFU against it
+    against: str | None = None  # --against RUN --decide M: every ortevals row decided against a finished run
+    decide: float | None = None  # the margin, points
+    decide_order: str | None = None  # uniform (default) or guided
 
 
 @dataclass(frozen=True)
@@ -99,5 +102,6 @@ def command_line(o: BenchOptions) -> str:
     values = (("--data", o.data), ("--limit", o.limit), ("--peer-limit", o.peer_limit), ("--samples", o.samples),
               ("--max-gen-toks", o.max_gen_toks), ("--ref", o.ref), ("--repeat", o.repeat if o.repeat != 1 else None),
               ("--cache", ",".join(o.cache) if tuple(o.cache) != ("warm",) else None), ("--rate", o.rate),
-              ("--ep", o.ep), ("--timeout", o.timeout), ("--peak-tflops", o.peak_tflops), ("--output", o.output))
+              ("--ep", o.ep), ("--timeout", o.timeout), ("--peak-tflops", o.peak_tflops), ("--against", o.against),
+              ("--decide", o.decide), ("--decide-order", o.decide_order), ("--output", o.output))
     return shlex.join(words + [str(w) for flag, v in values if v is not None for w in (flag, v)])

@@ -29,11 +29,14 @@ class Work:
     samples: int | None = None
     max_gen_toks: int | None = None
     ep: str | None = None
+    decide: tuple[str, ...] = ()  # an ortevals row's decision flags (--against RUN --decide M [--decide-order O])
 
     @classmethod
     def of(cls, options: BenchOptions) -> Work:
         ep = normalize(options.ep) if options.ep else None  # one spelling for every backend (gpu, CUDA: cuda)
-        return cls(tuple(options.tasks), options.cot, options.data, options.samples, options.max_gen_toks, ep)
+        decide = ("--against", str(options.against), "--decide", f"{options.decide:g}") if options.decide else ()
+        decide += ("--decide-order", options.decide_order) if decide and options.decide_order else ()
+        return cls(tuple(options.tasks), options.cot, options.data, options.samples, options.max_gen_toks, ep, decide)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -59,6 +62,7 @@ def ortevals_command(row: RowSpec, work: Work, output: Path, limit: int | None, 
     cmd += ["--samples", str(work.samples)] if work.samples else []
     cmd += ["--ep", work.ep] if work.ep else []
     cmd += ["--model-args", row.args] if row.args else []
+    cmd += list(work.decide)
     return cmd + ([] if resume else ["--no-resume"])
 
 

@@ -101,6 +101,7 @@ def notes(rows: list[Row], rate: str, machine: dict[str, Any]) -> list[str]:
         out.append("On fewer questions (--peer-limit): " + ", ".join(f"{r.label} ({r.questions})" for r in fewer)
                    + "; its rate spreads its start-up over fewer requests.")
     out += [f"{r.label}: {r.note}" for r in rows if r.status == "ok" and r.note]
+    out += [decision_note(r) for r in rows if r.status == "ok" and r.decision]
     mfus = [f"{r.label} {r.mfu:.3g}" for r in rows if r.mfu is not None]
     if mfus:
         out.append(f"MFU ({MFU_COUNTS}): " + ", ".join(mfus) + ".")
@@ -113,6 +114,16 @@ def notes(rows: list[Row], rate: str, machine: dict[str, Any]) -> list[str]:
                f"{machine['load_start']:.1f} at the start and {machine['load_end']:.1f} at the end; compare rows "
                "within one invocation.")
     return out
+
+
+def decision_note(row: Row) -> str:
+    """A decided row (``--against RUN --decide M``): its decision, the questions it used, the difference."""
+    d, diff = row.decision, row.decision["difference"]
+    said = "not decided at the cap" if d["decision"] == "cap" else d["decision"]
+    return (f"{row.label}: {said} at ±{d['margin_points']:g} points against {d['reference']['run']} after "
+            f"{d['used']} of its {d['reference']['questions']} questions ({d['order']} order), difference "
+            f"{100 * diff['estimate']:+.2f} points [{100 * diff['low']:+.2f}, {100 * diff['high']:+.2f}] "
+            f"({1 - d['alpha']:.0%} anytime-valid); questions, wall time and rate count the decision's run")
 
 
 def to_json(rows: list[Row], records: dict[str, list[RunRecord]], meta: dict[str, Any]) -> dict[str, Any]:
