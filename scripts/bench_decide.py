@@ -11,6 +11,10 @@ Each RUN is an ortevals ``--output`` folder (or an lm-eval ``--log_samples`` fol
 reference; they are aligned as ``ortevals compare`` aligns them. Writes ``decide.md`` (the tables), ``decide.json``
 (every replay's figures) and ``decide.png`` (questions used against the margin, uniform and guided) to ``--out``
 (default docs/bench-decide/).
+
+With ``--sample 1000`` it also replays ``--sample N`` (report/sampling.py's stratified draw and whole-set
+estimate, the functions ``ortevals mmlu-pro --sample`` calls) over ``--orders`` seeds on each complete run: how
+often the interval holds the run's whole-set accuracy, and how wide it is.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from ortevals.report import decide  # noqa: E402
+from ortevals.report import decide, sampling  # noqa: E402
 from ortevals.report.replay import paired_scores, reference_margins  # noqa: E402
 from ortevals.report.runs import load_run  # noqa: E402
 
@@ -63,6 +67,36 @@ def replay_one(cand, base, margin_points: float, order: str, args, margins) -> d
             "median": float(np.median(r.used)), "p90": float(np.percentile(r.used, 90)),
             "misses": r.misses, "orders": len(r.used), "population": r.population,
             "low_median": float(np.median(r.low)), "high_median": float(np.median(r.high))}
+
+
+def sample_coverage(run, n: int, seeds: int) -> dict:
+    """``--sample n`` replayed over ``seeds`` seeds on a complete run: the stratified draw by category, the whole-set
+    estimate and its interval from the drawn questions' own 0/1 scores, against the run's whole-set accuracy."""
+    tasks = [t for t in run.tasks.values() if not np.isnan(t.correct).all()]
+    correct = np.concatenate([t.correct for t in tasks])
+    names = [f"{t.task}/{c}" for t in tasks for c in t.category]  # categories within each task, as --sample does
+    _, strata = np.unique(names, return_inverse=True)
+    sizes = np.bincount(strata)
+    full, hits, half = float(correct.mean()), 0, []
+    for seed in range(seeds):
+        drawn = sampling.draw(strata, n, seed)
+        est = sampling.estimate(sizes, np.bincount(strata[drawn], minlength=len(sizes)),
+                                np.bincount(strata[drawn], weights=correct[drawn], minlength=len(sizes)))
+        hits += est.low <= full <= est.high
+        half.append((est.high - est.low) / 2)
+    return {"name": run.name, "questions": len(correct), "strata": len(sizes), "n": n, "seeds": seeds,
+            "accuracy": full, "covered": int(hits), "half_width_median": float(np.median(half)),
+            "half_width_max": float(np.max(half))}
+
+
+def sample_table(rows: list[dict]) -> list[str]:
+    lines = ["**`--sample` replayed** (report/sampling.py's stratified draw and estimate, on each complete run's own "
+             "0/1 scores):", "", "| run | questions (categories) | N | whole-set accuracy | interval held it | "
+             "half-width, median (largest) |", "|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['name']} | {r['questions']:,} ({r['strata']}) | {r['n']:,} | {r['accuracy']:.4f} | "
+              f"{r['covered']} of {r['seeds']} | ±{100 * r['half_width_median']:.2f} (±{100 * r['half_width_max']:.2f})"
+              " points |" for r in rows]
+    return lines + [""]
 
 
 def flips_by_margin(d: np.ndarray, margin: np.ndarray, bins: int = 4) -> list[dict]:
@@ -148,6 +182,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(REPO / "docs" / "bench-decide"))
     ap.add_argument("--note", default="", help="a sentence for the head of decide.md: how the runs were made")
+    ap.add_argument("--sample", type=int, default=None, help="also replay --sample N over --orders seeds")
     args = ap.parse_args()
     margins = [float(m) for m in args.margins.split(",")]
     ref = load_run(args.ref)
@@ -156,9 +191,12 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     head = [f"{args.note} CPU: {cpu_model()}. Reference: {ref.name}. {args.orders} random orders (seed "
             f"{args.seed}), parts of {args.part}, alpha {args.alpha:g}.".strip(), ""]
-    (out / "decide.md").write_text("\n".join(head + [x for r in results for x in table(r, ref.name)]))
+    samples = [sample_coverage(load_run(p), args.sample, args.orders) for p in (args.ref, *args.runs)] \
+        if args.sample else []
+    body = [x for r in results for x in table(r, ref.name)] + (sample_table(samples) if samples else [])
+    (out / "decide.md").write_text("\n".join(head + body))
     meta = {"note": args.note, "cpu": cpu_model(), "ref": args.ref, "orders": args.orders, "part": args.part,
-            "alpha": args.alpha, "seed": args.seed, "results": results}
+            "alpha": args.alpha, "seed": args.seed, "results": results, "samples": samples}
     (out / "decide.json").write_text(json.dumps(meta, indent=1) + "\n")
     plot(results, out / "decide.png")
     print((out / "decide.md").read_text())
