@@ -182,7 +182,7 @@ def _evaluate(kw: dict, tasks, data: Path | None, **spec_kw) -> list:
     ``tasks``: a Preset (its own lm-eval folder is indexed) or task names.
     """
     from ortevals.adapter_runs import evaluate_each
-    from ortevals.decision import decide, plan_decision
+    from ortevals.decision import decide, plan_decision, reference_lm
     from ortevals.evaluate import RunSpec, check_spec, collector_paused, evaluate
     from ortevals.presets import Preset, apply_limit, task_specs
     from ortevals.subset import apply_sample, check_sample
@@ -205,8 +205,9 @@ def _evaluate(kw: dict, tasks, data: Path | None, **spec_kw) -> list:
     with collector_paused(OWNS_PROCESS) as thaw:
         lm = _open_lm(args, runs)  # sessions open on a thread while lm-eval's tasks are imported and the data loads
         lm.run.on_first_request = thaw
-        if decision is not None:
-            outcome = decide(lm, decision, RunSpec(tasks=given, **spec_kw), lambda line: click.echo(line, err=True))
+        if decision is not None:  # against a finished run, or a package scored alongside (its own model)
+            outcome = decide(lm, decision, RunSpec(tasks=given, **spec_kw), lambda line: click.echo(line, err=True),
+                             reference_lm(args, decision))
         else:
             if plan is None:
                 specs, samples, notes = apply_limit(tasks, task_specs(tasks, data, tm), kw["limit"])

@@ -15,10 +15,10 @@ import click
 def decide_options(fn):
     """--against, --decide, --decide-part, --decide-cap, --decide-order, --alpha."""
     opts = [
-        click.option("--against", type=click.Path(path_type=Path), default=None, metavar="RUN",
+        click.option("--against", type=click.Path(path_type=Path), default=None, metavar="RUN|PKG",
                      help="Decide this package against a finished run (ortevals --output or lm-eval --log_samples "
                           "folder): its questions scored in a random order (--seed), a part at a time, until "
-                          "decided (docs/decide.md)."),
+                          "decided; or against a GenAI package scored alongside (docs/decide.md)."),
         click.option("--decide", type=float, default=None, metavar="MARGIN",
                      help="With --against: the margin in points; stop when the whole-set difference is known to "
                           "be within ±MARGIN (equivalent), below -MARGIN (worse) or above +MARGIN (better)."),

@@ -1,6 +1,8 @@
 """``--against RUN --decide MARGIN``: a candidate scored against a finished run, part by part, until decided.
 
-Owns the live decision of ``ortevals mmlu-pro`` (docs/decide.md). Before any model work, :func:`check_decide`
+Owns the live decision of ``ortevals mmlu-pro`` (docs/decide.md). ``--against`` names a finished run, or a GenAI
+package scored alongside the candidate in the same order (:func:`plan_alongside`: the set is every document of this
+command's tasks, and each part is scored on both). Before any model work, :func:`check_decide`
 refuses a bad flag in one line and :func:`plan_decision` reads the reference run (report/runs.py), keeps its
 questions with a 0/1 score in the tasks this command scores, checks each is the same document in this data (its
 ``doc_hash``, as lm-eval logs it) and draws the order: the questions sorted by (task, doc_id), permuted by
@@ -30,6 +32,8 @@ import numpy as np
 
 from ortevals.errors import OrtEvalsError, did_you_mean
 from ortevals.evaluate import RunOutcome, RunSpec, evaluate
+from ortevals.files import store_path
+from ortevals.integrations.lm import OrtLM
 from ortevals.report.decide import ORDERS, ConfidenceSequence, verdict
 from ortevals.report.decision import Look, decision_lines, decision_record, part_line
 from ortevals.report.guided import choice_margins, guided_order, guided_weights
@@ -57,15 +61,16 @@ class DecideSpec:
 @dataclass(frozen=True)
 class DecisionPlan:
     """What :func:`decide` scores: ``keys`` [N] (task, doc_id) in the order drawn, the reference's 0/1 outcome
-    [N] of each, its prompt hash of each, and the leaf task configs (or names) by task. A guided order also keeps
-    ``weights`` [N] (the questions sorted by (task, doc_id)) and ``drawn`` [N], each drawn question's position
-    in that sorted set; a uniform one keeps None for both."""
+    [N] of each, its prompt hash of each, and the leaf task configs (or names) by task. A package scored alongside
+    (``reference`` None) has neither outcome nor prompts: both come from scoring it, part by part. A guided order
+    also keeps ``weights`` [N] (the questions sorted by (task, doc_id)) and ``drawn`` [N], each drawn question's
+    position in that sorted set; a uniform one keeps None for both."""
 
     spec: DecideSpec
-    reference: Run
+    reference: Run | None
     keys: tuple[tuple[str, int], ...]
-    outcome: np.ndarray
-    prompt: tuple[str, ...]
+    outcome: np.ndarray | None
+    prompt: tuple[str, ...] | None
     tasks: dict[str, object]
     weights: np.ndarray | None = None
     drawn: np.ndarray | None = None
@@ -105,16 +110,21 @@ def check_decide(against: Path | None, margin: float | None, part: int | None, c
                       0.05 if alpha is None else alpha, order or "uniform")
 
 
-def plan_decision(spec: DecideSpec, specs: list, task_manager) -> DecisionPlan:
-    """The reference run read and checked against this command's tasks and data, and the order drawn."""
-    from lm_eval.tasks._yaml_loader import load_yaml
+def is_package(path: Path) -> bool:
+    """``--against`` names a GenAI package (scored alongside), not a finished run."""
+    return (Path(path).expanduser() / "genai_config.json").is_file()
 
+
+def plan_decision(spec: DecideSpec, specs: list, task_manager) -> DecisionPlan:
+    """The reference run read and checked against this command's tasks and data, and the order drawn (a package
+    named by ``--against``: :func:`plan_alongside`)."""
+    if is_package(spec.against):
+        return plan_alongside(spec, specs, task_manager)
     try:
         ref = load_run(spec.against)
     except OrtEvalsError as e:
         raise OrtEvalsError(f"--against: {e}") from None
-    configs = {str(c["task"]): c for t in specs for c in ([t] if isinstance(t, dict)
-                                                          else leaf_configs(task_manager, t, load_yaml))}
+    configs = _configs(specs, task_manager)
     names = sorted(t for t in ref.tasks if t in configs)
     if not names:
         raise OrtEvalsError(f"--against {spec.against}: holds task{'s' if len(ref.tasks) > 1 else ''} "
@@ -133,6 +143,28 @@ def plan_decision(spec: DecideSpec, specs: list, task_manager) -> DecisionPlan:
     return DecisionPlan(spec, ref, tuple(keys), np.array([int(r.correct[j]) for r, j in at], np.int64),
                         tuple(r.prompt_key[j] for r, j in at), {t: configs[t] for t in names}, weights,
                         None if weights is None else order)
+
+
+def plan_alongside(spec: DecideSpec, specs: list, task_manager) -> DecisionPlan:
+    """A package scored alongside: the set is every document of this command's tasks, sorted by (task, doc_id) and
+    permuted from ``--seed``; a guided order needs a finished run's margins and is refused."""
+    if spec.order == "guided":
+        raise OrtEvalsError(f"--decide-order guided draws by a finished run's choice margins; --against {spec.against} "
+                            "is a package scored alongside: use --decide-order uniform, or score it once (--output) "
+                            "and decide against that run")
+    configs = _configs(specs, task_manager)
+    built = {str(k): v for k, v in task_manager.load(list(configs.values()))["tasks"].items()}
+    keys = [(t, i) for t in sorted(configs) for i in range(len(built[t].eval_docs))]
+    order = np.random.default_rng(spec.seed).permutation(len(keys))
+    return DecisionPlan(spec, None, tuple(keys[i] for i in order), None, None, dict(sorted(configs.items())))
+
+
+def _configs(specs: list, task_manager) -> dict[str, object]:
+    """This command's leaf task configs (or names) by task name."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    return {str(c["task"]): c for t in specs for c in ([t] if isinstance(t, dict)
+                                                       else leaf_configs(task_manager, t, load_yaml))}
 
 
 def _weights(spec: DecideSpec, ref: Run, keys: list, rows: dict) -> np.ndarray:
@@ -172,28 +204,49 @@ def _check_documents(path: Path, ref: Run, keys: list, configs: dict, task_manag
                                     "(the run was scored on another data revision: check --data)")
 
 
-def decide(lm, plan: DecisionPlan, spec: RunSpec, echo=log.info) -> RunOutcome:
+def decide(lm, plan: DecisionPlan, spec: RunSpec, echo=log.info, reference_lm=None) -> RunOutcome:
     """Score ``plan``'s order on ``lm`` a part at a time until decided (module docstring); then one evaluation
-    over the questions used, with ``spec``'s output, whose results hold ``decide``."""
+    over the questions used, with ``spec``'s output, whose results hold ``decide``. A package scored alongside
+    (``plan.reference`` None) is scored part by part on ``reference_lm`` too, and its own evaluation of the
+    questions used goes to ``reference/`` inside the output folder."""
     d_spec, n = plan.spec, len(plan.keys)
+    if plan.reference is None and reference_lm is None:
+        raise OrtEvalsError(f"--against {d_spec.against}: a package scored alongside needs its model opened")
     cs, looks = ConfidenceSequence(n, d_spec.alpha, plan.weights), []
     limit = n if d_spec.cap is None else min(d_spec.cap, n)
-    d = np.zeros(0, np.int64)
-    decided = None
+    base, d, decided = np.zeros(0, np.int64), np.zeros(0, np.int64), None
     while cs.t < limit and decided is None:
         stop = min(cs.t + d_spec.part, limit)
-        got, summary = _score(lm, plan, spec, cs.t, stop)
-        d = np.concatenate([d, got - plan.outcome[cs.t:stop]])
+        ref, prompts, ref_summary = (plan.outcome[cs.t:stop], plan.prompt[cs.t:stop], None) if plan.reference \
+            else _score(reference_lm, plan, spec, cs.t, stop)
+        got, _, summary = _score(lm, plan, spec, cs.t, stop, prompts)
+        base, d = np.concatenate([base, ref]), np.concatenate([d, got - ref])
         cs.update(d[cs.t:], None if plan.drawn is None else plan.drawn[cs.t:stop])
         decided = verdict(cs.low, cs.high, d_spec.margin / 100)
         looks.append(Look(cs.t, cs.low, cs.high, cs.estimate, int(np.count_nonzero(d))))
-        echo(part_line(looks[-1], n, d_spec.margin, decided, summary.requests, summary.reused))
-    record = decision_record(decided or "cap", reference=str(plan.reference.path), outcome=plan.outcome, d=d,
-                             looks=looks, margin=d_spec.margin, alpha=d_spec.alpha, seed=d_spec.seed,
-                             part=d_spec.part, cap=d_spec.cap, order=d_spec.order)
+        scored = [summary] + ([ref_summary] if ref_summary else [])
+        echo(part_line(looks[-1], n, d_spec.margin, decided, sum(x.requests for x in scored),
+                       sum(x.reused for x in scored)))
+    source = plan.reference.path if plan.reference else d_spec.against
+    record = decision_record(decided or "cap", reference=str(source), outcome=plan.outcome, d=d, looks=looks,
+                             margin=d_spec.margin, alpha=d_spec.alpha, seed=d_spec.seed, part=d_spec.part,
+                             cap=d_spec.cap, order=d_spec.order, used_reference=base, population=n)
     final = dataclasses.replace(spec, tasks=_tasks(plan, 0, cs.t), samples=_samples(plan, 0, cs.t),
                                 notes=(*spec.notes, *decision_lines(record)), record={"decide": record})
-    return evaluate(lm, final)
+    outcome = evaluate(lm, final)
+    if plan.reference is None and spec.output is not None:  # the reference's answers kept beside the candidate's
+        evaluate(reference_lm, dataclasses.replace(final, output=Path(spec.output) / "reference", notes=()))
+    return outcome
+
+
+def reference_lm(args, plan: DecisionPlan):
+    """The model of a package scored alongside (``args``: the candidate's model arguments, with the package, its own
+    result store and no adapter); None where the reference is a finished run. Its sessions open on a thread."""
+    if plan.reference is not None:
+        return None
+    pkg = Path(plan.spec.against).expanduser()
+    return OrtLM.from_package(dataclasses.replace(args, pkg=str(pkg), store=str(store_path(pkg)), adapter=()),
+                              open_soon=True)
 
 
 def _tasks(plan: DecisionPlan, start: int, stop: int) -> tuple:
@@ -209,22 +262,24 @@ def _samples(plan: DecisionPlan, start: int, stop: int) -> dict[str, list[int]]:
     return {t: sorted(v) for t, v in out.items()}
 
 
-def _score(lm, plan: DecisionPlan, spec: RunSpec, start: int, stop: int):
-    """The candidate's 0/1 outcome [stop - start] of the questions ``start:stop`` of the order (one lm-eval
-    evaluation, nothing written), each checked to have been asked with the reference's prompt; the run's summary."""
+def _score(lm, plan: DecisionPlan, spec: RunSpec, start: int, stop: int, prompts=None):
+    """The 0/1 outcome [stop - start] on ``lm`` of the questions ``start:stop`` of the order (one lm-eval
+    evaluation, nothing written), each checked to have been asked with the reference's prompt ``prompts``
+    [stop - start] (None: not checked; the reference's own pass); their prompts and the run's summary."""
     part = dataclasses.replace(spec, tasks=_tasks(plan, start, stop), samples=_samples(plan, start, stop),
                                output=None, notes=(), sample=None, record={})
     outcome = evaluate(lm, part)
     run = run_from_results(outcome.results, "this run")
     rows = {t: {int(i): j for j, i in enumerate(r.doc_id)} for t, r in run.tasks.items()}
-    out = np.zeros(stop - start, np.int64)
+    out, asked = np.zeros(stop - start, np.int64), []
     for k, (t, i) in enumerate(plan.keys[start:stop]):
         task = run.tasks.get(t)
         j = rows.get(t, {}).get(i)
         if task is None or j is None or task.correct[j] not in (0, 1):
             raise OrtEvalsError(f"--against {plan.spec.against}: task {t} doc_id {i} has no 0/1 score in this run")
-        if task.prompt_key[j] != plan.prompt[start + k]:
+        if prompts is not None and task.prompt_key[j] != prompts[k]:
             raise OrtEvalsError(f"--against {plan.spec.against}: task {t} doc_id {i} was asked with another prompt "
                                 "in the run (another prompt format, few-shot setting or chat template?)")
         out[k] = int(task.correct[j])
-    return out, outcome.summary
+        asked.append(task.prompt_key[j])
+    return out, tuple(asked), outcome.summary

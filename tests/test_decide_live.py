@@ -155,7 +155,44 @@ def test_a_guided_order_from_a_reference_without_choice_log_likelihoods_is_one_l
         _weights(DecideSpec(reference, 1, order="guided"), ref, keys, {TASK: {i: j for j, (_, i) in enumerate(keys)}})
 
 
+def test_a_package_scored_alongside_is_decided_on_both_packages_answers(tmp_path, tiny_pkg, tiny_int4):
+    """--against PKG: the set is every MMLU-Pro test question (sorted by doc_id, permuted from the seed); each part is
+    scored on both packages; the candidate's file and reference/'s hold exactly the order's first questions, and
+    the sequence fed with their files' paired differences gives the record's decision and interval."""
+    import pyarrow.parquet as pq
+
+    from ortevals.presets import BUNDLED
+
+    out = tmp_path / "alongside"
+    got = run(*BASE, "--pkg", str(tiny_int4), "--against", str(tiny_pkg), "--decide", "4", "--decide-part", "10",
+              "--decide-cap", "30", "--seed", "4", "--output", str(out))
+    assert got.exit_code == 0, got.output
+    population = pq.read_metadata(BUNDLED / "mmlu_pro" / "data" / "test-00000-of-00001.parquet").num_rows
+    order = np.random.default_rng(4).permutation(population)  # doc_id = position in the test split
+    cand, ref = read(out), read(out / "reference")
+    record = json.loads((out / "results.json").read_text())["decide"]
+    used = record["used"]
+    assert sorted(cand) == sorted(ref) == sorted(int(i) for i in order[:used])
+    cs, decided = ConfidenceSequence(population), None
+    while cs.t < min(30, population) and decided is None:
+        chunk = order[cs.t:cs.t + 10]
+        cs.update(np.array([int(cand[i]["acc"]) - int(ref[i]["acc"]) for i in chunk]))
+        decided = verdict(cs.low, cs.high, 0.04)
+    assert (record["decision"], used) == (decided or "cap", cs.t)
+    assert record["difference"]["low"] == pytest.approx(cs.low) and record["difference"]["high"] == pytest.approx(
+        cs.high)
+    assert record["reference"]["scored_alongside"] and record["reference"]["accuracy"] is None
+    assert record["reference"]["accuracy_on_used"] == pytest.approx(np.mean([r["acc"] for r in ref.values()]))
+    assert record["candidate_accuracy"] is None and record["reference"]["questions"] == population
+    models = [json.loads((f / "results.json").read_text())["config"]["model_args"] for f in (out, out / "reference")]
+    assert f"pkg={tiny_int4}," in models[0] and f"pkg={tiny_pkg}," in models[1]
+    assert f"the package {tiny_pkg} scored alongside ({population} questions in the set)" in got.output
+
+
 @pytest.mark.parametrize("args,message", [
+    (("--against", "PKG", "--decide", "1", "--decide-order", "guided"), "--decide-order guided draws by a finished "
+                                                                         "run's choice margins; --against PKG is a "
+                                                                         "package scored alongside"),
     (("--against", "REF", "--decide", "1", "--decide-order", "guidde"), "--decide-order guidde: expected one of "
                                                                           "uniform, guided (did you mean 'guided'?)"),
     (("--decide-order", "guided"), "--decide-order sets the decision of --against RUN --decide MARGIN: add both"),
@@ -185,7 +222,10 @@ def test_bad_decision_inputs_are_one_line_before_the_model(tmp_path, reference, 
     for name, change in (("BEYOND", {"doc_id": 20000}), ("ELSE", {"doc_hash": "0" * 64})):
         (tmp_path / name).mkdir()
         (tmp_path / name / f"samples_{TASK}.jsonl").write_text(json.dumps({**line, **change}) + "\n")
-    paths = {"REF": str(reference), **{k: str(tmp_path / k) for k in ("MISSING", "EMPTY", "OTHER", "BEYOND", "ELSE")}}
+    (tmp_path / "PKG").mkdir()
+    (tmp_path / "PKG" / "genai_config.json").write_text("{}")
+    paths = {"REF": str(reference), **{k: str(tmp_path / k) for k in ("MISSING", "EMPTY", "OTHER", "BEYOND", "ELSE",
+                                                                      "PKG")}}
     out = CliRunner().invoke(cli, [*BASE, "--pkg", str(tmp_path / "no-package"), *(paths.get(a, a) for a in args)])
     text = message.format(line["doc_id"])
     for k, v in paths.items():

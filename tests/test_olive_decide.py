@@ -132,6 +132,7 @@ def test_a_cap_returns_the_interval_of_the_questions_used(tiny_int4, reference, 
 @pytest.mark.parametrize("settings,goal,message", [
     ({"decide_part": 5}, None, "decide_part sets the decision against a finished run: add against"),
     ({"against": "MISSING"}, None, "against 'MISSING': not found"),
+    ({"against": "PKG"}, None, "against PKG: a GenAI package; the evaluator decides against a finished run"),
     ({"against": "REF", "limit": 5}, None, "limit and against: the decision scores the run's own questions"),
     ({"against": "REF", "decide_alpha": 1.5}, None, "decide_alpha must be a level above 0 and below 1"),
     ({"against": "REF", "decide_cap": 0}, None, "decide_cap must be an integer >= 1"),
@@ -149,7 +150,11 @@ def test_bad_decision_keys_are_one_line_before_the_model(tmp_path, reference, se
     read (the model's folder holds no package: an empty model.onnx)."""
     from ortevals.integrations.olive_workflow import check_workflow
 
-    settings = {k: str(reference) if v == "REF" else v for k, v in settings.items()}
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "genai_config.json").write_text("{}")
+    places = {"REF": str(reference), "PKG": str(tmp_path / "pkg")}
+    settings = {k: places.get(v, v) if isinstance(v, str) else v for k, v in settings.items()}
+    message = message.replace("PKG", places["PKG"])
     metrics = [] if goal is None else [metric(*goal)]
     (tmp_path / "no-package").mkdir()
     (tmp_path / "no-package" / "model.onnx").write_bytes(b"")

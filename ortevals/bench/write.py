@@ -119,8 +119,9 @@ def notes(rows: list[Row], rate: str, machine: dict[str, Any]) -> list[str]:
 def decision_note(row: Row) -> str:
     """A decided row (``--against RUN --decide M``): its decision, the questions it used, the difference."""
     d, diff = row.decision, row.decision["difference"]
+    against = d["reference"].get("run") or d["reference"]["package"]
     said = "not decided at the cap" if d["decision"] == "cap" else d["decision"]
-    return (f"{row.label}: {said} at ±{d['margin_points']:g} points against {d['reference']['run']} after "
+    return (f"{row.label}: {said} at ±{d['margin_points']:g} points against {against} after "
             f"{d['used']} of its {d['reference']['questions']} questions ({d['order']} order), difference "
             f"{100 * diff['estimate']:+.2f} points [{100 * diff['low']:+.2f}, {100 * diff['high']:+.2f}] "
             f"({1 - d['alpha']:.0%} anytime-valid); questions, wall time and rate count the decision's run")

@@ -86,6 +86,9 @@ def check_against(settings: dict[str, Any]) -> None:
     if not isinstance(against, str) or not Path(against).expanduser().exists():
         raise OrtEvalsError(f"{NAME}: against {against!r}: not found; expected an ortevals --output folder or an "
                             "lm-eval --log_samples folder of the original model")
+    if (Path(against).expanduser() / "genai_config.json").is_file():
+        raise OrtEvalsError(f"{NAME}: against {against}: a GenAI package; the evaluator decides against a finished run "
+                            "of the original model (score it once: ortevals mmlu-pro --pkg ORIGINAL --output RUN)")
     alpha = settings.get("decide_alpha")
     if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1):
         raise OrtEvalsError(f"{NAME}: decide_alpha must be a level above 0 and below 1 in the evaluator config "

@@ -39,22 +39,26 @@ class Look:
     flips: int
 
 
-def decision_record(decision: str, *, reference: str, outcome: np.ndarray, d: np.ndarray, looks: list[Look],
-                    margin: float, alpha: float, seed: int, part: int, cap: int | None,
-                    order: str = "uniform") -> dict:
-    """``results["decide"]``: ``outcome`` [N] the reference's 0/1 outcomes (the population), ``d`` [n] the paired
-    differences of the questions used in the order scored, ``margin`` in points, ``order`` uniform or guided."""
-    n, last = len(outcome), looks[-1]
-    acc = float(np.mean(outcome))
+def decision_record(decision: str, *, reference: str, outcome: np.ndarray | None, d: np.ndarray,
+                    looks: list[Look], margin: float, alpha: float, seed: int, part: int, cap: int | None,
+                    order: str = "uniform", used_reference: np.ndarray, population: int) -> dict:
+    """``results["decide"]``: ``outcome`` [N] the reference's 0/1 outcomes (the population; None: a package scored
+    alongside, whose whole-set accuracy is unknown), ``d`` [n] the paired differences of the questions used in the
+    order scored and ``used_reference`` [n] the reference's outcomes on them, ``margin`` in points, ``order``
+    uniform or guided."""
+    n, last = population, looks[-1]
+    acc = None if outcome is None else float(np.mean(outcome))
     return {
         "decision": decision, "margin_points": margin, "alpha": alpha, "seed": seed, "part": part, "cap": cap,
         "rule": RULE, "order": order, "order_rule": ORDER[order],
-        "reference": {"run": reference, "questions": n, "accuracy": acc},
+        "reference": {"run" if outcome is not None else "package": reference, "questions": n, "accuracy": acc,
+                      "accuracy_on_used": float(np.mean(used_reference)) if len(used_reference) else None,
+                      "scored_alongside": outcome is None},
         "used": int(len(d)), "share": len(d) / n,
         "difference": {"estimate": last.estimate, "low": last.low, "high": last.high},
-        "candidate_accuracy": {"estimate": float(np.clip(acc + last.estimate, 0, 1)),
-                               "low": float(np.clip(acc + last.low, 0, 1)),
-                               "high": float(np.clip(acc + last.high, 0, 1))},
+        "candidate_accuracy": None if acc is None else {"estimate": float(np.clip(acc + last.estimate, 0, 1)),
+                                                        "low": float(np.clip(acc + last.low, 0, 1)),
+                                                        "high": float(np.clip(acc + last.high, 0, 1))},
         "flips": int(np.count_nonzero(d)), "candidate_right": int(np.sum(d > 0)),
         "reference_right": int(np.sum(d < 0)),
         "looks": [asdict(x) for x in looks],
@@ -73,15 +77,18 @@ def decision_lines(r: dict) -> list[str]:
     """What the run prints under the table."""
     ref, diff, cand = r["reference"], r["difference"], r["candidate_accuracy"]
     level, m = f"{1 - r['alpha']:.0%}", _count(r["margin_points"], "point")
-    return [f"--decide ±{m} against {ref['run']} ({ref['questions']} questions, accuracy "
-            f"{ref['accuracy']:.4f}): {SAYS[r['decision']].format(m=m)}",
+    about = (f"{ref['run']} ({ref['questions']} questions, accuracy {ref['accuracy']:.4f})" if cand is not None else
+             f"the package {ref['package']} scored alongside ({ref['questions']} questions in the set)")
+    return [f"--decide ±{m} against {about}: {SAYS[r['decision']].format(m=m)}",
             f"  {r['used']} questions used ({r['share']:.1%} of the run's; {r['order']} order, seed {r['seed']}, parts "
             f"of {r['part']}, alpha {r['alpha']:g}); the table above scores those {r['used']}",
             f"  difference (this run - reference) {100 * diff['estimate']:+.2f} points, {level} anytime-valid "
             f"interval [{100 * diff['low']:+.2f}, {100 * diff['high']:+.2f}] points; {_count(r['flips'], 'flip')} "
             f"({r['candidate_right']} right only here, {r['reference_right']} right only in the reference)",
             f"  this run's whole-set accuracy estimated {cand['estimate']:.4f}, interval [{cand['low']:.4f}, "
-            f"{cand['high']:.4f}] (the reference's {ref['accuracy']:.4f} plus the difference)"]
+            f"{cand['high']:.4f}] (the reference's {ref['accuracy']:.4f} plus the difference)" if cand is not None else
+            f"  the reference's answers on those {r['used']} questions: reference/ in the output folder (accuracy "
+            f"{ref['accuracy_on_used']:.4f} on them; its whole-set accuracy is not known)"]
 
 
 def _count(x: float, unit: str) -> str:
