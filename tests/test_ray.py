@@ -98,6 +98,56 @@ def test_a_worker_that_dies_mid_chunk_leaves_complete_results(ray_cluster, tiny_
     assert len(keys) == len(keys) == len({k for (k,) in keys}) == len(reqs)  # no duplicate, none missing
 
 
+class RestartingActors:
+    """A stand-in for ``ray`` in WorkerPool's pull loop, with Ray's contract for an actor it restarts: the call the
+    actor was running fails with ``ActorDiedError``, and every call while it restarts with ``ActorUnavailableError``
+    ("The actor is temporarily unavailable ... The actor is restarting"), until it is back. Worker 0 dies on its
+    first chunk and stays unavailable for ``restarting`` calls; worker 1 never dies."""
+
+    def __init__(self, restarting: int) -> None:
+        import ray
+
+        self.exceptions = ray.exceptions
+        self.restarting = restarting
+        self.calls = {0: 0, 1: 0}
+
+    def wait(self, refs, num_returns=1):
+        return refs[:1], refs[1:]
+
+    def get(self, ref):
+        worker, chunk = ref
+        self.calls[worker] += 1
+        if worker == 0 and self.calls[0] == 1:
+            raise self.exceptions.ActorDiedError()
+        if worker == 0 and self.calls[0] <= 1 + self.restarting:
+            raise self.exceptions.ActorUnavailableError("The actor is temporarily unavailable: IOError: The actor "
+                                                        "is restarting.", None)
+        return [(i, f"answer {i}") for i in chunk.requests]
+
+
+def test_an_actor_ray_is_restarting_is_waited_for_not_counted_as_a_death(tiny_pkg, monkeypatch, caplog):
+    """Under load a restart takes seconds; each refusal meanwhile was counted as a death, and the run failed with
+    "Ray workers died 7 times" while the worker was coming back."""
+    import ortevals.integrations.ray as module
+    from ortevals.engine.shard import plan_shards
+
+    monkeypatch.setattr(module, "RETRY_S", 0.001)
+    fake = RestartingActors(restarting=4 * module.MAX_RESTARTS)
+    pool = WorkerPool(parse_model_args({"pkg": str(tiny_pkg), "workers": 2}), on_device=False)
+    plan = plan_shards([[i, i + 1, i + 2] for i in range(40)], 2)
+
+    def finish(chunk, reply):
+        yield from reply
+    got = list(pool._loop(fake, [0, 1], plan, lambda actor, chunk: (actor, chunk), finish, lambda: None))
+    assert sorted(i for i, _ in got) == list(range(40)) and len(got) == 40  # every request once
+    assert fake.calls[0] > 1 + fake.restarting  # worker 0 came back and took work again
+    assert "died mid-chunk" in caplog.text
+    dead = RestartingActors(restarting=0)
+    dead.get = lambda ref: (_ for _ in ()).throw(dead.exceptions.ActorDiedError())  # a worker that keeps dying
+    with pytest.raises(OrtEvalsError, match="Ray workers died 7 times"):
+        list(pool._loop(dead, [0, 1], plan, lambda actor, chunk: (actor, chunk), finish, lambda: None))
+
+
 def test_interrupted_driver_resumes_from_the_store(ray_cluster, tiny_pkg, tmp_path):
     reqs = ll_requests(12)
     ref = OrtLM.from_package(parse_model_args({"pkg": str(tiny_pkg)})).loglikelihood(reqs, disable_tqdm=True)

@@ -36,6 +36,7 @@ import json
 import logging
 import os
 import signal
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
@@ -48,6 +49,8 @@ from ortevals.run.run import Run
 
 log = logging.getLogger(__name__)
 MAX_RESTARTS = 3  # per actor: a worker that keeps dying is a bug, not bad luck
+RESTART_WAIT_S = 300.0  # how long an actor Ray is restarting may stay unavailable before the run gives up
+RETRY_S = 0.25  # the pause before a chunk goes back to an actor Ray is restarting
 CRASH_MARKER = "ORTEVALS_RAY_CRASH_MARKER"  # tests: a worker that finds this file deletes it and exits mid-chunk
 
 
@@ -289,10 +292,14 @@ class WorkerPool:
                 ray.kill(a)
 
     def _loop(self, ray, actors, plan, submit, finish, after_chunk):
-        """Pull loop: each free actor gets its next chunk; a dead actor's chunk is queued again."""
+        """Pull loop: each free actor gets its next chunk; a dead actor's chunk is queued again. An actor Ray is
+        still restarting answers ``ActorUnavailableError`` (Ray >= 2.x) until it is back: its chunk is queued again
+        after a pause, not counted as a death (under load a restart takes seconds, and counting each refusal
+        exhausted ``MAX_RESTARTS`` while the actor was coming back)."""
         dispatch = Dispatcher(plan.chunks)
         pending: dict = {}
-        lost = 0
+        lost, waited, restarting = 0, 0.0, set()
+        unavailable = getattr(ray.exceptions, "ActorUnavailableError", ())
 
         def give(w: int) -> None:
             chunk = dispatch.next(w)
@@ -307,14 +314,26 @@ class WorkerPool:
             try:
                 reply = ray.get(ready[0])
             except ray.exceptions.RayActorError as e:
-                lost += 1
-                if lost > MAX_RESTARTS * len(actors):
-                    raise OrtEvalsError(f"Ray workers died {lost} times; last: {e}") from None
-                log.warning("worker %d died mid-chunk (%d requests); the chunk goes back to the queue", w,
-                            len(chunk.requests))
+                if isinstance(e, unavailable):  # restarting: wait for it, bounded
+                    if w not in restarting:  # the chunk it was running is lost with it (Ray 2.60 says so this way)
+                        log.warning("worker %d died mid-chunk (%d requests; Ray is restarting it); the chunk goes "
+                                    "back to the queue", w, len(chunk.requests))
+                        restarting.add(w)
+                    waited += RETRY_S
+                    if waited > RESTART_WAIT_S:
+                        raise OrtEvalsError(f"Ray worker {w} stayed unavailable (restarting) for {RESTART_WAIT_S:.0f} "
+                                            f"s; last: {e}") from None
+                    time.sleep(RETRY_S)
+                else:
+                    lost += 1
+                    if lost > MAX_RESTARTS * len(actors):
+                        raise OrtEvalsError(f"Ray workers died {lost} times; last: {e}") from None
+                    log.warning("worker %d died mid-chunk (%d requests); the chunk goes back to the queue", w,
+                                len(chunk.requests))
                 dispatch.requeue(chunk)
                 give(w)  # the restarted actor (max_restarts) takes work again
                 continue
+            restarting.discard(w)
             yield from finish(chunk, reply)
             after_chunk()
             give(w)
