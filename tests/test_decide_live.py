@@ -274,3 +274,22 @@ def test_bench_decision_inputs_are_one_line_before_any_row(tmp_path, tiny_pkg, r
         text = text.replace(f" {k}", f" {v}")
     assert got.exit_code == 2 and len(got.output.strip().splitlines()) == 1, got.output
     assert got.output.startswith(f"Error: {text}"), got.output
+
+
+def test_a_decided_rows_questions_are_not_called_a_peer_limit():
+    """Two decided rows stop at different counts: neither is "on fewer questions (--peer-limit)"; each has its line."""
+    from ortevals.bench.rows import Row
+    from ortevals.bench.write import notes
+    from ortevals.report import stats
+
+    def row(label, used, is_ref):
+        decision = {"decision": "equivalent", "margin_points": 1.0, "reference": {"run": "runs/fp32", "questions": 900},
+                    "used": used, "order": "uniform", "alpha": 0.05,
+                    "difference": {"estimate": 0.0, "low": -0.01, "high": 0.01}}
+        return Row(label=label, backend="ortevals", target="/p", args="", cache="warm", status="ok", note="",
+                   is_ref=is_ref, runs=1, questions=used, rate=1.0, accuracy=stats.wilson(1, used), decision=decision)
+    lines = notes([row("a", 600, True), row("b", 300, False)], "requests",
+                  {"cores": 2, "load_start": 0.0, "load_end": 0.0})
+    assert not any("On fewer questions" in x for x in lines), lines
+    said = "b: equivalent at ±1 points against runs/fp32 after 300 of its 900 questions"
+    assert any(x.startswith(said) for x in lines)

@@ -96,7 +96,8 @@ def notes(rows: list[Row], rate: str, machine: dict[str, Any]) -> list[str]:
            "McNemar's exact p, choice-KL = mean KL(ref‖row) over each question's choices (nats), answers equal, "
            "the largest |Δ log-likelihood| of a choice." if ref.status == "ok" else
            f"The reference ({ref.label}) did not run: no row is compared with it."]
-    fewer = [r for r in rows if r.status == "ok" and ref.questions and r.questions < ref.questions]
+    fewer = [r for r in rows if r.status == "ok" and ref.questions and r.questions < ref.questions
+             and not r.decision]  # a decided row's questions are its decision's (its own line says so)
     if fewer:
         out.append("On fewer questions (--peer-limit): " + ", ".join(f"{r.label} ({r.questions})" for r in fewer)
                    + "; its rate spreads its start-up over fewer requests.")
