@@ -17,7 +17,7 @@ import os
 import re
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import ortevals
@@ -84,7 +84,9 @@ def _prepare(rows: list[RowSpec], names: dict[str, str], work: Work, folder: Pat
         limit = 1 if row.cache == "warm" else row.limit
         progress(f"preparing the {row.cache} cache for {row.label} (untimed) …")
         out = folder / "prepare" / names[row.label]
-        cmd = ortevals_command(row, work, out, limit, resume=row.cache == "stored")
+        # warm: one question, so not a decision (--limit and --against refuse each other); stored: the decision
+        prepared = replace(work, decide=()) if row.cache == "warm" else work
+        cmd = ortevals_command(row, prepared, out, limit, resume=row.cache == "stored")
         w = watch(cmd, _env(folder / "cache" / "shared"))
         if w.exit_code != 0:  # the timed runs would fail the same way and say why
             progress(f"  failed: {w.failure()}")
