@@ -21,9 +21,11 @@ the files, ``results.json``'s ``decide`` recording the decision (report/decision
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
+import tempfile
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +40,7 @@ from ortevals.report.decide import ORDERS, ConfidenceSequence, verdict
 from ortevals.report.decision import Look, decision_lines, decision_record, part_line
 from ortevals.report.guided import choice_margins, guided_order, guided_weights
 from ortevals.report.runs import Run, load_run, run_from_results
+from ortevals.run.run import open_store
 from ortevals.tasks import leaf_configs
 
 log = logging.getLogger(__name__)
@@ -205,6 +208,31 @@ def _check_documents(path: Path, ref: Run, keys: list, configs: dict, task_manag
 
 
 def decide(lm, plan: DecisionPlan, spec: RunSpec, echo=log.info, reference_lm=None) -> RunOutcome:
+    """:func:`decide_parts` with each model keeping its parts' answers for the last evaluation (:func:`own_answers`)."""
+    with own_answers(lm), own_answers(reference_lm):
+        return decide_parts(lm, plan, spec, echo, reference_lm)
+
+
+@contextlib.contextmanager
+def own_answers(lm):
+    """With resume off (``--no-resume``; the bench's warm and cold rows) a run keeps no answer, so the last evaluation
+    over the questions used would score each of them again: the decision keeps its parts' answers in a store of its
+    own, under the run's scope, in a temporary folder removed at the end. A run with its store: nothing changes."""
+    run = getattr(lm, "run", None)
+    if run is None or run.store is not None:
+        yield
+        return
+    verdicts = run.backends.verdicts.store
+    with tempfile.TemporaryDirectory(prefix="ortevals-decide-") as folder:
+        run.store = open_store(Path(folder) / "answers.sqlite", run.package, run.tokenizer, run.backends, run.args)
+        try:
+            yield
+        finally:
+            run.store.close()
+            run.store, run.backends.verdicts.store = None, verdicts
+
+
+def decide_parts(lm, plan: DecisionPlan, spec: RunSpec, echo=log.info, reference_lm=None) -> RunOutcome:
     """Score ``plan``'s order on ``lm`` a part at a time until decided (module docstring); then one evaluation
     over the questions used, with ``spec``'s output, whose results hold ``decide``. A package scored alongside
     (``plan.reference`` None) is scored part by part on ``reference_lm`` too, and its own evaluation of the

@@ -94,6 +94,21 @@ def test_another_package_is_scored_live_and_decided_as_the_sequence_says(tmp_pat
     check(capped, reference, 3, 4, 10, cap=20)
 
 
+def test_a_no_resume_decision_scores_each_question_once(tmp_path, tiny_int4, reference):
+    """--no-resume keeps no answer in the package's store, and the last evaluation (the table and files over the
+    questions used) scored every question a second time: the decision keeps its parts' answers for it."""
+    out = tmp_path / "no-resume"
+    got = run(*BASE, "--pkg", str(tiny_int4), "--against", str(reference), "--decide", "4", "--decide-part", "10",
+              "--decide-cap", "20", "--no-resume", "--output", str(out))
+    assert got.exit_code == 0, got.output
+    body = json.loads((out / "results.json").read_text())
+    parts = [x for x in got.output.replace("\r", "\n").splitlines() if x.startswith("--decide: ")]
+    scored = sum(int(x.split(" requests scored")[0].rsplit("(", 1)[1]) for x in parts)
+    assert scored > 0 and body["ortevals"]["reused"] == scored  # the last evaluation read the parts' answers back
+    assert body["ortevals"]["requests"] == 0  # and scored none again
+    check(out, reference, 0, 4, 10, cap=20)
+
+
 def test_the_order_is_a_function_of_the_seed_and_a_rerun_reuses_every_part(tmp_path, tiny_int4, reference):
     """The same command again (a resumed run): the same order, every part's answers from the result store."""
     from ortevals.decision import DecideSpec, plan_decision
