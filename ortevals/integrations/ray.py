@@ -298,7 +298,7 @@ class WorkerPool:
         exhausted ``MAX_RESTARTS`` while the actor was coming back)."""
         dispatch = Dispatcher(plan.chunks)
         pending: dict = {}
-        lost, waited, restarting = 0, 0.0, set()
+        lost, waited = 0, {}  # waited: seconds each actor Ray is restarting has been unavailable
         unavailable = getattr(ray.exceptions, "ActorUnavailableError", ())
 
         def give(w: int) -> None:
@@ -315,12 +315,11 @@ class WorkerPool:
                 reply = ray.get(ready[0])
             except ray.exceptions.RayActorError as e:
                 if isinstance(e, unavailable):  # restarting: wait for it, bounded
-                    if w not in restarting:  # the chunk it was running is lost with it (Ray 2.60 says so this way)
+                    if w not in waited:  # the chunk it was running is lost with it (Ray 2.60 says so this way)
                         log.warning("worker %d died mid-chunk (%d requests; Ray is restarting it); the chunk goes "
                                     "back to the queue", w, len(chunk.requests))
-                        restarting.add(w)
-                    waited += RETRY_S
-                    if waited > RESTART_WAIT_S:
+                    waited[w] = waited.get(w, 0.0) + RETRY_S
+                    if waited[w] > RESTART_WAIT_S:
                         raise OrtEvalsError(f"Ray worker {w} stayed unavailable (restarting) for {RESTART_WAIT_S:.0f} "
                                             f"s; last: {e}") from None
                     time.sleep(RETRY_S)
@@ -333,7 +332,7 @@ class WorkerPool:
                 dispatch.requeue(chunk)
                 give(w)  # the restarted actor (max_restarts) takes work again
                 continue
-            restarting.discard(w)
+            waited.pop(w, None)  # back: its next restart gets the whole wait again
             yield from finish(chunk, reply)
             after_chunk()
             give(w)
